@@ -1,0 +1,150 @@
+package osmo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+)
+
+// Grader sets rewards on the samples of one finished rollout. Implementations
+// must be safe for concurrent use.
+type Grader interface {
+	Grade(ctx context.Context, gc *GraderContext) error
+}
+
+// GraderFunc adapts a function to Grader.
+type GraderFunc func(ctx context.Context, gc *GraderContext) error
+
+// Grade calls f.
+func (f GraderFunc) Grade(ctx context.Context, gc *GraderContext) error { return f(ctx, gc) }
+
+// Sample is a finished sample as a grader sees it.
+type Sample struct {
+	ID          string
+	Messages    []Message
+	Label       *string
+	Metadata    map[string]any
+	ExtraFields map[string]any
+	// AgentReward is the reward the workflow proposed, if any.
+	AgentReward *float64
+	// FinishReason is why the agent stopped.
+	FinishReason string
+}
+
+// GraderContext is what a Grader works on.
+type GraderContext struct {
+	RolloutID string
+	// Samples by sample id.
+	Samples map[string]*Sample
+	// Label is the dataset row's ground truth; nil when the row has none.
+	Label *string
+	// Metadata is the dataset row's metadata; nil when the row has none.
+	Metadata map[string]any
+
+	mu      sync.Mutex
+	rewards map[string]float64
+	removed map[string]bool
+}
+
+// NewGraderContext builds a context over samples.
+func NewGraderContext(rolloutID string, samples []*Sample, label *string, metadata map[string]any) *GraderContext {
+	gc := &GraderContext{
+		RolloutID: rolloutID,
+		Samples:   make(map[string]*Sample, len(samples)),
+		Label:     label,
+		Metadata:  metadata,
+		rewards:   map[string]float64{},
+		removed:   map[string]bool{},
+	}
+	for _, s := range samples {
+		gc.Samples[s.ID] = s
+	}
+	return gc
+}
+
+// ErrNonFiniteReward is returned for NaN or infinite rewards.
+var ErrNonFiniteReward = errors.New("reward must be a finite number")
+
+// SetSampleReward sets the reward of sample id. The reward must be finite and
+// the id must name a sample of this rollout.
+func (gc *GraderContext) SetSampleReward(id string, reward float64) error {
+	if math.IsNaN(reward) || math.IsInf(reward, 0) {
+		return fmt.Errorf("sample %q: %w, got %v", id, ErrNonFiniteReward, reward)
+	}
+	if _, ok := gc.Samples[id]; !ok {
+		return fmt.Errorf("sample %q: no such sample in rollout %q", id, gc.RolloutID)
+	}
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	gc.rewards[id] = reward
+	return nil
+}
+
+// RemoveSample drops sample id from training; it then needs no reward.
+func (gc *GraderContext) RemoveSample(id string) error {
+	if _, ok := gc.Samples[id]; !ok {
+		return fmt.Errorf("sample %q: no such sample in rollout %q", id, gc.RolloutID)
+	}
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	gc.removed[id] = true
+	return nil
+}
+
+// Reward returns the reward set for id, if any.
+func (gc *GraderContext) Reward(id string) (float64, bool) {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	r, ok := gc.rewards[id]
+	return r, ok
+}
+
+// Removed reports whether id was removed.
+func (gc *GraderContext) Removed(id string) bool {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	return gc.removed[id]
+}
+
+// Ungraded lists, sorted, the samples that have neither a reward nor the
+// remove flag: after Grade returns, that list must be empty.
+func (gc *GraderContext) Ungraded() []string {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	var ids []string
+	for id := range gc.Samples {
+		if _, ok := gc.rewards[id]; !ok && !gc.removed[id] {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// RewardFunc mirrors @osmosis_reward: it scores a solution string against
+// the ground truth. extraInfo carries the row's metadata.
+type RewardFunc func(solution, groundTruth string, extraInfo map[string]any) (float64, error)
+
+// RewardGrader turns a RewardFunc into a Grader: each sample's solution is its
+// last assistant text and the ground truth is the label. Without a label it
+// fails; the rollout service only grades rollouts that have one.
+func RewardGrader(fn RewardFunc) Grader {
+	return GraderFunc(func(ctx context.Context, gc *GraderContext) error {
+		if gc.Label == nil {
+			return errors.New("no label: this grader needs the row's ground truth")
+		}
+		for id, s := range gc.Samples {
+			r, err := fn(LastAssistantText(s.Messages), *gc.Label, gc.Metadata)
+			if err != nil {
+				return fmt.Errorf("sample %q: %w", id, err)
+			}
+			if err := gc.SetSampleReward(id, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
