@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Regenerates Go, gRPC, Connect, gateway code and the OpenAPI document from api/.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bin="$(bash scripts/tools.sh)"
+PATH="$bin:$PATH" buf generate

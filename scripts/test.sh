@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs pinned tools, proves
+# generated code is current, checks formatting and vet, and runs every test.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "generated code is current"
+bash scripts/checkgenerate.sh
+
+step "gofmt"
+unformatted="$(gofmt -l $(git ls-files '*.go'))"
+if [[ -n "$unformatted" ]]; then
+  echo "gofmt would change:" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+
+step "go mod tidy is a no-op"
+cp go.mod /tmp/osmo-go.mod.bak; cp go.sum /tmp/osmo-go.sum.bak
+go mod tidy
+if ! git diff --exit-code --stat -- go.mod go.sum; then
+  cp /tmp/osmo-go.mod.bak go.mod; cp /tmp/osmo-go.sum.bak go.sum
+  echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit" >&2
+  exit 1
+fi
+
+step "go vet"
+go vet ./...
+
+step "go test"
+go test -race -count=1 -timeout 20m ./...

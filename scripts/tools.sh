@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the pinned code generators into .cache/bin (idempotent, offline
+# once the Go module cache has them). Source it or run it; it prints the bin dir.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="$root/.cache/bin"
+mkdir -p "$bin"
+
+# name=module@version; bump here and nowhere else.
+tools=(
+  "buf=github.com/bufbuild/buf/cmd/buf@v1.75.0"
+  "protoc-gen-go=google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12"
+  "protoc-gen-go-grpc=google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2"
+  "protoc-gen-connect-go=connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1"
+  "protoc-gen-grpc-gateway=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@v2.32.0"
+  "protoc-gen-openapiv2=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@v2.32.0"
+)
+for entry in "${tools[@]}"; do
+  name="${entry%%=*}"
+  pkg="${entry#*=}"
+  stamp="$bin/.$name.version"
+  if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$pkg" ]]; then
+    continue
+  fi
+  echo "tools: installing $pkg" >&2
+  GOBIN="$bin" GOFLAGS=-mod=mod go install "$pkg"
+  echo "$pkg" > "$stamp"
+done
+echo "$bin"
