@@ -30,7 +30,7 @@ func (s *scripted) Chat(_ context.Context, msgs []osmo.Message, _ map[string]any
 	b, _ := json.Marshal(map[string]any{"id": "x", "choices": []any{map[string]any{"message": m, "finish_reason": "stop"}}, "usage": map[string]any{"completion_tokens": s.usage}})
 	return osmo.ParseChatCompletion(b)
 }
-func (s *scripted) RecordToolCall(time.Duration)  { s.tools++ }
+func (s *scripted) RecordToolCall(time.Duration)    { s.tools++ }
 func (s *scripted) LogEvent(string, map[string]any) {}
 
 func toolCall(id, name, args string) osmo.Message {
