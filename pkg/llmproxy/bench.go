@@ -1,0 +1,276 @@
+package llmproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+)
+
+// Latency summarizes a latency distribution.
+type Latency struct {
+	P50, P99 time.Duration
+}
+
+// OverheadReport compares the latency of one small chat completion sent
+// straight to an upstream, through a plain httputil.ReverseProxy and through
+// this proxy, all over loopback in one process.
+type OverheadReport struct {
+	// Requests is the number of timed sequential requests per setup.
+	Requests     int
+	Direct       Latency
+	ReverseProxy Latency
+	LLMProxy     Latency
+	// AddedOverDirect and AddedOverReverseProxy are LLMProxy minus the other
+	// setup, percentile by percentile.
+	AddedOverDirect       Latency
+	AddedOverReverseProxy Latency
+	// Throughput is llmproxy's rate with ThroughputClients concurrent clients
+	// over ThroughputDuration; DirectThroughput the same load without it.
+	// Client, proxy and upstream share the GOMAXPROCS CPUs.
+	Throughput         float64
+	DirectThroughput   float64
+	ThroughputClients  int
+	ThroughputDuration time.Duration
+	GOMAXPROCS         int
+}
+
+// WriteTable prints the report as a table.
+func (r OverheadReport) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "setup\tp50\tp99\t\n")
+	for _, row := range []struct {
+		name string
+		l    Latency
+	}{{"direct", r.Direct}, {"reverseproxy", r.ReverseProxy}, {"llmproxy", r.LLMProxy}} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", row.name, micros(row.l.P50), micros(row.l.P99))
+	}
+	fmt.Fprintf(tw, "llmproxy - direct\t%s\t%s\t\n", signedMicros(r.AddedOverDirect.P50), signedMicros(r.AddedOverDirect.P99))
+	fmt.Fprintf(tw, "llmproxy - reverseproxy\t%s\t%s\t\n", signedMicros(r.AddedOverReverseProxy.P50), signedMicros(r.AddedOverReverseProxy.P99))
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d\n", r.Requests, r.GOMAXPROCS)
+	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, direct %.0f req/s\n",
+		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.DirectThroughput)
+}
+
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+}
+
+func signedMicros(d time.Duration) string {
+	return fmt.Sprintf("%+.1fµs", float64(d)/float64(time.Microsecond))
+}
+
+// benchBody is a small chat completion request.
+const benchBody = `{"model":"openai/osmosis-rollout","messages":[{"role":"system","content":"You are a calculator."},{"role":"user","content":"What is 2 + 2?"}],"temperature":1.0,"max_tokens":16}`
+
+// benchCompletion is what the in-process upstream answers.
+const benchCompletion = `{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench-policy","choices":[{"index":0,"message":{"role":"assistant","content":"4"},"finish_reason":"stop"}],"usage":{"prompt_tokens":21,"completion_tokens":1,"total_tokens":22}}`
+
+// MeasureOverhead measures what the proxy adds to a call: n sequential
+// requests for each of direct, reverseproxy and llmproxy, interleaved round
+// robin so machine noise hits all three alike, then a throughput run with
+// concurrent clients. Everything runs in this process on 127.0.0.1.
+func MeasureOverhead(ctx context.Context, n int) (OverheadReport, error) {
+	if n <= 0 {
+		return OverheadReport{}, fmt.Errorf("llmproxy.MeasureOverhead: n must be positive, got %d", n)
+	}
+	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	// Long enough to be steady for real runs, short for smoke tests.
+	rep.ThroughputDuration = min(2*time.Second, max(250*time.Millisecond, time.Duration(n)*400*time.Microsecond))
+	rep.ThroughputClients = max(8, 4*rep.GOMAXPROCS)
+
+	var stack benchStack
+	defer stack.close()
+	if err := stack.start(); err != nil {
+		return rep, fmt.Errorf("llmproxy.MeasureOverhead: %w", err)
+	}
+	targets := []string{stack.upstreamURL, stack.reverseURL, stack.proxyURL}
+	clients := make([]*http.Client, len(targets))
+	for i := range clients {
+		clients[i] = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: rep.ThroughputClients, DisableCompression: true}}
+		defer clients[i].CloseIdleConnections()
+	}
+
+	// Warm connections, pools and code paths.
+	warm := min(n, 200)
+	for range warm {
+		for i, t := range targets {
+			if err := benchRequest(ctx, clients[i], t); err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOverhead: warm-up: %w", err)
+			}
+		}
+	}
+	lat := make([][]time.Duration, len(targets))
+	for i := range lat {
+		lat[i] = make([]time.Duration, 0, n)
+	}
+	for range n {
+		for i, t := range targets {
+			t0 := time.Now()
+			if err := benchRequest(ctx, clients[i], t); err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOverhead: %w", err)
+			}
+			lat[i] = append(lat[i], time.Since(t0))
+		}
+	}
+	rep.Direct, rep.ReverseProxy, rep.LLMProxy = summarize(lat[0]), summarize(lat[1]), summarize(lat[2])
+	rep.AddedOverDirect = Latency{P50: rep.LLMProxy.P50 - rep.Direct.P50, P99: rep.LLMProxy.P99 - rep.Direct.P99}
+	rep.AddedOverReverseProxy = Latency{P50: rep.LLMProxy.P50 - rep.ReverseProxy.P50, P99: rep.LLMProxy.P99 - rep.ReverseProxy.P99}
+
+	var err error
+	if rep.Throughput, err = benchThroughput(ctx, clients[2], stack.proxyURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
+		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
+	}
+	if rep.DirectThroughput, err = benchThroughput(ctx, clients[0], stack.upstreamURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
+		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
+	}
+	return rep, nil
+}
+
+// benchStack is the upstream and the two proxies in front of it.
+type benchStack struct {
+	servers                           []*http.Server
+	transports                        []*http.Transport
+	upstreamURL, reverseURL, proxyURL string
+}
+
+func (s *benchStack) serve(h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	s.servers = append(s.servers, srv)
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), nil
+}
+
+func (s *benchStack) start() error {
+	base, err := s.serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, benchCompletion)
+	}))
+	if err != nil {
+		return err
+	}
+	s.upstreamURL = base + "/v1/chat/completions"
+	target, _ := url.Parse(base)
+	rpTransport, lpTransport := newTransport(), newTransport()
+	s.transports = append(s.transports, rpTransport, lpTransport)
+	rp := &httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: rpTransport,
+	}
+	if s.reverseURL, err = s.serve(rp); err != nil {
+		return err
+	}
+	s.reverseURL += "/v1/chat/completions"
+	p, err := New(Config{
+		Router:    StaticRouter(Route{BaseURL: base + "/v1", Model: "bench-policy"}),
+		Recorder:  RecorderFunc(func(context.Context, *Call) {}),
+		Transport: lpTransport,
+	})
+	if err != nil {
+		return err
+	}
+	if s.proxyURL, err = s.serve(p); err != nil {
+		return err
+	}
+	s.proxyURL += "/v1/chat/completions"
+	return nil
+}
+
+func (s *benchStack) close() {
+	for _, srv := range s.servers {
+		_ = srv.Close()
+	}
+	for _, t := range s.transports {
+		t.CloseIdleConnections()
+	}
+}
+
+// benchRequest sends one chat completion and reads the whole answer.
+func benchRequest(ctx context.Context, c *http.Client, target string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader([]byte(benchBody)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderRolloutID, "bench")
+	req.Header.Set(HeaderSampleID, "s0")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s answered %d", target, resp.StatusCode)
+	}
+	return nil
+}
+
+// benchThroughput runs clients concurrent request loops for d and returns
+// the completed requests per second.
+func benchThroughput(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var (
+		done    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if err := benchRequest(ctx, c, target); err != nil {
+					if ctx.Err() == nil {
+						errOnce.Do(func() { first = err; cancel() })
+					}
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if first != nil {
+		return 0, first
+	}
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return 0, err
+	}
+	return float64(done.Load()) / elapsed.Seconds(), nil
+}
+
+// summarize returns the nearest-rank percentiles of lat (sorted in place).
+func summarize(lat []time.Duration) Latency {
+	slices.Sort(lat)
+	return Latency{P50: percentile(lat, 50), P99: percentile(lat, 99)}
+}
+
+func percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := (len(sorted)*p + 99) / 100 // ceil(n*p/100)
+	return sorted[max(i-1, 0)]
+}

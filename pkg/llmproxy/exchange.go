@@ -1,0 +1,510 @@
+package llmproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// exchange is one chat completion passing through the proxy.
+type exchange struct {
+	p     *Proxy
+	w     http.ResponseWriter
+	r     *http.Request
+	start time.Time
+	route Route
+	call  *Call
+	req   chatRequest
+
+	// upstream is the time spent waiting on the upstream, backoff the time
+	// spent between attempts; the rest of the wall time is the proxy's own.
+	upstream time.Duration
+	backoff  time.Duration
+}
+
+// serveChat handles one chat-completions call; idSource says where a
+// missing rollout id was expected, for the error message.
+func (p *Proxy) serveChat(w http.ResponseWriter, r *http.Request, rolloutID, sampleID, idSource string) {
+	// Exchanges are pooled: nothing outlives the handler but the Call,
+	// which is allocated afresh for the Recorder to keep.
+	x := p.exchanges.Get().(*exchange)
+	*x = exchange{p: p, w: w, r: r, start: time.Now()}
+	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, StartedAt: x.start}
+	x.serve(idSource)
+	x.finish()
+	*x = exchange{}
+	p.exchanges.Put(x)
+}
+
+func (x *exchange) serve(idSource string) {
+	p, c := x.p, x.call
+	if c.RolloutID == "" {
+		x.fail(http.StatusBadRequest, "missing_rollout_id", HeaderRolloutID,
+			"llmproxy: missing rollout id ("+idSource+"); set the "+HeaderRolloutID+" header or use the base URL /r/{rollout_id}/s/{sample_id}/v1")
+		return
+	}
+	if p.requireSampleID && c.SampleID == "" {
+		x.fail(http.StatusBadRequest, "missing_sample_id", HeaderSampleID,
+			"llmproxy: missing sample id; set the "+HeaderSampleID+" header or use the base URL /r/{rollout_id}/s/{sample_id}/v1")
+		return
+	}
+	route, ok := p.router.Route(c.RolloutID)
+	if !ok {
+		x.fail(http.StatusNotFound, "unknown_rollout", HeaderRolloutID, fmt.Sprintf("llmproxy: unknown rollout %q", c.RolloutID))
+		return
+	}
+	x.route = route
+	if route.ClientToken != "" && !bearerMatches(x.r.Header.Get("Authorization"), route.ClientToken) {
+		x.fail(http.StatusUnauthorized, "invalid_api_key", "Authorization",
+			"llmproxy: missing or invalid bearer token for rollout "+strconv.Quote(c.RolloutID))
+		return
+	}
+	if route.Context != nil && route.Context.Err() != nil {
+		x.failContext(route.Context, fmt.Errorf("%w: %w", errRolloutEnded, context.Cause(route.Context)))
+		return
+	}
+
+	body, status, err := x.readBody()
+	if err != nil {
+		code := "invalid_request_body"
+		if status == http.StatusRequestEntityTooLarge {
+			code = "request_too_large"
+		}
+		x.fail(status, code, "", err.Error())
+		return
+	}
+	if re := x.req.parse(body); re != nil {
+		x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
+		return
+	}
+	out, model := x.req.rewrite(route, c.RolloutID)
+	c.RequestedModel = x.req.requestedModel
+	c.Model = model
+	c.RequestMessages = x.req.messages
+	c.Stream = x.req.stream
+	x.forward(out)
+}
+
+// readBody reads the request body under MaxBodyBytes. Bodies are small
+// enough to allocate exactly once, and an owned slice lets the record keep
+// the messages without copying them.
+func (x *exchange) readBody() ([]byte, int, error) {
+	r, limit := x.r, x.p.maxBody
+	tooLarge := func() error { return fmt.Errorf("llmproxy: request body exceeds the limit of %d bytes", limit) }
+	if r.ContentLength > limit {
+		return nil, http.StatusRequestEntityTooLarge, tooLarge()
+	}
+	rd := http.MaxBytesReader(x.w, r.Body, limit)
+	if r.ContentLength >= 0 {
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(rd, b); err != nil {
+			return nil, http.StatusBadRequest, fmt.Errorf("llmproxy: reading request body: %w", err)
+		}
+		return b, 0, nil
+	}
+	buf := x.p.getBuf()
+	defer x.p.putBuf(buf)
+	if _, err := buf.ReadFrom(rd); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, http.StatusRequestEntityTooLarge, tooLarge()
+		}
+		return nil, http.StatusBadRequest, fmt.Errorf("llmproxy: reading request body: %w", err)
+	}
+	return bytes.Clone(buf.Bytes()), 0, nil
+}
+
+// forward sends body upstream, retrying per the policy, and answers the client.
+func (x *exchange) forward(body []byte) {
+	ctx := x.r.Context()
+	if rc := x.route.Context; rc != nil {
+		// Cancelling the rollout aborts the in-flight call.
+		cctx, cancel := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(rc, func() { cancel(fmt.Errorf("%w: %w", errRolloutEnded, context.Cause(rc))) })
+		defer func() {
+			stop()
+			cancel(nil)
+		}()
+		ctx = cctx
+	}
+	url := strings.TrimSuffix(x.route.BaseURL, "/") + "/chat/completions"
+	header := x.upstreamHeader()
+
+	var last *upstreamError
+	for attempt := 0; attempt <= x.p.retry.MaxRetries; attempt++ {
+		if attempt > 0 {
+			d := x.p.retry.Delay(attempt - 1)
+			x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: retrying upstream call",
+				slog.String("rollout_id", x.call.RolloutID), slog.String("sample_id", x.call.SampleID),
+				slog.Int("attempt", attempt+1), slog.Duration("delay", d), slog.String("error", last.Error()))
+			t := time.Now()
+			ok := sleepCtx(ctx, d)
+			x.backoff += time.Since(t)
+			if !ok {
+				x.failContext(ctx, context.Cause(ctx))
+				return
+			}
+		}
+		x.call.Attempts = attempt + 1
+		last = x.attempt(ctx, url, header, body)
+		if last == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			x.failContext(ctx, context.Cause(ctx))
+			return
+		}
+		if !last.retry {
+			break
+		}
+	}
+	x.failUpstream(last)
+}
+
+// upstreamHeader builds the headers every attempt sends.
+func (x *exchange) upstreamHeader() http.Header {
+	in, c, route := x.r.Header, x.call, x.route
+	h := make(http.Header, 8)
+	h["Content-Type"] = []string{"application/json"}
+	h[HeaderRolloutID] = []string{c.RolloutID}
+	if c.SampleID != "" {
+		h[HeaderSampleID] = []string{c.SampleID}
+	}
+	switch {
+	case route.APIKey != "":
+		h["Authorization"] = []string{"Bearer " + route.APIKey}
+	case route.ClientToken == "":
+		// With a ClientToken the client's header holds the proxy's secret,
+		// which must not leak upstream.
+		if v := in["Authorization"]; len(v) > 0 {
+			h["Authorization"] = v
+		}
+	}
+	for _, k := range [...]string{"Traceparent", "Tracestate", "Baggage", "Accept", "X-Request-Id"} {
+		if v := in[k]; len(v) > 0 {
+			h[k] = v
+		}
+	}
+	return h
+}
+
+// upstreamError is a failed attempt.
+type upstreamError struct {
+	kind   string // "timeout", "transport", "status", "malformed", "too_large", "config"
+	status int
+	detail string
+	retry  bool
+}
+
+func (e *upstreamError) Error() string {
+	switch e.kind {
+	case "timeout":
+		return "upstream did not answer within the per-attempt timeout of " + e.detail
+	case "status":
+		return fmt.Sprintf("upstream answered %d: %s", e.status, e.detail)
+	case "malformed":
+		return fmt.Sprintf("upstream answered %d with a malformed body: %s", e.status, e.detail)
+	default:
+		return e.detail
+	}
+}
+
+// attempt makes one upstream call. It returns nil once it has answered the
+// client (the call may still have failed, as recorded in x.call).
+func (x *exchange) attempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := time.AfterFunc(x.p.timeout, func() { cancel(errAttemptTimeout) })
+	defer timer.Stop()
+
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return &upstreamError{kind: "config", detail: fmt.Sprintf("llmproxy: route of rollout %q has an unusable base URL %q: %v", x.call.RolloutID, x.route.BaseURL, err)}
+	}
+	req.Header = header
+	t0 := time.Now()
+	resp, err := x.p.transport.RoundTrip(req)
+	if err != nil {
+		x.upstream += time.Since(t0)
+		return x.readFailure(actx, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 500:
+		snippet := drainSnippet(resp.Body)
+		x.upstream += time.Since(t0)
+		return &upstreamError{kind: "status", status: resp.StatusCode, detail: snippet, retry: true}
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return x.passThrough(actx, resp, t0)
+	case isEventStream(resp.Header.Get("Content-Type")):
+		return x.relayStream(actx, resp, t0, timer)
+	default:
+		return x.relayJSON(actx, resp, t0)
+	}
+}
+
+// readFailure classifies an error from the transport or the response body.
+func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
+	if errors.Is(context.Cause(actx), errAttemptTimeout) {
+		return &upstreamError{kind: "timeout", detail: x.p.timeout.String(), retry: true}
+	}
+	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: true}
+}
+
+// readBounded reads a whole upstream body into a pooled buffer the caller
+// must return.
+func (x *exchange) readBounded(actx context.Context, resp *http.Response) (*bytes.Buffer, *upstreamError) {
+	tooLarge := func() *upstreamError {
+		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream response exceeds the limit of %d bytes", x.p.maxResp)}
+	}
+	if resp.ContentLength > x.p.maxResp {
+		return nil, tooLarge()
+	}
+	buf := x.p.getBuf()
+	if resp.ContentLength > 0 {
+		// Room for the trailing EOF read too, so the buffer never regrows.
+		buf.Grow(int(resp.ContentLength) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, x.p.maxResp+1))
+	switch {
+	case err != nil:
+		x.p.putBuf(buf)
+		return nil, x.readFailure(actx, err)
+	case int64(buf.Len()) > x.p.maxResp:
+		x.p.putBuf(buf)
+		return nil, tooLarge()
+	}
+	return buf, nil
+}
+
+// passThrough hands a non-2xx, non-5xx answer (a 4xx above all) to the
+// client unchanged: G1 clients fail at once on those, and the client should
+// see the upstream's own explanation.
+func (x *exchange) passThrough(actx context.Context, resp *http.Response, t0 time.Time) *upstreamError {
+	buf, uerr := x.readBounded(actx, resp)
+	x.upstream += time.Since(t0)
+	if uerr != nil {
+		uerr.retry = false
+		return uerr
+	}
+	defer x.p.putBuf(buf)
+	data := buf.Bytes()
+	x.call.Err = fmt.Sprintf("upstream answered %d: %s", resp.StatusCode, snippet(data))
+	x.writeUpstream(resp, data)
+	return nil
+}
+
+// relayJSON forwards a non-stream completion and records it.
+func (x *exchange) relayJSON(actx context.Context, resp *http.Response, t0 time.Time) *upstreamError {
+	buf, uerr := x.readBounded(actx, resp)
+	x.upstream += time.Since(t0)
+	if uerr != nil {
+		return uerr
+	}
+	defer x.p.putBuf(buf)
+	data := buf.Bytes()
+	if err := recordCompletion(x.call, data); err != nil {
+		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: err.Error() + "; body starts: " + snippet(data), retry: true}
+	}
+	x.writeUpstream(resp, data)
+	return nil
+}
+
+// writeUpstream answers the client with an upstream status and body.
+func (x *exchange) writeUpstream(resp *http.Response, data []byte) {
+	h := x.w.Header()
+	ct := resp.Header.Get("Content-Type")
+	if ct == "" {
+		ct = "application/json"
+	}
+	h.Set("Content-Type", ct)
+	copyHeaders(h, resp.Header)
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	x.setServerTiming(h)
+	x.w.WriteHeader(resp.StatusCode)
+	x.call.StatusCode = resp.StatusCode
+	if _, err := x.w.Write(data); err != nil && x.call.Err == "" {
+		x.call.Err = "llmproxy: writing the response to the client: " + err.Error()
+	}
+}
+
+// copyHeaders passes on the upstream headers a client may act on.
+func copyHeaders(dst, src http.Header) {
+	for _, k := range [...]string{"Retry-After", "X-Request-Id"} {
+		if v := src[k]; len(v) > 0 {
+			dst[k] = v
+		}
+	}
+}
+
+// failUpstream answers after the last attempt failed.
+func (x *exchange) failUpstream(e *upstreamError) {
+	status, code := http.StatusBadGateway, "upstream_error"
+	switch e.kind {
+	case "timeout":
+		status, code = http.StatusGatewayTimeout, "upstream_timeout"
+	case "malformed":
+		code = "upstream_malformed_response"
+	case "transport":
+		code = "upstream_unreachable"
+	case "too_large":
+		code = "upstream_response_too_large"
+	case "config":
+		status, code = http.StatusInternalServerError, "invalid_route"
+	}
+	msg := e.Error()
+	if e.kind != "config" {
+		msg = fmt.Sprintf("llmproxy: upstream call failed after %d attempt(s): %s", x.call.Attempts, msg)
+	}
+	x.failTyped(status, "upstream_error", code, "", msg)
+}
+
+// failContext answers when ctx ended: the rollout ended (503, or 504 when
+// its deadline passed) or the client went away (nothing to answer; 499 is
+// recorded, as nginx logs it).
+func (x *exchange) failContext(ctx context.Context, cause error) {
+	if cause == nil {
+		cause = ctx.Err()
+	}
+	if errors.Is(cause, errRolloutEnded) {
+		status := http.StatusServiceUnavailable
+		if errors.Is(cause, context.DeadlineExceeded) {
+			status = http.StatusGatewayTimeout
+		}
+		x.failTyped(status, "upstream_error", "rollout_ended", "", "llmproxy: upstream call aborted: "+cause.Error())
+		return
+	}
+	x.call.StatusCode = 499
+	x.call.Err = "llmproxy: client closed the request: " + cause.Error()
+}
+
+// fail answers a client mistake.
+func (x *exchange) fail(status int, code, param, msg string) {
+	x.failTyped(status, "invalid_request_error", code, param, msg)
+}
+
+func (x *exchange) failTyped(status int, typ, code, param, msg string) {
+	x.call.StatusCode = status
+	x.call.Err = msg
+	x.p.writeError(x.w, serverTiming(time.Since(x.start), x.upstream, x.backoff), status, typ, code, param, msg)
+}
+
+// finish logs and records the call.
+func (x *exchange) finish() {
+	c := x.call
+	c.Latency = time.Since(x.start)
+	ctx := x.r.Context()
+	if c.Err != "" {
+		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",
+			slog.String("rollout_id", c.RolloutID), slog.String("sample_id", c.SampleID),
+			slog.String("model", c.Model), slog.Int("status", c.StatusCode), slog.Int("attempts", c.Attempts),
+			slog.Duration("latency", c.Latency), slog.String("error", c.Err))
+	} else if x.p.log.Enabled(ctx, slog.LevelDebug) {
+		x.p.log.LogAttrs(ctx, slog.LevelDebug, "llmproxy: call",
+			slog.String("rollout_id", c.RolloutID), slog.String("sample_id", c.SampleID),
+			slog.String("model", c.Model), slog.Int("status", c.StatusCode), slog.Int("attempts", c.Attempts),
+			slog.Bool("stream", c.Stream), slog.Duration("latency", c.Latency),
+			slog.Int("prompt_tokens", c.Usage.PromptTokens), slog.Int("completion_tokens", c.Usage.CompletionTokens))
+	}
+	if x.p.recorder != nil {
+		// The client may be gone; the record must still be kept.
+		x.p.recorder.RecordCall(context.WithoutCancel(ctx), c)
+	}
+}
+
+// setServerTiming tells the client how much of the wait was the proxy's.
+func (x *exchange) setServerTiming(h http.Header) {
+	h["Server-Timing"] = []string{serverTiming(time.Since(x.start), x.upstream, x.backoff)}
+}
+
+func serverTiming(total, upstream, backoff time.Duration) string {
+	own := total - upstream - backoff
+	if own < 0 {
+		own = 0
+	}
+	b := make([]byte, 0, 64)
+	b = appendMillis(append(b, "proxy;dur="...), own)
+	b = appendMillis(append(b, ", upstream;dur="...), upstream)
+	if backoff > 0 {
+		b = appendMillis(append(b, ", backoff;dur="...), backoff)
+	}
+	return string(b)
+}
+
+func appendMillis(b []byte, d time.Duration) []byte {
+	return strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
+}
+
+// writeError answers with an OpenAI-shaped error.
+func (p *Proxy) writeError(w http.ResponseWriter, timing string, status int, typ, code, param, msg string) {
+	type apiError struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	}
+	e := apiError{Message: msg, Type: typ, Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	body, err := json.Marshal(struct {
+		Error apiError `json:"error"`
+	}{e})
+	if err != nil {
+		body = []byte(`{"error":{"message":"llmproxy: internal error","type":"server_error","param":null,"code":null}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h["Server-Timing"] = []string{timing}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// bearerMatches checks an Authorization header against token in constant
+// time. A bare token without the "Bearer" scheme is accepted too, as the
+// G1 server did.
+func bearerMatches(header, token string) bool {
+	got := header
+	if len(got) > 7 && strings.EqualFold(got[:7], "bearer ") {
+		got = strings.TrimSpace(got[7:])
+	}
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+}
+
+func isEventStream(ct string) bool {
+	return strings.HasPrefix(strings.TrimSpace(strings.ToLower(ct)), "text/event-stream")
+}
+
+// drainSnippet reads a failed response (a bounded amount, so the connection
+// can be reused) and returns its start for error messages.
+func drainSnippet(body io.Reader) string {
+	b, _ := io.ReadAll(io.LimitReader(body, 64<<10))
+	return snippet(b)
+}
+
+// snippet is the start of a body, fit for an error message.
+func snippet(b []byte) string {
+	const max = 512
+	b = bytes.TrimSpace(b)
+	cut := len(b) > max
+	if cut {
+		b = b[:max]
+	}
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	if cut {
+		s += "…"
+	}
+	if s == "" {
+		s = "(empty body)"
+	}
+	return s
+}

@@ -1,0 +1,210 @@
+// Package llmproxy is an OpenAI-compatible chat-completions reverse proxy that
+// sits between agents and the policy endpoint. It binds every call to a
+// rollout and a sample, routes it, rewrites the placeholder model, retries
+// the upstream like the Osmosis G1 client, streams SSE through untouched and
+// records every call.
+//
+// A Proxy is an http.Handler; it serves
+//
+//	POST /v1/chat/completions                               (ids in X-Rollout-Id / X-Sample-Id)
+//	POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions  (ids in the path, see BaseURLFor)
+package llmproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultTimeout          = 300 * time.Second
+	DefaultMaxBodyBytes     = 32 << 20
+	DefaultMaxResponseBytes = 64 << 20
+)
+
+// Config configures a Proxy.
+type Config struct {
+	// Router finds the route of each call's rollout. Required.
+	Router Router
+	// Recorder receives every call, failed ones included. Nil records nothing.
+	Recorder Recorder
+	// Retry is the upstream retry rule (G1 semantics).
+	Retry RetryPolicy
+	// Timeout bounds one upstream attempt; 0 means DefaultTimeout. For a
+	// stream it bounds the wait for each piece of the stream, so a long
+	// generation that keeps producing is never cut.
+	Timeout time.Duration
+	// MaxBodyBytes is the largest request body accepted (413 above);
+	// 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// MaxResponseBytes is the largest upstream response read (a whole JSON
+	// body, or a whole stream); 0 means DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// Transport carries upstream calls. Nil means a transport tuned for many
+	// concurrent calls to one policy endpoint.
+	Transport http.RoundTripper
+	// Logger receives call logs; nil discards them.
+	Logger *slog.Logger
+	// RequireSampleID rejects calls without a sample id (400), as the
+	// reference controller did.
+	RequireSampleID bool
+}
+
+// Proxy is the chat-completions proxy. It is safe for concurrent use.
+type Proxy struct {
+	router          Router
+	recorder        Recorder
+	retry           RetryPolicy
+	timeout         time.Duration
+	maxBody         int64
+	maxResp         int64
+	transport       http.RoundTripper
+	log             *slog.Logger
+	requireSampleID bool
+	mux             *http.ServeMux
+
+	// Pools hold per-call scratch space so the hot path allocates little.
+	bufs      sync.Pool // *bytes.Buffer
+	readers   sync.Pool // *bufio.Reader
+	exchanges sync.Pool // *exchange
+}
+
+// New validates cfg and returns a Proxy.
+func New(cfg Config) (*Proxy, error) {
+	switch {
+	case cfg.Router == nil:
+		return nil, errors.New("llmproxy.New: Config.Router is required")
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("llmproxy.New: Config.Timeout must not be negative, got %s", cfg.Timeout)
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("llmproxy.New: Config.MaxBodyBytes must not be negative, got %d", cfg.MaxBodyBytes)
+	case cfg.MaxResponseBytes < 0:
+		return nil, fmt.Errorf("llmproxy.New: Config.MaxResponseBytes must not be negative, got %d", cfg.MaxResponseBytes)
+	case cfg.Retry.MaxRetries < 0:
+		return nil, fmt.Errorf("llmproxy.New: Config.Retry.MaxRetries must not be negative, got %d", cfg.Retry.MaxRetries)
+	case cfg.Retry.BaseDelay < 0 || cfg.Retry.MaxDelay < 0:
+		return nil, errors.New("llmproxy.New: Config.Retry delays must not be negative")
+	}
+	p := &Proxy{
+		router:          cfg.Router,
+		recorder:        cfg.Recorder,
+		retry:           cfg.Retry,
+		timeout:         cfg.Timeout,
+		maxBody:         cfg.MaxBodyBytes,
+		maxResp:         cfg.MaxResponseBytes,
+		transport:       cfg.Transport,
+		log:             cfg.Logger,
+		requireSampleID: cfg.RequireSampleID,
+	}
+	if p.timeout == 0 {
+		p.timeout = DefaultTimeout
+	}
+	if p.maxBody == 0 {
+		p.maxBody = DefaultMaxBodyBytes
+	}
+	if p.maxResp == 0 {
+		p.maxResp = DefaultMaxResponseBytes
+	}
+	if p.transport == nil {
+		p.transport = newTransport()
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	p.bufs.New = func() any { return new(bytes.Buffer) }
+	p.readers.New = func() any { return bufio.NewReaderSize(nil, 16<<10) }
+	p.exchanges.New = func() any { return new(exchange) }
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		p.serveChat(w, r, r.Header.Get(HeaderRolloutID), r.Header.Get(HeaderSampleID), "header "+HeaderRolloutID)
+	})
+	mux.HandleFunc("POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		p.serveChat(w, r, r.PathValue("rollout_id"), r.PathValue("sample_id"), "path segment rollout_id")
+	})
+	// Known paths with another method get a 405 in the OpenAI error shape
+	// rather than the mux's plain-text one.
+	notAllowed := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		p.writeError(w, serverTiming(0, 0, 0), http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			fmt.Sprintf("llmproxy: method %s not allowed on %s; use POST", r.Method, r.URL.Path))
+	}
+	mux.HandleFunc("/v1/chat/completions", notAllowed)
+	mux.HandleFunc("/r/{rollout_id}/s/{sample_id}/v1/chat/completions", notAllowed)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		p.writeError(w, serverTiming(0, 0, 0), http.StatusNotFound, "invalid_request_error", "not_found", "",
+			fmt.Sprintf("llmproxy: no route for %s %s; the proxy serves POST /v1/chat/completions and POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions", r.Method, r.URL.Path))
+	})
+	p.mux = mux
+	return p, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
+
+// newTransport is the default upstream transport: keep-alive connections
+// sized for the G1 client's concurrency (100 calls in flight) so calls do
+// not pay for new connections under load. Connections are not capped:
+// queueing calls in the proxy would only hide load from the policy server,
+// which batches better the more it sees.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          200,
+		MaxIdleConnsPerHost:   100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// Responses are small or streamed; gzip would cost CPU on both ends
+		// and can hold SSE events back in the compressor.
+		DisableCompression: true,
+	}
+}
+
+func (p *Proxy) getBuf() *bytes.Buffer {
+	b := p.bufs.Get().(*bytes.Buffer)
+	b.Reset()
+	return b
+}
+
+// putBuf returns b to the pool unless it grew large: a few huge responses
+// should not pin their memory for the life of the process.
+func (p *Proxy) putBuf(b *bytes.Buffer) {
+	if b.Cap() <= 1<<20 {
+		p.bufs.Put(b)
+	}
+}
+
+// errAttemptTimeout is the cancel cause of an attempt that ran out of time.
+var errAttemptTimeout = errors.New("upstream attempt timed out")
+
+// errRolloutEnded is the cancel cause when the route's context ends.
+var errRolloutEnded = errors.New("rollout ended")
+
+// sleepCtx waits d or until ctx ends; it reports whether the full wait passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,88 @@
+package llmproxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// completion is the part of a chat completion the record needs. Raw fields
+// are kept as bytes; nothing else is decoded.
+type completion struct {
+	ID      string `json:"id"`
+	Choices []struct {
+		Message      json.RawMessage `json:"message"`
+		FinishReason string          `json:"finish_reason"`
+		TokenIDs     []int32         `json:"token_ids"`
+		Logprobs     *logprobsJSON   `json:"logprobs"`
+	} `json:"choices"`
+	Usage          *usageJSON `json:"usage"`
+	PromptTokenIDs []int32    `json:"prompt_token_ids"`
+}
+
+type logprobsJSON struct {
+	Content []struct {
+		Logprob float64 `json:"logprob"`
+	} `json:"content"`
+}
+
+func (l *logprobsJSON) appendTo(dst []float64) []float64 {
+	if l == nil {
+		return dst
+	}
+	for _, c := range l.Content {
+		dst = append(dst, c.Logprob)
+	}
+	return dst
+}
+
+type usageJSON struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *usageJSON) usage() Usage {
+	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	if u.PromptTokensDetails != nil {
+		out.CachedTokens = u.PromptTokensDetails.CachedTokens
+	}
+	return out
+}
+
+// recordCompletion fills c from a non-stream response body. It fails only
+// when the body is not a JSON object, which makes the attempt retryable;
+// fields of unexpected types are skipped so an odd but well-formed answer
+// still reaches the client.
+func recordCompletion(c *Call, data []byte) error {
+	if i := skipSpace(data, 0); i >= len(data) || data[i] != '{' {
+		if !json.Valid(data) {
+			return errors.New("body is not valid JSON")
+		}
+		return errors.New("body is not a JSON object")
+	}
+	var cr completion
+	if err := json.Unmarshal(data, &cr); err != nil {
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return fmt.Errorf("body is not valid JSON: %w", err)
+		}
+	}
+	c.ID = cr.ID
+	if len(cr.Choices) > 0 {
+		ch := &cr.Choices[0]
+		if len(ch.Message) > 0 && string(ch.Message) != "null" {
+			c.ResponseMessage = ch.Message
+		}
+		c.FinishReason = ch.FinishReason
+		c.CompletionTokenIDs = ch.TokenIDs
+		c.Logprobs = ch.Logprobs.appendTo(nil)
+	}
+	if cr.Usage != nil {
+		c.Usage = cr.Usage.usage()
+	}
+	c.PromptTokenIDs = cr.PromptTokenIDs
+	return nil
+}

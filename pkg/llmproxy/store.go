@@ -1,0 +1,196 @@
+package llmproxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Store is an in-memory Recorder that keeps calls by rollout id, for the
+// standalone proxy server. It holds at most maxCalls calls in all and
+// forgets calls older than ttl; the oldest go first.
+type Store struct {
+	maxCalls int
+	ttl      time.Duration
+	now      func() time.Time
+
+	mu        sync.Mutex
+	byRollout map[string][]*Call
+	// order lists stored calls oldest first, so eviction by count and by
+	// age both pop from its head.
+	order []storedRef
+	head  int
+}
+
+type storedRef struct {
+	rolloutID string
+	at        time.Time
+}
+
+// NewStore returns a Store keeping at most maxCalls calls (<= 0: 10,000) for
+// at most ttl (<= 0: forever).
+func NewStore(maxCalls int, ttl time.Duration) *Store {
+	if maxCalls <= 0 {
+		maxCalls = 10000
+	}
+	return &Store{maxCalls: maxCalls, ttl: ttl, now: time.Now, byRollout: map[string][]*Call{}}
+}
+
+// RecordCall implements Recorder. Calls without a rollout id are dropped:
+// nobody can ask for them.
+func (s *Store) RecordCall(_ context.Context, c *Call) {
+	if c == nil || c.RolloutID == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.pruneLocked(now)
+	if len(s.order)-s.head >= s.maxCalls {
+		s.popLocked()
+	}
+	s.byRollout[c.RolloutID] = append(s.byRollout[c.RolloutID], c)
+	s.order = append(s.order, storedRef{rolloutID: c.RolloutID, at: now})
+}
+
+// Calls returns the stored calls of rolloutID, oldest first.
+func (s *Store) Calls(rolloutID string) []*Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(s.now())
+	return append([]*Call(nil), s.byRollout[rolloutID]...)
+}
+
+func (s *Store) pruneLocked(now time.Time) {
+	if s.ttl <= 0 {
+		return
+	}
+	for s.head < len(s.order) && now.Sub(s.order[s.head].at) > s.ttl {
+		s.popLocked()
+	}
+}
+
+// popLocked forgets the oldest call.
+func (s *Store) popLocked() {
+	ref := s.order[s.head]
+	s.order[s.head] = storedRef{}
+	s.head++
+	calls := s.byRollout[ref.rolloutID]
+	calls[0] = nil
+	if len(calls) == 1 {
+		delete(s.byRollout, ref.rolloutID)
+	} else {
+		s.byRollout[ref.rolloutID] = calls[1:]
+	}
+	// Compact once the consumed head dominates, keeping appends amortized.
+	if s.head > 1024 && s.head*2 > len(s.order) {
+		s.order = append(s.order[:0], s.order[s.head:]...)
+		s.head = 0
+	}
+}
+
+// ServeHTTP answers GET /r/{rollout_id}/calls with the rollout's calls as
+// JSON: {"rollout_id": ..., "calls": [...]}. Messages are embedded as JSON.
+// Mounted on a mux with that pattern it uses the path value; otherwise it
+// parses the path itself.
+func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeStoreError(w, http.StatusMethodNotAllowed, "method_not_allowed", "llmproxy: use GET /r/{rollout_id}/calls")
+		return
+	}
+	id := r.PathValue("rollout_id")
+	if id == "" {
+		rest, ok := strings.CutPrefix(r.URL.EscapedPath(), "/r/")
+		if rest, ok2 := strings.CutSuffix(rest, "/calls"); ok && ok2 && rest != "" && !strings.Contains(rest, "/") {
+			id, _ = url.PathUnescape(rest)
+		}
+	}
+	if id == "" {
+		writeStoreError(w, http.StatusNotFound, "not_found", "llmproxy: use GET /r/{rollout_id}/calls")
+		return
+	}
+	calls := s.Calls(id)
+	out := struct {
+		RolloutID string     `json:"rollout_id"`
+		Calls     []callJSON `json:"calls"`
+	}{RolloutID: id, Calls: make([]callJSON, 0, len(calls))}
+	for _, c := range calls {
+		out.Calls = append(out.Calls, toCallJSON(c))
+	}
+	body, err := json.Marshal(out)
+	if err != nil {
+		writeStoreError(w, http.StatusInternalServerError, "internal_error", "llmproxy: encoding calls: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+// callJSON is the wire form of a Call.
+type callJSON struct {
+	RolloutID          string          `json:"rollout_id"`
+	SampleID           string          `json:"sample_id,omitempty"`
+	ID                 string          `json:"id,omitempty"`
+	RequestedModel     string          `json:"requested_model,omitempty"`
+	Model              string          `json:"model,omitempty"`
+	RequestMessages    json.RawMessage `json:"request_messages,omitempty"`
+	ResponseMessage    json.RawMessage `json:"response_message,omitempty"`
+	FinishReason       string          `json:"finish_reason,omitempty"`
+	Usage              usageOut        `json:"usage"`
+	Stream             bool            `json:"stream"`
+	StartedAt          time.Time       `json:"started_at"`
+	LatencyMs          float64         `json:"latency_ms"`
+	TimeToFirstTokenMs float64         `json:"time_to_first_token_ms,omitempty"`
+	PromptTokenIDs     []int32         `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int32         `json:"completion_token_ids,omitempty"`
+	Logprobs           []float64       `json:"logprobs,omitempty"`
+	StatusCode         int             `json:"status_code"`
+	Error              string          `json:"error,omitempty"`
+	Attempts           int             `json:"attempts"`
+}
+
+type usageOut struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
+}
+
+func toCallJSON(c *Call) callJSON {
+	out := callJSON{
+		RolloutID: c.RolloutID, SampleID: c.SampleID, ID: c.ID,
+		RequestedModel: c.RequestedModel, Model: c.Model,
+		FinishReason: c.FinishReason,
+		Usage: usageOut{
+			PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens,
+			TotalTokens: c.Usage.TotalTokens, CachedTokens: c.Usage.CachedTokens,
+		},
+		Stream: c.Stream, StartedAt: c.StartedAt,
+		LatencyMs:          millis(c.Latency),
+		TimeToFirstTokenMs: millis(c.TimeToFirstToken),
+		PromptTokenIDs:     c.PromptTokenIDs, CompletionTokenIDs: c.CompletionTokenIDs, Logprobs: c.Logprobs,
+		StatusCode: c.StatusCode, Error: c.Err, Attempts: c.Attempts,
+	}
+	// Embed only valid JSON, so one odd record cannot break the listing.
+	if json.Valid(c.RequestMessages) {
+		out.RequestMessages = c.RequestMessages
+	}
+	if json.Valid(c.ResponseMessage) {
+		out.ResponseMessage = c.ResponseMessage
+	}
+	return out
+}
+
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func writeStoreError(w http.ResponseWriter, status int, code, msg string) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": code}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

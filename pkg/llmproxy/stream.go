@@ -1,0 +1,350 @@
+package llmproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// relayStream passes an SSE response through event by event, flushing after
+// each, while assembling the record. Headers go out with the first event,
+// so a stream that fails before producing anything can still be retried.
+// The attempt timer is reset on every line: it bounds silences, not the
+// length of a generation.
+func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 time.Time, timer *time.Timer) *upstreamError {
+	br := x.p.readers.Get().(*bufio.Reader)
+	br.Reset(resp.Body)
+	defer func() {
+		br.Reset(nil)
+		x.p.readers.Put(br)
+	}()
+	ev := x.p.getBuf()
+	defer x.p.putBuf(ev)
+
+	x.call.Stream = true
+	acc := streamAcc{start: x.start}
+	var (
+		started   bool
+		rc        *http.ResponseController
+		total     int64
+		lineStart int
+		clientErr error
+	)
+	// dispatch sends the buffered event to the client.
+	dispatch := func() bool {
+		acc.event(ev.Bytes(), time.Now())
+		if !started {
+			started = true
+			x.upstream += time.Since(t0)
+			h := x.w.Header()
+			h.Set("Content-Type", resp.Header.Get("Content-Type"))
+			h.Set("Cache-Control", "no-cache")
+			// Ask buffering front proxies (nginx) to pass events on at once.
+			h.Set("X-Accel-Buffering", "no")
+			copyHeaders(h, resp.Header)
+			x.setServerTiming(h)
+			x.w.WriteHeader(resp.StatusCode)
+			x.call.StatusCode = resp.StatusCode
+			rc = http.NewResponseController(x.w)
+		}
+		if _, err := x.w.Write(ev.Bytes()); err != nil {
+			clientErr = err
+			return false
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			clientErr = err
+			return false
+		}
+		ev.Reset()
+		lineStart = 0
+		return true
+	}
+
+	var readErr error
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			timer.Reset(x.p.timeout)
+			total += int64(len(line))
+			if total > x.p.maxResp {
+				readErr = errStreamTooLarge
+				break
+			}
+			ev.Write(line)
+		}
+		if err == bufio.ErrBufferFull {
+			continue // a long line; keep collecting it
+		}
+		if err != nil {
+			if ev.Len() > 0 && !dispatch() {
+				break
+			}
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+		if l := ev.Bytes()[lineStart:]; len(l) == 1 || (len(l) == 2 && l[0] == '\r') {
+			if !dispatch() {
+				break
+			}
+			continue
+		}
+		lineStart = ev.Len()
+	}
+
+	c := x.call
+	switch {
+	case clientErr != nil:
+		c.Err = "llmproxy: client went away mid-stream: " + clientErr.Error()
+	case !started && readErr == errStreamTooLarge:
+		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream stream exceeds the limit of %d bytes", x.p.maxResp)}
+	case !started && readErr != nil:
+		x.upstream += time.Since(t0)
+		return x.readFailure(actx, readErr)
+	case !started:
+		x.upstream += time.Since(t0)
+		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: "event stream ended before any event", retry: true}
+	case readErr == errStreamTooLarge:
+		c.Err = fmt.Sprintf("llmproxy: upstream stream exceeds the limit of %d bytes; cut", x.p.maxResp)
+	case readErr != nil:
+		cause := context.Cause(actx)
+		switch {
+		case errors.Is(cause, errAttemptTimeout):
+			c.Err = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
+		case cause != nil:
+			c.Err = "llmproxy: stream aborted: " + cause.Error()
+		default:
+			c.Err = "llmproxy: upstream stream broke: " + readErr.Error()
+		}
+	case acc.upstreamErr != "":
+		c.Err = "llmproxy: upstream sent an error event: " + acc.upstreamErr
+	case !acc.done && acc.finish == "":
+		c.Err = "llmproxy: upstream stream ended without [DONE]"
+	}
+	acc.fill(c)
+	return nil
+}
+
+var errStreamTooLarge = errors.New("stream too large")
+
+// streamChunk is the part of a chat.completion.chunk the record needs.
+type streamChunk struct {
+	ID      string `json:"id"`
+	Choices []struct {
+		Index int `json:"index"`
+		Delta struct {
+			Role             string `json:"role"`
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"`
+			ToolCalls        []struct {
+				Index    int    `json:"index"`
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
+		} `json:"delta"`
+		FinishReason string        `json:"finish_reason"`
+		TokenIDs     []int32       `json:"token_ids"`
+		Logprobs     *logprobsJSON `json:"logprobs"`
+	} `json:"choices"`
+	Usage          *usageJSON      `json:"usage"`
+	PromptTokenIDs []int32         `json:"prompt_token_ids"`
+	Error          json.RawMessage `json:"error"`
+}
+
+// streamAcc assembles choice 0 of a stream into one message.
+type streamAcc struct {
+	start time.Time
+	ttft  time.Duration
+
+	id          string
+	role        string
+	content     strings.Builder
+	reasoning   strings.Builder
+	tools       []toolCallAcc
+	finish      string
+	usage       *usageJSON
+	promptIDs   []int32
+	tokenIDs    []int32
+	logprobs    []float64
+	done        bool
+	upstreamErr string
+	scratch     []byte
+}
+
+type toolCallAcc struct {
+	index         int
+	id, typ, name string
+	// arguments is a byte slice, not a strings.Builder: the accumulators
+	// live in a slice that moves when it grows.
+	arguments []byte
+}
+
+// event takes one SSE event (its raw lines).
+func (a *streamAcc) event(ev []byte, now time.Time) {
+	var data []byte
+	multi := false
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		payload, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		payload = bytes.TrimPrefix(payload, []byte{' '})
+		switch {
+		case data == nil:
+			data = payload
+		case !multi:
+			// Several data lines form one payload joined by newlines.
+			a.scratch = append(append(append(a.scratch[:0], data...), '\n'), payload...)
+			data, multi = a.scratch, true
+		default:
+			a.scratch = append(append(a.scratch, '\n'), payload...)
+			data = a.scratch
+		}
+	}
+	if data == nil {
+		return
+	}
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		a.done = true
+		return
+	}
+	var ch streamChunk
+	if err := json.Unmarshal(data, &ch); err != nil {
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return // not ours to judge; the client got the bytes as they were
+		}
+	}
+	a.chunk(&ch, now)
+}
+
+func (a *streamAcc) chunk(ch *streamChunk, now time.Time) {
+	if a.id == "" {
+		a.id = ch.ID
+	}
+	if len(ch.Error) > 0 && string(ch.Error) != "null" {
+		a.upstreamErr = snippet(ch.Error)
+	}
+	if ch.Usage != nil {
+		a.usage = ch.Usage
+	}
+	if len(ch.PromptTokenIDs) > 0 {
+		a.promptIDs = ch.PromptTokenIDs
+	}
+	for i := range ch.Choices {
+		c := &ch.Choices[i]
+		if c.Index != 0 {
+			continue // only choice 0 is recorded
+		}
+		d := &c.Delta
+		if d.Role != "" {
+			a.role = d.Role
+		}
+		reasoning := d.ReasoningContent
+		if reasoning == "" {
+			reasoning = d.Reasoning
+		}
+		if a.ttft == 0 && (d.Content != "" || reasoning != "" || len(d.ToolCalls) > 0) {
+			a.ttft = now.Sub(a.start)
+		}
+		a.content.WriteString(d.Content)
+		a.reasoning.WriteString(reasoning)
+		for _, tc := range d.ToolCalls {
+			t := a.tool(tc.Index)
+			if tc.ID != "" {
+				t.id = tc.ID
+			}
+			if tc.Type != "" {
+				t.typ = tc.Type
+			}
+			// Names normally arrive whole in the first delta; some servers
+			// repeat them, a few split them.
+			if n := tc.Function.Name; n != "" && n != t.name {
+				t.name += n
+			}
+			t.arguments = append(t.arguments, tc.Function.Arguments...)
+		}
+		if c.FinishReason != "" {
+			a.finish = c.FinishReason
+		}
+		a.tokenIDs = append(a.tokenIDs, c.TokenIDs...)
+		a.logprobs = c.Logprobs.appendTo(a.logprobs)
+	}
+}
+
+func (a *streamAcc) tool(index int) *toolCallAcc {
+	for i := range a.tools {
+		if a.tools[i].index == index {
+			return &a.tools[i]
+		}
+	}
+	a.tools = append(a.tools, toolCallAcc{index: index})
+	return &a.tools[len(a.tools)-1]
+}
+
+// fill writes the assembled call into c.
+func (a *streamAcc) fill(c *Call) {
+	type function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	}
+	type toolCall struct {
+		ID       string   `json:"id"`
+		Type     string   `json:"type"`
+		Function function `json:"function"`
+	}
+	msg := struct {
+		Role             string     `json:"role"`
+		Content          *string    `json:"content"`
+		ReasoningContent string     `json:"reasoning_content,omitempty"`
+		ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+	}{Role: a.role, ReasoningContent: a.reasoning.String()}
+	if msg.Role == "" {
+		msg.Role = "assistant"
+	}
+	if a.content.Len() > 0 {
+		s := a.content.String()
+		msg.Content = &s
+	}
+	slices.SortFunc(a.tools, func(x, y toolCallAcc) int { return x.index - y.index })
+	for i := range a.tools {
+		t := &a.tools[i]
+		typ := t.typ
+		if typ == "" {
+			typ = "function"
+		}
+		msg.ToolCalls = append(msg.ToolCalls, toolCall{ID: t.id, Type: typ, Function: function{Name: t.name, Arguments: string(t.arguments)}})
+	}
+	if b, err := json.Marshal(msg); err == nil {
+		c.ResponseMessage = b
+	}
+	c.ID = a.id
+	c.FinishReason = a.finish
+	if a.usage != nil {
+		c.Usage = a.usage.usage()
+	}
+	c.PromptTokenIDs = a.promptIDs
+	c.CompletionTokenIDs = a.tokenIDs
+	c.Logprobs = a.logprobs
+	c.TimeToFirstToken = a.ttft
+}
