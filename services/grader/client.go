@@ -1,0 +1,312 @@
+package grader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+)
+
+// Defaults of ClientOptions.
+const (
+	DefaultReconnectMin = 100 * time.Millisecond
+	DefaultReconnectMax = 5 * time.Second
+)
+
+// ClientOptions configure a Client. Zero values take the documented defaults.
+type ClientOptions struct {
+	// Logger receives structured logs (slog.Default()).
+	Logger *slog.Logger
+	// ReconnectMin and ReconnectMax bound the backoff between attempts to
+	// open the stream (100ms, doubling up to 5s).
+	ReconnectMin, ReconnectMax time.Duration
+}
+
+// Client grades rollouts over one GradeStream to the grader service. Run
+// keeps the stream open; Grade sends a request and waits for its answer.
+// Requests stay pending until answered and are sent again on every new
+// stream, so a grader that is down or restarting delays answers but loses
+// none. A Client is safe for concurrent use.
+type Client struct {
+	stub     graderv1.GraderServiceClient
+	conn     grpc.ClientConnInterface
+	log      *slog.Logger
+	min, max time.Duration
+	running  atomic.Bool
+
+	mu      sync.Mutex
+	pending map[string]*call // by rollout id
+	unsent  []*call          // pending calls not yet sent on the current stream
+	seq     uint64
+	wake    chan struct{} // tells the sender there is something in unsent
+}
+
+// call is one rollout's request waiting for its answer.
+type call struct {
+	req     *graderv1.GradeRequest
+	seq     uint64 // creation order, kept when resending
+	waiters int
+	done    chan struct{} // closed when resp or err is set
+	resp    *graderv1.GradeResponse
+	err     error
+	gone    bool // answered or abandoned: never send again
+	settled bool // done is closed
+}
+
+// NewClient returns a Client over conn. Call Run to connect.
+func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ReconnectMin <= 0 {
+		opts.ReconnectMin = DefaultReconnectMin
+	}
+	if opts.ReconnectMax <= 0 {
+		opts.ReconnectMax = DefaultReconnectMax
+	}
+	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
+	return &Client{
+		stub:    graderv1.NewGraderServiceClient(conn),
+		conn:    conn,
+		log:     opts.Logger,
+		min:     opts.ReconnectMin,
+		max:     opts.ReconnectMax,
+		pending: map[string]*call{},
+		wake:    make(chan struct{}, 1),
+	}
+}
+
+// Grade sends req and blocks until the grader's answer for req.RolloutId
+// arrives or ctx ends. A Grade for a rollout that already has one pending
+// waits for that one's answer instead of sending another request. A
+// grader's failure is an answer with Error set; the returned error is for a
+// request that is invalid or could not be sent, or ctx. Answers arrive only
+// while Run is running.
+func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
+	}
+	rid := req.GetRolloutId()
+	c.mu.Lock()
+	cl := c.pending[rid]
+	if cl == nil {
+		c.seq++
+		// A copy: the caller may reuse req once Grade returns, while the
+		// request may still be resent.
+		cl = &call{req: proto.Clone(req).(*graderv1.GradeRequest), seq: c.seq, done: make(chan struct{})}
+		c.pending[rid] = cl
+		c.unsent = append(c.unsent, cl)
+		c.signal()
+	}
+	cl.waiters++
+	c.mu.Unlock()
+
+	select {
+	case <-cl.done:
+		return cl.result()
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	cl.waiters--
+	if cl.waiters == 0 && c.pending[rid] == cl {
+		// Nobody waits any more: stop resending it. The grader may still
+		// answer it; that answer is dropped.
+		delete(c.pending, rid)
+		cl.gone = true
+	}
+	c.mu.Unlock()
+	select {
+	case <-cl.done:
+		return cl.result()
+	default:
+	}
+	return nil, fmt.Errorf("grader.Client.Grade %s: %w", rid, ctx.Err())
+}
+
+func (cl *call) result() (*graderv1.GradeResponse, error) {
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	return cl.resp, nil
+}
+
+// signal wakes the sender; c.mu must be held.
+func (c *Client) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// finish settles cl with resp or err; c.mu must be held.
+func (c *Client) finish(cl *call, resp *graderv1.GradeResponse, err error) {
+	if cl.settled {
+		return
+	}
+	if rid := cl.req.GetRolloutId(); c.pending[rid] == cl {
+		delete(c.pending, rid)
+	}
+	cl.gone, cl.settled = true, true
+	cl.resp, cl.err = resp, err
+	close(cl.done)
+}
+
+// Run keeps one GradeStream open until ctx ends, reopening it with
+// exponential backoff whenever it fails; it returns nil when ctx ends.
+// Only one Run may be active at a time.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("grader.Client.Run: already running")
+	}
+	defer c.running.Store(false)
+	delay := c.min
+	for {
+		start := time.Now()
+		answered, err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if answered || time.Since(start) >= c.max {
+			delay = c.min // the stream worked: start the backoff over
+		}
+		wait := jitter(delay)
+		c.log.Warn("grade stream ended; reconnecting", "error", err, "retry_in", wait, "pending", c.pendingCount())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		// The channel has its own, much longer, reconnect backoff (up to
+		// 2 minutes); ours should decide how soon a restarted grader is
+		// reached, so wake the channel up for the next attempt.
+		if r, ok := c.conn.(interface{ ResetConnectBackoff() }); ok {
+			r.ResetConnectBackoff()
+		}
+		delay = min(delay*2, c.max)
+	}
+}
+
+// jitter spreads d over [0.8d, 1.2d) so clients do not reconnect in step.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+func (c *Client) pendingCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+// session runs one stream until it fails or ctx ends. It reports whether
+// any answer arrived on it.
+func (c *Client) session(ctx context.Context) (answered bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.stub.GradeStream(ctx)
+	if err != nil {
+		return false, fmt.Errorf("grader.Client: open stream: %w", err)
+	}
+	// Everything still pending goes out again on the new stream, oldest
+	// first: the old stream's answers for it may never come.
+	c.mu.Lock()
+	c.unsent = c.unsent[:0]
+	for _, cl := range c.pending {
+		c.unsent = append(c.unsent, cl)
+	}
+	sort.Slice(c.unsent, func(i, j int) bool { return c.unsent[i].seq < c.unsent[j].seq })
+	resent := len(c.unsent)
+	c.signal()
+	c.mu.Unlock()
+	if resent > 0 {
+		c.log.Info("grade stream open; sending pending requests", "pending", resent)
+	} else {
+		c.log.Debug("grade stream open")
+	}
+
+	sendDone := make(chan error, 1)
+	go func() { sendDone <- c.sendLoop(ctx, stream) }()
+	defer func() {
+		cancel()
+		<-sendDone
+	}()
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("grader.Client: the grader closed the stream")
+			}
+			return answered, err
+		}
+		answered = true
+		c.deliver(resp)
+	}
+}
+
+// deliver hands resp to the call pending for its rollout.
+func (c *Client) deliver(resp *graderv1.GradeResponse) {
+	rid := resp.GetRolloutId()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := c.pending[rid]
+	if cl == nil {
+		c.log.Debug("grade answer for no pending request", "rollout_id", rid)
+		return
+	}
+	c.finish(cl, resp, nil)
+}
+
+// sendLoop sends unsent calls in order until ctx ends or a send fails.
+func (c *Client) sendLoop(ctx context.Context, stream graderv1.GraderService_GradeStreamClient) error {
+	for {
+		c.mu.Lock()
+		var next *call
+		for len(c.unsent) > 0 && next == nil {
+			next = c.unsent[0]
+			c.unsent[0] = nil
+			c.unsent = c.unsent[1:]
+			if next.gone {
+				next = nil
+			}
+		}
+		c.mu.Unlock()
+		if next == nil {
+			select {
+			case <-c.wake:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		err := stream.Send(next.req)
+		if err == nil {
+			continue
+		}
+		// Send reports io.EOF when the stream broke (Recv has the reason);
+		// any other error was raised here, about this request, such as
+		// one larger than the connection allows. Resending it would only
+		// break every new stream, so it fails alone.
+		if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+			if code := status.Code(err); code == codes.ResourceExhausted || code == codes.Internal {
+				c.mu.Lock()
+				c.finish(next, nil, fmt.Errorf("grader.Client.Grade %s: %w", next.req.GetRolloutId(), err))
+				c.mu.Unlock()
+			}
+		}
+		return err
+	}
+}

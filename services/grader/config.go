@@ -1,0 +1,106 @@
+package grader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// Defaults of Config.
+const (
+	DefaultTimeout            = 150 * time.Second
+	DefaultMaxConcurrent      = 64
+	DefaultResultTTL          = time.Hour
+	DefaultJournalCompactMin  = 4096
+	maxPruneInterval          = time.Minute
+	minPruneInterval          = 10 * time.Millisecond
+	pruneIntervalsPerLifetime = 4
+)
+
+// Config configures a Service. Zero values take the documented defaults.
+type Config struct {
+	// Graders are the graders requests may name. Required: at least one.
+	Graders map[string]osmo.Grader
+	// Default is the grader for requests that name none; it must be a key of
+	// Graders. Empty means requests must name their grader.
+	Default string
+	// Timeout bounds one grader run (150s, the Osmosis grader_timeout_s).
+	// Time spent waiting for a MaxConcurrent slot does not count.
+	Timeout time.Duration
+	// MaxConcurrent gradings run at once across all requests (64); it also
+	// bounds the requests one GradeStream has in progress, so a client that
+	// sends faster than the graders answer is slowed by flow control.
+	MaxConcurrent int
+	// JournalPath, when set, is an append-only file of gradings that makes
+	// idempotency survive restarts. Only one Service may use a journal at a
+	// time.
+	JournalPath string
+	// JournalCompactMin is how many stale lines (expired or superseded) the
+	// journal may hold before it is rewritten; it is also rewritten once it
+	// holds more stale lines than live ones (4096).
+	JournalCompactMin int
+	// ResultTTL is how long a grading is remembered, and so how long a
+	// resent sample is answered without grading it again (1h).
+	ResultTTL time.Duration
+	// Logger receives structured logs (slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.Graders) == 0 {
+		return errors.New("Graders: at least one grader is required")
+	}
+	for name, g := range c.Graders {
+		if name == "" {
+			return errors.New("Graders: a grader has an empty name")
+		}
+		if g == nil {
+			return fmt.Errorf("Graders: grader %q is nil", name)
+		}
+	}
+	if c.Default != "" {
+		if _, ok := c.Graders[c.Default]; !ok {
+			return fmt.Errorf("Default: unknown grader %q (known: %s)", c.Default, strings.Join(c.graderNames(), ", "))
+		}
+	}
+	if c.Timeout < 0 || c.MaxConcurrent < 0 || c.ResultTTL < 0 || c.JournalCompactMin < 0 {
+		return errors.New("Timeout, MaxConcurrent, ResultTTL and JournalCompactMin must not be negative")
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if c.ResultTTL == 0 {
+		c.ResultTTL = DefaultResultTTL
+	}
+	if c.JournalCompactMin == 0 {
+		c.JournalCompactMin = DefaultJournalCompactMin
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+func (c *Config) graderNames() []string {
+	names := make([]string, 0, len(c.Graders))
+	for n := range c.Graders {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// pruneInterval is how often expired gradings are dropped: a few times per
+// lifetime, so memory holds at most a little more than ResultTTL's worth.
+func (c *Config) pruneInterval() time.Duration {
+	d := c.ResultTTL / pruneIntervalsPerLifetime
+	return min(max(d, minPruneInterval), maxPruneInterval)
+}

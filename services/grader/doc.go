@@ -1,0 +1,23 @@
+// Package grader is the grader service and the rollout side's client of it.
+//
+// Service implements graderv1.GraderServiceServer: it turns each GradeRequest
+// into an osmo.GraderContext, runs the named grader under a deadline and a
+// concurrency limit, and answers a reward (or remove_sample) per sample. A
+// grader that fails, panics, times out, produces a non-finite reward or
+// leaves a sample without an outcome makes the whole answer an error: no
+// sample is ever given a silent 0.
+//
+// Grading is idempotent by (rollout_id, sample_id): a sample is graded once,
+// and any later request for it is answered from that grading with cached set,
+// including when it failed. Concurrent duplicates wait for the one grading
+// in progress. With a journal (Config.JournalPath) every grading is written
+// and fsync'd before it is answered, so a service that is killed and started
+// again on the same journal answers resent samples without grading them
+// again.
+//
+// Client is the rollout service's end: one GradeStream, kept open and
+// reopened with backoff, over which any number of Grade calls are
+// multiplexed. Every request stays pending until its answer arrives and is
+// sent again on each new stream, so a grader restart loses nothing; the
+// service's idempotency makes the resend harmless.
+package grader

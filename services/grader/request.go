@@ -1,0 +1,158 @@
+package grader
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/osmo-rl/osmo"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// fieldError is a bad-input error that names its field. It becomes
+// InvalidArgument with a BadRequest detail.
+type fieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *fieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// GRPCStatus lets status.FromError turn the error into InvalidArgument.
+func (e *fieldError) GRPCStatus() *status.Status {
+	st := status.New(codes.InvalidArgument, e.Error())
+	if d, err := st.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: e.Field, Description: e.Reason}},
+	}); err == nil {
+		return d
+	}
+	return st
+}
+
+func badField(field, format string, args ...any) error {
+	return &fieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks what grading and idempotency rely on: a rollout id, and
+// samples with distinct non-empty ids. Ids must be valid UTF-8 because the
+// journal (JSON) would otherwise store a different key than it was asked.
+func validate(req *graderv1.GradeRequest) error {
+	if req.GetRolloutId() == "" {
+		return badField("rollout_id", "required")
+	}
+	if !utf8.ValidString(req.GetRolloutId()) {
+		return badField("rollout_id", "not valid UTF-8")
+	}
+	if len(req.GetSamples()) == 0 {
+		return badField("samples", "required: at least one sample")
+	}
+	seen := make(map[string]int, len(req.GetSamples()))
+	for i, s := range req.GetSamples() {
+		field := fmt.Sprintf("samples[%d].id", i)
+		id := s.GetId()
+		if id == "" {
+			return badField(field, "required")
+		}
+		if !utf8.ValidString(id) {
+			return badField(field, "not valid UTF-8")
+		}
+		if j, dup := seen[id]; dup {
+			return badField(field, "%q repeats samples[%d].id", id, j)
+		}
+		seen[id] = i
+		if rid := s.GetRolloutId(); rid != "" && rid != req.GetRolloutId() {
+			return badField(fmt.Sprintf("samples[%d].rollout_id", i), "%q differs from rollout_id %q", rid, req.GetRolloutId())
+		}
+	}
+	return nil
+}
+
+func sampleIDs(req *graderv1.GradeRequest) []string {
+	ids := make([]string, len(req.GetSamples()))
+	for i, s := range req.GetSamples() {
+		ids[i] = s.GetId()
+	}
+	return ids
+}
+
+// graderContext builds what a grader sees for the samples ids of req.
+//
+// The request's label and metadata are the row's; a sample without its own
+// takes them, and a request without a label takes the samples' label when
+// they all carry the same one, so graders can rely on gc.Label whichever
+// way a caller filled the request in.
+func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext {
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	label := req.Label
+	if label == nil {
+		label = commonLabel(req.GetSamples())
+	}
+	var metadata map[string]any
+	if req.GetMetadata() != nil {
+		metadata = req.GetMetadata().AsMap()
+	}
+	samples := make([]*osmo.Sample, 0, len(ids))
+	for _, rs := range req.GetSamples() {
+		if want[rs.GetId()] {
+			samples = append(samples, toSample(rs, label, metadata))
+		}
+	}
+	return osmo.NewGraderContext(req.GetRolloutId(), samples, copyString(label), metadata)
+}
+
+func commonLabel(samples []*rolloutv1.RolloutSample) *string {
+	var label *string
+	for _, s := range samples {
+		if s.Label == nil {
+			return nil
+		}
+		if label != nil && *label != *s.Label {
+			return nil
+		}
+		label = s.Label
+	}
+	return label
+}
+
+func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[string]any) *osmo.Sample {
+	s := &osmo.Sample{
+		ID:           rs.GetId(),
+		Messages:     make([]osmo.Message, 0, len(rs.GetMessages())),
+		Label:        copyString(rs.Label),
+		FinishReason: rs.GetFinishReason(),
+	}
+	for _, m := range rs.GetMessages() {
+		s.Messages = append(s.Messages, m.AsMap())
+	}
+	if s.Label == nil {
+		s.Label = copyString(rowLabel)
+	}
+	if rs.GetMetadata() != nil {
+		s.Metadata = rs.GetMetadata().AsMap()
+	} else if rowMetadata != nil {
+		s.Metadata = rowMetadata
+	}
+	if rs.GetExtraFields() != nil {
+		s.ExtraFields = rs.GetExtraFields().AsMap()
+	}
+	if rs.AgentReward != nil {
+		r := rs.GetAgentReward()
+		s.AgentReward = &r
+	}
+	return s
+}
+
+func copyString(p *string) *string {
+	if p == nil {
+		return nil
+	}
+	s := *p
+	return &s
+}

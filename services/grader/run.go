@@ -1,0 +1,131 @@
+package grader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/osmo-rl/osmo"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+)
+
+// errShutdown marks a grading cut short by Close: it is not the grader's
+// verdict, so it is neither stored nor answered, and the sample is graded
+// by whichever service the client reaches next.
+var errShutdown = errors.New("grader service is shutting down")
+
+// panicError is a grader panic turned into an error.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panicked: %v", e.value) }
+
+// run grades samples ids of req with g and returns the grading, a failed one
+// when the grader did not give every sample a finite reward or the remove
+// flag. Only a shutdown is an error.
+func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*grading, error) {
+	gc := graderContext(req, ids)
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.ctx.Done():
+		return nil, errShutdown
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		// The slot is released when the grader really returns, even after
+		// its deadline: MaxConcurrent bounds the graders actually running,
+		// including ones that ignore their context.
+		defer func() { <-s.slots }()
+		done <- callGrader(ctx, g, gc)
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		select {
+		case err = <-done: // it returned just in time
+		default:
+			err = ctx.Err()
+			if s.ctx.Err() == nil {
+				log.Warn("grader did not return by its deadline; abandoning it", "grader", name)
+			}
+		}
+	}
+	if err != nil && s.ctx.Err() != nil {
+		return nil, errShutdown
+	}
+	elapsed := time.Since(start)
+
+	gr := &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now()}
+	if err == nil {
+		err = collect(gc, ids, gr)
+	} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("timed out after %s", s.cfg.Timeout)
+	}
+	if err != nil {
+		var p *panicError
+		if errors.As(err, &p) {
+			log.Error("grader panicked", "grader", name, "panic", p.value, "stack", string(p.stack))
+		}
+		gr.Error = fmt.Sprintf("grader %q: %v", name, err)
+		gr.Samples = make([]sampleResult, len(ids))
+		for i, id := range ids {
+			gr.Samples[i] = sampleResult{ID: id}
+		}
+		log.Warn("grading failed", "grader", name, "samples", len(ids), "duration_ms", elapsed.Milliseconds(), "error", gr.Error)
+		return gr, nil
+	}
+	for _, r := range gr.Samples {
+		log.Debug("sample graded", "sample_id", r.ID, "reward", r.Reward, "remove_sample", r.Remove)
+	}
+	return gr, nil
+}
+
+// callGrader runs g, turning a panic into an error: one bad grader must not
+// take the service down.
+func callGrader(ctx context.Context, g osmo.Grader, gc *osmo.GraderContext) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &panicError{value: p, stack: debug.Stack()}
+		}
+	}()
+	if err := g.Grade(ctx, gc); err != nil {
+		return fmt.Errorf("failed: %w", err)
+	}
+	return nil
+}
+
+// collect reads each sample's outcome out of gc into gr. A sample with
+// neither a reward nor the remove flag, or with a non-finite reward (which
+// SetSampleReward refuses, but a grader must not be trusted to have used
+// it), fails the whole grading: rewards must never default to 0.
+func collect(gc *osmo.GraderContext, ids []string, gr *grading) error {
+	var ungraded []string
+	gr.Samples = make([]sampleResult, 0, len(ids))
+	for _, id := range ids {
+		r := sampleResult{ID: id, Remove: gc.Removed(id)}
+		if v, ok := gc.Reward(id); ok {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("set a non-finite reward %v on sample %q", v, id)
+			}
+			r.Reward = &v
+		} else if !r.Remove {
+			ungraded = append(ungraded, fmt.Sprintf("%q", id))
+		}
+		gr.Samples = append(gr.Samples, r)
+	}
+	if len(ungraded) > 0 {
+		return fmt.Errorf("left samples without a reward or remove_sample: %s", strings.Join(ungraded, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,422 @@
+package grader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/osmo-rl/osmo"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+)
+
+// Service is the grader service. Create it with New and release it with
+// Close.
+type Service struct {
+	graderv1.UnimplementedGraderServiceServer
+
+	cfg     Config
+	log     *slog.Logger
+	store   *store
+	journal *journal // nil without Config.JournalPath
+	flight  singleflight.Group
+	slots   chan struct{} // one per running grader
+
+	// ctx ends at Close; gradings run under it, not under the request's
+	// context, so a grading outlives a client that disconnects and its
+	// result answers the client's resend.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	compactC chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup // gradings in progress and the janitor
+}
+
+var _ graderv1.GraderServiceServer = (*Service)(nil)
+
+// New builds a Service. With a JournalPath it loads the journal (skipping
+// expired gradings and a torn last line) and rewrites it before returning.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("grader.New: %w", err)
+	}
+	s := &Service{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		store:    newStore(cfg.ResultTTL),
+		slots:    make(chan struct{}, cfg.MaxConcurrent),
+		compactC: make(chan struct{}, 1),
+	}
+	if cfg.JournalPath != "" {
+		if err := s.openJournal(); err != nil {
+			return nil, fmt.Errorf("grader.New: %w", err)
+		}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.janitor()
+	return s, nil
+}
+
+func (s *Service) openJournal() error {
+	gs, err := loadJournal(s.cfg.JournalPath, s.log)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	kept := 0
+	for _, g := range gs {
+		if !s.store.expired(g, now) {
+			s.store.add(g)
+			kept++
+		}
+	}
+	j, err := newJournal(s.cfg.JournalPath, s.cfg.JournalCompactMin, s.log)
+	if err != nil {
+		return err
+	}
+	// Rewriting at start drops expired gradings and any torn last line, so
+	// new lines never follow a partial one.
+	if err := j.compact(func() []*grading { return s.store.snapshot(now) }); err != nil {
+		return err
+	}
+	s.journal = j
+	s.log.Info("journal loaded", "path", s.cfg.JournalPath, "gradings", kept, "expired", len(gs)-kept)
+	return nil
+}
+
+// Close stops the service: gradings in progress are abandoned (neither
+// stored nor answered, so the client's resend is graded wherever it goes
+// next), the journal is closed, and later requests fail with Unavailable.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	if s.journal != nil {
+		if err := s.journal.close(); err != nil {
+			return fmt.Errorf("grader.Close: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *Service) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Grade implements graderv1.GraderServiceServer. Invalid requests fail with
+// InvalidArgument naming the field; a grader's failure is an answer with
+// Error set, not an RPC error.
+func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	resp, err := s.answer(ctx, req)
+	if err != nil {
+		s.log.Warn("grade request not answered", "rollout_id", req.GetRolloutId(), "error", err)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GradeStream implements graderv1.GraderServiceServer. Requests are graded
+// concurrently (at most Config.MaxConcurrent in progress per stream) and
+// answered as they complete. An invalid request is answered with Error set;
+// the stream goes on. The stream ends when the client closes its side (after
+// the answers in progress are sent), when it goes away, or with Unavailable
+// when the service is closed.
+func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) error {
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+
+	// Recv runs on its own goroutine so a closing service can end the
+	// stream while the client is idle; it returns once the stream ends.
+	reqs := make(chan *graderv1.GradeRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	var (
+		sendMu   sync.Mutex
+		workers  sync.WaitGroup
+		inflight = make(chan struct{}, s.cfg.MaxConcurrent)
+	)
+	defer workers.Wait()
+	for {
+		var req *graderv1.GradeRequest
+		select {
+		case req = <-reqs:
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-ctx.Done():
+			return streamEnd(ctx)
+		}
+		select {
+		case inflight <- struct{}{}:
+		case <-ctx.Done():
+			return streamEnd(ctx)
+		}
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			defer func() { <-inflight }()
+			resp, err := s.answer(ctx, req)
+			if err != nil {
+				st := status.Convert(err)
+				switch st.Code() {
+				case codes.InvalidArgument:
+					s.log.Warn("invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
+					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(), Error: "invalid request: " + st.Message()}
+				case codes.Unavailable:
+					// Closing: end the stream so the client reconnects and resends.
+					cancel(err)
+					return
+				default:
+					// The stream is gone; the client resends on its next one.
+					return
+				}
+			}
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			if err := stream.Send(resp); err != nil {
+				s.log.Debug("grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
+				cancel(err)
+			}
+		}()
+	}
+}
+
+// streamEnd is the status a stream handler returns when ctx ended.
+func streamEnd(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	if _, ok := status.FromError(cause); ok {
+		return cause
+	}
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+// answer grades req or answers it from earlier gradings. Errors are gRPC
+// statuses: InvalidArgument for bad requests, Unavailable when the service
+// is closed, and the context's status when ctx ends first.
+func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, err
+	}
+	name := req.GetGrader()
+	if name == "" {
+		if s.cfg.Default == "" {
+			return nil, badField("grader", "required: this service has no default grader (known: %s)", strings.Join(s.cfg.graderNames(), ", "))
+		}
+		name = s.cfg.Default
+	}
+	g, ok := s.cfg.Graders[name]
+	if !ok {
+		return nil, badField("grader", "unknown grader %q (known: %s)", name, strings.Join(s.cfg.graderNames(), ", "))
+	}
+	if s.isClosed() {
+		return nil, status.Error(codes.Unavailable, errShutdown.Error())
+	}
+	rid := req.GetRolloutId()
+	log := s.log.With("rollout_id", rid)
+	ids := sampleIDs(req)
+	found, missing := s.store.lookup(rid, ids, time.Now())
+	if len(missing) == 0 {
+		log.Debug("answered from an earlier grading", "samples", len(ids))
+	}
+	// Each pass either grades the missing samples itself or waits for the
+	// grading of this rollout already in progress, which may have covered
+	// other samples than these; then it looks again.
+	for len(missing) > 0 {
+		want := missing
+		led := false
+		ch := s.flight.DoChan(rid, func() (any, error) {
+			led = true
+			return s.gradeMissing(name, g, req, want, log)
+		})
+		var res singleflight.Result
+		select {
+		case res = <-ch:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if res.Err != nil {
+			return nil, status.Error(codes.Unavailable, res.Err.Error())
+		}
+		fr := res.Val.(*flightResult)
+		missing = nil
+		for _, id := range want {
+			o, ok := fr.outcome(id)
+			if !ok {
+				missing = append(missing, id)
+				continue
+			}
+			o.fresh = led && o.g == fr.fresh
+			found[id] = o
+		}
+	}
+	return respond(rid, ids, found), nil
+}
+
+// flightResult is what one grading pass of a rollout offers its waiters:
+// the gradings covering the samples it was asked for.
+type flightResult struct {
+	gradings []*grading
+	fresh    *grading // graded in this pass; nil if all were stored already
+}
+
+func (f *flightResult) outcome(id string) (outcome, bool) {
+	for _, g := range f.gradings {
+		if r, ok := g.sample(id); ok {
+			return outcome{g: g, r: r}, true
+		}
+	}
+	return outcome{}, false
+}
+
+// gradeMissing is one grading pass: it looks in the store again (a pass
+// that just ended may have stored these samples), grades what is still
+// missing, and records the grading before anyone is answered.
+func (s *Service) gradeMissing(name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*flightResult, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errShutdown
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+
+	found, missing := s.store.lookup(req.GetRolloutId(), ids, time.Now())
+	fr := &flightResult{}
+	for _, o := range found {
+		fr.gradings = append(fr.gradings, o.g)
+	}
+	if len(missing) == 0 {
+		return fr, nil
+	}
+	start := time.Now()
+	gr, err := s.run(name, g, req, missing, log)
+	if err != nil {
+		return nil, err
+	}
+	s.commit(gr, log)
+	if gr.Error == "" {
+		// Logged only once the grading is durable: each "graded" record is
+		// a grading no restart will repeat.
+		log.Info("graded", "grader", name, "samples", len(missing), "duration_ms", time.Since(start).Milliseconds())
+	}
+	fr.fresh = gr
+	fr.gradings = append(fr.gradings, gr)
+	return fr, nil
+}
+
+// commit stores gr, first in the journal (fsync'd) when there is one. A
+// journal that cannot be written does not lose the answer: the grading is
+// kept in memory and answered, and only a restart could grade it again.
+func (s *Service) commit(gr *grading, log *slog.Logger) {
+	if s.journal == nil {
+		s.store.add(gr)
+		return
+	}
+	if err := s.journal.append(gr, func() { s.store.add(gr) }); err != nil {
+		log.Error("grading not journaled; a restart may grade these samples again", "error", err)
+	}
+	if s.journal.needsCompaction(s.store.len()) {
+		select {
+		case s.compactC <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// respond builds the answer for ids from their outcomes. Any failed grading
+// makes the whole answer that error, without rewards.
+func respond(rolloutID string, ids []string, found map[string]outcome) *graderv1.GradeResponse {
+	resp := &graderv1.GradeResponse{RolloutId: rolloutID}
+	var errs []string
+	for _, id := range ids {
+		o := found[id]
+		if resp.Grader == "" || o.fresh {
+			resp.Grader = o.g.Grader
+		}
+		if o.g.Error != "" {
+			if !slices.Contains(errs, o.g.Error) {
+				errs = append(errs, o.g.Error)
+			}
+			continue
+		}
+		sg := &graderv1.SampleGrade{SampleId: id, RemoveSample: o.r.Remove, Cached: !o.fresh}
+		if o.r.Reward != nil {
+			r := *o.r.Reward
+			sg.Reward = &r
+		}
+		resp.Grades = append(resp.Grades, sg)
+	}
+	if len(errs) > 0 {
+		resp.Error = strings.Join(errs, "; ")
+		resp.Grades = nil
+	}
+	return resp
+}
+
+// janitor drops expired gradings and compacts the journal when it has
+// grown stale.
+func (s *Service) janitor() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.pruneInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			if n := s.store.prune(time.Now()); n > 0 {
+				s.log.Debug("expired gradings dropped", "count", n)
+			}
+		case <-s.compactC:
+		}
+		s.maybeCompact()
+	}
+}
+
+func (s *Service) maybeCompact() {
+	if s.journal == nil || !s.journal.needsCompaction(s.store.len()) {
+		return
+	}
+	if err := s.journal.compact(func() []*grading { return s.store.snapshot(time.Now()) }); err != nil {
+		s.log.Error("journal compaction failed", "error", err)
+		return
+	}
+	s.log.Debug("journal compacted", "path", s.cfg.JournalPath, "gradings", s.store.len())
+}

@@ -1,0 +1,792 @@
+package grader_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/osmo-rl/osmo"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/graders"
+	"github.com/osmo-rl/osmo/services/grader"
+)
+
+func TestGraderOutcomes(t *testing.T) {
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	tests := []struct {
+		name    string
+		grade   func(ctx context.Context, gc *osmo.GraderContext) error
+		answers []string
+		check   func(t *testing.T, resp *graderv1.GradeResponse)
+		wantErr string // substring of GradeResponse.error; "" means success
+	}{
+		{
+			name: "reward per sample",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				if err := gc.SetSampleReward("s0", 0.25); err != nil {
+					return err
+				}
+				return gc.SetSampleReward("s1", -1)
+			},
+			answers: []string{"a", "b"},
+			check: func(t *testing.T, resp *graderv1.GradeResponse) {
+				want := map[string]float64{"s0": 0.25, "s1": -1}
+				if len(resp.GetGrades()) != 2 {
+					t.Fatalf("grades: %v", resp.GetGrades())
+				}
+				for _, g := range resp.GetGrades() {
+					if g.Reward == nil || g.GetReward() != want[g.GetSampleId()] || g.GetRemoveSample() || g.GetCached() {
+						t.Errorf("grade %v, want reward %v", g, want[g.GetSampleId()])
+					}
+				}
+			},
+		},
+		{
+			name: "remove sample",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				if err := gc.RemoveSample("s0"); err != nil {
+					return err
+				}
+				return gc.SetSampleReward("s1", 1)
+			},
+			answers: []string{"a", "b"},
+			check: func(t *testing.T, resp *graderv1.GradeResponse) {
+				g := resp.GetGrades()
+				if len(g) != 2 || g[0].GetSampleId() != "s0" || !g[0].GetRemoveSample() || g[0].Reward != nil {
+					t.Fatalf("s0: %v", g)
+				}
+				if g[1].GetRemoveSample() || g[1].GetReward() != 1 {
+					t.Fatalf("s1: %v", g[1])
+				}
+			},
+		},
+		{
+			name: "grader error",
+			grade: func(context.Context, *osmo.GraderContext) error {
+				return fmt.Errorf("judge unreachable: %w", errBoom)
+			},
+			answers: []string{"a"},
+			wantErr: `grader "g": failed: judge unreachable: boom`,
+		},
+		{
+			name: "NaN refused by SetSampleReward and returned",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				return gc.SetSampleReward("s0", math.NaN())
+			},
+			answers: []string{"a"},
+			wantErr: "finite",
+		},
+		{
+			name: "NaN refused and the refusal ignored",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				_ = gc.SetSampleReward("s0", math.Inf(1))
+				return nil
+			},
+			answers: []string{"a"},
+			wantErr: `left samples without a reward or remove_sample: "s0"`,
+		},
+		{
+			name:    "panic",
+			grade:   func(context.Context, *osmo.GraderContext) error { panic("index out of range") },
+			answers: []string{"a"},
+			wantErr: `grader "g": panicked: index out of range`,
+		},
+		{
+			name: "timeout honoured by the grader",
+			grade: func(ctx context.Context, _ *osmo.GraderContext) error {
+				<-ctx.Done()
+				return ctx.Err()
+			},
+			answers: []string{"a"},
+			wantErr: `grader "g": timed out after 50ms`,
+		},
+		{
+			name: "timeout ignored by the grader",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				<-never
+				return gc.SetSampleReward("s0", 1)
+			},
+			answers: []string{"a"},
+			wantErr: "timed out after 50ms",
+		},
+		{
+			name: "sample left ungraded",
+			grade: func(_ context.Context, gc *osmo.GraderContext) error {
+				return gc.SetSampleReward("s0", 1)
+			},
+			answers: []string{"a", "b", "c"},
+			wantErr: `left samples without a reward or remove_sample: "s1", "s2"`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, "127.0.0.1:0", grader.Config{
+				Graders: map[string]osmo.Grader{"g": osmo.GraderFunc(tc.grade)},
+				Default: "g",
+				Timeout: 50 * time.Millisecond,
+			})
+			resp, err := stub(t, ts).Grade(testContext(t), gradeReq(t, "r1", "x", tc.answers...))
+			if err != nil {
+				t.Fatalf("Grade: %v", err)
+			}
+			if resp.GetRolloutId() != "r1" || resp.GetGrader() != "g" {
+				t.Errorf("rollout_id %q grader %q", resp.GetRolloutId(), resp.GetGrader())
+			}
+			if tc.wantErr != "" {
+				if !strings.Contains(resp.GetError(), tc.wantErr) {
+					t.Fatalf("error %q, want one containing %q", resp.GetError(), tc.wantErr)
+				}
+				if len(resp.GetGrades()) != 0 {
+					t.Fatalf("a failed grading must carry no rewards, got %v", resp.GetGrades())
+				}
+				return
+			}
+			if resp.GetError() != "" {
+				t.Fatalf("unexpected error %q", resp.GetError())
+			}
+			tc.check(t, resp)
+		})
+	}
+}
+
+// The grader sees the request the way the SDK describes it: messages as
+// maps, the label, metadata and per-sample fields.
+func TestGraderContextFromRequest(t *testing.T) {
+	var seen *osmo.GraderContext
+	g := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
+		seen = gc
+		return gc.SetSampleReward("agent", 1)
+	})
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Default: "g"})
+	md, _ := structpb.NewStruct(map[string]any{"difficulty": "hard"})
+	extra, _ := structpb.NewStruct(map[string]any{"k": 1.0})
+	msg, _ := structpb.NewStruct(map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "42"}}})
+	req := &graderv1.GradeRequest{
+		RolloutId: "r1",
+		Label:     proto.String("42"),
+		Metadata:  md,
+		Samples: []*rolloutv1.RolloutSample{{
+			Id: "agent", Messages: []*structpb.Struct{msg}, ExtraFields: extra,
+			AgentReward: proto.Float64(0.5), FinishReason: "stop",
+		}},
+	}
+	if _, err := stub(t, ts).Grade(testContext(t), req); err != nil {
+		t.Fatal(err)
+	}
+	if seen == nil || seen.RolloutID != "r1" || seen.Label == nil || *seen.Label != "42" || seen.Metadata["difficulty"] != "hard" {
+		t.Fatalf("context: %+v", seen)
+	}
+	s := seen.Samples["agent"]
+	if s == nil || osmo.LastAssistantText(s.Messages) != "42" || s.AgentReward == nil || *s.AgentReward != 0.5 ||
+		s.FinishReason != "stop" || s.ExtraFields["k"] != 1.0 || s.Label == nil || *s.Label != "42" || s.Metadata["difficulty"] != "hard" {
+		t.Fatalf("sample: %+v", s)
+	}
+}
+
+func TestBuiltinGradersThroughTheService(t *testing.T) {
+	set := map[string]osmo.Grader{}
+	for _, name := range graders.Names() {
+		g, err := graders.Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set[name] = g
+	}
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: set, Default: "calculator"})
+	client := stub(t, ts)
+	ctx := testContext(t)
+
+	resp, err := client.Grade(ctx, gradeReq(t, "calc", "42", "6 * 7 = 42", "41"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetGrader() != "calculator" || resp.GetError() != "" || resp.GetGrades()[0].GetReward() != 1 || resp.GetGrades()[1].GetReward() != 0 {
+		t.Fatalf("calculator: %v", resp)
+	}
+
+	// No request label: the samples' common label stands in.
+	req := gradeReq(t, "exact", "", "42")
+	req.Label = nil
+	req.Samples[0].Label = proto.String("42")
+	req.Grader = "exact"
+	if resp, err = client.Grade(ctx, req); err != nil || resp.GetError() != "" || resp.GetGrades()[0].GetReward() != 1 {
+		t.Fatalf("exact with sample label: %v %v", resp, err)
+	}
+
+	// No label anywhere: an error, never a silent 0.
+	req = gradeReq(t, "nolabel", "", "42")
+	req.Label = nil
+	req.Grader = "numeric"
+	if resp, err = client.Grade(ctx, req); err != nil || !strings.Contains(resp.GetError(), "no label") || len(resp.GetGrades()) != 0 {
+		t.Fatalf("numeric without label: %v %v", resp, err)
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g"})
+	client := stub(t, ts)
+	tests := []struct {
+		name  string
+		edit  func(*graderv1.GradeRequest)
+		field string
+	}{
+		{"no rollout id", func(r *graderv1.GradeRequest) { r.RolloutId = "" }, "rollout_id"},
+		{"no samples", func(r *graderv1.GradeRequest) { r.Samples = nil }, "samples"},
+		{"empty sample id", func(r *graderv1.GradeRequest) { r.Samples[1].Id = "" }, "samples[1].id"},
+		{"duplicate sample id", func(r *graderv1.GradeRequest) { r.Samples[1].Id = "s0" }, "samples[1].id"},
+		{"sample of another rollout", func(r *graderv1.GradeRequest) { r.Samples[0].RolloutId = "other" }, "samples[0].rollout_id"},
+		{"unknown grader", func(r *graderv1.GradeRequest) { r.Grader = "nope" }, "grader"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := gradeReq(t, "r1", "x", "a", "b")
+			tc.edit(req)
+			_, err := client.Grade(testContext(t), req)
+			st := status.Convert(err)
+			if st.Code() != codes.InvalidArgument {
+				t.Fatalf("code %v (%v), want InvalidArgument", st.Code(), err)
+			}
+			if !strings.HasPrefix(st.Message(), tc.field+":") {
+				t.Errorf("message %q does not start with the field %q", st.Message(), tc.field)
+			}
+			var field string
+			for _, d := range st.Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) == 1 {
+					field = br.GetFieldViolations()[0].GetField()
+				}
+			}
+			if field != tc.field {
+				t.Errorf("BadRequest field %q, want %q", field, tc.field)
+			}
+		})
+	}
+	t.Run("unknown grader lists the known ones", func(t *testing.T) {
+		req := gradeReq(t, "r1", "x", "a")
+		req.Grader = "nope"
+		_, err := client.Grade(testContext(t), req)
+		if msg := status.Convert(err).Message(); !strings.Contains(msg, `"nope"`) || !strings.Contains(msg, "known: g") {
+			t.Fatalf("message %q", msg)
+		}
+	})
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	g := newCounter(nil)
+	tests := []struct {
+		name string
+		cfg  grader.Config
+		want string
+	}{
+		{"no graders", grader.Config{}, "at least one grader"},
+		{"unknown default", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Default: "h"}, `unknown grader "h" (known: g)`},
+		{"nil grader", grader.Config{Graders: map[string]osmo.Grader{"g": nil}}, `grader "g" is nil`},
+		{"negative timeout", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Timeout: -1}, "must not be negative"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, err := grader.New(tc.cfg)
+			if err == nil {
+				svc.Close()
+				t.Fatal("New succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "grader.New: ") {
+				t.Fatalf("error %q, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNoDefaultGraderNeedsANamedOne(t *testing.T) {
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}})
+	client := stub(t, ts)
+	_, err := client.Grade(testContext(t), gradeReq(t, "r1", "x", "a"))
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), "grader: required") {
+		t.Fatalf("%v", err)
+	}
+	req := gradeReq(t, "r1", "x", "a")
+	req.Grader = "g"
+	if resp, err := client.Grade(testContext(t), req); err != nil || resp.GetGrader() != "g" {
+		t.Fatalf("%v %v", resp, err)
+	}
+}
+
+func TestResentRolloutIsGradedOnce(t *testing.T) {
+	c := newCounter(nil)
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	first, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		again, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a", "b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, g := range again.GetGrades() {
+			if !g.GetCached() || g.GetReward() != first.GetGrades()[j].GetReward() || g.GetSampleId() != first.GetGrades()[j].GetSampleId() {
+				t.Fatalf("resend %d: %v, first answer %v", i, g, first.GetGrades()[j])
+			}
+		}
+	}
+	if first.GetGrades()[0].GetCached() {
+		t.Fatal("the first answer is not cached")
+	}
+	if c.count() != 1 {
+		t.Fatalf("grader ran %d times, want 1", c.count())
+	}
+
+	// A resend with one more sample grades only the new one.
+	resp, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a", "b", "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := resp.GetGrades()
+	if len(g) != 3 || !g[0].GetCached() || !g[1].GetCached() || g[2].GetCached() || g[2].GetSampleId() != "s2" {
+		t.Fatalf("grades %v", g)
+	}
+	if c.graded("r1/s0") != 1 || c.graded("r1/s2") != 1 {
+		t.Fatalf("s0 graded %d times, s2 %d times", c.graded("r1/s0"), c.graded("r1/s2"))
+	}
+}
+
+func TestFailedGradingIsCached(t *testing.T) {
+	c := newCounter(func(context.Context, *osmo.GraderContext) error { return errBoom })
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	var errs []string
+	for range 2 {
+		resp, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs = append(errs, resp.GetError())
+	}
+	if errs[0] == "" || errs[0] != errs[1] {
+		t.Fatalf("errors %q", errs)
+	}
+	if c.count() != 1 {
+		t.Fatalf("grader ran %d times, want 1", c.count())
+	}
+}
+
+func TestConcurrentDuplicatesWaitForOneGrading(t *testing.T) {
+	const n = 12
+	release := make(chan struct{})
+	c := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
+		<-release
+		for id := range gc.Samples {
+			if err := gc.SetSampleReward(id, 0.75); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	rc := &recvUnary{}
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"},
+		rc.option())
+	client := stub(t, ts)
+	ctx := testContext(t)
+
+	resps := make(chan *graderv1.GradeResponse, n)
+	errc := make(chan error, n)
+	for range n {
+		go func() {
+			resp, err := client.Grade(ctx, gradeReq(t, "dup", "x", "a"))
+			if err != nil {
+				errc <- err
+				return
+			}
+			resps <- resp
+		}()
+	}
+	// Release the grader once every request has reached the service, so
+	// they overlap the one grading.
+	waitFor(t, "all requests in", func() bool { return rc.calls.Load() == n && c.count() >= 1 })
+	close(release)
+	fresh := 0
+	for range n {
+		select {
+		case resp := <-resps:
+			if resp.GetError() != "" || resp.GetGrades()[0].GetReward() != 0.75 {
+				t.Fatalf("answer %v", resp)
+			}
+			if !resp.GetGrades()[0].GetCached() {
+				fresh++
+			}
+		case err := <-errc:
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal("answers did not arrive")
+		}
+	}
+	if c.count() != 1 || fresh != 1 {
+		t.Fatalf("grader ran %d times, %d answers uncached; want 1 and 1", c.count(), fresh)
+	}
+}
+
+// A request that overlaps a grading of other samples of the same rollout
+// waits for it, then grades only what that grading did not cover.
+func TestOverlappingRequestsForOneRollout(t *testing.T) {
+	release := make(chan struct{})
+	c := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
+		if _, first := gc.Samples["s0"]; first {
+			<-release
+		}
+		for id := range gc.Samples {
+			if err := gc.SetSampleReward(id, 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	client := stub(t, ts)
+	ctx := testContext(t)
+
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a"))
+		firstDone <- err
+	}()
+	waitFor(t, "first grading", func() bool { return c.count() == 1 })
+	secondDone := make(chan *graderv1.GradeResponse, 1)
+	go func() {
+		resp, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a", "b"))
+		if err != nil {
+			t.Error(err)
+		}
+		secondDone <- resp
+	}()
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	resp := <-secondDone
+	if resp.GetError() != "" || len(resp.GetGrades()) != 2 || !resp.GetGrades()[0].GetCached() {
+		t.Fatalf("second answer %v", resp)
+	}
+	if c.graded("r1/s0") != 1 || c.graded("r1/s1") != 1 {
+		t.Fatalf("s0 graded %d times, s1 %d times", c.graded("r1/s0"), c.graded("r1/s1"))
+	}
+}
+
+func TestResultsExpire(t *testing.T) {
+	c := newCounter(nil)
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", ResultTTL: 30 * time.Millisecond})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	if _, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(40 * time.Millisecond)
+	resp, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.count() != 2 || resp.GetGrades()[0].GetCached() {
+		t.Fatalf("after the TTL: grader ran %d times, cached=%v", c.count(), resp.GetGrades()[0].GetCached())
+	}
+}
+
+func TestMaxConcurrentBoundsRunningGraders(t *testing.T) {
+	var active, peak atomic.Int64
+	g := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
+		n := active.Add(1)
+		defer active.Add(-1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		return gc.SetSampleReward("s0", 1)
+	})
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Default: "g", MaxConcurrent: 2})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a"))
+			if err != nil || resp.GetError() != "" {
+				t.Errorf("%v %v", resp, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if p := peak.Load(); p > 2 || p < 1 {
+		t.Fatalf("peak concurrency %d, want 1..2", p)
+	}
+}
+
+func TestEveryRequestLogCarriesTheRolloutID(t *testing.T) {
+	var sink logSink
+	g := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
+		if gc.RolloutID == "bad" {
+			panic("boom")
+		}
+		return gc.SetSampleReward("s0", 1)
+	})
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Default: "g", Logger: sink.logger()})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	for _, rid := range []string{"good", "good", "bad"} {
+		if _, err := client.Grade(ctx, gradeReq(t, rid, "x", "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	for _, r := range sink.records() {
+		seen[r.msg] = true
+		if r.attrs["rollout_id"] == nil {
+			t.Errorf("record %q has no rollout_id: %v", r.msg, r.attrs)
+		}
+		if r.msg == "sample graded" && r.attrs["sample_id"] != "s0" {
+			t.Errorf("record %q has no sample_id: %v", r.msg, r.attrs)
+		}
+	}
+	for _, msg := range []string{"graded", "sample graded", "answered from an earlier grading", "grader panicked", "grading failed"} {
+		if !seen[msg] {
+			t.Errorf("no %q record", msg)
+		}
+	}
+}
+
+func TestGradeStream(t *testing.T) {
+	c := newCounter(nil)
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	ctx := testContext(t)
+	stream, err := stub(t, ts).GradeStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := gradeReq(t, "bad", "x", "a", "b")
+	bad.Samples[1].Id = "s0"
+	reqs := []*graderv1.GradeRequest{gradeReq(t, "r1", "x", "a"), bad, gradeReq(t, "r2", "x", "a"), gradeReq(t, "r1", "x", "a")}
+	for _, r := range reqs {
+		if err := stream.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	// Every request is answered, the bad one with an error, and the
+	// stream then ends cleanly.
+	byRollout := map[string][]*graderv1.GradeResponse{}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		byRollout[resp.GetRolloutId()] = append(byRollout[resp.GetRolloutId()], resp)
+	}
+	if b := byRollout["bad"]; len(b) != 1 || !strings.Contains(b[0].GetError(), "invalid request: samples[1].id") {
+		t.Fatalf("bad: %v", b)
+	}
+	if len(byRollout["r1"]) != 2 || len(byRollout["r2"]) != 1 || byRollout["r2"][0].GetGrades()[0].GetReward() != 1 {
+		t.Fatalf("answers %v", byRollout)
+	}
+	if c.count() != 2 {
+		t.Fatalf("grader ran %d times, want 2", c.count())
+	}
+}
+
+func TestGradeStreamEndsWhenTheServiceCloses(t *testing.T) {
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g"})
+	ctx := testContext(t)
+	stream, err := stub(t, ts).GradeStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(gradeReq(t, "r1", "x", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(gradeReq(t, "r2", "x", "a")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Recv after Close: %v, want Unavailable", err)
+	}
+	if _, err := stub(t, ts).Grade(ctx, gradeReq(t, "r3", "x", "a")); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Grade after Close: %v, want Unavailable", err)
+	}
+}
+
+func TestJournalAnswersAfterRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "grades.jsonl")
+	c1 := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
+		if gc.RolloutID == "fails" {
+			return errBoom
+		}
+		return gc.SetSampleReward("s0", 0.5)
+	})
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c1}, Default: "g", JournalPath: path}
+	ts1 := startServer(t, "127.0.0.1:0", cfg)
+	ctx := testContext(t)
+	client1 := stub(t, ts1)
+	first, err := client1.Grade(ctx, gradeReq(t, "r1", "x", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, err := client1.Grade(ctx, gradeReq(t, "fails", "x", "a"))
+	if err != nil || failed.GetError() == "" {
+		t.Fatalf("%v %v", failed, err)
+	}
+	ts1.kill(t)
+
+	c2 := newCounter(nil)
+	cfg.Graders = map[string]osmo.Grader{"g": c2}
+	ts2 := startServer(t, "127.0.0.1:0", cfg)
+	client2 := stub(t, ts2)
+	resp, err := client2.Grade(ctx, gradeReq(t, "r1", "x", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.GetGrades(); len(g) != 1 || !g[0].GetCached() || g[0].GetReward() != first.GetGrades()[0].GetReward() || resp.GetGrader() != "g" {
+		t.Fatalf("after restart: %v", resp)
+	}
+	if resp, err = client2.Grade(ctx, gradeReq(t, "fails", "x", "a")); err != nil || resp.GetError() != failed.GetError() {
+		t.Fatalf("failed grading after restart: %v %v", resp, err)
+	}
+	if c2.count() != 0 {
+		t.Fatalf("the restarted service graded %d times, want 0", c2.count())
+	}
+	// New gradings still work and are journaled.
+	if resp, err = client2.Grade(ctx, gradeReq(t, "r2", "x", "a")); err != nil || resp.GetGrades()[0].GetCached() || c2.count() != 1 {
+		t.Fatalf("new rollout: %v %v", resp, err)
+	}
+	if n := len(journalLines(t, path)); n != 3 {
+		t.Fatalf("journal has %d lines, want 3", n)
+	}
+}
+
+func TestJournalToleratesTornLastLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "grades.jsonl")
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	old := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	content := `{"rollout_id":"r1","grader":"g","graded_at":"` + now + `","samples":[{"id":"s0","reward":0.25}]}` + "\n" +
+		`{"rollout_id":"expired","grader":"g","graded_at":"` + old + `","samples":[{"id":"s0","reward":1}]}` + "\n" +
+		"not json at all\n" +
+		`{"rollout_id":"r3","grader":"g","graded_at":"` + now + `","samples":[{"id":"s0","remove_sample":true}]}` + "\n" +
+		`{"rollout_id":"r2","grader":"g","graded_at":"` + now + `","samp`
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCounter(nil)
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", JournalPath: path}
+	ts := startServer(t, "127.0.0.1:0", cfg)
+	client := stub(t, ts)
+	ctx := testContext(t)
+	check := func(rid string, wantCached bool, wantReward *float64, wantRemove bool) {
+		t.Helper()
+		resp, err := client.Grade(ctx, gradeReq(t, rid, "x", "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := resp.GetGrades()[0]
+		if g.GetCached() != wantCached || g.GetRemoveSample() != wantRemove || (wantReward == nil) != (g.Reward == nil) || (wantReward != nil && *wantReward != g.GetReward()) {
+			t.Fatalf("%s: %v", rid, g)
+		}
+	}
+	check("r1", true, proto.Float64(0.25), false)
+	check("r3", true, nil, true)
+	check("r2", false, proto.Float64(1), false)      // torn: graded again
+	check("expired", false, proto.Float64(1), false) // expired: graded again
+	if c.count() != 2 {
+		t.Fatalf("grader ran %d times, want 2", c.count())
+	}
+	// The rewrite at start dropped the expired, corrupt and torn lines, so
+	// the new lines are whole and a further restart reads them all.
+	lines := journalLines(t, path)
+	if len(lines) != 4 {
+		t.Fatalf("journal lines %q", lines)
+	}
+	ts.kill(t)
+	c2 := newCounter(nil)
+	cfg.Graders = map[string]osmo.Grader{"g": c2}
+	client = stub(t, startServer(t, "127.0.0.1:0", cfg))
+	for _, rid := range []string{"r1", "r2", "r3", "expired"} {
+		if resp, err := client.Grade(ctx, gradeReq(t, rid, "x", "a")); err != nil || !resp.GetGrades()[0].GetCached() {
+			t.Fatalf("%s after second restart: %v %v", rid, resp, err)
+		}
+	}
+	if c2.count() != 0 {
+		t.Fatalf("grader ran %d times after the second restart", c2.count())
+	}
+}
+
+func TestJournalIsCompacted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "grades.jsonl")
+	ts := startServer(t, "127.0.0.1:0", grader.Config{
+		Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g",
+		JournalPath: path, JournalCompactMin: 1, ResultTTL: 300 * time.Millisecond,
+	})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	for i := range 8 {
+		if _, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last grading is live, so it is on file whatever was compacted.
+	if lines := journalLines(t, path); len(lines) == 0 || !strings.Contains(lines[len(lines)-1], `"rollout_id":"r7"`) {
+		t.Fatalf("journal before expiry: %q", lines)
+	}
+	// Once the gradings expire, the stale journal is rewritten.
+	waitFor(t, "compaction", func() bool { return len(journalLines(t, path)) == 0 })
+	if _, err := client.Grade(ctx, gradeReq(t, "after", "x", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if lines := journalLines(t, path); len(lines) != 1 || !strings.Contains(lines[0], `"rollout_id":"after"`) {
+		t.Fatalf("journal after compaction: %q", lines)
+	}
+}
+
+func journalLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
