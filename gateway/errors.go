@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// statusClientClosedRequest is the nginx convention for a client that went
+// away before the answer, used for codes.Canceled.
+const statusClientClosedRequest = 499
+
+// retryAfterSeconds is sent with every 429, as the Osmosis servers do when
+// they are at capacity.
+const retryAfterSeconds = "5"
+
+// httpStatusFromCode is the one place gRPC codes become HTTP statuses. It
+// follows the Osmosis servers where they differ from grpc-gateway's table:
+// bad input is 422 (FastAPI's validation status), and codes without a
+// client-side meaning are 500.
+func httpStatusFromCode(code codes.Code) int {
+	switch code {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument:
+		return http.StatusUnprocessableEntity
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.AlreadyExists:
+		return http.StatusConflict
+	case codes.FailedPrecondition:
+		return http.StatusBadRequest
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Canceled:
+		return statusClientClosedRequest
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// writeRPCError is the grpc-gateway error handler: every failed REST call
+// (a bad body, an error status from a service) ends here.
+func (g *gateway) writeRPCError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if body, ok := r.Body.(*limitedBody); ok && body.exceeded {
+		g.writeBodyTooLarge(w, r)
+		return
+	}
+
+	var httpErr *runtime.HTTPStatusError
+	var st *status.Status
+	code := 0
+	if errors.As(err, &httpErr) {
+		// grpc-gateway's own request errors (a malformed path escape) carry
+		// their HTTP status.
+		st = status.Convert(httpErr.Err)
+		code = httpErr.HTTPStatus
+	} else {
+		st = status.Convert(err)
+		code = httpStatusFromCode(st.Code())
+	}
+
+	h := w.Header()
+	switch code {
+	case http.StatusTooManyRequests:
+		h.Set("Retry-After", retryAfterSeconds)
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", "Bearer")
+	}
+
+	method, _ := runtime.RPCMethod(ctx)
+	attrs := append(requestAttrs(r.Header),
+		slog.String("rpc", method),
+		slog.String("code", st.Code().String()),
+		slog.Int("http_status", code),
+		slog.String("error", st.Message()),
+	)
+	g.log.LogAttrs(ctx, levelForStatus(code), "gateway: REST call failed", attrs...)
+
+	writeDetail(w, code, st.Message())
+}
+
+// writeRoutingError answers a path no route matches (404) or a method the
+// path does not take (405), with FastAPI's texts.
+func (g *gateway) writeRoutingError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, code int) {
+	writeDetail(w, code, http.StatusText(code))
+}
+
+func (g *gateway) writeBodyTooLarge(w http.ResponseWriter, r *http.Request) {
+	g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request body too large",
+		append(requestAttrs(r.Header), slog.String("path", r.URL.Path), slog.Int64("limit_bytes", g.maxBody))...)
+	// The rest of the body is not read: an HTTP/1 client must open a new
+	// connection. (HTTP/2 resets just the stream; Connection: close there
+	// would end every other stream on the connection.)
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+	writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", g.maxBody))
+}
+
+// writeDetail writes the FastAPI error body {"detail": "..."}.
+func writeDetail(w http.ResponseWriter, code int, detail string) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	// Keep <, > and & readable, as Python's json.dumps does.
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(struct {
+		Detail string `json:"detail"`
+	}{detail}); err != nil {
+		// A string always encodes; this is unreachable.
+		http.Error(w, detail, code)
+		return
+	}
+	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+
+	h := w.Header()
+	// A streaming response may have announced trailers or chunking before it
+	// failed; the error body is a plain response.
+	h.Del("Trailer")
+	h.Del("Transfer-Encoding")
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+// levelForStatus logs failures that point at the services or the gateway
+// (5xx) as warnings and the caller's own mistakes at debug level.
+func levelForStatus(httpStatus int) slog.Level {
+	if httpStatus >= http.StatusInternalServerError {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
+// requestAttrs are the rollout and sample ids a request names in its headers.
+func requestAttrs(h http.Header) []slog.Attr {
+	var attrs []slog.Attr
+	if v := h.Get("X-Rollout-Id"); v != "" {
+		attrs = append(attrs, slog.String("rollout_id", v))
+	}
+	if v := h.Get("X-Sample-Id"); v != "" {
+		attrs = append(attrs, slog.String("sample_id", v))
+	}
+	return attrs
+}

@@ -1,0 +1,237 @@
+// Package gateway is the HTTP face of the rollout and grader services. One
+// handler serves:
+//
+//   - the REST paths of the Osmosis protocols (POST /v1/rollout/init,
+//     GET /health, ...) through grpc-gateway, with FastAPI-style error bodies
+//     ({"detail": "..."}) that Osmosis clients parse;
+//   - Connect, gRPC and gRPC-Web for both services through connect-go, plus
+//     gRPC server reflection and grpc.health.v1.Health/Check;
+//   - GET /openapi.json, the OpenAPI document of the REST surface.
+//
+// The gateway keeps no state: every call is forwarded to the services over the
+// grpc.ClientConnInterface values in Config. gRPC needs HTTP/2; to accept it
+// without TLS, serve the handler with an http.Server whose Protocols enable
+// both HTTP/1 and unencrypted HTTP/2.
+//
+// REST JSON uses the proto field names (snake_case, the Osmosis wire names)
+// and emits every field: scalars and lists with their zero values, unset
+// messages as null. Unset proto3 optional fields are omitted, because
+// protojson treats them as oneof members, which EmitUnpopulated skips.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/osmo-rl/osmo/gen/openapi"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// DefaultMaxBodyBytes is the request body limit used when
+// Config.MaxBodyBytes is zero.
+const DefaultMaxBodyBytes int64 = 32 << 20
+
+// Config configures New.
+type Config struct {
+	// Rollout is the connection to the rollout service. Required.
+	Rollout grpc.ClientConnInterface
+	// Grader is the connection to the grader service. Nil means the grader
+	// is not deployed behind this gateway: its routes answer 503 (REST) or
+	// Unavailable (Connect, gRPC).
+	Grader grpc.ClientConnInterface
+	// MaxBodyBytes bounds a REST request body and each Connect or gRPC
+	// request message. Zero means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Logger receives one record per failed call (slog.Default() if nil).
+	Logger *slog.Logger
+}
+
+// New returns the gateway handler for cfg.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Rollout == nil {
+		return nil, errors.New("gateway.New: Config.Rollout is required")
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("gateway.New: Config.MaxBodyBytes must not be negative, got %d", cfg.MaxBodyBytes)
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	graderConn := cfg.Grader
+	if graderConn == nil {
+		graderConn = unavailableConn{service: "grader"}
+	}
+
+	g := &gateway{maxBody: cfg.MaxBodyBytes, log: cfg.Logger.With("component", "gateway")}
+	rest, err := g.newREST(cfg.Rollout, graderConn)
+	if err != nil {
+		return nil, err
+	}
+	g.rest = rest
+	g.rpc = g.newRPCRoutes(cfg.Rollout, graderConn)
+	g.openapi = openapi.JSON()
+	return g, nil
+}
+
+// gateway routes a request to the Connect handlers (by service path prefix),
+// the OpenAPI document, or the REST mux, in that order.
+type gateway struct {
+	maxBody int64
+	log     *slog.Logger
+	rpc     []rpcRoute
+	rest    *runtime.ServeMux
+	openapi []byte
+}
+
+// rpcRoute is a Connect handler and the path prefix it owns
+// ("/package.Service/").
+type rpcRoute struct {
+	prefix  string
+	handler http.Handler
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	for _, rt := range g.rpc {
+		if strings.HasPrefix(path, rt.prefix) {
+			rt.handler.ServeHTTP(w, r)
+			return
+		}
+	}
+	if path == "/openapi.json" {
+		g.serveOpenAPI(w, r)
+		return
+	}
+	g.serveREST(w, r)
+}
+
+func (g *gateway) newREST(rollout, grader grpc.ClientConnInterface) (*runtime.ServeMux, error) {
+	mux := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
+		runtime.WithErrorHandler(g.writeRPCError),
+		runtime.WithRoutingErrorHandler(g.writeRoutingError),
+		runtime.WithIncomingHeaderMatcher(incomingHeader),
+		// Service metadata stays internal: no Grpc-Metadata-* response
+		// headers or trailers.
+		runtime.WithOutgoingHeaderMatcher(dropHeader),
+		runtime.WithOutgoingTrailerMatcher(dropHeader),
+		runtime.WithForwardResponseOption(acceptInitRollout),
+	)
+	// The Register*HandlerClient functions use the context only for
+	// connections they dial themselves, which these do not.
+	ctx := context.Background()
+	if err := rolloutv1.RegisterRolloutServiceHandlerClient(ctx, mux, restRolloutClient{rolloutv1.NewRolloutServiceClient(rollout)}); err != nil {
+		return nil, fmt.Errorf("gateway.New: rollout REST routes: %w", err)
+	}
+	if err := graderv1.RegisterGraderServiceHandlerClient(ctx, mux, graderv1.NewGraderServiceClient(grader)); err != nil {
+		return nil, fmt.Errorf("gateway.New: grader REST routes: %w", err)
+	}
+	return mux, nil
+}
+
+// serveREST bounds the body and hands the request to grpc-gateway. The
+// success status is deferred (see statusWriter) so acceptInitRollout can
+// turn it into 202.
+func (g *gateway) serveREST(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > g.maxBody {
+		g.writeBodyTooLarge(w, r)
+		return
+	}
+	r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, g.maxBody)}
+	g.rest.ServeHTTP(&statusWriter{ResponseWriter: w, success: http.StatusOK}, r)
+}
+
+func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeDetail(w, http.StatusMethodNotAllowed, http.StatusText(http.StatusMethodNotAllowed))
+		return
+	}
+	// ServeContent picks application/json from the name and handles HEAD
+	// and conditional requests.
+	http.ServeContent(w, r, "openapi.json", time.Time{}, bytes.NewReader(g.openapi))
+}
+
+// acceptInitRollout makes InitRollout answer 202 Accepted, as the Osmosis
+// remote-rollout protocol requires. It runs before the response is
+// marshaled, so it only chooses the status; statusWriter sends it.
+func acceptInitRollout(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
+	if method, ok := runtime.RPCMethod(ctx); !ok || method != rolloutv1.RolloutService_InitRollout_FullMethodName {
+		return nil
+	}
+	if sw, ok := w.(*statusWriter); ok {
+		sw.success = http.StatusAccepted
+		return nil
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+// limitedBody records that the body went over the limit, so the error
+// handler can answer 413 even though grpc-gateway flattens the decode error
+// into an InvalidArgument status.
+type limitedBody struct {
+	io.ReadCloser
+	exceeded bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		b.exceeded = true
+	}
+	return n, err
+}
+
+// statusWriter sends the success status chosen by a forward-response option
+// with the first body byte instead of at once: if the response then fails to
+// marshal, the error handler can still answer with its own status.
+type statusWriter struct {
+	http.ResponseWriter
+	success     int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if code >= http.StatusOK {
+		w.wroteHeader = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(w.success)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach Flush on the real writer, which
+// the streaming REST responses need.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// connectReadMaxBytes converts the body limit for connect.WithReadMaxBytes,
+// which takes an int.
+func connectReadMaxBytes(limit int64) int {
+	if limit > math.MaxInt {
+		return math.MaxInt
+	}
+	return int(limit)
+}

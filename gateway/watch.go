@@ -1,0 +1,53 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"google.golang.org/grpc"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// restRolloutClient is the rollout client the REST mux uses. Its
+// WatchRollouts waits for the first rollout (or the end of the stream)
+// before returning, so that a watch failing at once (bad credentials, a bad
+// after_sequence) answers like every other REST call: the status from
+// httpStatusFromCode and a {"detail"} body. grpc-gateway would otherwise
+// commit its own status and write the error as an in-stream
+// {"error": {...}} line, which is still how failures after the first
+// rollout are reported. grpc-gateway waits for the response headers anyway,
+// which a gRPC server sends with its first message unless it sends them
+// earlier, so this rarely delays the response.
+type restRolloutClient struct {
+	rolloutv1.RolloutServiceClient
+}
+
+func (c restRolloutClient) WatchRollouts(ctx context.Context, in *rolloutv1.WatchRolloutsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[rolloutv1.Rollout], error) {
+	stream, err := c.RolloutServiceClient.WatchRollouts(ctx, in, opts...)
+	if err != nil {
+		return nil, err
+	}
+	first, err := stream.Recv()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return &primedStream{ServerStreamingClient: stream, first: first, firstErr: err}, nil
+}
+
+// primedStream replays the message (or io.EOF) already received.
+type primedStream struct {
+	grpc.ServerStreamingClient[rolloutv1.Rollout]
+	first    *rolloutv1.Rollout
+	firstErr error
+	replayed bool
+}
+
+func (s *primedStream) Recv() (*rolloutv1.Rollout, error) {
+	if !s.replayed {
+		s.replayed = true
+		return s.first, s.firstErr
+	}
+	return s.ServerStreamingClient.Recv()
+}
