@@ -73,7 +73,8 @@ func NewRolloutContext(req *RolloutRequest, tools []Tool, rt Runtime) *RolloutCo
 }
 
 // Chat calls the policy with the full message history. params are merged over
-// the request's completion_params (pass nil to use them as they are).
+// the request's completion_params (pass nil to use them as they are). The
+// tools GetTools returned are offered on every call unless params set "tools".
 func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error) {
 	if c.rt == nil {
 		return nil, errors.New("osmo: RolloutContext has no runtime")
@@ -84,6 +85,9 @@ func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params ma
 	}
 	for k, v := range params {
 		merged[k] = v
+	}
+	if _, ok := merged["tools"]; !ok && len(c.Tools) > 0 {
+		merged["tools"] = c.Tools
 	}
 	return c.rt.Chat(ctx, messages, merged)
 }

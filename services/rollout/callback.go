@@ -1,0 +1,118 @@
+package rollout
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// completion is the G1 body of POST {server_url}/v1/rollout/completed.
+// Fields that are None in the Osmosis server are omitted.
+type completion struct {
+	RolloutID     string           `json:"rollout_id"`
+	Status        string           `json:"status"`
+	FinalMessages []map[string]any `json:"final_messages"`
+	FinishReason  string           `json:"finish_reason,omitempty"`
+	ErrorMessage  string           `json:"error_message,omitempty"`
+	Reward        *float64         `json:"reward,omitempty"`
+	ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
+	Metrics       *completionStats `json:"metrics,omitempty"`
+}
+
+type completionStats struct {
+	TotalLatencyMS   float64 `json:"total_latency_ms"`
+	LLMLatencyMS     float64 `json:"llm_latency_ms"`
+	ToolLatencyMS    float64 `json:"tool_latency_ms"`
+	NumLLMCalls      int     `json:"num_llm_calls"`
+	NumToolCalls     int     `json:"num_tool_calls"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	ResponseTokens   int     `json:"response_tokens"`
+	MaxContextTokens int     `json:"max_context_tokens"`
+}
+
+// callbackPolicy is the G1 completion retry rule: only a 200 counts, a 4xx
+// (or any other non-200 below 500) fails at once, a 5xx or transport error is
+// retried Retries times with delay BaseDelay*2^attempt capped at MaxDelay.
+type callbackPolicy struct {
+	Retries   int
+	BaseDelay time.Duration
+	MaxDelay  time.Duration
+	Timeout   time.Duration
+}
+
+func (p callbackPolicy) delay(attempt int) time.Duration {
+	d := p.BaseDelay
+	for i := 0; i < attempt && d < p.MaxDelay; i++ {
+		d *= 2
+	}
+	return min(d, p.MaxDelay)
+}
+
+// errPermanent marks a callback failure that retrying cannot fix.
+var errPermanent = errors.New("not retried")
+
+// postJSON delivers body to url under policy and returns the attempts made.
+// onAttempt (may be nil) observes each attempt's outcome.
+func postJSON(ctx context.Context, client *http.Client, url, bearer string, body any, p callbackPolicy, log *slog.Logger) (int, error) {
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return 0, fmt.Errorf("encode callback: %w", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt <= p.Retries; attempt++ {
+		if attempt > 0 {
+			t := time.NewTimer(p.delay(attempt - 1))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return attempt, fmt.Errorf("callback to %s: %w (last error: %v)", url, ctx.Err(), lastErr)
+			case <-t.C:
+			}
+		}
+		lastErr = postOnce(ctx, client, url, bearer, payload, p.Timeout)
+		if lastErr == nil {
+			return attempt + 1, nil
+		}
+		log.Warn("callback attempt failed", "url", url, "attempt", attempt+1, "error", lastErr)
+		if errors.Is(lastErr, errPermanent) {
+			return attempt + 1, fmt.Errorf("callback to %s: %w", url, lastErr)
+		}
+	}
+	return p.Retries + 1, fmt.Errorf("callback to %s failed after %d attempts: %w", url, p.Retries+1, lastErr)
+}
+
+func postOnce(ctx context.Context, client *http.Client, url, bearer string, payload []byte, timeout time.Duration) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	if err != nil {
+		return fmt.Errorf("%w: build request: %v", errPermanent, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode >= 500:
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(snippet))
+	default:
+		return fmt.Errorf("%w: HTTP %d: %s", errPermanent, resp.StatusCode, bytes.TrimSpace(snippet))
+	}
+}

@@ -1,0 +1,137 @@
+package rollout
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
+// talks to the trainer (LLM calls and the completion callback).
+type ClientSettings struct {
+	Timeout                 time.Duration // per HTTP attempt (300s)
+	MaxRetries              int           // LLM call retries (3)
+	CompleteRolloutRetries  int           // completion callback retries (2)
+	RetryBaseDelay          time.Duration // 1s
+	RetryMaxDelay           time.Duration // 30s
+	MaxConnections          int           // 100
+	MaxKeepaliveConnections int           // 20
+}
+
+// DefaultClientSettings are the Osmosis defaults.
+func DefaultClientSettings() ClientSettings {
+	return ClientSettings{
+		Timeout:                 300 * time.Second,
+		MaxRetries:              3,
+		CompleteRolloutRetries:  2,
+		RetryBaseDelay:          time.Second,
+		RetryMaxDelay:           30 * time.Second,
+		MaxConnections:          100,
+		MaxKeepaliveConnections: 20,
+	}
+}
+
+// Config configures a Service. Zero values take the documented defaults.
+type Config struct {
+	// AgentLoop runs every rollout. Required.
+	AgentLoop osmo.RolloutAgentLoop
+	// Grader grades finished samples; nil disables grading (the agent's own
+	// reward, if any, is final).
+	Grader Grader
+	// GraderName is the grader spec asked of the grader service ("" = its default).
+	GraderName string
+	// APIKey, when set, is required as a bearer on every RPC but Health.
+	APIKey string
+
+	// MaxConcurrent rollouts run at once; the rest queue (100).
+	MaxConcurrent int
+	// RecordTTL keeps finished rollouts for lookups and idempotency (1h).
+	RecordTTL time.Duration
+	// CleanupInterval is how often expired records are pruned (60s).
+	CleanupInterval time.Duration
+	// RolloutTimeout bounds one agent run (600s).
+	RolloutTimeout time.Duration
+	// GradeTimeout bounds waiting for the grader, resends included (150s).
+	GradeTimeout time.Duration
+	// DrainTimeout is how long shutdown waits for running rollouts before
+	// cancelling them (10s).
+	DrainTimeout time.Duration
+	// MaxMetadataBytes limits the encoded metadata of an init (1 MiB).
+	MaxMetadataBytes int
+	// Client holds the trainer-facing HTTP settings; the zero value means
+	// DefaultClientSettings (retry counts of 0 are otherwise taken as given).
+	Client ClientSettings
+
+	// Model, when set, replaces the placeholder model on upstream calls.
+	Model string
+	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
+	ProxyAddr string
+	// LogDir enables per-rollout JSONL event logs (the --log flag).
+	LogDir string
+	// Logger receives structured logs (slog.Default()).
+	Logger *slog.Logger
+	// HTTPClient overrides the client used for callbacks.
+	HTTPClient *http.Client
+}
+
+func (c *Config) setDefaults() error {
+	if c.AgentLoop == nil {
+		return errors.New("rollout: Config.AgentLoop is required")
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 100
+	}
+	if c.RecordTTL <= 0 {
+		c.RecordTTL = time.Hour
+	}
+	if c.CleanupInterval <= 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.RolloutTimeout <= 0 {
+		c.RolloutTimeout = 600 * time.Second
+	}
+	if c.GradeTimeout <= 0 {
+		c.GradeTimeout = 150 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.MaxMetadataBytes <= 0 {
+		c.MaxMetadataBytes = 1 << 20
+	}
+	d := DefaultClientSettings()
+	if c.Client == (ClientSettings{}) {
+		c.Client = d
+	}
+	if c.Client.Timeout <= 0 {
+		c.Client.Timeout = d.Timeout
+	}
+	if c.Client.MaxRetries < 0 {
+		c.Client.MaxRetries = 0
+	}
+	if c.Client.CompleteRolloutRetries < 0 {
+		c.Client.CompleteRolloutRetries = 0
+	}
+	if c.Client.RetryBaseDelay <= 0 {
+		c.Client.RetryBaseDelay = d.RetryBaseDelay
+	}
+	if c.Client.RetryMaxDelay <= 0 {
+		c.Client.RetryMaxDelay = d.RetryMaxDelay
+	}
+	if c.Client.MaxConnections <= 0 {
+		c.Client.MaxConnections = d.MaxConnections
+	}
+	if c.Client.MaxKeepaliveConnections <= 0 {
+		c.Client.MaxKeepaliveConnections = d.MaxKeepaliveConnections
+	}
+	if c.ProxyAddr == "" {
+		c.ProxyAddr = "127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}

@@ -1,0 +1,337 @@
+package rollout
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// Grader is the grader service as the rollout service uses it. Grade blocks
+// until the grader answered (resending as needed) or ctx ends.
+type Grader interface {
+	Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error)
+}
+
+// Service implements rolloutv1.RolloutServiceServer.
+type Service struct {
+	rolloutv1.UnimplementedRolloutServiceServer
+
+	cfg        Config
+	log        *slog.Logger
+	store      *store
+	logs       *eventLogs
+	sem        chan struct{}
+	routes     *llmproxy.RouteTable
+	proxySrv   *http.Server
+	proxyLn    net.Listener
+	proxyURL   string
+	llmClient  *http.Client
+	httpClient *http.Client
+	completed  atomic.Int64
+
+	// rolloutsCtx parents every rollout; cancelling it aborts them all.
+	rolloutsCtx    context.Context
+	cancelRollouts context.CancelFunc
+	wg             sync.WaitGroup
+}
+
+// New validates cfg, opens the embedded LLM proxy's listener and returns a
+// Service ready to accept rollouts. Serve runs its background work.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	logs, err := newEventLogs(cfg.LogDir, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		cfg:    cfg,
+		log:    cfg.Logger.With("service", "rollout"),
+		store:  newStore(),
+		logs:   logs,
+		sem:    make(chan struct{}, cfg.MaxConcurrent),
+		routes: llmproxy.NewRouteTable(),
+	}
+	upstream := &http.Transport{
+		Proxy:               nil,
+		MaxConnsPerHost:     cfg.Client.MaxConnections,
+		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+		MaxIdleConns:        cfg.Client.MaxConnections,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	proxy, err := llmproxy.New(llmproxy.Config{
+		Router:   s.routes,
+		Recorder: llmproxy.RecorderFunc(s.recordCall),
+		Retry: llmproxy.RetryPolicy{
+			MaxRetries: cfg.Client.MaxRetries,
+			BaseDelay:  cfg.Client.RetryBaseDelay,
+			MaxDelay:   cfg.Client.RetryMaxDelay,
+		},
+		Timeout:         cfg.Client.Timeout,
+		Transport:       upstream,
+		Logger:          cfg.Logger,
+		RequireSampleID: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rollout.New: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.ProxyAddr)
+	if err != nil {
+		return nil, fmt.Errorf("rollout.New: proxy listener: %w", err)
+	}
+	s.proxyLn = ln
+	s.proxyURL = "http://" + ln.Addr().String()
+	s.proxySrv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
+	// Workflows reach the proxy over loopback; no client timeout here because
+	// the proxy enforces per-attempt timeouts and the rollout context the rest.
+	s.llmClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
+	s.httpClient = cfg.HTTPClient
+	if s.httpClient == nil {
+		s.httpClient = &http.Client{Transport: &http.Transport{
+			MaxConnsPerHost:     cfg.Client.MaxConnections,
+			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
+func (s *Service) ProxyURL() string { return s.proxyURL }
+
+// Serve runs the embedded proxy and record pruning until ctx ends, then
+// drains: running rollouts get DrainTimeout to finish, are then cancelled
+// (and still deliver their completion), and Serve returns when all are done.
+func (s *Service) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() {
+		if err := s.proxySrv.Serve(s.proxyLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("rollout: proxy: %w", err)
+		}
+	}()
+	tick := time.NewTicker(s.cfg.CleanupInterval)
+	defer tick.Stop()
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case serveErr = <-errc:
+			break loop
+		case now := <-tick.C:
+			if n := s.store.prune(now, s.cfg.RecordTTL); n > 0 {
+				s.log.Debug("pruned finished rollouts", "count", n)
+			}
+		}
+	}
+	s.drain()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.proxySrv.Shutdown(shutdownCtx)
+	return serveErr
+}
+
+func (s *Service) drain() {
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
+	s.cancelRollouts()
+	<-done
+}
+
+// InitRollout implements the G1 init.
+func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
+	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
+		return nil, err
+	}
+	key := req.GetRolloutId()
+	if req.IdempotencyKey != nil {
+		key = req.GetIdempotencyKey()
+	}
+	rec := &record{
+		id:       req.GetRolloutId(),
+		key:      key,
+		sampleID: s.cfg.AgentLoop.Name(),
+		req:      req,
+		ready:    make(chan struct{}),
+		state:    rolloutv1.State_STATE_QUEUED,
+		created:  time.Now(),
+	}
+	existing, dup, ok := s.store.admit(rec)
+	if !ok {
+		return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use under another idempotency key", rec.id)
+	}
+	if dup {
+		select {
+		case <-existing.ready:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if existing.initErr != nil {
+			// The first init failed and cleared its record; this one may retry.
+			return s.InitRollout(ctx, req)
+		}
+		return existing.initResp, nil
+	}
+	log := s.log.With("rollout_id", rec.id)
+	rec.log = s.logs.open(rec.id)
+
+	resp, err := s.initTools(rec)
+	if err != nil {
+		rec.initErr = err
+		s.store.forget(rec)
+		close(rec.ready)
+		_ = rec.log.close()
+		log.Error("init failed", "error", err)
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	rec.initResp = resp
+	close(rec.ready)
+	rec.log.write("init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(resp.GetTools())})
+	log.Info("rollout accepted", "tools", len(resp.GetTools()))
+
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(rec)
+	}()
+	return resp, nil
+}
+
+// GetRollout returns a rollout's current record.
+func (s *Service) GetRollout(_ context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
+	if req.GetRolloutId() == "" {
+		return nil, badField("rollout_id", "required")
+	}
+	rec := s.store.get(req.GetRolloutId())
+	if rec == nil {
+		return nil, status.Errorf(codes.NotFound, "rollout %q not found", req.GetRolloutId())
+	}
+	return rec.proto(), nil
+}
+
+// watchBuffer is how many finished rollouts a watcher may lag behind.
+const watchBuffer = 1024
+
+// WatchRollouts streams finished rollouts.
+func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
+	if req.GetAfterSequence() < -1 {
+		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
+	}
+	replay, sub := s.store.subscribe(req.GetAfterSequence(), watchBuffer)
+	defer s.store.unsubscribe(sub)
+	last := req.GetAfterSequence()
+	for _, rec := range replay {
+		if err := stream.Send(rec.proto()); err != nil {
+			return err
+		}
+		last = rec.sequence()
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case rec, ok := <-sub.ch:
+			if !ok {
+				return status.Errorf(codes.ResourceExhausted, "watcher fell behind; reconnect with after_sequence=%d", last)
+			}
+			if rec.sequence() <= last {
+				continue // already replayed
+			}
+			if err := stream.Send(rec.proto()); err != nil {
+				return err
+			}
+			last = rec.sequence()
+		}
+	}
+}
+
+// Health answers the Osmosis health body.
+func (s *Service) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
+	return &rolloutv1.HealthResponse{
+		Status:            "healthy",
+		AgentLoop:         s.cfg.AgentLoop.Name(),
+		ActiveRollouts:    int32(s.store.counts()),
+		CompletedRollouts: int32(s.completed.Load()),
+	}, nil
+}
+
+// PlatformHealth is Health behind the API key (checked by the interceptor);
+// without a configured key the route does not exist.
+func (s *Service) PlatformHealth(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
+	if s.cfg.APIKey == "" {
+		return nil, status.Error(codes.NotFound, "Not Found")
+	}
+	return s.Health(ctx, req)
+}
+
+// authMessage is the Osmosis 401 detail, verbatim.
+const authMessage = "Invalid or missing API key"
+
+// publicMethods need no API key.
+var publicMethods = map[string]bool{
+	rolloutv1.RolloutService_Health_FullMethodName: true,
+	"/grpc.health.v1.Health/Check":                 true,
+	"/grpc.health.v1.Health/Watch":                 true,
+	"/grpc.health.v1.Health/List":                  true,
+}
+
+func (s *Service) authorize(ctx context.Context, method string) error {
+	if s.cfg.APIKey == "" || publicMethods[method] || strings.HasPrefix(method, "/grpc.reflection.") {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		token := v
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			token = strings.TrimSpace(v[7:])
+		}
+		if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.APIKey)) == 1 {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, authMessage)
+}
+
+// UnaryInterceptor enforces the API key on unary RPCs.
+func (s *Service) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := s.authorize(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+// StreamInterceptor enforces the API key on streaming RPCs.
+func (s *Service) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := s.authorize(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}

@@ -1,0 +1,144 @@
+package rollout
+
+import (
+	"sync"
+	"time"
+)
+
+// store holds rollout records: by idempotency key (what makes init
+// idempotent), by rollout id (lookups and routing), and the finished ones in
+// completion order (what watchers replay).
+type store struct {
+	mu       sync.Mutex
+	byKey    map[string]*record
+	byID     map[string]*record
+	finished []*record // ascending seq
+	seq      int64
+	active   int
+	subs     map[*subscriber]struct{}
+}
+
+func newStore() *store {
+	return &store{byKey: map[string]*record{}, byID: map[string]*record{}, subs: map[*subscriber]struct{}{}}
+}
+
+// admit returns the record already under key (dup == true), or inserts rec.
+// A rollout id held by a different key is a conflict (ok == false).
+func (s *store) admit(rec *record) (existing *record, dup, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, found := s.byKey[rec.key]; found {
+		return old, true, true
+	}
+	if old, found := s.byID[rec.id]; found {
+		return old, false, false
+	}
+	s.byKey[rec.key] = rec
+	s.byID[rec.id] = rec
+	s.active++
+	return rec, false, true
+}
+
+// forget removes a record whose init failed, so a retry starts afresh.
+func (s *store) forget(rec *record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byKey[rec.key] == rec {
+		delete(s.byKey, rec.key)
+	}
+	if s.byID[rec.id] == rec {
+		delete(s.byID, rec.id)
+	}
+	s.active--
+}
+
+func (s *store) get(id string) *record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+// finish gives rec its completion sequence number and tells every watcher.
+func (s *store) finish(rec *record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	rec.setSeq(s.seq)
+	s.finished = append(s.finished, rec)
+	s.active--
+	for sub := range s.subs {
+		select {
+		case sub.ch <- rec:
+		default:
+			// A watcher that cannot keep up is cut off rather than allowed to
+			// stall completions; it reconnects with after_sequence and replays.
+			delete(s.subs, sub)
+			close(sub.ch)
+		}
+	}
+}
+
+// counts returns how many admitted rollouts have not finished yet.
+func (s *store) counts() (active int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
+// prune drops finished records older than ttl.
+func (s *store) prune(now time.Time, ttl time.Duration) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keep := s.finished[:0]
+	n := 0
+	for _, rec := range s.finished {
+		if now.Sub(rec.finishedAt()) < ttl {
+			keep = append(keep, rec)
+			continue
+		}
+		if s.byKey[rec.key] == rec {
+			delete(s.byKey, rec.key)
+		}
+		if s.byID[rec.id] == rec {
+			delete(s.byID, rec.id)
+		}
+		n++
+	}
+	for i := len(keep); i < len(s.finished); i++ {
+		s.finished[i] = nil
+	}
+	s.finished = keep
+	return n
+}
+
+type subscriber struct {
+	ch chan *record
+}
+
+// subscribe registers a watcher and returns the finished records it should
+// replay first: those with seq > after (none when after < 0). Both happen
+// under one lock so nothing falls between replay and live delivery.
+func (s *store) subscribe(after int64, buffer int) ([]*record, *subscriber) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var replay []*record
+	if after >= 0 {
+		for _, rec := range s.finished {
+			if rec.sequence() > after {
+				replay = append(replay, rec)
+			}
+		}
+	}
+	sub := &subscriber{ch: make(chan *record, buffer)}
+	s.subs[sub] = struct{}{}
+	return replay, sub
+}
+
+func (s *store) unsubscribe(sub *subscriber) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.subs[sub]; ok {
+		delete(s.subs, sub)
+		close(sub.ch)
+	}
+}
