@@ -1,0 +1,161 @@
+// Package cli is the osmo command line: one binary whose subcommands run the
+// whole stack in one process (serve), each service alone (rollout, grader,
+// gateway, llmproxy), the policy double (mockllm), and the user-facing tools
+// (demo, bench, health).
+//
+// Build your own binary with your workflows and graders by calling Main with
+// options:
+//
+//	func main() { cli.Main(cli.WithAgentLoop(myLoop{}, "contains")) }
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Main runs the command line with os.Args and exits: 0 on success, 2 on a
+// usage error, 1 on any other failure.
+func Main(opts ...Option) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := Run(ctx, os.Args[1:], os.Stdout, os.Stderr, opts...)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "osmo:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "osmo:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a command line the program cannot act on.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// env bundles what commands read from the outside world.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	reg            *registry
+}
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, e *env, args []string) error
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"serve":    {"run the whole stack in one process (rollout, grader, gateway, LLM proxy)", runServe},
+		"rollout":  {"run the rollout service alone (gRPC)", runRollout},
+		"grader":   {"run the grader service alone (gRPC)", runGrader},
+		"gateway":  {"run the REST/Connect gateway alone", runGateway},
+		"llmproxy": {"run the LLM proxy alone in front of one upstream", runLLMProxy},
+		"mockllm":  {"run the deterministic OpenAI-compatible policy double", runMockLLM},
+		"demo":     {"run calculator rollouts end to end against the built-in mock policy", runDemo},
+		"bench":    {"measure the LLM proxy's added latency and throughput", runBench},
+		"health":   {"check a service's health (gRPC address or http URL); exit 1 if unhealthy", runHealth},
+		"version":  {"print the version", runVersion},
+	}
+}
+
+// Run executes one command line. It is Main without the process exit, for tests.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) error {
+	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv, reg: newRegistry(opts)}
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printUsage(stdout, cmds)
+		if len(args) == 0 {
+			return usagef("no command given")
+		}
+		return nil
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		printUsage(stderr, cmds)
+		return usagef("unknown command %q", args[0])
+	}
+	return cmd.run(ctx, e, args[1:])
+}
+
+func printUsage(w io.Writer, cmds map[string]command) {
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "Usage: osmo <command> [flags]\n\nCommands:")
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun 'osmo <command> -h' for a command's flags.")
+}
+
+// flagSet returns a FlagSet that reports errors instead of exiting.
+func flagSet(e *env, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("osmo "+name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	return fs
+}
+
+// parse parses args and turns flag errors into usage errors.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error()}
+	}
+	return nil
+}
+
+// logFlags are the logging flags every long-running command takes.
+type logFlags struct {
+	level  string
+	format string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&l.format, "log-format", "json", "log format: json or text")
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, usagef("--log-level: %v", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(l.format) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format: want json or text, got %q", l.format)
+}
+
+// Version is set at build time with -ldflags "-X github.com/osmo-rl/osmo/cli.Version=...".
+var Version = "dev"
+
+func runVersion(_ context.Context, e *env, _ []string) error {
+	fmt.Fprintln(e.stdout, "osmo", Version)
+	return nil
+}

@@ -1,0 +1,499 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/osmo-rl/osmo/gateway"
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/server"
+	"github.com/osmo-rl/osmo/services/grader"
+	"github.com/osmo-rl/osmo/services/rollout"
+)
+
+// defaultMaxMessageBytes bounds gRPC messages and HTTP bodies: a rollout's
+// samples carry whole conversations and every recorded LLM call.
+const defaultMaxMessageBytes = 64 << 20
+
+// rolloutFlags configure the rollout service.
+type rolloutFlags struct {
+	workflow       string
+	grader         string
+	apiKey         string
+	logDir         string
+	model          string
+	maxConcurrent  int
+	recordTTL      time.Duration
+	rolloutTimeout time.Duration
+	gradeTimeout   time.Duration
+	drainTimeout   time.Duration
+	env            osmosisEnv
+}
+
+func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
+	oe, err := readOsmosisEnv(e.getenv)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	f.env = oe
+	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), "agent workflow to run")
+	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
+	fs.StringVar(&f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every request but /health (env OSMO_API_KEY)")
+	fs.StringVar(&f.logDir, "log", "", "write one JSONL event file per rollout under DIR/<unix-time>/")
+	fs.StringVar(&f.model, "model", "", "model name that replaces the placeholder "+`"openai/osmosis-rollout"`+" on upstream calls (default: leave it to the trainer)")
+	fs.IntVar(&f.maxConcurrent, "max-concurrent", oe.maxConcurrent, "rollouts run at once; the rest queue (env OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS)")
+	fs.DurationVar(&f.recordTTL, "record-ttl", oe.recordTTL, "keep finished rollouts this long (env OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS)")
+	fs.DurationVar(&f.rolloutTimeout, "rollout-timeout", oe.requestTimeout, "deadline of one agent run (env OSMOSIS_ROLLOUT_SERVER_REQUEST_TIMEOUT_SECONDS)")
+	fs.DurationVar(&f.gradeTimeout, "grade-timeout", 150*time.Second, "how long a finished rollout waits for the grader, resends included")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them")
+	return nil
+}
+
+// graderSpec is the grader the rollout service asks for ("" means none).
+func (f *rolloutFlags) graderSpec(e *env) (string, error) {
+	entry, err := e.reg.loop(f.workflow)
+	if err != nil {
+		return "", usageError{"--workflow: " + err.Error()}
+	}
+	spec := f.grader
+	if spec == "" {
+		spec = entry.grader
+	}
+	if spec == "none" {
+		return "", nil
+	}
+	if spec != "" {
+		if _, err := e.reg.grader(spec); err != nil {
+			return "", usageError{"--grader: " + err.Error()}
+		}
+	}
+	return spec, nil
+}
+
+func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string) (rollout.Config, error) {
+	entry, err := e.reg.loop(f.workflow)
+	if err != nil {
+		return rollout.Config{}, usageError{"--workflow: " + err.Error()}
+	}
+	if f.maxConcurrent <= 0 {
+		return rollout.Config{}, usagef("--max-concurrent: must be positive, got %d", f.maxConcurrent)
+	}
+	return rollout.Config{
+		AgentLoop:        entry.loop,
+		Grader:           g,
+		GraderName:       spec,
+		APIKey:           f.apiKey,
+		MaxConcurrent:    f.maxConcurrent,
+		RecordTTL:        f.recordTTL,
+		CleanupInterval:  f.env.cleanupInterval,
+		RolloutTimeout:   f.rolloutTimeout,
+		GradeTimeout:     f.gradeTimeout,
+		DrainTimeout:     f.drainTimeout,
+		MaxMetadataBytes: f.env.maxMetadataBytes,
+		Client:           f.env.client,
+		Model:            f.model,
+		LogDir:           f.logDir,
+		Logger:           log,
+	}, nil
+}
+
+// graderFlags configure the grader service.
+type graderFlags struct {
+	defaultSpec   string
+	journal       string
+	timeout       time.Duration
+	maxConcurrent int
+}
+
+func (f *graderFlags) register(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&f.journal, prefix+"journal", "", "append graded results to this file so a restarted grader never grades a sample twice")
+	fs.DurationVar(&f.timeout, prefix+"timeout", 150*time.Second, "deadline of one grading")
+	fs.IntVar(&f.maxConcurrent, prefix+"max-concurrent", 64, "gradings run at once")
+}
+
+func (f *graderFlags) service(e *env, log *slog.Logger) (*grader.Service, error) {
+	set, err := e.reg.graderSet(f.defaultSpec)
+	if err != nil {
+		return nil, usageError{"--grader: " + err.Error()}
+	}
+	svc, err := grader.New(grader.Config{
+		Graders:       set,
+		Default:       f.defaultSpec,
+		Timeout:       f.timeout,
+		MaxConcurrent: f.maxConcurrent,
+		JournalPath:   f.journal,
+		Logger:        log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("grader service: %w", err)
+	}
+	return svc, nil
+}
+
+// grpcServer builds a gRPC server with the options every service shares:
+// message limits, panic recovery, health and reflection.
+func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) (*server.GRPC, *health.Server, error) {
+	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
+	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
+	srv, err := server.NewGRPC(addr,
+		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
+		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+	)
+	if err != nil {
+		return nil, nil, err
+	}
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+	return srv, hs, nil
+}
+
+func dial(addr string) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// stack is the whole system in one process: grader, rollout service and
+// gateway, joined by real gRPC over loopback exactly as when split.
+type stack struct {
+	log        *slog.Logger
+	graderSrv  *server.GRPC
+	graderHS   *health.Server
+	graderConn *grpc.ClientConn
+	graderCli  *grader.Client
+	graderSvc  *grader.Service
+	rolloutSvc *rollout.Service
+	rolloutSrv *server.GRPC
+	rolloutHS  *health.Server
+	rollConn   *grpc.ClientConn
+	http       *server.HTTP
+}
+
+type stackConfig struct {
+	httpAddr    string
+	rolloutAddr string
+	graderAddr  string
+	maxBody     int64
+	rollout     rolloutFlags
+	grader      graderFlags
+}
+
+func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
+	st = &stack{log: log}
+	defer func() {
+		if err != nil {
+			st.close()
+		}
+	}()
+	spec, err := sc.rollout.graderSpec(e)
+	if err != nil {
+		return nil, err
+	}
+	sc.grader.defaultSpec = spec
+	if sc.grader.defaultSpec == "" {
+		sc.grader.defaultSpec = "calculator"
+	}
+	if st.graderSvc, err = sc.grader.service(e, log); err != nil {
+		return nil, err
+	}
+	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, nil, nil); err != nil {
+		return nil, err
+	}
+	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
+	if st.graderConn, err = dial(st.graderSrv.Addr()); err != nil {
+		return nil, err
+	}
+	st.graderCli = grader.NewClient(st.graderConn, grader.ClientOptions{Logger: log})
+
+	var g rollout.Grader
+	if spec != "" {
+		g = st.graderCli
+	}
+	cfg, err := sc.rollout.config(e, log, g, spec)
+	if err != nil {
+		return nil, err
+	}
+	if st.rolloutSvc, err = rollout.New(cfg); err != nil {
+		return nil, err
+	}
+	if st.rolloutSrv, st.rolloutHS, err = grpcServer(sc.rolloutAddr, log,
+		[]grpc.UnaryServerInterceptor{st.rolloutSvc.UnaryInterceptor},
+		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}); err != nil {
+		return nil, err
+	}
+	rolloutv1.RegisterRolloutServiceServer(st.rolloutSrv, st.rolloutSvc)
+	if st.rollConn, err = dial(st.rolloutSrv.Addr()); err != nil {
+		return nil, err
+	}
+	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if st.http, err = server.NewHTTP(sc.httpAddr, gw); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (st *stack) close() {
+	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	if st.graderSvc != nil {
+		_ = st.graderSvc.Close()
+	}
+}
+
+// run serves until ctx ends. Shutdown goes front to back: the gateway and
+// rollout service stop taking work and drain, and only then does the grader
+// stop, so rollouts finishing during the drain still get their rewards.
+func (st *stack) run(ctx context.Context) error {
+	defer st.close()
+	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBack()
+	back, backCtx := errgroup.WithContext(backCtx)
+	back.Go(func() error { return st.graderSrv.Serve(backCtx) })
+	back.Go(func() error { return st.graderCli.Run(backCtx) })
+	st.graderHS.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+
+	frontParent, stopFront := context.WithCancel(ctx)
+	defer stopFront()
+	// A failing back end (say the grader's listener died) stops the front too.
+	go func() {
+		select {
+		case <-backCtx.Done():
+			stopFront()
+		case <-frontParent.Done():
+		}
+	}()
+	front, frontCtx := errgroup.WithContext(frontParent)
+	front.Go(func() error { return st.rolloutSvc.Serve(frontCtx) })
+	front.Go(func() error { return st.rolloutSrv.Serve(frontCtx) })
+	front.Go(func() error { return st.http.Serve(frontCtx) })
+	st.rolloutHS.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	st.log.Info("osmo serving", "http", st.http.URL(), "rollout_grpc", st.rolloutSrv.Addr(), "grader_grpc", st.graderSrv.Addr(), "llm_proxy", st.rolloutSvc.ProxyURL())
+	frontErr := front.Wait()
+	st.rolloutHS.Shutdown()
+	stopBack()
+	backErr := back.Wait()
+	return errors.Join(frontErr, backErr)
+}
+
+func runServe(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "serve")
+	var (
+		port     int
+		host     string
+		grpcAddr string
+		lf       logFlags
+		sc       stackConfig
+	)
+	fs.IntVar(&port, "p", 9000, "HTTP port (REST, Connect, gRPC-Web and gRPC over h2c)")
+	fs.IntVar(&port, "port", 9000, "same as -p")
+	fs.StringVar(&host, "H", "0.0.0.0", "host to listen on")
+	fs.StringVar(&host, "host", "0.0.0.0", "same as -H")
+	fs.StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:0", "native gRPC address of the rollout service")
+	fs.StringVar(&sc.graderAddr, "grader-addr", "127.0.0.1:0", "gRPC address of the embedded grader service")
+	fs.Int64Var(&sc.maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
+	if err := sc.rollout.register(fs, e); err != nil {
+		return err
+	}
+	sc.grader.register(fs, "grader-")
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if port < 0 || port > 65535 {
+		return usagef("--port: must be 0..65535, got %d", port)
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	sc.httpAddr = net.JoinHostPort(host, strconv.Itoa(port))
+	sc.rolloutAddr = grpcAddr
+	st, err := newStack(e, log, sc)
+	if err != nil {
+		return err
+	}
+	return st.run(ctx)
+}
+
+func runRollout(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "rollout")
+	var (
+		addr, graderAddr string
+		rf               rolloutFlags
+		lf               logFlags
+	)
+	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
+	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (dns:///host:port balances over its replicas)")
+	if err := rf.register(fs, e); err != nil {
+		return err
+	}
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	spec, err := rf.graderSpec(e)
+	if err != nil {
+		return err
+	}
+	var (
+		g   rollout.Grader
+		cli *grader.Client
+	)
+	if spec != "" {
+		if graderAddr == "" {
+			return usagef("--grader-addr is required unless --grader none")
+		}
+		conn, err := dial(graderAddr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		cli = grader.NewClient(conn, grader.ClientOptions{Logger: log})
+		g = cli
+	}
+	cfg, err := rf.config(e, log, g, spec)
+	if err != nil {
+		return err
+	}
+	svc, err := rollout.New(cfg)
+	if err != nil {
+		return err
+	}
+	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor})
+	if err != nil {
+		return err
+	}
+	rolloutv1.RegisterRolloutServiceServer(srv, svc)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	log.Info("rollout service serving", "grpc", srv.Addr(), "workflow", rf.workflow, "grader", spec, "llm_proxy", svc.ProxyURL())
+
+	// The grader client outlives the drain so late rollouts still get graded.
+	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBack()
+	clientDone := make(chan error, 1)
+	if cli != nil {
+		go func() { clientDone <- cli.Run(backCtx) }()
+	} else {
+		close(clientDone)
+	}
+	g2, gctx := errgroup.WithContext(ctx)
+	g2.Go(func() error { return svc.Serve(gctx) })
+	g2.Go(func() error { return srv.Serve(gctx) })
+	err = g2.Wait()
+	stopBack()
+	<-clientDone
+	return err
+}
+
+func runGrader(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "grader")
+	var (
+		addr string
+		gf   graderFlags
+		lf   logFlags
+	)
+	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
+	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
+	gf.register(fs, "")
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	svc, err := gf.service(e, log)
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	srv, hs, err := grpcServer(addr, log, nil, nil)
+	if err != nil {
+		return err
+	}
+	graderv1.RegisterGraderServiceServer(srv, svc)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	log.Info("grader service serving", "grpc", srv.Addr(), "default", gf.defaultSpec, "journal", gf.journal)
+	return srv.Serve(ctx)
+}
+
+func runGateway(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "gateway")
+	var (
+		addr, rolloutAddr, graderAddr string
+		maxBody                       int64
+		lf                            logFlags
+	)
+	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
+	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
+	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
+	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if rolloutAddr == "" {
+		return usagef("--rollout-addr is required")
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	rconn, err := dial(rolloutAddr)
+	if err != nil {
+		return err
+	}
+	defer rconn.Close()
+	cfg := gateway.Config{Rollout: rconn, MaxBodyBytes: maxBody, Logger: log}
+	if graderAddr != "" {
+		gconn, err := dial(graderAddr)
+		if err != nil {
+			return err
+		}
+		defer gconn.Close()
+		cfg.Grader = gconn
+	}
+	gw, err := gateway.New(cfg)
+	if err != nil {
+		return err
+	}
+	srv, err := server.NewHTTP(addr, gw)
+	if err != nil {
+		return err
+	}
+	log.Info("gateway serving", "http", srv.URL(), "rollout", rolloutAddr, "grader", graderAddr)
+	return srv.Serve(ctx)
+}

@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/server"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+func runLLMProxy(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "llmproxy")
+	var (
+		addr, upstream, model, apiKey string
+		retries                       int
+		timeout, baseDelay, maxDelay  time.Duration
+		maxBody                       int64
+		keep                          int
+		lf                            logFlags
+	)
+	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
+	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1 (required)")
+	fs.StringVar(&model, "model", "", `model that replaces the placeholder "openai/osmosis-rollout"`)
+	fs.StringVar(&apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
+	fs.IntVar(&retries, "max-retries", 3, "retries on 5xx, timeouts and transport errors")
+	fs.DurationVar(&timeout, "timeout", 300*time.Second, "per-attempt upstream timeout")
+	fs.DurationVar(&baseDelay, "retry-base-delay", time.Second, "first retry delay (doubles each retry)")
+	fs.DurationVar(&maxDelay, "retry-max-delay", 30*time.Second, "retry delay cap")
+	fs.Int64Var(&maxBody, "max-body-bytes", 32<<20, "largest request body accepted")
+	fs.IntVar(&keep, "keep-calls", 10000, "recorded calls kept in memory for GET /r/{rollout_id}/calls")
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if u, err := url.Parse(upstream); upstream == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	store := llmproxy.NewStore(keep, time.Hour)
+	proxy, err := llmproxy.New(llmproxy.Config{
+		Router:       llmproxy.StaticRouter(llmproxy.Route{BaseURL: strings.TrimRight(upstream, "/"), APIKey: apiKey, Model: model}),
+		Recorder:     store,
+		Retry:        llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
+		Timeout:      timeout,
+		MaxBodyBytes: maxBody,
+		Logger:       log,
+	})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /r/{rollout_id}/calls", store)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+	})
+	mux.Handle("/", proxy)
+	srv, err := server.NewHTTP(addr, mux)
+	if err != nil {
+		return err
+	}
+	log.Info("llm proxy serving", "http", srv.URL(), "upstream", upstream, "model", model)
+	return srv.Serve(ctx)
+}
+
+func runMockLLM(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "mockllm")
+	var (
+		addr string
+		o    mockllm.Options
+		lf   logFlags
+	)
+	fs.StringVar(&addr, "addr", ":9003", "HTTP listen address")
+	fs.StringVar(&o.Model, "model", "mock-policy", "model name reported by /v1/models")
+	fs.DurationVar(&o.Latency, "latency", 0, "delay before each response")
+	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "delay between SSE chunks")
+	fs.StringVar(&o.FailMode, "fail-mode", "", "injected failure: 500, 503, 429, hang or malformed")
+	fs.IntVar(&o.FailEvery, "fail-every", 0, "fail every Nth request with --fail-mode")
+	fs.IntVar(&o.FailFirst, "fail-first", 0, "fail the first N requests with --fail-mode")
+	lf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	o.Logger = log
+	h, err := mockllm.New(o)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	srv, err := server.NewHTTP(addr, h)
+	if err != nil {
+		return err
+	}
+	log.Info("mock policy serving", "http", srv.URL(), "base_url", srv.URL()+"/v1")
+	return srv.Serve(ctx)
+}
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "bench")
+	var n int
+	fs.IntVar(&n, "n", 5000, "sequential requests per setup")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if n < 100 {
+		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
+	}
+	rep, err := llmproxy.MeasureOverhead(ctx, n)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(e.stdout)
+	return nil
+}
+
+func runHealth(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "health")
+	var (
+		timeout time.Duration
+		service string
+	)
+	fs.DurationVar(&timeout, "timeout", 3*time.Second, "give up after this long")
+	fs.StringVar(&service, "service", "", "gRPC health service name (empty: the whole server)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usagef("usage: osmo health [flags] ADDR (host:port for gRPC, or an http(s) URL)")
+	}
+	target := fs.Arg(0)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if strings.HasPrefix(target, "http://") || strings.HasPrefix(target, "https://") {
+		u, err := url.Parse(target)
+		if err != nil {
+			return usagef("ADDR: %v", err)
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/health"
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("health %s: %w", u, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("health %s: HTTP %d: %s", u, resp.StatusCode, strings.TrimSpace(string(body)))
+		}
+		fmt.Fprintln(e.stdout, strings.TrimSpace(string(body)))
+		return nil
+	}
+	conn, err := dial(target)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return fmt.Errorf("health %s: %w", target, err)
+	}
+	fmt.Fprintln(e.stdout, resp.GetStatus())
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health %s: %s", target, resp.GetStatus())
+	}
+	return nil
+}
