@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/osmo-rl/osmo/internal/controller"
+)
+
+// TestSplitDeploymentSurvivesGraderRestart runs osmo rollout, osmo grader and
+// osmo gateway as separate processes, kills the grader (SIGKILL) while
+// rollouts are finishing and starts it again on the same address: every
+// rollout must still get its reward, and no sample may be graded twice.
+func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
+	mockAddr := freeAddr(t)
+	// Latency spreads the rollouts out so some finish while the grader is down.
+	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "40ms", "--log-level", "warn")
+	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+
+	ctl, err := controller.New("127.0.0.1:0", controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ctlDone := make(chan struct{})
+	go func() { defer close(ctlDone); _ = ctl.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-ctlDone })
+
+	journal := filepath.Join(t.TempDir(), "grades.jsonl")
+	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--grader", "calculator", "--journal", journal, "--log-level", "debug"}
+	grader1 := start(t, "grader-1", nil, graderArgs...)
+	waitGRPC(t, grader1, graderAddr)
+	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--grader-addr", graderAddr,
+		"--workflow", "calculator", "--max-concurrent", "4", "--log-level", "warn")
+	waitGRPC(t, roll, rolloutAddr)
+	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
+	base := "http://" + gwAddr
+	waitHTTP(t, gw, base+"/health")
+
+	const n = 24
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("split-%02d", i)
+		a, b := i+2, i+3
+		ictx, icancel := context.WithTimeout(context.Background(), 10*time.Second)
+		code, body, err := ctl.Init(ictx, base, "", controller.InitRequest{
+			RolloutID:        ids[i],
+			Messages:         []map[string]any{{"role": "user", "content": fmt.Sprintf("What is %d * %d?", a, b)}},
+			CompletionParams: map[string]any{"temperature": 1.0},
+			Metadata:         map[string]any{"ground_truth": fmt.Sprint(a * b)},
+		})
+		icancel()
+		if err != nil || code != 202 {
+			t.Fatalf("init %s: %d %s %v", ids[i], code, body, err)
+		}
+	}
+
+	// Kill the grader once a few rollouts are graded, keep it down while
+	// others finish, then bring it back on the same address and journal.
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer wcancel()
+	if _, err := ctl.Wait(wctx, ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	grader1.stop(syscall.SIGKILL, time.Second)
+	time.Sleep(600 * time.Millisecond)
+	grader2 := start(t, "grader-2", nil, graderArgs...)
+	waitGRPC(t, grader2, graderAddr)
+
+	for _, id := range ids {
+		c, err := ctl.Wait(wctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 1 {
+			t.Errorf("%s: %s", id, c.Raw)
+		}
+		if got := len(ctl.Completions(id)); got != 1 {
+			t.Errorf("%s: %d completions", id, got)
+		}
+	}
+	// Each rollout was graded by exactly one grader run; any resend was
+	// answered from the journal.
+	graded := countLines(grader1.Output(), `"msg":"graded"`) + countLines(grader2.Output(), `"msg":"graded"`)
+	if graded != n {
+		t.Fatalf("graded %d times for %d rollouts (grader-1 %d, grader-2 %d)", graded, n,
+			countLines(grader1.Output(), `"msg":"graded"`), countLines(grader2.Output(), `"msg":"graded"`))
+	}
+	if strings.Count(grader2.Output(), `"msg":"graded"`) == 0 {
+		t.Fatal("the restarted grader graded nothing: the kill did not land mid-run")
+	}
+}
