@@ -52,6 +52,15 @@ func (x *exchange) serve(idSource string) {
 			"llmproxy: missing rollout id ("+idSource+"); set the "+HeaderRolloutID+" header or use the base URL /r/{rollout_id}/s/{sample_id}/v1")
 		return
 	}
+	// Ids travel upstream as header values; refuse what cannot.
+	if !validHeaderValue(c.RolloutID) {
+		x.fail(http.StatusBadRequest, "invalid_rollout_id", HeaderRolloutID, "llmproxy: rollout id contains control characters")
+		return
+	}
+	if !validHeaderValue(c.SampleID) {
+		x.fail(http.StatusBadRequest, "invalid_sample_id", HeaderSampleID, "llmproxy: sample id contains control characters")
+		return
+	}
 	if p.requireSampleID && c.SampleID == "" {
 		x.fail(http.StatusBadRequest, "missing_sample_id", HeaderSampleID,
 			"llmproxy: missing sample id; set the "+HeaderSampleID+" header or use the base URL /r/{rollout_id}/s/{sample_id}/v1")
@@ -478,6 +487,16 @@ func bearerMatches(header, token string) bool {
 		got = strings.TrimSpace(got[7:])
 	}
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+}
+
+// validHeaderValue reports whether s can be sent as an HTTP header value.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func isEventStream(ct string) bool {

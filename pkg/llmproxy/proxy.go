@@ -45,8 +45,9 @@ type Config struct {
 	// MaxBodyBytes is the largest request body accepted (413 above);
 	// 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// MaxResponseBytes is the largest upstream response read (a whole JSON
-	// body, or a whole stream); 0 means DefaultMaxResponseBytes.
+	// MaxResponseBytes bounds what the proxy holds of an upstream answer:
+	// a whole JSON body, or one SSE event (streams themselves are passed on
+	// as they come and may be longer); 0 means DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 	// Transport carries upstream calls. Nil means a transport tuned for many
 	// concurrent calls to one policy endpoint.

@@ -273,6 +273,8 @@ func TestRequestErrors(t *testing.T) {
 		{name: "missing rollout id", path: url, body: chatBody, status: 400, code: "missing_rollout_id", param: "X-Rollout-Id", recorded: true},
 		{name: "unknown rollout", path: url, body: chatBody, header: map[string]string{llmproxy.HeaderRolloutID: "nope"}, status: 404, code: "unknown_rollout", param: "X-Rollout-Id", recorded: true},
 		{name: "missing sample id", path: url, body: chatBody, header: map[string]string{llmproxy.HeaderRolloutID: "r1"}, status: 400, code: "missing_sample_id", param: "X-Sample-Id", recorded: true, sampleReq: true},
+		{name: "control character in rollout id", path: "/r/a%0Ab/s/s1/v1/chat/completions", body: chatBody, status: 400, code: "invalid_rollout_id", param: "X-Rollout-Id", recorded: true},
+		{name: "control character in sample id", path: "/r/r1/s/a%00b/v1/chat/completions", body: chatBody, status: 400, code: "invalid_sample_id", param: "X-Sample-Id", recorded: true},
 		{name: "malformed JSON", path: url, body: `{"messages":[`, header: ids, status: 400, code: "invalid_json", recorded: true},
 		{name: "not an object", path: url, body: `[1,2]`, header: ids, status: 400, code: "invalid_request_body", recorded: true},
 		{name: "no messages", path: url, body: `{"model":"m"}`, header: ids, status: 400, code: "missing_messages", param: "messages", recorded: true},
@@ -645,6 +647,7 @@ func TestChunkedRequestBody(t *testing.T) {
 
 func TestUpstreamResponseLimitAndBadRoute(t *testing.T) {
 	up := newUpstream(t, okJSON)
+	bigEvent := newUpstream(t, sseHandler("\n", `{"id":"c","choices":[{"index":0,"delta":{"content":"`+strings.Repeat("x", 100)+`"}}]}`))
 	tests := []struct {
 		name   string
 		route  llmproxy.Route
@@ -653,6 +656,7 @@ func TestUpstreamResponseLimitAndBadRoute(t *testing.T) {
 		code   string
 	}{
 		{"response over limit", llmproxy.Route{BaseURL: up.base}, 64, http.StatusBadGateway, "upstream_response_too_large"},
+		{"stream event over limit", llmproxy.Route{BaseURL: bigEvent.base}, 64, http.StatusBadGateway, "upstream_response_too_large"},
 		{"unusable base URL", llmproxy.Route{BaseURL: "http://[::1"}, 0, http.StatusInternalServerError, "invalid_route"},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package llmproxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,6 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	var (
 		started   bool
 		rc        *http.ResponseController
-		total     int64
 		lineStart int
 		clientErr error
 	)
@@ -73,8 +73,9 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
 			timer.Reset(x.p.timeout)
-			total += int64(len(line))
-			if total > x.p.maxResp {
+			// Events are passed on as they come, so only one event is ever
+			// held: that is what the limit bounds, not the whole stream.
+			if int64(ev.Len()+len(line)) > x.p.maxResp {
 				readErr = errStreamTooLarge
 				break
 			}
@@ -106,7 +107,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	case clientErr != nil:
 		c.Err = "llmproxy: client went away mid-stream: " + clientErr.Error()
 	case !started && readErr == errStreamTooLarge:
-		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream stream exceeds the limit of %d bytes", x.p.maxResp)}
+		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream event exceeds the limit of %d bytes", x.p.maxResp)}
 	case !started && readErr != nil:
 		x.upstream += time.Since(t0)
 		return x.readFailure(actx, readErr)
@@ -114,7 +115,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.upstream += time.Since(t0)
 		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: "event stream ended before any event", retry: true}
 	case readErr == errStreamTooLarge:
-		c.Err = fmt.Sprintf("llmproxy: upstream stream exceeds the limit of %d bytes; cut", x.p.maxResp)
+		c.Err = fmt.Sprintf("llmproxy: upstream event exceeds the limit of %d bytes; stream cut", x.p.maxResp)
 	case readErr != nil:
 		cause := context.Cause(actx)
 		switch {
@@ -326,7 +327,7 @@ func (a *streamAcc) fill(c *Call) {
 		s := a.content.String()
 		msg.Content = &s
 	}
-	slices.SortFunc(a.tools, func(x, y toolCallAcc) int { return x.index - y.index })
+	slices.SortFunc(a.tools, func(x, y toolCallAcc) int { return cmp.Compare(x.index, y.index) })
 	for i := range a.tools {
 		t := &a.tools[i]
 		typ := t.typ
