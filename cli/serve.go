@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -84,7 +85,7 @@ func (f *rolloutFlags) graderSpec(e *env) (string, error) {
 	return spec, nil
 }
 
-func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string) (rollout.Config, error) {
+func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, reg prometheus.Registerer) (rollout.Config, error) {
 	entry, err := e.reg.loop(f.workflow)
 	if err != nil {
 		return rollout.Config{}, usageError{"--workflow: " + err.Error()}
@@ -108,6 +109,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		Model:            f.model,
 		LogDir:           f.logDir,
 		Logger:           log,
+		Metrics:          reg,
 	}, nil
 }
 
@@ -125,7 +127,7 @@ func (f *graderFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&f.maxConcurrent, prefix+"max-concurrent", 64, "gradings run at once")
 }
 
-func (f *graderFlags) service(e *env, log *slog.Logger) (*grader.Service, error) {
+func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registerer) (*grader.Service, error) {
 	set, err := e.reg.graderSet(f.defaultSpec)
 	if err != nil {
 		return nil, usageError{"--grader: " + err.Error()}
@@ -137,6 +139,7 @@ func (f *graderFlags) service(e *env, log *slog.Logger) (*grader.Service, error)
 		MaxConcurrent: f.maxConcurrent,
 		JournalPath:   f.journal,
 		Logger:        log,
+		Metrics:       reg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("grader service: %w", err)
@@ -215,7 +218,8 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 	if sc.grader.defaultSpec == "" {
 		sc.grader.defaultSpec = "calculator"
 	}
-	if st.graderSvc, err = sc.grader.service(e, log); err != nil {
+	reg := newMetricsRegistry()
+	if st.graderSvc, err = sc.grader.service(e, log, reg); err != nil {
 		return nil, err
 	}
 	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, nil, nil); err != nil {
@@ -231,7 +235,7 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 	if spec != "" {
 		g = st.graderCli
 	}
-	cfg, err := sc.rollout.config(e, log, g, spec)
+	cfg, err := sc.rollout.config(e, log, g, spec, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +255,7 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if st.http, err = server.NewHTTP(sc.httpAddr, gw); err != nil {
+	if st.http, err = server.NewHTTP(sc.httpAddr, withMetrics(gw, reg)); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -350,7 +354,9 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		rf               rolloutFlags
 		lf               logFlags
 	)
+	var metricsAddr string
 	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
+	fs.StringVar(&metricsAddr, "metrics-addr", ":9464", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (dns:///host:port balances over its replicas)")
 	if err := rf.register(fs, e); err != nil {
 		return err
@@ -383,7 +389,12 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		cli = grader.NewClient(conn, grader.ClientOptions{Logger: log})
 		g = cli
 	}
-	cfg, err := rf.config(e, log, g, spec)
+	reg := newMetricsRegistry()
+	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
+	if err != nil {
+		return err
+	}
+	cfg, err := rf.config(e, log, g, spec, reg)
 	if err != nil {
 		return err
 	}
@@ -397,7 +408,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	}
 	rolloutv1.RegisterRolloutServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("rollout service serving", "grpc", srv.Addr(), "workflow", rf.workflow, "grader", spec, "llm_proxy", svc.ProxyURL())
+	log.Info("rollout service serving", "grpc", srv.Addr(), "metrics", metricsURL, "workflow", rf.workflow, "grader", spec, "llm_proxy", svc.ProxyURL())
 
 	// The grader client outlives the drain so late rollouts still get graded.
 	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
@@ -411,6 +422,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	g2, gctx := errgroup.WithContext(ctx)
 	g2.Go(func() error { return svc.Serve(gctx) })
 	g2.Go(func() error { return srv.Serve(gctx) })
+	g2.Go(func() error { return serveMetrics(gctx) })
 	err = g2.Wait()
 	stopBack()
 	<-clientDone
@@ -424,7 +436,9 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		gf   graderFlags
 		lf   logFlags
 	)
+	var metricsAddr string
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
+	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
 	gf.register(fs, "")
 	lf.register(fs)
@@ -435,7 +449,12 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	svc, err := gf.service(e, log)
+	reg := newMetricsRegistry()
+	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
+	if err != nil {
+		return err
+	}
+	svc, err := gf.service(e, log, reg)
 	if err != nil {
 		return err
 	}
@@ -446,8 +465,11 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	}
 	graderv1.RegisterGraderServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("grader service serving", "grpc", srv.Addr(), "default", gf.defaultSpec, "journal", gf.journal)
-	return srv.Serve(ctx)
+	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "journal", gf.journal)
+	var g errgroup.Group
+	g.Go(func() error { return srv.Serve(ctx) })
+	g.Go(func() error { return serveMetrics(ctx) })
+	return g.Wait()
 }
 
 func runGateway(ctx context.Context, e *env, args []string) error {
@@ -490,7 +512,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.NewHTTP(addr, gw)
+	srv, err := server.NewHTTP(addr, withMetrics(gw, newMetricsRegistry()))
 	if err != nil {
 		return err
 	}

@@ -66,7 +66,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
 	})
 	mux.Handle("/", proxy)
-	srv, err := server.NewHTTP(addr, mux)
+	srv, err := server.NewHTTP(addr, withMetrics(mux, newMetricsRegistry()))
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,7 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	srv, err := server.NewHTTP(addr, h)
+	srv, err := server.NewHTTP(addr, withMetrics(h, newMetricsRegistry()))
 	if err != nil {
 		return err
 	}

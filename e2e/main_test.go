@@ -166,6 +166,21 @@ func waitGRPC(t *testing.T, p *proc, addr string) {
 	t.Fatalf("%s not serving at %s:\n%s", p.name, addr, p.Output())
 }
 
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	return string(b)
+}
+
 // countLines counts output lines containing every one of subs.
 func countLines(out string, subs ...string) int {
 	n := 0

@@ -32,11 +32,11 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-ctlDone })
 
 	journal := filepath.Join(t.TempDir(), "grades.jsonl")
-	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--grader", "calculator", "--journal", journal, "--log-level", "debug"}
+	graderAddr, rolloutAddr, gwAddr, rolloutMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "127.0.0.1:0", "--grader", "calculator", "--journal", journal, "--log-level", "debug"}
 	grader1 := start(t, "grader-1", nil, graderArgs...)
 	waitGRPC(t, grader1, graderAddr)
-	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--grader-addr", graderAddr,
+	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", rolloutMetrics, "--grader-addr", graderAddr,
 		"--workflow", "calculator", "--max-concurrent", "4", "--log-level", "warn")
 	waitGRPC(t, roll, rolloutAddr)
 	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
@@ -94,5 +94,15 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	}
 	if strings.Count(grader2.Output(), `"msg":"graded"`) == 0 {
 		t.Fatal("the restarted grader graded nothing: the kill did not land mid-run")
+	}
+	metrics := httpGet(t, "http://"+rolloutMetrics+"/metrics")
+	for _, want := range []string{
+		fmt.Sprintf(`osmo_rollouts_finished_total{error_category="",status="COMPLETED"} %d`, n),
+		fmt.Sprintf(`osmo_rollouts_started_total %d`, n),
+		`osmo_rollout_grade_duration_seconds_count{outcome="ok"} 24`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("rollout /metrics lacks %q", want)
+		}
 	}
 }

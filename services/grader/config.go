@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/osmo-rl/osmo"
 )
 
@@ -49,6 +51,8 @@ type Config struct {
 	ResultTTL time.Duration
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
+	// Metrics, when set, receives the service's Prometheus collectors.
+	Metrics prometheus.Registerer
 }
 
 func (c *Config) setDefaults() error {

@@ -30,6 +30,7 @@ type Service struct {
 	journal *journal // nil without Config.JournalPath
 	flight  singleflight.Group
 	slots   chan struct{} // one per running grader
+	metrics *metrics
 
 	// ctx ends at Close; gradings run under it, not under the request's
 	// context, so a grading outlives a client that disconnects and its
@@ -57,6 +58,7 @@ func New(cfg Config) (*Service, error) {
 		store:    newStore(cfg.ResultTTL),
 		slots:    make(chan struct{}, cfg.MaxConcurrent),
 		compactC: make(chan struct{}, 1),
+		metrics:  newMetrics(cfg.Metrics),
 	}
 	if cfg.JournalPath != "" {
 		if err := s.openJournal(); err != nil {
@@ -285,6 +287,11 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 			found[id] = o
 		}
 	}
+	for _, o := range found {
+		if !o.fresh {
+			s.metrics.cached.Inc()
+		}
+	}
 	return respond(rid, ids, found), nil
 }
 
@@ -331,6 +338,7 @@ func (s *Service) gradeMissing(name string, g osmo.Grader, req *graderv1.GradeRe
 		return nil, err
 	}
 	s.commit(gr, log)
+	s.metrics.observe(gr, time.Since(start))
 	if gr.Error == "" {
 		// Logged only once the grading is durable: each "graded" record is
 		// a grading no restart will repeat.

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // completion is the G1 body of POST {server_url}/v1/rollout/completed.
@@ -58,8 +60,8 @@ func (p callbackPolicy) delay(attempt int) time.Duration {
 var errPermanent = errors.New("not retried")
 
 // postJSON delivers body to url under policy and returns the attempts made.
-// onAttempt (may be nil) observes each attempt's outcome.
-func postJSON(ctx context.Context, client *http.Client, url, bearer string, body any, p callbackPolicy, log *slog.Logger) (int, error) {
+// attempts counts each attempt by outcome (ok, retry, failed).
+func postJSON(ctx context.Context, client *http.Client, url, bearer string, body any, p callbackPolicy, log *slog.Logger, attempts *prometheus.CounterVec) (int, error) {
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return 0, fmt.Errorf("encode callback: %w", err)
@@ -77,9 +79,15 @@ func postJSON(ctx context.Context, client *http.Client, url, bearer string, body
 		}
 		lastErr = postOnce(ctx, client, url, bearer, payload, p.Timeout)
 		if lastErr == nil {
+			attempts.WithLabelValues("ok").Inc()
 			return attempt + 1, nil
 		}
 		log.Warn("callback attempt failed", "url", url, "attempt", attempt+1, "error", lastErr)
+		if errors.Is(lastErr, errPermanent) || attempt == p.Retries {
+			attempts.WithLabelValues("failed").Inc()
+		} else {
+			attempts.WithLabelValues("retry").Inc()
+		}
 		if errors.Is(lastErr, errPermanent) {
 			return attempt + 1, fmt.Errorf("callback to %s: %w", url, lastErr)
 		}

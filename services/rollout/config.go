@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/osmo-rl/osmo"
 )
 
@@ -75,6 +77,8 @@ type Config struct {
 	Logger *slog.Logger
 	// HTTPClient overrides the client used for callbacks.
 	HTTPClient *http.Client
+	// Metrics, when set, receives the service's Prometheus collectors.
+	Metrics prometheus.Registerer
 }
 
 func (c *Config) setDefaults() error {

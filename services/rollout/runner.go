@@ -84,14 +84,18 @@ func (s *Service) run(rec *record) {
 	// Queue for a concurrency slot; shutdown cancels the wait.
 	select {
 	case s.sem <- struct{}{}:
+		s.metrics.queued.Dec()
 	case <-s.rolloutsCtx.Done():
+		s.metrics.queued.Dec()
 		s.complete(rec, &outcome{status: osmo.StatusError, finish: "error", errMsg: "cancelled: server shutting down before the rollout started", category: categoryCancelled}, log)
 		return
 	}
+	s.metrics.running.Inc()
 	released := false
 	release := func() {
 		if !released {
 			released = true
+			s.metrics.running.Dec()
 			<-s.sem
 		}
 	}
@@ -277,6 +281,7 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 		}
 	}
 	if err != nil {
+		s.metrics.gradeDuration.WithLabelValues("error").Observe(time.Since(start).Seconds())
 		out.status, out.category = osmo.StatusError, categoryGrader
 		out.errMsg = "grading failed: " + err.Error()
 		rec.log.write("grade_error", map[string]any{"error": err.Error()})
@@ -288,6 +293,7 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 	rec.sample.RemoveSample = g.GetRemoveSample()
 	rec.mu.Unlock()
 	out.reward = g.Reward
+	s.metrics.gradeDuration.WithLabelValues("ok").Observe(time.Since(start).Seconds())
 	rec.log.write("graded", map[string]any{"reward": g.Reward, "remove_sample": g.GetRemoveSample(), "cached": g.GetCached(), "grader": resp.GetGrader(), "duration_ms": ms(time.Since(start))})
 	log.Info("graded", "reward", g.Reward, "grader", resp.GetGrader())
 }
@@ -334,7 +340,7 @@ func (s *Service) complete(rec *record, out *outcome, log *slog.Logger) {
 		Timeout:   s.cfg.Client.Timeout,
 	}
 	// The completion is owed even when the rollout was cancelled.
-	attempts, err := postJSON(context.WithoutCancel(s.rolloutsCtx), s.httpClient, url, rec.req.GetApiKey(), body, policy, log)
+	attempts, err := postJSON(context.WithoutCancel(s.rolloutsCtx), s.httpClient, url, rec.req.GetApiKey(), body, policy, log, s.metrics.callbacks)
 	fields := map[string]any{"status": out.status, "attempts": attempts}
 	if err != nil {
 		fields["error"] = err.Error()
@@ -357,6 +363,14 @@ func (s *Service) complete(rec *record, out *outcome, log *slog.Logger) {
 	}
 	rec.mu.Unlock()
 	s.completed.Add(1)
+	s.metrics.finished.WithLabelValues(out.status, out.category).Inc()
+	s.metrics.duration.WithLabelValues(out.status).Observe(time.Since(rec.created).Seconds())
+	if out.reward != nil {
+		s.metrics.rewards.Observe(*out.reward)
+	}
+	if err != nil {
+		s.metrics.callbackFails.Inc()
+	}
 	s.store.finish(rec)
 	log.Info("rollout finished", "status", out.status, "reward", out.reward, "callback_attempts", attempts)
 }
@@ -437,6 +451,7 @@ func (s *Service) recordCall(_ context.Context, c *llmproxy.Call) {
 		return
 	}
 	rec.addCall(c)
+	s.metrics.llmCall(c)
 	ev := map[string]any{
 		"sample_id": c.SampleID, "model": c.Model, "status_code": c.StatusCode, "latency_ms": ms(c.Latency),
 		"prompt_tokens": c.Usage.PromptTokens, "completion_tokens": c.Usage.CompletionTokens,

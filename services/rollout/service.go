@@ -45,6 +45,7 @@ type Service struct {
 	llmClient  *http.Client
 	httpClient *http.Client
 	completed  atomic.Int64
+	metrics    *metrics
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
 	rolloutsCtx    context.Context
@@ -63,12 +64,13 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		cfg:    cfg,
-		log:    cfg.Logger.With("service", "rollout"),
-		store:  newStore(),
-		logs:   logs,
-		sem:    make(chan struct{}, cfg.MaxConcurrent),
-		routes: llmproxy.NewRouteTable(),
+		cfg:     cfg,
+		log:     cfg.Logger.With("service", "rollout"),
+		store:   newStore(),
+		logs:    logs,
+		sem:     make(chan struct{}, cfg.MaxConcurrent),
+		routes:  llmproxy.NewRouteTable(),
+		metrics: newMetrics(cfg.Metrics),
 	}
 	upstream := &http.Transport{
 		Proxy:               nil,
@@ -216,6 +218,8 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	close(rec.ready)
 	rec.log.write("init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(resp.GetTools())})
 	log.Info("rollout accepted", "tools", len(resp.GetTools()))
+	s.metrics.started.Inc()
+	s.metrics.queued.Inc()
 
 	s.wg.Add(1)
 	go func() {

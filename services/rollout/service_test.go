@@ -3,6 +3,7 @@ package rollout_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -661,4 +664,70 @@ func TestShutdownCancelsStuckRolloutsAndStillCompletes(t *testing.T) {
 	if len(comps) != 1 || comps[0].Status != "ERROR" || !strings.Contains(comps[0].ErrorMessage, "cancelled") {
 		t.Fatalf("completions = %+v", comps)
 	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := &fakeGrader{fn: rewardByCalculator}
+	h := newHarness(t, harnessOpts{
+		cfg: func(c *rollout.Config) { c.Metrics = reg; c.Grader = g },
+		ctl: controller.Options{FailCompletions: 1, FailStatus: 503},
+	})
+	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "m-1", 4, 5, "20")); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, "m-1")
+	h.waitFinished(t, "m-1")
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"osmo_rollouts_started_total", nil, 1},
+		{"osmo_rollouts_finished_total", []string{"", "COMPLETED"}, 1}, // labels sort by name: error_category, status
+		{"osmo_callback_attempts_total", []string{"retry"}, 1},
+		{"osmo_callback_attempts_total", []string{"ok"}, 1},
+		{"osmo_rollouts_running", nil, 0},
+		{"osmo_rollouts_queued", nil, 0},
+	} {
+		got, err := gatherValue(reg, tc.name, tc.labels...)
+		if err != nil || got != tc.want {
+			t.Errorf("%s%v = %v (%v), want %v", tc.name, tc.labels, got, err, tc.want)
+		}
+	}
+	if n, _ := gatherValue(reg, "osmo_llm_tokens_total", "output"); n <= 0 {
+		t.Errorf("output tokens = %v", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "osmo_llm_call_duration_seconds", "osmo_rollout_duration_seconds", "osmo_rollout_reward", "osmo_rollout_grade_duration_seconds"); err != nil || n != 4 {
+		t.Errorf("histograms present = %d (%v), want 4", n, err)
+	}
+}
+
+// gatherValue reads one counter or gauge sample from reg.
+func gatherValue(reg *prometheus.Registry, name string, labelValues ...string) (float64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labelValues) {
+				continue
+			}
+			for i, l := range m.GetLabel() {
+				if l.GetValue() != labelValues[i] {
+					continue metric
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue(), nil
+			}
+			return m.GetGauge().GetValue(), nil
+		}
+	}
+	return 0, fmt.Errorf("%s%v not found", name, labelValues)
 }

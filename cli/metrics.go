@@ -1,0 +1,41 @@
+package cli
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/osmo-rl/osmo/internal/server"
+)
+
+// newMetricsRegistry is one process's Prometheus registry, with the Go
+// runtime and process collectors every service exposes.
+func newMetricsRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// withMetrics serves GET /metrics from reg in front of h.
+func withMetrics(h http.Handler, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/", h)
+	return mux
+}
+
+// metricsServer serves /metrics on its own address, for the gRPC-only
+// services; an empty addr disables it (run returns when ctx ends).
+func metricsServer(addr string, reg *prometheus.Registry) (func(ctx context.Context) error, string, error) {
+	if addr == "" {
+		return func(ctx context.Context) error { <-ctx.Done(); return nil }, "", nil
+	}
+	srv, err := server.NewHTTP(addr, withMetrics(http.NotFoundHandler(), reg))
+	if err != nil {
+		return nil, "", err
+	}
+	return srv.Serve, srv.URL(), nil
+}

@@ -1,0 +1,89 @@
+package rollout
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// metrics are the rollout service's Prometheus collectors. Names and units
+// follow the Prometheus conventions (seconds, _total counters).
+type metrics struct {
+	started       prometheus.Counter
+	finished      *prometheus.CounterVec
+	running       prometheus.Gauge
+	queued        prometheus.Gauge
+	duration      *prometheus.HistogramVec
+	gradeDuration *prometheus.HistogramVec
+	rewards       prometheus.Histogram
+	callbacks     *prometheus.CounterVec
+	callbackFails prometheus.Counter
+	llmDuration   *prometheus.HistogramVec
+	llmTTFT       prometheus.Histogram
+	tokens        *prometheus.CounterVec
+}
+
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		started: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_rollouts_started_total", Help: "Rollouts accepted (duplicate inits are not counted).",
+		}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_rollouts_finished_total",
+			Help: "Rollouts finished, by status (COMPLETED, ERROR) and error category (timeout, agent_error, grader_error, cancelled; empty on success).",
+		}, []string{"status", "error_category"}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",
+		}),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "osmo_rollouts_queued", Help: "Rollouts accepted and waiting for a concurrency slot.",
+		}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "osmo_rollout_duration_seconds", Help: "From init to the completion being delivered, by status.",
+			Buckets: latencyBuckets,
+		}, []string{"status"}),
+		gradeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "osmo_rollout_grade_duration_seconds", Help: "Time a finished rollout waited for the grader (resends included), by outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"outcome"}),
+		rewards: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "osmo_rollout_reward", Help: "Rewards delivered to the trainer.",
+			Buckets: []float64{-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1},
+		}),
+		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_callback_attempts_total", Help: "Completion callback attempts, by outcome (ok, retry, failed).",
+		}, []string{"outcome"}),
+		callbackFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_callback_failures_total", Help: "Completions that could not be delivered after every retry.",
+		}),
+		llmDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "osmo_llm_call_duration_seconds", Help: "LLM calls through the proxy, by HTTP status answered.",
+			Buckets: latencyBuckets,
+		}, []string{"code"}),
+		llmTTFT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "osmo_llm_time_to_first_token_seconds", Help: "Streaming LLM calls: time to the first content chunk.",
+			Buckets: latencyBuckets,
+		}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_llm_tokens_total", Help: "Tokens reported by the policy, by direction (input, output).",
+		}, []string{"direction"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
+			m.rewards, m.callbacks, m.callbackFails, m.llmDuration, m.llmTTFT, m.tokens)
+	}
+	return m
+}
+
+func (m *metrics) llmCall(c *llmproxy.Call) {
+	m.llmDuration.WithLabelValues(strconv.Itoa(c.StatusCode)).Observe(c.Latency.Seconds())
+	if c.Stream && c.TimeToFirstToken > 0 {
+		m.llmTTFT.Observe(c.TimeToFirstToken.Seconds())
+	}
+	m.tokens.WithLabelValues("input").Add(float64(c.Usage.PromptTokens))
+	m.tokens.WithLabelValues("output").Add(float64(c.Usage.CompletionTokens))
+}
