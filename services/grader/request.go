@@ -4,37 +4,15 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/fielderr"
 )
 
-// fieldError is a bad-input error that names its field. It becomes
-// InvalidArgument with a BadRequest detail.
-type fieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *fieldError) Error() string { return e.Field + ": " + e.Reason }
-
-// GRPCStatus lets status.FromError turn the error into InvalidArgument.
-func (e *fieldError) GRPCStatus() *status.Status {
-	st := status.New(codes.InvalidArgument, e.Error())
-	if d, err := st.WithDetails(&errdetails.BadRequest{
-		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: e.Field, Description: e.Reason}},
-	}); err == nil {
-		return d
-	}
-	return st
-}
-
+// badField is a bad-input error naming its field.
 func badField(field, format string, args ...any) error {
-	return &fieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return fielderr.New(field, format, args...)
 }
 
 // validate checks what grading and idempotency rely on: a rollout id, and

@@ -1,44 +1,22 @@
 package rollout
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 	"unicode/utf8"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/fielderr"
 )
 
 // maxIDLength bounds rollout ids and idempotency keys (Osmosis: 1..256 chars).
 const maxIDLength = 256
 
-// fieldError is a bad-input error that names its field. It becomes
-// InvalidArgument with a BadRequest detail, and HTTP 422 at the gateway.
-type fieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *fieldError) Error() string { return e.Field + ": " + e.Reason }
-
-// GRPCStatus lets status.FromError turn the error into InvalidArgument.
-func (e *fieldError) GRPCStatus() *status.Status {
-	st := status.New(codes.InvalidArgument, e.Error())
-	if d, err := st.WithDetails(&errdetails.BadRequest{
-		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: e.Field, Description: e.Reason}},
-	}); err == nil {
-		return d
-	}
-	return st
-}
-
+// badField is a bad-input error naming its field.
 func badField(field, format string, args ...any) error {
-	return &fieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return fielderr.New(field, format, args...)
 }
 
 // validateInit checks a G1 init request against PROTOCOL.md.
