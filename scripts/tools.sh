@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the pinned code generators into .cache/bin (idempotent, offline
+# Installs the pinned code generators into ~/.cache/osmo/bin (idempotent, offline
 # once the Go module cache has them). Source it or run it; it prints the bin dir.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="$root/.cache/bin"
+# Outside the work tree so fresh clones on the same machine reuse it.
+cache="${OSMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/osmo}"
+bin="$cache/bin"
 mkdir -p "$bin"
 
 # name=module@version; bump here and nowhere else.
