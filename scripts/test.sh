@@ -27,6 +27,9 @@ if ! git diff --exit-code --stat -- go.mod go.sum; then
   exit 1
 fi
 
+step "JavaScript agents (examples/agents-js): install from the lockfile, unit tests, typecheck"
+(cd examples/agents-js && npm ci --no-audit --no-fund && npm test && npm run typecheck)
+
 step "go vet"
 go vet ./...
 

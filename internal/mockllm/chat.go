@@ -36,9 +36,18 @@ type chatRequest struct {
 		ReturnTokenIDs bool `json:"return_token_ids"`
 	} `json:"extra_body"`
 	RolloutID json.RawMessage `json:"rollout_id"`
+	// ToolChoice is "auto", "required", "none" or a named function.
+	ToolChoice json.RawMessage `json:"tool_choice"`
 
-	msgs  []map[string]any
-	tools []map[string]any
+	msgs   []map[string]any
+	tools  []map[string]any
+	choice toolChoice
+}
+
+// toolChoice is a parsed tool_choice; the zero value is "auto".
+type toolChoice struct {
+	none bool   // "none": answer without calling a tool
+	name string // the one function the model may call
 }
 
 func (r *chatRequest) includeUsage() bool {
@@ -98,6 +107,11 @@ func parseRequest(body []byte) (*chatRequest, *apiError) {
 		}
 		req.tools = append(req.tools, t)
 	}
+	tc, apiErr := parseToolChoice(req.ToolChoice, req.tools)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	req.choice = tc
 	for name, v := range map[string]*int{"max_tokens": req.MaxTokens, "max_completion_tokens": req.MaxCompletionTokens} {
 		if v != nil && *v < 1 {
 			return nil, badRequest(name, "invalid_value", "'%s' must be at least 1, got %d", name, *v)
@@ -112,6 +126,56 @@ func parseRequest(body []byte) (*chatRequest, *apiError) {
 		}
 	}
 	return &req, nil
+}
+
+// parseToolChoice reads tool_choice as OpenAI defines it. "required" is
+// taken as "auto": the mock calls a tool whenever one helps, and a model
+// forced to call one that cannot help has no right answer to imitate.
+func parseToolChoice(raw json.RawMessage, tools []map[string]any) (toolChoice, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return toolChoice{}, nil
+	}
+	var mode string
+	if json.Unmarshal(raw, &mode) == nil {
+		switch mode {
+		case "auto", "required":
+			return toolChoice{}, nil
+		case "none":
+			return toolChoice{none: true}, nil
+		}
+		return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': %q (want \"none\", \"auto\", \"required\" or a named function)", mode)
+	}
+	var named struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
+		return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': want a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+	}
+	for _, t := range tools {
+		if fn, _ := t["function"].(map[string]any); fn["name"] == named.Function.Name {
+			return toolChoice{name: named.Function.Name}, nil
+		}
+	}
+	return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': function %q is not in 'tools'", named.Function.Name)
+}
+
+// offeredTools is what tool_choice leaves the model to call.
+func (r *chatRequest) offeredTools() []map[string]any {
+	switch {
+	case r.choice.none:
+		return nil
+	case r.choice.name == "":
+		return r.tools
+	}
+	for _, t := range r.tools {
+		if fn, _ := t["function"].(map[string]any); fn["name"] == r.choice.name {
+			return []map[string]any{t}
+		}
+	}
+	return nil
 }
 
 // response is one assistant turn, ready to render as JSON or as chunks.
@@ -129,10 +193,16 @@ type response struct {
 }
 
 // respond plays the assistant's turn for req. Ids are derived from what
-// decides the answer (model, messages, tools), so the JSON and the streamed
-// form of one request agree.
+// decides the answer (model, messages, tools, tool_choice), so the JSON and
+// the streamed form of one request agree.
 func respond(req *chatRequest) *response {
-	canon, _ := json.Marshal([]any{req.Model, req.msgs, req.tools})
+	key := []any{req.Model, req.msgs, req.tools}
+	if req.choice != (toolChoice{}) {
+		// Only a choice that narrows the tools changes the answer; leaving
+		// it out otherwise keeps ids stable for requests without one.
+		key = append(key, req.choice.none, req.choice.name)
+	}
+	canon, _ := json.Marshal(key)
 	sum := sha256.Sum256(canon)
 	h := hex.EncodeToString(sum[:])
 	offset, _ := strconv.ParseUint(h[48:56], 16, 32)
@@ -144,7 +214,7 @@ func respond(req *chatRequest) *response {
 		withIDs:   req.wantTokenIDs(),
 	}
 	task, results := conversation(req.msgs)
-	d := decide(task, results, toolsetOf(req.tools))
+	d := decide(task, results, toolsetOf(req.offeredTools()))
 	if d.tool != "" {
 		r.call = &toolCall{ID: "call_" + h[24:48], Type: "function", Function: functionCall{Name: d.tool, Arguments: d.args}}
 		r.pieces = tokenize(d.tool)

@@ -1,9 +1,10 @@
 // Package mockllm is a deterministic OpenAI-compatible policy double. It
 // stands in for a vLLM-served policy or a hosted provider in demos, tests and
 // benchmarks: it answers /v1/chat/completions (JSON and SSE), solves
-// arithmetic tasks by calling the tools it is offered one turn at a time,
-// reports usage, vLLM token ids and logprobs, and fails on demand the way
-// real servers fail (5xx, 429 with Retry-After, hangs, malformed bodies).
+// arithmetic tasks by calling the tools it is offered one turn at a time (as
+// tool_choice allows), reports usage, vLLM token ids and logprobs, and fails
+// on demand the way real servers fail (5xx, 429 with Retry-After, hangs,
+// malformed bodies).
 //
 // The same request always gets the same response, ids included, so tests
 // can compare bytes.
