@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/osmo-rl/osmo/gateway"
@@ -155,6 +156,11 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 	srv, err := server.NewGRPC(addr,
 		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
 		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
+		// Connections are recycled so dns:/// clients re-resolve and spread
+		// over replicas added since they connected; long streams end after
+		// the grace and their clients reconnect (and resend, or replay).
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	)
@@ -167,9 +173,22 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 	return srv, hs, nil
 }
 
+// roundRobin balances calls and new streams over every address a dns:///
+// target resolves to (a headless Service's pods); with one address it is
+// the same as the default.
+const roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
+
+// Connection recycling of every gRPC server; see grpcServer.
+const (
+	maxConnectionAge      = 5 * time.Minute
+	maxConnectionAgeGrace = time.Minute
+)
+
 func dial(addr string) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(roundRobin),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),
 	)
 	if err != nil {
@@ -185,7 +204,7 @@ type stack struct {
 	graderSrv  *server.GRPC
 	graderHS   *health.Server
 	graderConn *grpc.ClientConn
-	graderCli  *grader.Client
+	graderCli  *grader.Pool
 	graderSvc  *grader.Service
 	rolloutSvc *rollout.Service
 	rolloutSrv *server.GRPC
@@ -229,7 +248,7 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 	if st.graderConn, err = dial(st.graderSrv.Addr()); err != nil {
 		return nil, err
 	}
-	st.graderCli = grader.NewClient(st.graderConn, grader.ClientOptions{Logger: log})
+	st.graderCli = grader.NewPool(st.graderConn, 1, grader.ClientOptions{Logger: log})
 
 	var g rollout.Grader
 	if spec != "" {
@@ -358,6 +377,8 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9464", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (dns:///host:port balances over its replicas)")
+	var graderStreams int
+	fs.IntVar(&graderStreams, "grader-streams", 4, "grading streams to the grader service; with dns:/// each lands on another replica")
 	if err := rf.register(fs, e); err != nil {
 		return err
 	}
@@ -375,7 +396,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	}
 	var (
 		g   rollout.Grader
-		cli *grader.Client
+		cli *grader.Pool
 	)
 	if spec != "" {
 		if graderAddr == "" {
@@ -386,7 +407,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer conn.Close()
-		cli = grader.NewClient(conn, grader.ClientOptions{Logger: log})
+		cli = grader.NewPool(conn, graderStreams, grader.ClientOptions{Logger: log})
 		g = cli
 	}
 	reg := newMetricsRegistry()
