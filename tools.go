@@ -5,7 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ToolArgumentError reports a tool call whose arguments are not a JSON object.
@@ -46,8 +51,11 @@ func ToolResult(toolCallID, content string) Message {
 
 // ToolErrorResult is ToolResult with content "Error: <message>".
 func ToolErrorResult(toolCallID, message string) Message {
-	return ToolResult(toolCallID, "Error: "+message)
+	return ToolResult(toolCallID, toolErrorPrefix+message)
 }
+
+// toolErrorPrefix starts the content of a ToolErrorResult.
+const toolErrorPrefix = "Error: "
 
 // SerializeToolResult renders a tool's return value as message content:
 // strings unchanged, booleans as JSON (true/false), numbers as decimal text,
@@ -79,22 +87,46 @@ func SerializeToolResult(v any) string {
 // ToolExecutor runs one tool call and returns its tool message.
 type ToolExecutor func(ctx context.Context, tc ToolCall) Message
 
+// tracerName names the tracer of the SDK's spans.
+const tracerName = "github.com/osmo-rl/osmo"
+
 // ExecuteToolCalls runs every call concurrently and returns their messages in
 // the order of calls. A panicking executor becomes a ToolErrorResult for its
 // call rather than taking the rollout down.
+//
+// When ctx carries a recording span (the rollout service's, when tracing is
+// on), each call is a span "execute_tool {name}" (OpenTelemetry GenAI
+// conventions) under it, and exec gets that span's context. A result that
+// is a ToolErrorResult marks the span failed (error.type tool_error, or
+// panic).
 func ExecuteToolCalls(ctx context.Context, calls []ToolCall, exec ToolExecutor) []Message {
 	out := make([]Message, len(calls))
+	// The provider of the caller's span: no global tracer provider.
+	tracer := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
 	var wg sync.WaitGroup
 	for i, tc := range calls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			ctx, span := tracer.Start(ctx, "execute_tool "+tc.Function.Name, trace.WithAttributes(
+				semconv.GenAIOperationNameExecuteTool,
+				semconv.GenAIToolName(tc.Function.Name),
+				semconv.GenAIToolCallID(tc.ID),
+				semconv.GenAIToolType("function"),
+			))
+			defer span.End()
 			defer func() {
 				if r := recover(); r != nil {
 					out[i] = ToolErrorResult(tc.ID, fmt.Sprintf("tool %q panicked: %v", tc.Function.Name, r))
+					span.SetAttributes(semconv.ErrorTypeKey.String("panic"))
+					span.SetStatus(codes.Error, fmt.Sprint(r))
 				}
 			}()
 			out[i] = exec(ctx, tc)
+			if content, _ := out[i]["content"].(string); strings.HasPrefix(content, toolErrorPrefix) && span.IsRecording() {
+				span.SetAttributes(semconv.ErrorTypeKey.String("tool_error"))
+				span.SetStatus(codes.Error, strings.TrimPrefix(content, toolErrorPrefix))
+			}
 		}()
 	}
 	wg.Wait()

@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/osmo-rl/osmo/internal/telemetry"
 )
 
 // Main runs the command line with os.Args and exits: 0 on success, 2 on a
@@ -143,11 +145,12 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return nil, usagef("--log-level: %v", err)
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	// Records logged with a traced context carry trace_id and span_id.
 	switch strings.ToLower(l.format) {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, opts))), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(telemetry.LogHandler(slog.NewTextHandler(w, opts))), nil
 	}
 	return nil, usagef("--log-format: want json or text, got %q", l.format)
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,6 +25,7 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/server"
+	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/services/grader"
 	"github.com/osmo-rl/osmo/services/rollout"
 )
@@ -86,7 +89,7 @@ func (f *rolloutFlags) graderSpec(e *env) (string, error) {
 	return spec, nil
 }
 
-func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, reg prometheus.Registerer) (rollout.Config, error) {
+func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, reg prometheus.Registerer, tr tracing) (rollout.Config, error) {
 	entry, err := e.reg.loop(f.workflow)
 	if err != nil {
 		return rollout.Config{}, usageError{"--workflow: " + err.Error()}
@@ -111,6 +114,11 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		LogDir:           f.logDir,
 		Logger:           log,
 		Metrics:          reg,
+
+		TracerProvider:      tr.rollout,
+		ProxyTracerProvider: tr.proxy,
+		Propagator:          tr.prop,
+		TraceContent:        tr.content,
 	}, nil
 }
 
@@ -128,19 +136,21 @@ func (f *graderFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&f.maxConcurrent, prefix+"max-concurrent", 64, "gradings run at once")
 }
 
-func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registerer) (*grader.Service, error) {
+func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registerer, tr tracing) (*grader.Service, error) {
 	set, err := e.reg.graderSet(f.defaultSpec)
 	if err != nil {
 		return nil, usageError{"--grader: " + err.Error()}
 	}
 	svc, err := grader.New(grader.Config{
-		Graders:       set,
-		Default:       f.defaultSpec,
-		Timeout:       f.timeout,
-		MaxConcurrent: f.maxConcurrent,
-		JournalPath:   f.journal,
-		Logger:        log,
-		Metrics:       reg,
+		Graders:        set,
+		Default:        f.defaultSpec,
+		Timeout:        f.timeout,
+		MaxConcurrent:  f.maxConcurrent,
+		JournalPath:    f.journal,
+		Logger:         log,
+		Metrics:        reg,
+		TracerProvider: tr.grader,
+		Propagator:     tr.prop,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("grader service: %w", err)
@@ -149,11 +159,12 @@ func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registere
 }
 
 // grpcServer builds a gRPC server with the options every service shares:
-// message limits, panic recovery, health and reflection.
-func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) (*server.GRPC, *health.Server, error) {
+// message limits, panic recovery, health and reflection, and tracing
+// through tp (nil: none).
+func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*server.GRPC, *health.Server, error) {
 	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
 	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
-	srv, err := server.NewGRPC(addr,
+	opts := append(telemetry.GRPCServerOptions(tp, prop),
 		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
 		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
 		// Connections are recycled so dns:/// clients re-resolve and spread
@@ -164,6 +175,7 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	)
+	srv, err := server.NewGRPC(addr, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,13 +196,15 @@ const (
 	maxConnectionAgeGrace = time.Minute
 )
 
-func dial(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr,
+// dial connects to a service; calls are traced through tp (nil: none).
+func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*grpc.ClientConn, error) {
+	opts := append(telemetry.GRPCDialOptions(tp, prop),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(roundRobin),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),
 	)
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -220,6 +234,7 @@ type stackConfig struct {
 	maxBody     int64
 	rollout     rolloutFlags
 	grader      graderFlags
+	tracing     tracing
 }
 
 func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
@@ -238,23 +253,27 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 		sc.grader.defaultSpec = "calculator"
 	}
 	reg := newMetricsRegistry()
-	if st.graderSvc, err = sc.grader.service(e, log, reg); err != nil {
+	tr := sc.tracing
+	if st.graderSvc, err = sc.grader.service(e, log, reg, tr); err != nil {
 		return nil, err
 	}
-	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, nil, nil); err != nil {
+	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, nil, nil, tr.grader, tr.prop); err != nil {
 		return nil, err
 	}
 	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
-	if st.graderConn, err = dial(st.graderSrv.Addr()); err != nil {
+	// The gateway's calls are the ones traced on this connection: the
+	// rollout service's grade stream is left out (its requests carry their
+	// own trace context).
+	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop); err != nil {
 		return nil, err
 	}
-	st.graderCli = grader.NewPool(st.graderConn, 1, grader.ClientOptions{Logger: log})
+	st.graderCli = grader.NewPool(st.graderConn, 1, grader.ClientOptions{Logger: log, Propagator: tr.prop})
 
 	var g rollout.Grader
 	if spec != "" {
 		g = st.graderCli
 	}
-	cfg, err := sc.rollout.config(e, log, g, spec, reg)
+	cfg, err := sc.rollout.config(e, log, g, spec, reg, tr)
 	if err != nil {
 		return nil, err
 	}
@@ -263,14 +282,15 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 	}
 	if st.rolloutSrv, st.rolloutHS, err = grpcServer(sc.rolloutAddr, log,
 		[]grpc.UnaryServerInterceptor{st.rolloutSvc.UnaryInterceptor},
-		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}); err != nil {
+		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}, tr.rollout, tr.prop); err != nil {
 		return nil, err
 	}
 	rolloutv1.RegisterRolloutServiceServer(st.rolloutSrv, st.rolloutSvc)
-	if st.rollConn, err = dial(st.rolloutSrv.Addr()); err != nil {
+	if st.rollConn, err = dial(st.rolloutSrv.Addr(), tr.gateway, tr.prop); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log})
+	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log,
+		TracerProvider: tr.gateway, Propagator: tr.prop})
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +379,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	sc.httpAddr = net.JoinHostPort(host, strconv.Itoa(port))
 	sc.rolloutAddr = grpcAddr
+	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceRollout)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	sc.tracing = stackTracing(tel)
 	st, err := newStack(e, log, sc)
 	if err != nil {
 		return err
@@ -394,6 +420,14 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceRollout)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	// The embedded LLM proxy's spans belong to a service of their own, as
+	// in `osmo serve`.
+	tr := tracing{rollout: tel.TracerProvider(), proxy: tel.ServiceTracerProvider(serviceLLMProxy), prop: tel.Propagator(), content: tel.CaptureContent()}
 	var (
 		g   rollout.Grader
 		cli *grader.Pool
@@ -402,12 +436,12 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		if graderAddr == "" {
 			return usagef("--grader-addr is required unless --grader none")
 		}
-		conn, err := dial(graderAddr)
+		conn, err := dial(graderAddr, tr.rollout, tr.prop)
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		cli = grader.NewPool(conn, graderStreams, grader.ClientOptions{Logger: log})
+		cli = grader.NewPool(conn, graderStreams, grader.ClientOptions{Logger: log, Propagator: tr.prop})
 		g = cli
 	}
 	reg := newMetricsRegistry()
@@ -415,7 +449,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := rf.config(e, log, g, spec, reg)
+	cfg, err := rf.config(e, log, g, spec, reg, tr)
 	if err != nil {
 		return err
 	}
@@ -423,7 +457,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor})
+	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor}, tr.rollout, tr.prop)
 	if err != nil {
 		return err
 	}
@@ -470,17 +504,23 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceGrader)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	tr := tracing{grader: tel.TracerProvider(), prop: tel.Propagator()}
 	reg := newMetricsRegistry()
 	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
 	if err != nil {
 		return err
 	}
-	svc, err := gf.service(e, log, reg)
+	svc, err := gf.service(e, log, reg, tr)
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
-	srv, hs, err := grpcServer(addr, log, nil, nil)
+	srv, hs, err := grpcServer(addr, log, nil, nil, tr.grader, tr.prop)
 	if err != nil {
 		return err
 	}
@@ -515,14 +555,20 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	rconn, err := dial(rolloutAddr)
+	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceGateway)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	tp, prop := tel.TracerProvider(), tel.Propagator()
+	rconn, err := dial(rolloutAddr, tp, prop)
 	if err != nil {
 		return err
 	}
 	defer rconn.Close()
-	cfg := gateway.Config{Rollout: rconn, MaxBodyBytes: maxBody, Logger: log}
+	cfg := gateway.Config{Rollout: rconn, MaxBodyBytes: maxBody, Logger: log, TracerProvider: tp, Propagator: prop}
 	if graderAddr != "" {
-		gconn, err := dial(graderAddr)
+		gconn, err := dial(graderAddr, tp, prop)
 		if err != nil {
 			return err
 		}

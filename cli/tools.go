@@ -9,10 +9,12 @@ import (
 	"strings"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/server"
+	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -47,14 +49,24 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceLLMProxy)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	reg := newMetricsRegistry()
 	store := llmproxy.NewStore(keep, time.Hour)
 	proxy, err := llmproxy.New(llmproxy.Config{
-		Router:       llmproxy.StaticRouter(llmproxy.Route{BaseURL: strings.TrimRight(upstream, "/"), APIKey: apiKey, Model: model}),
-		Recorder:     store,
-		Retry:        llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
-		Timeout:      timeout,
-		MaxBodyBytes: maxBody,
-		Logger:       log,
+		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: strings.TrimRight(upstream, "/"), APIKey: apiKey, Model: model}),
+		Recorder:       store,
+		Retry:          llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
+		Timeout:        timeout,
+		MaxBodyBytes:   maxBody,
+		Logger:         log,
+		Metrics:        reg,
+		TracerProvider: tel.TracerProvider(),
+		Propagator:     tel.Propagator(),
+		CaptureContent: tel.CaptureContent(),
 	})
 	if err != nil {
 		return err
@@ -66,7 +78,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
 	})
 	mux.Handle("/", proxy)
-	srv, err := server.NewHTTP(addr, withMetrics(mux, newMetricsRegistry()))
+	srv, err := server.NewHTTP(addr, withMetrics(mux, reg))
 	if err != nil {
 		return err
 	}
@@ -119,7 +131,12 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if n < 100 {
 		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
 	}
-	rep, err := llmproxy.MeasureOverhead(ctx, n)
+	// The traced setup runs the production span pipeline, sampling every
+	// call, in front of an exporter that drops the batches: the cost
+	// measured is the proxy's, not a collector's.
+	tp := telemetry.NewTracerProvider(telemetry.DiscardExporter(), nil, sdktrace.AlwaysSample())
+	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
+	rep, err := llmproxy.MeasureOverhead(ctx, n, tp)
 	if err != nil {
 		return err
 	}
@@ -168,7 +185,7 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, strings.TrimSpace(string(body)))
 		return nil
 	}
-	conn, err := dial(target)
+	conn, err := dial(target, nil, nil)
 	if err != nil {
 		return err
 	}

@@ -82,8 +82,14 @@ func (p *proc) Output() string {
 // stops it (SIGTERM, then SIGKILL) and waits for it.
 func start(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startBin(t, name, osmoBin, env, args...)
+}
+
+// startBin is start for any binary.
+func startBin(t *testing.T, name, bin string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(osmoBin, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

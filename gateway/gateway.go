@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
@@ -57,6 +59,15 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives one record per failed call (slog.Default() if nil).
 	Logger *slog.Logger
+	// TracerProvider, when set, traces every request: an HTTP server span
+	// that continues the caller's trace (a trainer's traceparent), with the
+	// rollout id of an InitRollout on it and in the baggage of the call to
+	// the rollout service. Instrument the connections in Rollout and Grader
+	// (a gRPC client stats handler) for the calls' own spans.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the caller's trace context (W3C trace context and
+	// baggage when nil).
+	Propagator propagation.TextMapPropagator
 }
 
 // New returns the gateway handler for cfg.
@@ -78,15 +89,22 @@ func New(cfg Config) (http.Handler, error) {
 		graderConn = unavailableConn{service: "grader"}
 	}
 
+	rolloutConn := cfg.Rollout
+	if cfg.TracerProvider != nil {
+		rolloutConn = rolloutIDConn{rolloutConn}
+	}
 	g := &gateway{maxBody: cfg.MaxBodyBytes, log: cfg.Logger.With("component", "gateway")}
-	rest, err := g.newREST(cfg.Rollout, graderConn)
+	rest, err := g.newREST(rolloutConn, graderConn)
 	if err != nil {
 		return nil, err
 	}
 	g.rest = rest
-	g.rpc = g.newRPCRoutes(cfg.Rollout, graderConn)
+	g.rpc = g.newRPCRoutes(rolloutConn, graderConn)
 	g.openapi = openapi.JSON()
-	return g, nil
+	if cfg.TracerProvider == nil {
+		return g, nil
+	}
+	return traced(g, cfg.TracerProvider, cfg.Propagator), nil
 }
 
 // gateway routes a request to the Connect handlers (by service path prefix),

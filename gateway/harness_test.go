@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +26,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/telemetry"
 )
 
 // testTimeout bounds every test's traffic.
@@ -222,6 +224,12 @@ type harnessConfig struct {
 	noGrader     bool
 	maxBodyBytes int64
 	logger       *slog.Logger
+	tracer       trace.TracerProvider
+}
+
+// withTracing traces the gateway and its connection through tp.
+func withTracing(tp trace.TracerProvider) harnessOption {
+	return func(c *harnessConfig) { c.tracer = tp }
 }
 
 func withLogger(l *slog.Logger) harnessOption { return func(c *harnessConfig) { c.logger = l } }
@@ -273,17 +281,18 @@ func newHarness(t *testing.T, rollout *fakeRollout, opts ...harnessOption) *harn
 		<-served
 	})
 
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(), append(telemetry.GRPCDialOptions(hc.tracer, nil), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatalf("grpc.NewClient: %v", err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 
 	cfg := gateway.Config{
-		Rollout:      conn,
-		Grader:       conn,
-		MaxBodyBytes: hc.maxBodyBytes,
-		Logger:       slog.New(slog.DiscardHandler),
+		Rollout:        conn,
+		Grader:         conn,
+		MaxBodyBytes:   hc.maxBodyBytes,
+		Logger:         slog.New(slog.DiscardHandler),
+		TracerProvider: hc.tracer,
 	}
 	if hc.logger != nil {
 		cfg.Logger = hc.logger

@@ -209,6 +209,9 @@ type InitRequest struct {
 	Metadata         map[string]any   `json:"metadata,omitempty"`
 	APIKey           string           `json:"api_key,omitempty"`
 	IdempotencyKey   string           `json:"idempotency_key,omitempty"`
+	// Header is sent with the init request, not in its body: a trainer's
+	// traceparent, say.
+	Header http.Header `json:"-"`
 }
 
 // Init posts an init to the rollout server at baseURL, bearing serverKey, and
@@ -231,6 +234,9 @@ func (c *Controller) Init(ctx context.Context, baseURL, serverKey string, in Ini
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+"/v1/rollout/init", bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
+	}
+	for k, v := range in.Header {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if serverKey != "" {

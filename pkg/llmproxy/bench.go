@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Latency summarizes a latency distribution.
@@ -25,7 +27,7 @@ type Latency struct {
 
 // OverheadReport compares the latency of one small chat completion sent
 // straight to an upstream, through a plain httputil.ReverseProxy and through
-// this proxy, all over loopback in one process.
+// this proxy (with and without tracing), all over loopback in one process.
 type OverheadReport struct {
 	// Requests is the number of timed sequential requests per setup.
 	Requests     int
@@ -36,14 +38,31 @@ type OverheadReport struct {
 	// setup, percentile by percentile.
 	AddedOverDirect       Latency
 	AddedOverReverseProxy Latency
+	// Traced reports whether the llmproxy setup with tracing was measured;
+	// TracedLLMProxy is its latency.
+	Traced         bool
+	TracedLLMProxy Latency
 	// Throughput is llmproxy's rate with ThroughputClients concurrent clients
 	// over ThroughputDuration; DirectThroughput the same load without it.
+	// TracedThroughput is llmproxy's rate with tracing on, measured in
+	// rounds alternating with Throughput's so both see the same machine.
 	// Client, proxy and upstream share the GOMAXPROCS CPUs.
 	Throughput         float64
+	TracedThroughput   float64
 	DirectThroughput   float64
 	ThroughputClients  int
 	ThroughputDuration time.Duration
 	GOMAXPROCS         int
+}
+
+// TracingThroughputRatio is TracedThroughput over Throughput: 0.95 means
+// tracing cost the proxy 5% of its throughput. It is 0 when tracing was not
+// measured.
+func (r OverheadReport) TracingThroughputRatio() float64 {
+	if !r.Traced || r.Throughput == 0 {
+		return 0
+	}
+	return r.TracedThroughput / r.Throughput
 }
 
 // WriteTable prints the report as a table.
@@ -56,12 +75,23 @@ func (r OverheadReport) WriteTable(w io.Writer) {
 	}{{"direct", r.Direct}, {"reverseproxy", r.ReverseProxy}, {"llmproxy", r.LLMProxy}} {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", row.name, micros(row.l.P50), micros(row.l.P99))
 	}
+	if r.Traced {
+		fmt.Fprintf(tw, "llmproxy+tracing\t%s\t%s\t\n", micros(r.TracedLLMProxy.P50), micros(r.TracedLLMProxy.P99))
+	}
 	fmt.Fprintf(tw, "llmproxy - direct\t%s\t%s\t\n", signedMicros(r.AddedOverDirect.P50), signedMicros(r.AddedOverDirect.P99))
 	fmt.Fprintf(tw, "llmproxy - reverseproxy\t%s\t%s\t\n", signedMicros(r.AddedOverReverseProxy.P50), signedMicros(r.AddedOverReverseProxy.P99))
+	if r.Traced {
+		fmt.Fprintf(tw, "llmproxy+tracing - llmproxy\t%s\t%s\t\n",
+			signedMicros(r.TracedLLMProxy.P50-r.LLMProxy.P50), signedMicros(r.TracedLLMProxy.P99-r.LLMProxy.P99))
+	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d\n", r.Requests, r.GOMAXPROCS)
 	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, direct %.0f req/s\n",
 		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.DirectThroughput)
+	if r.Traced {
+		fmt.Fprintf(w, "tracing on (every span sampled, batch export): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
+			r.TracedThroughput, 100*r.TracingThroughputRatio(), 100*(r.TracingThroughputRatio()-1))
+	}
 }
 
 func micros(d time.Duration) string {
@@ -81,22 +111,28 @@ const benchCompletion = `{"id":"chatcmpl-bench","object":"chat.completion","crea
 // MeasureOverhead measures what the proxy adds to a call: n sequential
 // requests for each of direct, reverseproxy and llmproxy, interleaved round
 // robin so machine noise hits all three alike, then a throughput run with
-// concurrent clients. Everything runs in this process on 127.0.0.1.
-func MeasureOverhead(ctx context.Context, n int) (OverheadReport, error) {
+// concurrent clients. With a TracerProvider, a fourth setup, llmproxy
+// tracing every call through tp, is measured alongside: its latency in the
+// same rounds and its throughput in runs alternating with llmproxy's.
+// Everything runs in this process on 127.0.0.1.
+func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (OverheadReport, error) {
 	if n <= 0 {
 		return OverheadReport{}, fmt.Errorf("llmproxy.MeasureOverhead: n must be positive, got %d", n)
 	}
-	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0), Traced: tp != nil}
 	// Long enough to be steady for real runs, short for smoke tests.
 	rep.ThroughputDuration = min(2*time.Second, max(250*time.Millisecond, time.Duration(n)*400*time.Microsecond))
 	rep.ThroughputClients = max(8, 4*rep.GOMAXPROCS)
 
 	var stack benchStack
 	defer stack.close()
-	if err := stack.start(); err != nil {
+	if err := stack.start(tp); err != nil {
 		return rep, fmt.Errorf("llmproxy.MeasureOverhead: %w", err)
 	}
 	targets := []string{stack.upstreamURL, stack.reverseURL, stack.proxyURL}
+	if tp != nil {
+		targets = append(targets, stack.tracedURL)
+	}
 	clients := make([]*http.Client, len(targets))
 	for i := range clients {
 		clients[i] = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: rep.ThroughputClients, DisableCompression: true}}
@@ -128,22 +164,71 @@ func MeasureOverhead(ctx context.Context, n int) (OverheadReport, error) {
 	rep.Direct, rep.ReverseProxy, rep.LLMProxy = summarize(lat[0]), summarize(lat[1]), summarize(lat[2])
 	rep.AddedOverDirect = Latency{P50: rep.LLMProxy.P50 - rep.Direct.P50, P99: rep.LLMProxy.P99 - rep.Direct.P99}
 	rep.AddedOverReverseProxy = Latency{P50: rep.LLMProxy.P50 - rep.ReverseProxy.P50, P99: rep.LLMProxy.P99 - rep.ReverseProxy.P99}
+	if tp != nil {
+		rep.TracedLLMProxy = summarize(lat[3])
+	}
 
-	var err error
-	if rep.Throughput, err = benchThroughput(ctx, clients[2], stack.proxyURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
+	// llmproxy with and without tracing run in short alternating rounds,
+	// each going first in turn, so drifts in machine load hit both alike.
+	rounds := max(4, int(rep.ThroughputDuration/(100*time.Millisecond)))
+	slice := rep.ThroughputDuration / time.Duration(rounds)
+	type setup struct {
+		run    *throughputRun
+		client *http.Client
+		target string
+	}
+	var plain, traced throughputRun
+	for i := range rounds {
+		runs := []setup{{&plain, clients[2], stack.proxyURL}}
+		if tp != nil {
+			runs = append(runs, setup{&traced, clients[3], stack.tracedURL})
+			if i%2 == 1 {
+				runs[0], runs[1] = runs[1], runs[0]
+			}
+		}
+		for _, r := range runs {
+			if err := r.run.add(ctx, r.client, r.target, rep.ThroughputClients, slice); err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
+			}
+		}
+	}
+	rep.Throughput, rep.TracedThroughput = plain.rate(), traced.rate()
+	var direct throughputRun
+	if err := direct.add(ctx, clients[0], stack.upstreamURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
 		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
 	}
-	if rep.DirectThroughput, err = benchThroughput(ctx, clients[0], stack.upstreamURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
-		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
-	}
+	rep.DirectThroughput = direct.rate()
 	return rep, nil
 }
 
-// benchStack is the upstream and the two proxies in front of it.
+// throughputRun adds up the requests and time of several throughput runs.
+type throughputRun struct {
+	requests int64
+	elapsed  time.Duration
+}
+
+func (t *throughputRun) add(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) error {
+	n, elapsed, err := benchThroughput(ctx, c, target, clients, d)
+	if err != nil {
+		return err
+	}
+	t.requests += n
+	t.elapsed += elapsed
+	return nil
+}
+
+func (t *throughputRun) rate() float64 {
+	if t.elapsed <= 0 {
+		return 0
+	}
+	return float64(t.requests) / t.elapsed.Seconds()
+}
+
+// benchStack is the upstream and the proxies in front of it.
 type benchStack struct {
-	servers                           []*http.Server
-	transports                        []*http.Transport
-	upstreamURL, reverseURL, proxyURL string
+	servers                                      []*http.Server
+	transports                                   []*http.Transport
+	upstreamURL, reverseURL, proxyURL, tracedURL string
 }
 
 func (s *benchStack) serve(h http.Handler) (string, error) {
@@ -157,7 +242,7 @@ func (s *benchStack) serve(h http.Handler) (string, error) {
 	return "http://" + ln.Addr().String(), nil
 }
 
-func (s *benchStack) start() error {
+func (s *benchStack) start(tp trace.TracerProvider) error {
 	base, err := s.serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
@@ -168,8 +253,8 @@ func (s *benchStack) start() error {
 	}
 	s.upstreamURL = base + "/v1/chat/completions"
 	target, _ := url.Parse(base)
-	rpTransport, lpTransport := newTransport(), newTransport()
-	s.transports = append(s.transports, rpTransport, lpTransport)
+	rpTransport, lpTransport, tracedTransport := newTransport(), newTransport(), newTransport()
+	s.transports = append(s.transports, rpTransport, lpTransport, tracedTransport)
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport: rpTransport,
@@ -190,6 +275,22 @@ func (s *benchStack) start() error {
 		return err
 	}
 	s.proxyURL += "/v1/chat/completions"
+	if tp == nil {
+		return nil
+	}
+	traced, err := New(Config{
+		Router:         StaticRouter(Route{BaseURL: base + "/v1", Model: "bench-policy"}),
+		Recorder:       RecorderFunc(func(context.Context, *Call) {}),
+		Transport:      tracedTransport,
+		TracerProvider: tp,
+	})
+	if err != nil {
+		return err
+	}
+	if s.tracedURL, err = s.serve(traced); err != nil {
+		return err
+	}
+	s.tracedURL += "/v1/chat/completions"
 	return nil
 }
 
@@ -226,8 +327,8 @@ func benchRequest(ctx context.Context, c *http.Client, target string) error {
 }
 
 // benchThroughput runs clients concurrent request loops for d and returns
-// the completed requests per second.
-func benchThroughput(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) (float64, error) {
+// the requests completed and the time taken.
+func benchThroughput(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) (int64, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var (
@@ -253,12 +354,12 @@ func benchThroughput(ctx context.Context, c *http.Client, target string, clients
 	wg.Wait()
 	elapsed := time.Since(start)
 	if first != nil {
-		return 0, first
+		return 0, 0, first
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(done.Load()) / elapsed.Seconds(), nil
+	return done.Load(), elapsed, nil
 }
 
 // summarize returns the nearest-rank percentiles of lat (sorted in place).

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -127,6 +130,61 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
+// benchTracerProvider is the production span pipeline (every span sampled,
+// the baggage processor, a batch processor) in front of an exporter that
+// drops the batches, so the benchmark measures the proxy's side of tracing.
+func benchTracerProvider(tb testing.TB) *sdktrace.TracerProvider {
+	tp := telemetry.NewTracerProvider(telemetry.DiscardExporter(), nil, sdktrace.AlwaysSample())
+	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
+}
+
+// BenchmarkProxyTracing drives llmproxy with parallel clients with tracing
+// off and on; compare their req/s (osmo bench prints the ratio from
+// alternating runs).
+func BenchmarkProxyTracing(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		okJSON(w, r)
+	}))
+	b.Cleanup(up.Close)
+	for _, traced := range []bool{false, true} {
+		name := "off"
+		if traced {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) {
+			tr := &http.Transport{MaxIdleConnsPerHost: 100}
+			b.Cleanup(tr.CloseIdleConnections)
+			cfg := llmproxy.Config{
+				Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.URL + "/v1", Model: "policy-v1"}),
+				Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
+				Transport: tr,
+			}
+			if traced {
+				cfg.TracerProvider = benchTracerProvider(b)
+			}
+			p, err := llmproxy.New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lp := httptest.NewServer(p)
+			b.Cleanup(lp.Close)
+			target := lp.URL + "/v1/chat/completions"
+			c := benchClient(b)
+			b.SetParallelism(8)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					doBenchRequest(b, c, target)
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+	}
+}
+
 // BenchmarkProxySSE streams a 64-chunk completion through llmproxy and
 // checks every chunk arrives intact and in order.
 func BenchmarkProxySSE(b *testing.B) {
@@ -186,14 +244,14 @@ func BenchmarkProxySSE(b *testing.B) {
 func TestMeasureOverhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := llmproxy.MeasureOverhead(ctx, 0); err == nil {
+	if _, err := llmproxy.MeasureOverhead(ctx, 0, nil); err == nil {
 		t.Error("MeasureOverhead(0) succeeded, want an error naming n")
 	}
-	rep, err := llmproxy.MeasureOverhead(ctx, 50)
+	rep, err := llmproxy.MeasureOverhead(ctx, 50, benchTracerProvider(t))
 	if err != nil {
 		t.Fatalf("MeasureOverhead: %v", err)
 	}
-	for name, l := range map[string]llmproxy.Latency{"direct": rep.Direct, "reverseproxy": rep.ReverseProxy, "llmproxy": rep.LLMProxy} {
+	for name, l := range map[string]llmproxy.Latency{"direct": rep.Direct, "reverseproxy": rep.ReverseProxy, "llmproxy": rep.LLMProxy, "llmproxy+tracing": rep.TracedLLMProxy} {
 		if l.P50 <= 0 || l.P99 < l.P50 {
 			t.Errorf("%s latency %+v is not a distribution", name, l)
 		}
@@ -201,12 +259,15 @@ func TestMeasureOverhead(t *testing.T) {
 	if rep.AddedOverDirect.P50 != rep.LLMProxy.P50-rep.Direct.P50 {
 		t.Errorf("added latency %v is not llmproxy minus direct", rep.AddedOverDirect)
 	}
-	if rep.Throughput <= 0 || rep.DirectThroughput <= 0 || rep.Requests != 50 {
+	if rep.Throughput <= 0 || rep.DirectThroughput <= 0 || rep.TracedThroughput <= 0 || rep.Requests != 50 {
 		t.Errorf("report %+v lacks throughput or request count", rep)
+	}
+	if !rep.Traced || rep.TracingThroughputRatio() != rep.TracedThroughput/rep.Throughput {
+		t.Errorf("tracing ratio %v is not traced over plain throughput (%+v)", rep.TracingThroughputRatio(), rep)
 	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "p99", "req/s"} {
+	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}

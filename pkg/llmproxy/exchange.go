@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // exchange is one chat completion passing through the proxy.
@@ -29,6 +31,11 @@ type exchange struct {
 	// spent between attempts; the rest of the wall time is the proxy's own.
 	upstream time.Duration
 	backoff  time.Duration
+
+	// span is the GenAI span of the upstream call (nil when not traced);
+	// errType is error.type of a failed call.
+	span    trace.Span
+	errType string
 }
 
 // serveChat handles one chat-completions call; idSource says where a
@@ -40,6 +47,9 @@ func (p *Proxy) serveChat(w http.ResponseWriter, r *http.Request, rolloutID, sam
 	*x = exchange{p: p, w: w, r: r, start: time.Now()}
 	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, StartedAt: x.start}
 	x.serve(idSource)
+	if p.tracing != nil && x.span == nil {
+		p.traceRejected(r, x.start, x.call.StatusCode, rolloutID, sampleID)
+	}
 	x.finish()
 	*x = exchange{}
 	p.exchanges.Put(x)
@@ -146,6 +156,12 @@ func (x *exchange) forward(body []byte) {
 	}
 	url := strings.TrimSuffix(x.route.BaseURL, "/") + "/chat/completions"
 	header := x.upstreamHeader()
+	if x.p.tracing != nil {
+		ctx = x.startChat(ctx)
+		// The policy sees the chat span as its parent.
+		x.p.tracing.prop.Inject(ctx, headerCarrier(header))
+		defer x.endChat()
+	}
 
 	var last *upstreamError
 	for attempt := 0; attempt <= x.p.retry.MaxRetries; attempt++ {
@@ -154,6 +170,7 @@ func (x *exchange) forward(body []byte) {
 			x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: retrying upstream call",
 				slog.String("rollout_id", x.call.RolloutID), slog.String("sample_id", x.call.SampleID),
 				slog.Int("attempt", attempt+1), slog.Duration("delay", d), slog.String("error", last.Error()))
+			x.retried(attempt, d, last)
 			t := time.Now()
 			ok := sleepCtx(ctx, d)
 			x.backoff += time.Since(t)
@@ -164,6 +181,7 @@ func (x *exchange) forward(body []byte) {
 		}
 		x.call.Attempts = attempt + 1
 		last = x.attempt(ctx, url, header, body)
+		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
 		if last == nil {
 			return
 		}
@@ -205,12 +223,50 @@ func (x *exchange) upstreamHeader() http.Header {
 	return h
 }
 
+// attemptOutcome labels an attempt for osmo_llmproxy_upstream_attempts_total.
+func (x *exchange) attemptOutcome(ctx context.Context, last *upstreamError) string {
+	switch {
+	case last == nil && x.call.StatusCode >= 200 && x.call.StatusCode <= 299:
+		return attemptOK
+	case last == nil:
+		return attemptRejected
+	case ctx.Err() != nil:
+		return attemptAborted
+	}
+	switch last.kind {
+	case "status":
+		return attemptHTTP5xx
+	case "timeout":
+		return attemptTimeout
+	case "transport":
+		return attemptTransport
+	case "malformed":
+		return attemptMalformed
+	case "too_large":
+		return attemptTooLarge
+	default:
+		return attemptBadRoute
+	}
+}
+
 // upstreamError is a failed attempt.
 type upstreamError struct {
 	kind   string // "timeout", "transport", "status", "malformed", "too_large", "config"
 	status int
 	detail string
 	retry  bool
+}
+
+// errType is the error.type of a call that failed this way: the status
+// code for an HTTP error, else the kind of failure.
+func (e *upstreamError) errType() string {
+	switch e.kind {
+	case "status":
+		return strconv.Itoa(e.status)
+	case "config":
+		return "invalid_route"
+	}
+	return e.kind
 }
 
 func (e *upstreamError) Error() string {
@@ -307,6 +363,7 @@ func (x *exchange) passThrough(actx context.Context, resp *http.Response, t0 tim
 	defer x.p.putBuf(buf)
 	data := buf.Bytes()
 	x.call.Err = fmt.Sprintf("upstream answered %d: %s", resp.StatusCode, snippet(data))
+	x.errType = strconv.Itoa(resp.StatusCode)
 	x.writeUpstream(resp, data)
 	return nil
 }
@@ -369,6 +426,7 @@ func (x *exchange) failUpstream(e *upstreamError) {
 	case "config":
 		status, code = http.StatusInternalServerError, "invalid_route"
 	}
+	x.errType = e.errType()
 	msg := e.Error()
 	if e.kind != "config" {
 		msg = fmt.Sprintf("llmproxy: upstream call failed after %d attempt(s): %s", x.call.Attempts, msg)
@@ -388,11 +446,13 @@ func (x *exchange) failContext(ctx context.Context, cause error) {
 		if errors.Is(cause, context.DeadlineExceeded) {
 			status = http.StatusGatewayTimeout
 		}
+		x.errType = "rollout_ended"
 		x.failTyped(status, "upstream_error", "rollout_ended", "", "llmproxy: upstream call aborted: "+cause.Error())
 		return
 	}
 	x.call.StatusCode = 499
 	x.call.Err = "llmproxy: client closed the request: " + cause.Error()
+	x.errType = "client_closed"
 }
 
 // fail answers a client mistake.
@@ -410,6 +470,8 @@ func (x *exchange) failTyped(status int, typ, code, param, msg string) {
 func (x *exchange) finish() {
 	c := x.call
 	c.Latency = time.Since(x.start)
+	x.p.metrics.request(c.StatusCode)
+	x.p.metrics.addedLatency(c.Latency - x.upstream - x.backoff)
 	ctx := x.r.Context()
 	if c.Err != "" {
 		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",

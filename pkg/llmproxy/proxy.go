@@ -21,6 +21,10 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for the zero values of Config.
@@ -57,7 +61,31 @@ type Config struct {
 	// RequireSampleID rejects calls without a sample id (400), as the
 	// reference controller did.
 	RequireSampleID bool
+
+	// Metrics, when set, receives the proxy's Prometheus collectors
+	// (osmo_llmproxy_*).
+	Metrics prometheus.Registerer
+	// TracerProvider, when set, traces every request under the client's
+	// trace context: a call that goes upstream is an OpenTelemetry GenAI
+	// client span "chat {model}", whose trace context is sent upstream; a
+	// request the proxy answers itself is an HTTP server span.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the client's and writes the upstream's trace context
+	// (W3C trace context and baggage when nil).
+	Propagator propagation.TextMapPropagator
+	// CaptureContent records the request messages and the response message
+	// on chat spans (gen_ai.input.messages, gen_ai.output.messages). Off by
+	// default: prompts may be sensitive, and they are large.
+	CaptureContent bool
+	// ProviderName is the gen_ai.provider.name of chat spans; empty means
+	// DefaultProviderName, the API family every policy server osmo talks
+	// to speaks.
+	ProviderName string
 }
+
+// DefaultProviderName is the gen_ai.provider.name of chat spans when
+// Config.ProviderName is empty.
+const DefaultProviderName = "openai"
 
 // Proxy is the chat-completions proxy. It is safe for concurrent use.
 type Proxy struct {
@@ -71,6 +99,8 @@ type Proxy struct {
 	log             *slog.Logger
 	requireSampleID bool
 	mux             *http.ServeMux
+	metrics         *metrics
+	tracing         *tracing // nil when not traced
 
 	// Pools hold per-call scratch space so the hot path allocates little.
 	bufs      sync.Pool // *bytes.Buffer
@@ -104,6 +134,7 @@ func New(cfg Config) (*Proxy, error) {
 		transport:       cfg.Transport,
 		log:             cfg.Logger,
 		requireSampleID: cfg.RequireSampleID,
+		metrics:         newMetrics(cfg.Metrics),
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
@@ -135,21 +166,38 @@ func New(cfg Config) (*Proxy, error) {
 	// rather than the mux's plain-text one.
 	notAllowed := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
+		p.metrics.request(http.StatusMethodNotAllowed)
+		if p.tracing != nil {
+			p.traceRejected(r, time.Now(), http.StatusMethodNotAllowed, "", "")
+		}
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 			fmt.Sprintf("llmproxy: method %s not allowed on %s; use POST", r.Method, r.URL.Path))
 	}
 	mux.HandleFunc("/v1/chat/completions", notAllowed)
 	mux.HandleFunc("/r/{rollout_id}/s/{sample_id}/v1/chat/completions", notAllowed)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		p.metrics.request(http.StatusNotFound)
+		if p.tracing != nil {
+			p.traceRejected(r, time.Now(), http.StatusNotFound, "", "")
+		}
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusNotFound, "invalid_request_error", "not_found", "",
 			fmt.Sprintf("llmproxy: no route for %s %s; the proxy serves POST /v1/chat/completions and POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions", r.Method, r.URL.Path))
 	})
 	p.mux = mux
+	if cfg.TracerProvider != nil {
+		p.tracing = newTracing(cfg)
+	}
 	return p, nil
 }
 
 // ServeHTTP implements http.Handler.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.tracing != nil {
+		p.serveTraced(w, r)
+		return
+	}
+	p.mux.ServeHTTP(w, r)
+}
 
 // newTransport is the default upstream transport: keep-alive connections
 // sized for the G1 client's concurrency (100 calls in flight) so calls do

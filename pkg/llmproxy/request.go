@@ -30,9 +30,28 @@ type chatRequest struct {
 	stream   bool
 	// requestedModel is the client's model string ("" when absent).
 	requestedModel string
+	// params are the raw values of the sampling parameters spans report
+	// (nil when absent); they are only decoded when the call is traced.
+	params [numParams][]byte
 	// scratch backs members for typical bodies, saving an allocation.
 	scratch [16]member
 }
+
+// Sampling parameters recorded on GenAI spans, indexes of chatRequest.params.
+const (
+	paramTemperature = iota
+	paramTopP
+	paramMaxTokens
+	paramMaxCompletionTokens
+	paramSeed
+	paramFrequencyPenalty
+	paramPresencePenalty
+	paramN
+	numParams
+)
+
+// paramKeys are the body keys of the sampling parameters, by index.
+var paramKeys = [numParams]string{"temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "frequency_penalty", "presence_penalty", "n"}
 
 // member is one top-level member of the body: [start, end) covers
 // `"key" : value`, value starts at vstart.
@@ -85,6 +104,13 @@ func (req *chatRequest) parse(body []byte) *requestError {
 			messages = v
 		case "stream":
 			req.stream = string(v) == "true"
+		case "":
+		default:
+			for i, k := range paramKeys {
+				if m.key == k {
+					req.params[i] = v
+				}
+			}
 		}
 	}
 	if messages == nil {
@@ -271,6 +297,11 @@ func memberKey(q []byte) string {
 			return "stream"
 		case "rollout_id":
 			return "rollout_id"
+		}
+		for _, k := range paramKeys {
+			if string(inner) == k {
+				return k
+			}
 		}
 		return ""
 	}

@@ -106,6 +106,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	switch {
 	case clientErr != nil:
 		c.Err = "llmproxy: client went away mid-stream: " + clientErr.Error()
+		x.errType = "client_closed"
 	case !started && readErr == errStreamTooLarge:
 		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream event exceeds the limit of %d bytes", x.p.maxResp)}
 	case !started && readErr != nil:
@@ -116,20 +117,26 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: "event stream ended before any event", retry: true}
 	case readErr == errStreamTooLarge:
 		c.Err = fmt.Sprintf("llmproxy: upstream event exceeds the limit of %d bytes; stream cut", x.p.maxResp)
+		x.errType = "too_large"
 	case readErr != nil:
 		cause := context.Cause(actx)
 		switch {
 		case errors.Is(cause, errAttemptTimeout):
 			c.Err = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
+			x.errType = "timeout"
 		case cause != nil:
 			c.Err = "llmproxy: stream aborted: " + cause.Error()
+			x.errType = "aborted"
 		default:
 			c.Err = "llmproxy: upstream stream broke: " + readErr.Error()
+			x.errType = "transport"
 		}
 	case acc.upstreamErr != "":
 		c.Err = "llmproxy: upstream sent an error event: " + acc.upstreamErr
+		x.errType = "upstream_error_event"
 	case !acc.done && acc.finish == "":
 		c.Err = "llmproxy: upstream stream ended without [DONE]"
+		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
 	return nil

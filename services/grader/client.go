@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,6 +34,10 @@ type ClientOptions struct {
 	// ReconnectMin and ReconnectMax bound the backoff between attempts to
 	// open the stream (100ms, doubling up to 5s).
 	ReconnectMin, ReconnectMax time.Duration
+	// Propagator writes the trace context of Grade's ctx into the request's
+	// trace_context, so the grader's spans join the caller's trace (W3C
+	// trace context and baggage when nil).
+	Propagator propagation.TextMapPropagator
 }
 
 // Client grades rollouts over one GradeStream to the grader service. Run
@@ -45,6 +50,7 @@ type Client struct {
 	conn     grpc.ClientConnInterface
 	log      *slog.Logger
 	min, max time.Duration
+	prop     propagation.TextMapPropagator
 	running  atomic.Bool
 
 	mu      sync.Mutex
@@ -78,12 +84,16 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 		opts.ReconnectMax = DefaultReconnectMax
 	}
 	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
+	if opts.Propagator == nil {
+		opts.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
 	return &Client{
 		stub:    graderv1.NewGraderServiceClient(conn),
 		conn:    conn,
 		log:     opts.Logger,
 		min:     opts.ReconnectMin,
 		max:     opts.ReconnectMax,
+		prop:    opts.Propagator,
 		pending: map[string]*call{},
 		wake:    make(chan struct{}, 1),
 	}
@@ -95,6 +105,9 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 // grader's failure is an answer with Error set; the returned error is for a
 // request that is invalid or could not be sent, or ctx. Answers arrive only
 // while Run is running.
+//
+// Unless req has a trace_context already, the trace context of ctx (its
+// span and baggage) is sent in it.
 func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
@@ -106,7 +119,15 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 		c.seq++
 		// A copy: the caller may reuse req once Grade returns, while the
 		// request may still be resent.
-		cl = &call{req: proto.Clone(req).(*graderv1.GradeRequest), seq: c.seq, done: make(chan struct{})}
+		sent := proto.Clone(req).(*graderv1.GradeRequest)
+		if len(sent.GetTraceContext()) == 0 {
+			carrier := propagation.MapCarrier{}
+			c.prop.Inject(ctx, carrier)
+			if len(carrier) > 0 {
+				sent.TraceContext = carrier
+			}
+		}
+		cl = &call{req: sent, seq: c.seq, done: make(chan struct{})}
 		c.pending[rid] = cl
 		c.unsent = append(c.unsent, cl)
 		c.signal()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -53,6 +55,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, receives the service's Prometheus collectors.
 	Metrics prometheus.Registerer
+	// TracerProvider, when set, traces every request: a "grade" span
+	// parented on the request's trace_context (or the call's own trace for
+	// Grade), and a "run_grader {name}" span around each grader run.
+	TracerProvider trace.TracerProvider
+	// Propagator reads GradeRequest.trace_context (W3C trace context and
+	// baggage when nil).
+	Propagator propagation.TextMapPropagator
 }
 
 func (c *Config) setDefaults() error {

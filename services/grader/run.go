@@ -30,14 +30,19 @@ func (e *panicError) Error() string { return fmt.Sprintf("panicked: %v", e.value
 // run grades samples ids of req with g and returns the grading, a failed one
 // when the grader did not give every sample a finite reward or the remove
 // flag. Only a shutdown is an error.
-func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*grading, error) {
+func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (gr *grading, err error) {
 	gc := graderContext(req, ids)
+	sctx, span := s.startRun(s.ctx, tctx, name, len(ids))
+	defer func() {
+		endRun(span, gr, err)
+		span.End()
+	}()
 	select {
 	case s.slots <- struct{}{}:
 	case <-s.ctx.Done():
 		return nil, errShutdown
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(sctx, s.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
 	done := make(chan error, 1)
@@ -48,7 +53,6 @@ func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, id
 		defer func() { <-s.slots }()
 		done <- callGrader(ctx, g, gc)
 	}()
-	var err error
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -57,7 +61,7 @@ func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, id
 		default:
 			err = ctx.Err()
 			if s.ctx.Err() == nil {
-				log.Warn("grader did not return by its deadline; abandoning it", "grader", name)
+				log.WarnContext(ctx, "grader did not return by its deadline; abandoning it", "grader", name)
 			}
 		}
 	}
@@ -66,7 +70,7 @@ func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, id
 	}
 	elapsed := time.Since(start)
 
-	gr := &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now()}
+	gr = &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now()}
 	if err == nil {
 		err = collect(gc, ids, gr)
 	} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -75,18 +79,18 @@ func (s *Service) run(name string, g osmo.Grader, req *graderv1.GradeRequest, id
 	if err != nil {
 		var p *panicError
 		if errors.As(err, &p) {
-			log.Error("grader panicked", "grader", name, "panic", p.value, "stack", string(p.stack))
+			log.ErrorContext(ctx, "grader panicked", "grader", name, "panic", p.value, "stack", string(p.stack))
 		}
 		gr.Error = fmt.Sprintf("grader %q: %v", name, err)
 		gr.Samples = make([]sampleResult, len(ids))
 		for i, id := range ids {
 			gr.Samples[i] = sampleResult{ID: id}
 		}
-		log.Warn("grading failed", "grader", name, "samples", len(ids), "duration_ms", elapsed.Milliseconds(), "error", gr.Error)
+		log.WarnContext(ctx, "grading failed", "grader", name, "samples", len(ids), "duration_ms", elapsed.Milliseconds(), "error", gr.Error)
 		return gr, nil
 	}
 	for _, r := range gr.Samples {
-		log.Debug("sample graded", "sample_id", r.ID, "reward", r.Reward, "remove_sample", r.Remove)
+		log.DebugContext(ctx, "sample graded", "sample_id", r.ID, "reward", r.Reward, "remove_sample", r.Remove)
 	}
 	return gr, nil
 }

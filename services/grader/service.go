@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -31,6 +33,8 @@ type Service struct {
 	flight  singleflight.Group
 	slots   chan struct{} // one per running grader
 	metrics *metrics
+	tracer  trace.Tracer // nil when not tracing
+	prop    propagation.TextMapPropagator
 
 	// ctx ends at Close; gradings run under it, not under the request's
 	// context, so a grading outlives a client that disconnects and its
@@ -59,6 +63,13 @@ func New(cfg Config) (*Service, error) {
 		slots:    make(chan struct{}, cfg.MaxConcurrent),
 		compactC: make(chan struct{}, 1),
 		metrics:  newMetrics(cfg.Metrics),
+		prop:     cfg.Propagator,
+	}
+	if cfg.TracerProvider != nil {
+		s.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
+	if s.prop == nil {
+		s.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	if cfg.JournalPath != "" {
 		if err := s.openJournal(); err != nil {
@@ -129,9 +140,12 @@ func (s *Service) isClosed() bool {
 // InvalidArgument naming the field; a grader's failure is an answer with
 // Error set, not an RPC error.
 func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	ctx, span := s.startGrade(ctx, req)
+	defer span.End()
 	resp, err := s.answer(ctx, req)
+	endGrade(span, resp, err)
 	if err != nil {
-		s.log.Warn("grade request not answered", "rollout_id", req.GetRolloutId(), "error", err)
+		s.log.WarnContext(ctx, "grade request not answered", "rollout_id", req.GetRolloutId(), "error", err)
 		return nil, err
 	}
 	return resp, nil
@@ -193,12 +207,15 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 		go func() {
 			defer workers.Done()
 			defer func() { <-inflight }()
-			resp, err := s.answer(ctx, req)
+			rctx, span := s.startGrade(ctx, req)
+			defer span.End()
+			resp, err := s.answer(rctx, req)
+			endGrade(span, resp, err)
 			if err != nil {
 				st := status.Convert(err)
 				switch st.Code() {
 				case codes.InvalidArgument:
-					s.log.Warn("invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
+					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
 					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(), Error: "invalid request: " + st.Message()}
 				case codes.Unavailable:
 					// Closing: end the stream so the client reconnects and resends.
@@ -212,7 +229,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 			sendMu.Lock()
 			defer sendMu.Unlock()
 			if err := stream.Send(resp); err != nil {
-				s.log.Debug("grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
+				s.log.DebugContext(rctx, "grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
 				cancel(err)
 			}
 		}()
@@ -254,7 +271,7 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 	ids := sampleIDs(req)
 	found, missing := s.store.lookup(rid, ids, time.Now())
 	if len(missing) == 0 {
-		log.Debug("answered from an earlier grading", "samples", len(ids))
+		log.DebugContext(ctx, "answered from an earlier grading", "samples", len(ids))
 	}
 	// Each pass either grades the missing samples itself or waits for the
 	// grading of this rollout already in progress, which may have covered
@@ -264,7 +281,9 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 		led := false
 		ch := s.flight.DoChan(rid, func() (any, error) {
 			led = true
-			return s.gradeMissing(name, g, req, want, log)
+			// The pass outlives this request if it goes away; its context
+			// only parents the pass's spans and logs.
+			return s.gradeMissing(context.WithoutCancel(ctx), name, g, req, want, log)
 		})
 		var res singleflight.Result
 		select {
@@ -313,8 +332,10 @@ func (f *flightResult) outcome(id string) (outcome, bool) {
 
 // gradeMissing is one grading pass: it looks in the store again (a pass
 // that just ended may have stored these samples), grades what is still
-// missing, and records the grading before anyone is answered.
-func (s *Service) gradeMissing(name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*flightResult, error) {
+// missing, and records the grading before anyone is answered. tctx carries
+// the trace of the request that leads the pass; the pass runs under the
+// service's context.
+func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -333,7 +354,7 @@ func (s *Service) gradeMissing(name string, g osmo.Grader, req *graderv1.GradeRe
 		return fr, nil
 	}
 	start := time.Now()
-	gr, err := s.run(name, g, req, missing, log)
+	gr, err := s.run(tctx, name, g, req, missing, log)
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +363,7 @@ func (s *Service) gradeMissing(name string, g osmo.Grader, req *graderv1.GradeRe
 	if gr.Error == "" {
 		// Logged only once the grading is durable: each "graded" record is
 		// a grading no restart will repeat.
-		log.Info("graded", "grader", name, "samples", len(missing), "duration_ms", time.Since(start).Milliseconds())
+		log.InfoContext(tctx, "graded", "grader", name, "samples", len(missing), "duration_ms", time.Since(start).Milliseconds())
 	}
 	fr.fresh = gr
 	fr.gradings = append(fr.gradings, gr)

@@ -12,6 +12,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // completion is the G1 body of POST {server_url}/v1/rollout/completed.
@@ -60,7 +65,9 @@ func (p callbackPolicy) delay(attempt int) time.Duration {
 var errPermanent = errors.New("not retried")
 
 // postJSON delivers body to url under policy and returns the attempts made.
-// attempts counts each attempt by outcome (ok, retry, failed).
+// attempts counts each attempt by outcome (ok, retry, failed). A failed
+// attempt is an event on the span in ctx (each attempt is a client span of
+// its own when the client is traced).
 func postJSON(ctx context.Context, client *http.Client, url, bearer string, body any, p callbackPolicy, log *slog.Logger, attempts *prometheus.CounterVec) (int, error) {
 	payload, err := json.Marshal(body)
 	if err != nil {
@@ -82,7 +89,15 @@ func postJSON(ctx context.Context, client *http.Client, url, bearer string, body
 			attempts.WithLabelValues("ok").Inc()
 			return attempt + 1, nil
 		}
-		log.Warn("callback attempt failed", "url", url, "attempt", attempt+1, "error", lastErr)
+		log.WarnContext(ctx, "callback attempt failed", "url", url, "attempt", attempt+1, "error", lastErr)
+		retry := !errors.Is(lastErr, errPermanent) && attempt < p.Retries
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.AddEvent("attempt_failed", trace.WithAttributes(
+				osmoattr.Attempt.Int(attempt+1),
+				attribute.Bool("osmo.retry", retry),
+				semconv.ExceptionMessage(lastErr.Error()),
+			))
+		}
 		if errors.Is(lastErr, errPermanent) || attempt == p.Retries {
 			attempts.WithLabelValues("failed").Inc()
 		} else {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -77,8 +79,24 @@ type Config struct {
 	Logger *slog.Logger
 	// HTTPClient overrides the client used for callbacks.
 	HTTPClient *http.Client
-	// Metrics, when set, receives the service's Prometheus collectors.
+	// Metrics, when set, receives the service's Prometheus collectors and
+	// the embedded LLM proxy's (osmo_llmproxy_*).
 	Metrics prometheus.Registerer
+
+	// TracerProvider, when set, traces every rollout: a "rollout" span from
+	// init to the completion's delivery, parented on the InitRollout call's
+	// span, with the agent run, each tool call, grading and the callback
+	// (and its HTTP attempts) inside; the agent's LLM calls carry the trace
+	// to the embedded proxy. Nil means no tracing and no cost.
+	TracerProvider trace.TracerProvider
+	// ProxyTracerProvider traces the embedded LLM proxy (TracerProvider when
+	// nil), so its spans can belong to a service of their own.
+	ProxyTracerProvider trace.TracerProvider
+	// Propagator carries the trace between the services (W3C trace context
+	// and baggage when nil).
+	Propagator propagation.TextMapPropagator
+	// TraceContent records LLM messages on the proxy's chat spans.
+	TraceContent bool
 }
 
 func (c *Config) setDefaults() error {
@@ -136,6 +154,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	if c.ProxyTracerProvider == nil {
+		c.ProxyTracerProvider = c.TracerProvider
 	}
 	return nil
 }

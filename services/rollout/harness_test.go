@@ -38,6 +38,10 @@ type harnessOpts struct {
 	cfg  func(*rollout.Config)
 	ctl  controller.Options
 	mock mockllm.Options
+	// grpcServer and grpcDial add options to the service's gRPC server and
+	// the test's connection to it (tracing, say).
+	grpcServer []grpc.ServerOption
+	grpcDial   []grpc.DialOption
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -79,8 +83,8 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.NewGRPC("127.0.0.1:0",
-		grpc.ChainUnaryInterceptor(h.svc.UnaryInterceptor), grpc.ChainStreamInterceptor(h.svc.StreamInterceptor))
+	srv, err := server.NewGRPC("127.0.0.1:0", append(o.grpcServer,
+		grpc.ChainUnaryInterceptor(h.svc.UnaryInterceptor), grpc.ChainStreamInterceptor(h.svc.StreamInterceptor))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +102,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	go func() { defer wg.Done(); _ = h.svc.Serve(ctx) }()
 	go func() { defer wg.Done(); _ = srv.Serve(ctx) }()
 	go func() { wg.Wait(); close(h.done) }()
-	conn, err := grpc.NewClient(srv.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(srv.Addr(), append(o.grpcDial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

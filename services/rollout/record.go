@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -21,6 +23,10 @@ type record struct {
 	sampleID string
 	req      *rolloutv1.InitRolloutRequest
 	log      *eventLog
+	// span is the rollout's span and bag the baggage carrying its ids; nil
+	// and empty when not tracing. Both are set before the run starts.
+	span trace.Span
+	bag  baggage.Baggage
 
 	// ready is closed once init finished (tools computed or failed); initResp
 	// and initErr are set before.

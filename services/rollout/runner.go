@@ -13,11 +13,14 @@ import (
 	"strings"
 	"time"
 
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -74,7 +77,7 @@ func (s *Service) initTools(rec *record) (resp *rolloutv1.InitRolloutResponse, e
 
 // run takes a rollout from the queue to its one completion.
 func (s *Service) run(rec *record) {
-	log := s.log.With("rollout_id", rec.id)
+	log := s.log.With("rollout_id", rec.id, "sample_id", rec.sampleID)
 	defer func() {
 		if err := rec.log.close(); err != nil {
 			log.Warn("event log", "error", err)
@@ -82,6 +85,7 @@ func (s *Service) run(rec *record) {
 	}()
 
 	// Queue for a concurrency slot; shutdown cancels the wait.
+	queued := time.Now()
 	select {
 	case s.sem <- struct{}{}:
 		s.metrics.queued.Dec()
@@ -90,6 +94,7 @@ func (s *Service) run(rec *record) {
 		s.complete(rec, &outcome{status: osmo.StatusError, finish: "error", errMsg: "cancelled: server shutting down before the rollout started", category: categoryCancelled}, log)
 		return
 	}
+	rec.rolloutSpan().AddEvent("started", trace.WithAttributes(osmoattr.QueueWait.Float64(ms(time.Since(queued)))))
 	s.metrics.running.Inc()
 	released := false
 	release := func() {
@@ -103,7 +108,7 @@ func (s *Service) run(rec *record) {
 
 	rec.setState(rolloutv1.State_STATE_RUNNING)
 	rec.log.write("start", nil)
-	ctx, cancel := context.WithTimeout(s.rolloutsCtx, s.cfg.RolloutTimeout)
+	ctx, cancel := context.WithTimeout(rec.traced(s.rolloutsCtx), s.cfg.RolloutTimeout)
 	defer cancel()
 	s.routes.Set(rec.id, llmproxy.Route{
 		BaseURL:         strings.TrimRight(rec.req.GetServerUrl(), "/") + "/v1",
@@ -115,7 +120,9 @@ func (s *Service) run(rec *record) {
 	req := sdkRequest(rec.req)
 	tools := fromStructs(rec.initResp.GetTools())
 	rt := &runtime{s: s, rec: rec, url: llmproxy.BaseURLFor(s.proxyURL, rec.id, rec.sampleID) + "/chat/completions"}
-	res, runErr := s.runLoop(ctx, osmo.NewRolloutContext(req, tools, rt))
+	agentCtx, agentSpan := s.startSpan(ctx, "invoke_agent "+s.cfg.AgentLoop.Name(), trace.SpanKindInternal,
+		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(s.cfg.AgentLoop.Name()))
+	res, runErr := s.runLoop(agentCtx, osmo.NewRolloutContext(req, tools, rt))
 	s.routes.Delete(rec.id)
 	// The slot is for running agents; grading and callbacks must not hold it.
 	release()
@@ -141,8 +148,10 @@ func (s *Service) run(rec *record) {
 		out.status, out.finish, out.messages, out.reward, out.extra = osmo.StatusCompleted, res.FinishReason, res.FinalMessages, res.Reward, res.ExtraFields
 	}
 	if out.status == osmo.StatusError {
-		log.Warn("agent failed", "error", out.errMsg)
+		fail(agentSpan, out.category, out.errMsg)
+		log.WarnContext(agentCtx, "agent failed", "error", out.errMsg)
 	}
+	agentSpan.End()
 	s.buildSample(rec, out)
 	if out.status == osmo.StatusCompleted {
 		s.grade(rec, out, log)
@@ -154,7 +163,7 @@ func (s *Service) run(rec *record) {
 func (s *Service) runLoop(ctx context.Context, rc *osmo.RolloutContext) (res *osmo.RolloutResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("agent loop panicked", "rollout_id", rc.Request.RolloutID, "panic", p, "stack", string(debug.Stack()))
+			s.log.ErrorContext(ctx, "agent loop panicked", "rollout_id", rc.Request.RolloutID, "panic", p, "stack", string(debug.Stack()))
 			res, err = nil, fmt.Errorf("agent loop panicked: %v", p)
 		}
 	}()
@@ -256,8 +265,12 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 	}
 	rec.setState(rolloutv1.State_STATE_GRADING)
 	// Grading survives shutdown's cancel: the sample is finished work.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.rolloutsCtx), s.cfg.GradeTimeout)
+	ctx, cancel := context.WithTimeout(rec.traced(context.WithoutCancel(s.rolloutsCtx)), s.cfg.GradeTimeout)
 	defer cancel()
+	// A client span: the grader service continues the trace from the
+	// trace_context the grader client puts into the request.
+	ctx, span := s.startSpan(ctx, "grade", trace.SpanKindClient, osmoattr.GraderName.String(s.cfg.GraderName))
+	defer span.End()
 	start := time.Now()
 	resp, err := s.cfg.Grader.Grade(ctx, &graderv1.GradeRequest{
 		RolloutId: rec.id,
@@ -285,7 +298,8 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 		out.status, out.category = osmo.StatusError, categoryGrader
 		out.errMsg = "grading failed: " + err.Error()
 		rec.log.write("grade_error", map[string]any{"error": err.Error()})
-		log.Warn("grading failed", "error", err)
+		fail(span, categoryGrader, err.Error())
+		log.WarnContext(ctx, "grading failed", "error", err)
 		return
 	}
 	rec.mu.Lock()
@@ -295,7 +309,13 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 	out.reward = g.Reward
 	s.metrics.gradeDuration.WithLabelValues("ok").Observe(time.Since(start).Seconds())
 	rec.log.write("graded", map[string]any{"reward": g.Reward, "remove_sample": g.GetRemoveSample(), "cached": g.GetCached(), "grader": resp.GetGrader(), "duration_ms": ms(time.Since(start))})
-	log.Info("graded", "reward", g.Reward, "grader", resp.GetGrader())
+	if span.IsRecording() {
+		span.SetAttributes(osmoattr.GraderName.String(resp.GetGrader()), osmoattr.GradeCached.Bool(g.GetCached()), osmoattr.RemoveSample.Bool(g.GetRemoveSample()))
+		if g.Reward != nil {
+			span.SetAttributes(osmoattr.Reward.Float64(g.GetReward()))
+		}
+	}
+	log.InfoContext(ctx, "graded", "reward", g.Reward, "grader", resp.GetGrader())
 }
 
 // complete records the outcome and posts the one G1 completion.
@@ -340,12 +360,18 @@ func (s *Service) complete(rec *record, out *outcome, log *slog.Logger) {
 		Timeout:   s.cfg.Client.Timeout,
 	}
 	// The completion is owed even when the rollout was cancelled.
-	attempts, err := postJSON(context.WithoutCancel(s.rolloutsCtx), s.httpClient, url, rec.req.GetApiKey(), body, policy, log, s.metrics.callbacks)
+	ctx := rec.traced(context.WithoutCancel(s.rolloutsCtx))
+	cctx, span := s.startSpan(ctx, "deliver_completion", trace.SpanKindInternal,
+		semconv.URLFull(url), osmoattr.RolloutStatus.String(out.status))
+	attempts, err := postJSON(cctx, s.httpClient, url, rec.req.GetApiKey(), body, policy, log, s.metrics.callbacks)
+	span.SetAttributes(osmoattr.Attempts.Int(attempts))
 	fields := map[string]any{"status": out.status, "attempts": attempts}
 	if err != nil {
 		fields["error"] = err.Error()
-		log.Error("completion callback failed", "error", err, "attempts", attempts)
+		fail(span, "callback_failed", err.Error())
+		log.ErrorContext(cctx, "completion callback failed", "error", err, "attempts", attempts)
 	}
+	span.End()
 	rec.log.write("completion", fields)
 
 	rec.mu.Lock()
@@ -372,7 +398,8 @@ func (s *Service) complete(rec *record, out *outcome, log *slog.Logger) {
 		s.metrics.callbackFails.Inc()
 	}
 	s.store.finish(rec)
-	log.Info("rollout finished", "status", out.status, "reward", out.reward, "callback_attempts", attempts)
+	log.InfoContext(ctx, "rollout finished", "status", out.status, "reward", out.reward, "callback_attempts", attempts)
+	endRollout(rec.rolloutSpan(), out, body.Metrics)
 }
 
 // runtime is the osmo.Runtime of one rollout: Chat goes through the proxy

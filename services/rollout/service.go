@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -46,6 +49,7 @@ type Service struct {
 	httpClient *http.Client
 	completed  atomic.Int64
 	metrics    *metrics
+	tracer     trace.Tracer // nil when not tracing
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
 	rolloutsCtx    context.Context
@@ -91,6 +95,10 @@ func New(cfg Config) (*Service, error) {
 		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
+		Metrics:         cfg.Metrics,
+		TracerProvider:  cfg.ProxyTracerProvider,
+		Propagator:      cfg.Propagator,
+		CaptureContent:  cfg.TraceContent,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rollout.New: %w", err)
@@ -113,8 +121,30 @@ func New(cfg Config) (*Service, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
+	if tp := cfg.TracerProvider; tp != nil {
+		s.tracer = tp.Tracer(tracerName)
+		// Each LLM call and each callback attempt is a client span whose
+		// trace context (and the ids' baggage) goes out in its headers.
+		s.llmClient = tracedClient(s.llmClient, tp, cfg, "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions")
+		s.httpClient = tracedClient(s.httpClient, tp, cfg, "POST /v1/rollout/completed")
+	}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	return s, nil
+}
+
+// tracedClient is a copy of c whose requests are client spans named name.
+func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name string) *http.Client {
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	traced := *c
+	traced.Transport = otelhttp.NewTransport(base,
+		otelhttp.WithTracerProvider(tp),
+		otelhttp.WithPropagators(cfg.Propagator),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
+		otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return name }))
+	return &traced
 }
 
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
@@ -202,7 +232,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		}
 		return existing.initResp, nil
 	}
-	log := s.log.With("rollout_id", rec.id)
+	log := s.log.With("rollout_id", rec.id, "sample_id", rec.sampleID)
 	rec.log = s.logs.open(rec.id)
 
 	resp, err := s.initTools(rec)
@@ -211,13 +241,14 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		s.store.forget(rec)
 		close(rec.ready)
 		_ = rec.log.close()
-		log.Error("init failed", "error", err)
+		log.ErrorContext(ctx, "init failed", "error", err)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	rec.initResp = resp
+	s.startRollout(ctx, rec)
 	close(rec.ready)
 	rec.log.write("init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(resp.GetTools())})
-	log.Info("rollout accepted", "tools", len(resp.GetTools()))
+	log.InfoContext(ctx, "rollout accepted", "tools", len(resp.GetTools()))
 	s.metrics.started.Inc()
 	s.metrics.queued.Inc()
 

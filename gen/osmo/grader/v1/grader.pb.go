@@ -34,7 +34,13 @@ type GradeRequest struct {
 	Label    *string          `protobuf:"bytes,3,opt,name=label,proto3,oneof" json:"label,omitempty"`
 	Metadata *structpb.Struct `protobuf:"bytes,4,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	// Which grader to run; empty means the service's default.
-	Grader        string `protobuf:"bytes,5,opt,name=grader,proto3" json:"grader,omitempty"`
+	Grader string `protobuf:"bytes,5,opt,name=grader,proto3" json:"grader,omitempty"`
+	// W3C trace context of the request (keys "traceparent", "tracestate" and
+	// "baggage", as in HTTP headers). GradeStream is one long-lived call, so
+	// its gRPC metadata cannot carry each request's trace: the grader parents
+	// the request's "grade" span on this instead. Optional; values that do not
+	// parse are ignored, and it plays no part in idempotency.
+	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -102,6 +108,13 @@ func (x *GradeRequest) GetGrader() string {
 		return x.Grader
 	}
 	return ""
+}
+
+func (x *GradeRequest) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 type GradeResponse struct {
@@ -248,14 +261,18 @@ var File_osmo_grader_v1_grader_proto protoreflect.FileDescriptor
 
 const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\n" +
-	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xd9\x01\n" +
+	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xef\x02\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x128\n" +
 	"\asamples\x18\x02 \x03(\v2\x1e.osmo.rollout.v1.RolloutSampleR\asamples\x12\x19\n" +
 	"\x05label\x18\x03 \x01(\tH\x00R\x05label\x88\x01\x01\x123\n" +
 	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\x12\x16\n" +
-	"\x06grader\x18\x05 \x01(\tR\x06graderB\b\n" +
+	"\x06grader\x18\x05 \x01(\tR\x06grader\x12S\n" +
+	"\rtrace_context\x18\x06 \x03(\v2..osmo.grader.v1.GradeRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
 	"\x06_label\"\x91\x01\n" +
 	"\rGradeResponse\x12\x1d\n" +
 	"\n" +
@@ -285,27 +302,29 @@ func file_osmo_grader_v1_grader_proto_rawDescGZIP() []byte {
 	return file_osmo_grader_v1_grader_proto_rawDescData
 }
 
-var file_osmo_grader_v1_grader_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_osmo_grader_v1_grader_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_osmo_grader_v1_grader_proto_goTypes = []any{
 	(*GradeRequest)(nil),     // 0: osmo.grader.v1.GradeRequest
 	(*GradeResponse)(nil),    // 1: osmo.grader.v1.GradeResponse
 	(*SampleGrade)(nil),      // 2: osmo.grader.v1.SampleGrade
-	(*v1.RolloutSample)(nil), // 3: osmo.rollout.v1.RolloutSample
-	(*structpb.Struct)(nil),  // 4: google.protobuf.Struct
+	nil,                      // 3: osmo.grader.v1.GradeRequest.TraceContextEntry
+	(*v1.RolloutSample)(nil), // 4: osmo.rollout.v1.RolloutSample
+	(*structpb.Struct)(nil),  // 5: google.protobuf.Struct
 }
 var file_osmo_grader_v1_grader_proto_depIdxs = []int32{
-	3, // 0: osmo.grader.v1.GradeRequest.samples:type_name -> osmo.rollout.v1.RolloutSample
-	4, // 1: osmo.grader.v1.GradeRequest.metadata:type_name -> google.protobuf.Struct
-	2, // 2: osmo.grader.v1.GradeResponse.grades:type_name -> osmo.grader.v1.SampleGrade
-	0, // 3: osmo.grader.v1.GraderService.GradeStream:input_type -> osmo.grader.v1.GradeRequest
-	0, // 4: osmo.grader.v1.GraderService.Grade:input_type -> osmo.grader.v1.GradeRequest
-	1, // 5: osmo.grader.v1.GraderService.GradeStream:output_type -> osmo.grader.v1.GradeResponse
-	1, // 6: osmo.grader.v1.GraderService.Grade:output_type -> osmo.grader.v1.GradeResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: osmo.grader.v1.GradeRequest.samples:type_name -> osmo.rollout.v1.RolloutSample
+	5, // 1: osmo.grader.v1.GradeRequest.metadata:type_name -> google.protobuf.Struct
+	3, // 2: osmo.grader.v1.GradeRequest.trace_context:type_name -> osmo.grader.v1.GradeRequest.TraceContextEntry
+	2, // 3: osmo.grader.v1.GradeResponse.grades:type_name -> osmo.grader.v1.SampleGrade
+	0, // 4: osmo.grader.v1.GraderService.GradeStream:input_type -> osmo.grader.v1.GradeRequest
+	0, // 5: osmo.grader.v1.GraderService.Grade:input_type -> osmo.grader.v1.GradeRequest
+	1, // 6: osmo.grader.v1.GraderService.GradeStream:output_type -> osmo.grader.v1.GradeResponse
+	1, // 7: osmo.grader.v1.GraderService.Grade:output_type -> osmo.grader.v1.GradeResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_osmo_grader_v1_grader_proto_init() }
@@ -321,7 +340,7 @@ func file_osmo_grader_v1_grader_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_grader_v1_grader_proto_rawDesc), len(file_osmo_grader_v1_grader_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry"
+)
+
+// Service names on spans. `osmo serve` gives each component its own, so a
+// trace shows the same services whether the stack runs in one process or
+// split; a split command's own name can be changed with OTEL_SERVICE_NAME.
+const (
+	serviceGateway  = "osmo-gateway"
+	serviceRollout  = "osmo-rollout"
+	serviceLLMProxy = "osmo-llmproxy"
+	serviceGrader   = "osmo-grader"
+)
+
+// shutdownTelemetryTimeout bounds flushing the last spans at exit.
+const shutdownTelemetryTimeout = 10 * time.Second
+
+// setupTelemetry configures tracing from the environment for a command
+// whose service is named service. The returned func flushes and stops it;
+// call it once everything that makes spans has stopped.
+func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
+	tel, err := telemetry.Setup(ctx, service, e.getenv)
+	if err != nil {
+		if _, ok := errors.AsType[*telemetry.EnvError](err); ok {
+			return nil, nil, usageError{err.Error()}
+		}
+		return nil, nil, err
+	}
+	if tel.Enabled() {
+		log.Info("tracing on", "service", tel.ServiceName(), "exporter", tel.Endpoint(), "capture_content", tel.CaptureContent())
+	}
+	return tel, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTelemetryTimeout)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Warn("tracing: the last spans were not all exported", "error", err)
+		}
+	}, nil
+}
+
+// tracing is what the components of a command trace with; the providers
+// are nil when tracing is off, which the components read as "do not trace".
+type tracing struct {
+	gateway, rollout, proxy, grader trace.TracerProvider
+	prop                            propagation.TextMapPropagator
+	content                         bool
+}
+
+// stackTracing gives every component of `osmo serve` its own service.
+func stackTracing(tel *telemetry.Telemetry) tracing {
+	return tracing{
+		gateway: tel.ServiceTracerProvider(serviceGateway),
+		rollout: tel.ServiceTracerProvider(serviceRollout),
+		proxy:   tel.ServiceTracerProvider(serviceLLMProxy),
+		grader:  tel.ServiceTracerProvider(serviceGrader),
+		prop:    tel.Propagator(),
+		content: tel.CaptureContent(),
+	}
+}

@@ -1,0 +1,35 @@
+package telemetry
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/baggage"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
+)
+
+// BaggageAttributes is a span processor that copies the osmo.rollout.id and
+// osmo.sample.id baggage members of a span's parent context onto the span
+// as attributes. The services put the ids into baggage where they learn
+// them, and baggage travels with the trace context, so every span of a
+// rollout, automatic HTTP and gRPC spans included, can be found by
+// osmo.rollout.id.
+func BaggageAttributes() sdktrace.SpanProcessor { return baggageAttributes{} }
+
+type baggageAttributes struct{}
+
+func (baggageAttributes) OnStart(parent context.Context, s sdktrace.ReadWriteSpan) {
+	bag := baggage.FromContext(parent)
+	if bag.Len() == 0 {
+		return
+	}
+	// One call: each one grows the span's attribute slice.
+	if attrs := osmoattr.IDAttributes(bag.Member(string(osmoattr.RolloutID)).Value(), bag.Member(string(osmoattr.SampleID)).Value()); len(attrs) > 0 {
+		s.SetAttributes(attrs...)
+	}
+}
+
+func (baggageAttributes) OnEnd(sdktrace.ReadOnlySpan)      {}
+func (baggageAttributes) Shutdown(context.Context) error   { return nil }
+func (baggageAttributes) ForceFlush(context.Context) error { return nil }

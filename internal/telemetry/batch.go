@@ -1,0 +1,150 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// batchConfig are the OTEL_BSP_* settings, with the specification's defaults.
+type batchConfig struct {
+	delay    time.Duration // OTEL_BSP_SCHEDULE_DELAY: longest a span waits for export
+	timeout  time.Duration // OTEL_BSP_EXPORT_TIMEOUT: bound of one export
+	maxQueue int           // OTEL_BSP_MAX_QUEUE_SIZE: spans held; more are dropped
+	maxBatch int           // OTEL_BSP_MAX_EXPORT_BATCH_SIZE: spans per export
+}
+
+func defaultBatchConfig() batchConfig {
+	return batchConfig{delay: 5 * time.Second, timeout: 30 * time.Second, maxQueue: 2048, maxBatch: 512}
+}
+
+// batcher is a batching span processor. The SDK's own hands every ended
+// span to its export goroutine over a channel, waking that goroutine once
+// per span; on the LLM proxy, serving thousands of calls a second, that cost
+// about 3% of its throughput more than this one in osmo bench (interleaved
+// runs). Here ending a span is an append under a mutex, and the goroutine
+// wakes once per batch or per schedule delay.
+type batcher struct {
+	exp sdktrace.SpanExporter
+	cfg batchConfig
+
+	mu      sync.Mutex
+	queue   []sdktrace.ReadOnlySpan
+	dropped int
+	stopped bool
+
+	exportMu sync.Mutex // one export at a time, in order
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func newBatcher(exp sdktrace.SpanExporter, cfg batchConfig) *batcher {
+	b := &batcher{
+		exp:   exp,
+		cfg:   cfg,
+		queue: make([]sdktrace.ReadOnlySpan, 0, cfg.maxBatch),
+		kick:  make(chan struct{}, 1),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	go b.run()
+	return b
+}
+
+func (b *batcher) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+
+func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !s.SpanContext().IsSampled() {
+		return
+	}
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
+	if len(b.queue) >= b.cfg.maxQueue {
+		b.dropped++
+		b.mu.Unlock()
+		return
+	}
+	b.queue = append(b.queue, s)
+	full := len(b.queue) == b.cfg.maxBatch
+	b.mu.Unlock()
+	if full {
+		select {
+		case b.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (b *batcher) run() {
+	defer close(b.done)
+	t := time.NewTimer(b.cfg.delay)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-b.kick:
+		case <-t.C:
+		}
+		if err := b.export(context.Background()); err != nil {
+			otel.Handle(err)
+		}
+		t.Reset(b.cfg.delay)
+	}
+}
+
+// export sends everything queued, a batch at a time.
+func (b *batcher) export(ctx context.Context) error {
+	b.exportMu.Lock()
+	defer b.exportMu.Unlock()
+	b.mu.Lock()
+	spans := b.queue
+	b.queue = make([]sdktrace.ReadOnlySpan, 0, b.cfg.maxBatch)
+	dropped := b.dropped
+	b.dropped = 0
+	b.mu.Unlock()
+	var errs []error
+	if dropped > 0 {
+		errs = append(errs, errors.New("telemetry: span queue full (OTEL_BSP_MAX_QUEUE_SIZE): spans dropped"))
+	}
+	for len(spans) > 0 {
+		n := min(len(spans), b.cfg.maxBatch)
+		ectx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
+		err := b.exp.ExportSpans(ectx, spans[:n])
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		spans = spans[n:]
+	}
+	return errors.Join(errs...)
+}
+
+func (b *batcher) ForceFlush(ctx context.Context) error { return b.export(ctx) }
+
+// Shutdown exports what is queued and shuts the exporter down; spans ended
+// afterwards are dropped.
+func (b *batcher) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return nil
+	}
+	b.stopped = true
+	b.mu.Unlock()
+	close(b.stop)
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return errors.Join(b.export(ctx), b.exp.Shutdown(ctx))
+}

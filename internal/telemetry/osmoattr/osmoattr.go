@@ -1,0 +1,92 @@
+// Package osmoattr names osmo's own span attributes and carries the rollout
+// and sample ids in W3C baggage, so every span of a rollout, in every
+// service, can be tagged with them (see telemetry.BaggageAttributes).
+//
+// It depends on the OpenTelemetry API only, so the services and the LLM
+// proxy can use it without pulling in the SDK.
+package osmoattr
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
+)
+
+// Attribute keys set by osmo. RolloutID and SampleID are also the names of
+// the baggage members that carry the ids between services.
+const (
+	RolloutID = attribute.Key("osmo.rollout.id")
+	SampleID  = attribute.Key("osmo.sample.id")
+
+	// Workflow is the agent loop that ran the rollout.
+	Workflow = attribute.Key("osmo.workflow")
+	// RolloutStatus is the completion's status (COMPLETED or ERROR).
+	RolloutStatus = attribute.Key("osmo.rollout.status")
+	// FinishReason is why the agent stopped (stop, max_turns, error, ...).
+	FinishReason = attribute.Key("osmo.rollout.finish_reason")
+	// ErrorCategory is the rollout's error category (timeout, agent_error,
+	// grader_error, cancelled).
+	ErrorCategory = attribute.Key("osmo.error.category")
+	// QueueWait is how long a rollout waited for a concurrency slot (ms).
+	QueueWait = attribute.Key("osmo.rollout.queue_wait_ms")
+	// Reward is the reward set on the sample.
+	Reward = attribute.Key("osmo.reward")
+
+	// RequestedModel is the model the agent asked for (often the
+	// placeholder openai/osmosis-rollout); gen_ai.request.model is the model
+	// the call was routed to.
+	RequestedModel = attribute.Key("osmo.llm.requested_model")
+	// Attempts counts the upstream tries of one LLM call or callback.
+	Attempts = attribute.Key("osmo.attempts")
+	// Attempt numbers one try (from 1) on retry events.
+	Attempt = attribute.Key("osmo.attempt")
+	// RetryDelay is the wait before the next try (ms) on retry events.
+	RetryDelay = attribute.Key("osmo.retry.delay_ms")
+
+	// GraderName is the grader spec that ran (or was asked for).
+	GraderName = attribute.Key("osmo.grader.name")
+	// GradeCached reports an answer taken from an earlier grading.
+	GradeCached = attribute.Key("osmo.grade.cached")
+	// GradeSamples is the number of samples in a grade request.
+	GradeSamples = attribute.Key("osmo.grade.samples")
+	// RemoveSample is the grader's verdict to drop a sample.
+	RemoveSample = attribute.Key("osmo.grade.remove_sample")
+)
+
+// ContextWithIDs returns ctx with the rollout id (and the sample id when
+// not empty) set as baggage members, keeping the other members. Ids that
+// baggage cannot carry are left out.
+func ContextWithIDs(ctx context.Context, rolloutID, sampleID string) context.Context {
+	bag := baggage.FromContext(ctx)
+	changed := false
+	for _, kv := range [...]struct{ key, value string }{{string(RolloutID), rolloutID}, {string(SampleID), sampleID}} {
+		if kv.value == "" || bag.Member(kv.key).Value() == kv.value {
+			continue
+		}
+		m, err := baggage.NewMemberRaw(kv.key, kv.value)
+		if err != nil {
+			continue
+		}
+		if b, err := bag.SetMember(m); err == nil {
+			bag, changed = b, true
+		}
+	}
+	if !changed {
+		return ctx
+	}
+	return baggage.ContextWithBaggage(ctx, bag)
+}
+
+// IDAttributes returns the rollout and sample id attributes, leaving out
+// empty ids.
+func IDAttributes(rolloutID, sampleID string) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 2)
+	if rolloutID != "" {
+		attrs = append(attrs, RolloutID.String(rolloutID))
+	}
+	if sampleID != "" {
+		attrs = append(attrs, SampleID.String(sampleID))
+	}
+	return attrs
+}

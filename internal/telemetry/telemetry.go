@@ -1,0 +1,241 @@
+// Package telemetry sets up OpenTelemetry tracing for the osmo commands from
+// the standard environment variables, without touching the global
+// OpenTelemetry state: the providers and the propagator it returns are
+// passed explicitly to the components that trace.
+//
+// Tracing is off unless an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set or OTEL_TRACES_EXPORTER=otlp;
+// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off. Off means
+// no exporter, no goroutines and nil tracer providers, which the components
+// read as "do not instrument".
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Propagator is the W3C trace context and baggage propagator every osmo
+// service uses.
+func Propagator() propagation.TextMapPropagator {
+	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+}
+
+// Telemetry is the tracing set up for one process. Its providers share one
+// exporter; Shutdown flushes them all.
+type Telemetry struct {
+	cfg  *config
+	prop propagation.TextMapPropagator
+	base *resource.Resource // what every provider's resource starts from
+
+	// exporter is nil when tracing is off.
+	exporter sdktrace.SpanExporter
+
+	mu        sync.Mutex
+	providers map[string]*sdktrace.TracerProvider
+	shutdown  bool
+}
+
+// Setup reads the tracing configuration through getenv (os.Getenv in
+// production) and, when tracing is on, builds the OTLP exporter (which
+// connects lazily, on the first export). defaultServiceName is the
+// service.name unless OTEL_SERVICE_NAME or a service.name in
+// OTEL_RESOURCE_ATTRIBUTES says otherwise. Invalid values are an *EnvError.
+//
+// Span limits (OTEL_SPAN_*) are read by the SDK from the process
+// environment, as are the exporters' TLS and compression settings
+// (OTEL_EXPORTER_OTLP_CERTIFICATE, ..._COMPRESSION).
+func Setup(ctx context.Context, defaultServiceName string, getenv func(string) string) (*Telemetry, error) {
+	cfg, err := readConfig(defaultServiceName, getenv)
+	if err != nil {
+		return nil, err
+	}
+	t := &Telemetry{cfg: cfg, prop: Propagator(), providers: map[string]*sdktrace.TracerProvider{}}
+	if !cfg.enabled {
+		return t, nil
+	}
+	// The SDK's own detectors only, not resource.Default(): that one reads
+	// OTEL_* from the process environment rather than through getenv.
+	if t.base, err = resource.New(ctx, resource.WithTelemetrySDK(), resource.WithHost(), resource.WithProcessPID()); err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	if t.exporter, err = newExporter(ctx, cfg); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func newExporter(ctx context.Context, cfg *config) (sdktrace.SpanExporter, error) {
+	insecure := cfg.endpoint.Scheme == "http"
+	switch cfg.protocol {
+	case ProtocolGRPC:
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(cfg.endpoint.Host)}
+		if insecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+		if len(cfg.headers) > 0 {
+			opts = append(opts, otlptracegrpc.WithHeaders(cfg.headers))
+		}
+		if cfg.timeout > 0 {
+			opts = append(opts, otlptracegrpc.WithTimeout(cfg.timeout))
+		}
+		exp, err := otlptracegrpc.New(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: OTLP/gRPC exporter: %w", err)
+		}
+		return exp, nil
+	default:
+		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(cfg.endpoint.Host), otlptracehttp.WithURLPath(cfg.endpoint.Path)}
+		if insecure {
+			opts = append(opts, otlptracehttp.WithInsecure())
+		}
+		if len(cfg.headers) > 0 {
+			opts = append(opts, otlptracehttp.WithHeaders(cfg.headers))
+		}
+		if cfg.timeout > 0 {
+			opts = append(opts, otlptracehttp.WithTimeout(cfg.timeout))
+		}
+		exp, err := otlptracehttp.New(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: OTLP/HTTP exporter: %w", err)
+		}
+		return exp, nil
+	}
+}
+
+// Enabled reports whether spans are exported.
+func (t *Telemetry) Enabled() bool { return t.exporter != nil }
+
+// ServiceName is the process's service.name.
+func (t *Telemetry) ServiceName() string { return t.cfg.serviceName }
+
+// Endpoint describes where spans go ("" when tracing is off), for logs.
+func (t *Telemetry) Endpoint() string {
+	if !t.Enabled() {
+		return ""
+	}
+	return t.cfg.protocol + " " + t.cfg.endpoint.String()
+}
+
+// CaptureContent reports whether LLM message content may be recorded on
+// spans (OSMO_TRACE_CONTENT or OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
+func (t *Telemetry) CaptureContent() bool { return t.Enabled() && t.cfg.captureContent }
+
+// Propagator is the W3C trace context and baggage propagator.
+func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.prop }
+
+// TracerProvider is the provider of the process's service, nil when tracing
+// is off.
+func (t *Telemetry) TracerProvider() trace.TracerProvider {
+	return t.ServiceTracerProvider(t.cfg.serviceName)
+}
+
+// ServiceTracerProvider is a provider whose spans belong to serviceName and
+// share the process's exporter and resource attributes: `osmo serve` runs
+// four components in one process and gives each its own, so traces show the
+// same services as the split deployment. It is nil when tracing is off or
+// after Shutdown.
+func (t *Telemetry) ServiceTracerProvider(serviceName string) trace.TracerProvider {
+	if !t.Enabled() {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.shutdown {
+		return nil
+	}
+	if tp, ok := t.providers[serviceName]; ok {
+		return tp
+	}
+	attrs := append([]attribute.KeyValue{semconv.ServiceName(serviceName)}, t.cfg.resource...)
+	res, err := resource.Merge(t.base, resource.NewSchemaless(attrs...))
+	if err != nil {
+		// Only conflicting schema URLs fail a merge, and ours has none.
+		res = resource.NewSchemaless(attrs...)
+	}
+	tp := newTracerProvider(sharedExporter{t.exporter}, res, t.cfg.sampler, t.cfg.batch)
+	t.providers[serviceName] = tp
+	return tp
+}
+
+// NewTracerProvider is the SDK provider osmo uses: sampler (nil means
+// parent-based always-on), the BaggageAttributes processor and a batch
+// processor (default OTEL_BSP_* settings) in front of exporter. Setup
+// builds its providers the same way; tests and benchmarks may use it too.
+func NewTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler) *sdktrace.TracerProvider {
+	return newTracerProvider(exporter, res, sampler, defaultBatchConfig())
+}
+
+func newTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler, bc batchConfig) *sdktrace.TracerProvider {
+	if sampler == nil {
+		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
+	}
+	opts := []sdktrace.TracerProviderOption{
+		sdktrace.WithSampler(sampler),
+		sdktrace.WithSpanProcessor(BaggageAttributes()),
+		sdktrace.WithSpanProcessor(newBatcher(exporter, bc)),
+	}
+	if res != nil {
+		opts = append(opts, sdktrace.WithResource(res))
+	}
+	return sdktrace.NewTracerProvider(opts...)
+}
+
+// Shutdown flushes every provider's buffered spans, then stops the exporter.
+// It is safe to call more than once and when tracing is off.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	if !t.Enabled() {
+		return nil
+	}
+	t.mu.Lock()
+	if t.shutdown {
+		t.mu.Unlock()
+		return nil
+	}
+	t.shutdown = true
+	providers := make([]*sdktrace.TracerProvider, 0, len(t.providers))
+	for _, tp := range t.providers {
+		providers = append(providers, tp)
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, tp := range providers {
+		if err := tp.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.exporter.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("telemetry: shutdown: %w", err)
+	}
+	return nil
+}
+
+// sharedExporter lets several batch processors use one exporter: shutting a
+// provider down flushes its spans but leaves the exporter to Telemetry.
+type sharedExporter struct{ sdktrace.SpanExporter }
+
+func (sharedExporter) Shutdown(context.Context) error { return nil }
+
+// DiscardExporter drops every batch it is given. Benchmarks put it behind
+// the real span pipeline to measure what tracing costs the traced process,
+// without a collector's cost mixed in.
+func DiscardExporter() sdktrace.SpanExporter { return discardExporter{} }
+
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }

@@ -1,0 +1,129 @@
+package grader
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/status"
+
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
+)
+
+const tracerName = "github.com/osmo-rl/osmo/services/grader"
+
+// noSpan stands in for spans when tracing is off.
+var noSpan = trace.SpanFromContext(context.Background())
+
+// startGrade starts the "grade" span of one request. Its parent is the
+// request's trace_context when it has one (a GradeStream request: the
+// rollout's "grade" span), else the call's own span (Grade).
+func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest) (context.Context, trace.Span) {
+	if s.tracer == nil {
+		return ctx, noSpan
+	}
+	kind := trace.SpanKindInternal
+	if tc := req.GetTraceContext(); len(tc) > 0 {
+		ctx = s.prop.Extract(ctx, propagation.MapCarrier(tc))
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsRemote() {
+			kind = trace.SpanKindServer
+		}
+	}
+	sampleID := ""
+	if len(req.GetSamples()) == 1 {
+		sampleID = req.GetSamples()[0].GetId()
+	}
+	ctx = osmoattr.ContextWithIDs(ctx, req.GetRolloutId(), sampleID)
+	attrs := append(osmoattr.IDAttributes(req.GetRolloutId(), sampleID), osmoattr.GradeSamples.Int(len(req.GetSamples())))
+	if req.GetGrader() != "" {
+		attrs = append(attrs, osmoattr.GraderName.String(req.GetGrader()))
+	}
+	return s.tracer.Start(ctx, "grade", trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+}
+
+// endGrade records a request's answer on its span.
+func endGrade(span trace.Span, resp *graderv1.GradeResponse, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	switch {
+	case err != nil:
+		st := status.Convert(err)
+		span.SetAttributes(semconv.ErrorTypeKey.String(st.Code().String()))
+		span.SetStatus(otelcodes.Error, st.Message())
+		return
+	case resp.GetError() != "":
+		span.SetAttributes(osmoattr.GraderName.String(resp.GetGrader()), semconv.ErrorTypeKey.String("grader_error"))
+		span.SetStatus(otelcodes.Error, resp.GetError())
+		return
+	}
+	span.SetAttributes(osmoattr.GraderName.String(resp.GetGrader()))
+	grades := resp.GetGrades()
+	if len(grades) == 1 {
+		span.SetAttributes(gradeAttrs(grades[0])...)
+		return
+	}
+	for _, g := range grades {
+		span.AddEvent("sample_graded", trace.WithAttributes(append(gradeAttrs(g), osmoattr.SampleID.String(g.GetSampleId()))...))
+	}
+}
+
+func gradeAttrs(g *graderv1.SampleGrade) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{osmoattr.GradeCached.Bool(g.GetCached()), osmoattr.RemoveSample.Bool(g.GetRemoveSample())}
+	if g.Reward != nil {
+		attrs = append(attrs, osmoattr.Reward.Float64(g.GetReward()))
+	}
+	return attrs
+}
+
+// startRun starts the span of one grader run under ctx (the service's
+// context, which the run's cancellation comes from), parented on the span
+// and baggage of tctx (the request that led the run).
+func (s *Service) startRun(ctx, tctx context.Context, name string, samples int) (context.Context, trace.Span) {
+	if s.tracer == nil {
+		return ctx, noSpan
+	}
+	if bag := baggage.FromContext(tctx); bag.Len() > 0 {
+		ctx = baggage.ContextWithBaggage(ctx, bag)
+	}
+	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(tctx))
+	return s.tracer.Start(ctx, "run_grader "+name, trace.WithAttributes(
+		osmoattr.GraderName.String(name), osmoattr.GradeSamples.Int(samples)))
+}
+
+// endRun records a grading on its span.
+func endRun(span trace.Span, gr *grading, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	if err != nil {
+		span.SetAttributes(semconv.ErrorTypeKey.String("shutdown"))
+		span.SetStatus(otelcodes.Error, err.Error())
+		return
+	}
+	if gr.Error != "" {
+		span.SetAttributes(semconv.ErrorTypeKey.String("grader_error"))
+		span.SetStatus(otelcodes.Error, gr.Error)
+		return
+	}
+	if len(gr.Samples) == 1 {
+		r := gr.Samples[0]
+		span.SetAttributes(osmoattr.RemoveSample.Bool(r.Remove))
+		if r.Reward != nil {
+			span.SetAttributes(osmoattr.Reward.Float64(*r.Reward))
+		}
+		return
+	}
+	for _, r := range gr.Samples {
+		attrs := []attribute.KeyValue{osmoattr.SampleID.String(r.ID), osmoattr.RemoveSample.Bool(r.Remove)}
+		if r.Reward != nil {
+			attrs = append(attrs, osmoattr.Reward.Float64(*r.Reward))
+		}
+		span.AddEvent("sample_graded", trace.WithAttributes(attrs...))
+	}
+}
