@@ -373,13 +373,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if port < 0 || port > 65535 {
 		return usagef("--port: must be 0..65535, got %d", port)
 	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
 	sc.httpAddr = net.JoinHostPort(host, strconv.Itoa(port))
 	sc.rolloutAddr = grpcAddr
-	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceRollout)
+	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceRollout)
 	if err != nil {
 		return err
 	}
@@ -412,15 +408,11 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
 	spec, err := rf.graderSpec(e)
 	if err != nil {
 		return err
 	}
-	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceRollout)
+	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceRollout)
 	if err != nil {
 		return err
 	}
@@ -500,11 +492,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceGrader)
+	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceGrader)
 	if err != nil {
 		return err
 	}
@@ -551,11 +539,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if rolloutAddr == "" {
 		return usagef("--rollout-addr is required")
 	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceGateway)
+	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceGateway)
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,20 @@ const shutdownTelemetryTimeout = 10 * time.Second
 // setupTelemetry configures tracing from the environment for a command
 // whose service is named service. The returned func flushes and stops it;
 // call it once everything that makes spans has stopped.
+// start builds a command's logger and its telemetry for service; the
+// returned func flushes traces and must run before the command returns.
+func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Logger, *telemetry.Telemetry, func(), error) {
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tel, stop, err := setupTelemetry(ctx, e, log, service)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return log, tel, stop, nil
+}
+
 func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
 	tel, err := telemetry.Setup(ctx, service, e.getenv)
 	if err != nil {

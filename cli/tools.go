@@ -45,11 +45,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if u, err := url.Parse(upstream); upstream == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
 	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	tel, stopTelemetry, err := setupTelemetry(ctx, e, log, serviceLLMProxy)
+	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceLLMProxy)
 	if err != nil {
 		return err
 	}
