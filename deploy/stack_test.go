@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 
 	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/proctest"
 )
 
 // composeStack runs the osmo services of docker-compose.yml as processes on
@@ -188,8 +187,8 @@ func (st *composeStack) waitHealthy(t *testing.T, s types.ServiceConfig, p *proc
 	deadline := time.Now().Add(30 * time.Second)
 	var last []byte
 	for time.Now().Before(deadline) {
-		if p.exited() {
-			t.Fatalf("service %s exited before it was healthy:\n%s", s.Name, p.output())
+		if p.Exited() {
+			t.Fatalf("service %s exited before it was healthy:\n%s", s.Name, p.Output())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		out, err := exec.CommandContext(ctx, osmoBin, argv...).CombinedOutput()
@@ -200,93 +199,27 @@ func (st *composeStack) waitHealthy(t *testing.T, s types.ServiceConfig, p *proc
 		last = out
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("service %s: healthcheck %q never passed; last output %s\nservice output:\n%s", s.Name, argv, last, p.output())
+	t.Fatalf("service %s: healthcheck %q never passed; last output %s\nservice output:\n%s", s.Name, argv, last, p.Output())
 }
 
 // stop ends every process, last started first, each with SIGTERM and the
 // compose stop_grace_period before SIGKILL.
 func (st *composeStack) stop() {
 	for i := len(st.procs) - 1; i >= 0; i-- {
-		st.procs[i].stop(35 * time.Second)
+		st.procs[i].Stop(syscall.SIGTERM, 35*time.Second)
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
 // proc is a running osmo process and its combined output.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-
-	mu  sync.Mutex
-	out bytes.Buffer
-}
-
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+type proc = proctest.Proc
 
 // startProc runs osmo with exactly env as its environment, in its own
 // process group; cleanup stops it and shows its output if the test failed.
 func startProc(t *testing.T, name string, env, args []string) *proc {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(osmoBin, args...)
-	p.cmd.Env = env
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop(35 * time.Second)
-		if t.Failed() {
-			t.Logf("--- %s %q ---\n%s", name, args, p.output())
-		}
-	})
-	return p
-}
-
-// stop sends SIGTERM to the process group and waits up to grace before
-// SIGKILL.
-func (p *proc) stop(grace time.Duration) {
-	if p.exited() {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
+	return proctest.Start(t, proctest.Cmd{Name: name, Bin: osmoBin, Args: args, Env: env, Grace: 35 * time.Second})
 }
 
 // trainer is the G1 controller of internal/controller, playing the

@@ -3,24 +3,22 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/osmo-rl/osmo/internal/proctest"
 )
 
 // osmoBin is the binary under test, built once in TestMain.
@@ -45,38 +43,10 @@ func TestMain(m *testing.M) {
 }
 
 // freeAddr returns a loopback address with a port nothing listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
+func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
-// proc is a running osmo process whose output is kept for assertions.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer
-	done chan struct{}
-}
-
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-// Output is everything the process wrote so far.
-func (p *proc) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+// proc is a running process whose output is kept for assertions.
+type proc = proctest.Proc
 
 // start runs osmo with args in its own process group; the test's cleanup
 // stops it (SIGTERM, then SIGKILL) and waits for it.
@@ -88,38 +58,7 @@ func start(t *testing.T, name string, env []string, args ...string) *proc {
 // startBin is start for any binary.
 func startBin(t *testing.T, name, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop(syscall.SIGTERM, 20*time.Second)
-		if t.Failed() {
-			t.Logf("--- %s output ---\n%s", name, p.Output())
-		}
-	})
-	return p
-}
-
-// stop signals the process group and waits, escalating to SIGKILL.
-func (p *proc) stop(sig syscall.Signal, grace time.Duration) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
+	return proctest.Start(t, proctest.Cmd{Name: name, Bin: bin, Args: args, Env: append(os.Environ(), env...), Grace: 20 * time.Second})
 }
 
 // waitHTTP polls url until it answers 200.
@@ -128,8 +67,8 @@ func waitHTTP(t *testing.T, p *proc, url string) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case <-p.done:
-			t.Fatalf("%s exited early:\n%s", p.name, p.Output())
+		case <-p.Done():
+			t.Fatalf("%s exited early:\n%s", p.Name, p.Output())
 		default:
 		}
 		resp, err := http.Get(url)
@@ -142,7 +81,7 @@ func waitHTTP(t *testing.T, p *proc, url string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("%s not healthy at %s:\n%s", p.name, url, p.Output())
+	t.Fatalf("%s not healthy at %s:\n%s", p.Name, url, p.Output())
 }
 
 // waitGRPC polls a gRPC health endpoint until SERVING.
@@ -157,8 +96,8 @@ func waitGRPC(t *testing.T, p *proc, addr string) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case <-p.done:
-			t.Fatalf("%s exited early:\n%s", p.name, p.Output())
+		case <-p.Done():
+			t.Fatalf("%s exited early:\n%s", p.Name, p.Output())
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -169,7 +108,7 @@ func waitGRPC(t *testing.T, p *proc, addr string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("%s not serving at %s:\n%s", p.name, addr, p.Output())
+	t.Fatalf("%s not serving at %s:\n%s", p.Name, addr, p.Output())
 }
 
 // httpGet returns the body of a 200 answer to GET url.

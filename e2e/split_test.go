@@ -68,7 +68,7 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	if _, err := ctl.Wait(wctx, ids[2]); err != nil {
 		t.Fatal(err)
 	}
-	grader1.stop(syscall.SIGKILL, time.Second)
+	grader1.Stop(syscall.SIGKILL, time.Second)
 	time.Sleep(600 * time.Millisecond)
 	grader2 := start(t, "grader-2", nil, graderArgs...)
 	waitGRPC(t, grader2, graderAddr)

@@ -1,0 +1,112 @@
+//go:build unix
+
+// Package proctest runs programs as real processes for tests: each in its
+// own process group, with its output kept for assertions, stopped (SIGTERM,
+// then SIGKILL) by the test's cleanup.
+package proctest
+
+import (
+	"bytes"
+	"net"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Cmd describes a process to start.
+type Cmd struct {
+	// Name labels the process in logs.
+	Name string
+	Bin  string
+	Args []string
+	// Env is the whole environment of the process.
+	Env []string
+	// Grace is how long cleanup waits after SIGTERM before SIGKILL.
+	Grace time.Duration
+}
+
+// Proc is a running process.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+// Start runs c; the test's cleanup stops it and, if the test failed, logs
+// its output.
+func Start(t testing.TB, c Cmd) *Proc {
+	t.Helper()
+	p := &Proc{Name: c.Name, done: make(chan struct{})}
+	p.cmd = exec.Command(c.Bin, c.Args...)
+	p.cmd.Env = c.Env
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", c.Name, err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.Stop(syscall.SIGTERM, c.Grace)
+		if t.Failed() {
+			t.Logf("--- %s %q ---\n%s", c.Name, c.Args, p.Output())
+		}
+	})
+	return p
+}
+
+// Write collects the process's stdout and stderr.
+func (p *Proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+// Output is everything the process wrote so far.
+func (p *Proc) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop signals the process group and waits up to grace, then kills it.
+func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
+	if p.Exited() {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// FreeAddr returns a loopback address with a port nothing listens on now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
