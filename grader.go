@@ -21,17 +21,60 @@ type GraderFunc func(ctx context.Context, gc *GraderContext) error
 // Grade calls f.
 func (f GraderFunc) Grade(ctx context.Context, gc *GraderContext) error { return f(ctx, gc) }
 
-// Sample is a finished sample as a grader sees it.
+// Sample is a finished sample (the Osmosis RolloutSample) as a grader
+// sees it.
 type Sample struct {
-	ID          string
-	Messages    []Message
-	Label       *string
-	Metadata    map[string]any
-	ExtraFields map[string]any
+	ID string
+	// Messages are the conversation as the agent framework shaped it.
+	Messages []Message
+	Label    *string
+	Metadata map[string]any
+	// Reward is the reward from an earlier grading, if any; a grader sets
+	// rewards through GraderContext.SetSampleReward.
+	Reward *float64
+	// RemoveSample is the remove flag from an earlier grading.
+	RemoveSample bool
+	Metrics      *SampleMetrics
+	ExtraFields  map[string]any
+	// LLMCalls are the sample's calls through the LLM proxy, in order.
+	LLMCalls []LLMCall
 	// AgentReward is the reward the workflow proposed, if any.
 	AgentReward *float64
 	// FinishReason is why the agent stopped.
 	FinishReason string
+}
+
+// RolloutSample is the Osmosis name of a Sample.
+type RolloutSample = Sample
+
+// SampleMetrics are the counters of a sample.
+type SampleMetrics struct {
+	TotalLatencyMS   float64
+	LLMLatencyMS     float64
+	ToolLatencyMS    float64
+	NumLLMCalls      int
+	NumToolCalls     int
+	PromptTokens     int
+	ResponseTokens   int
+	MaxContextTokens int
+}
+
+// LLMCall is one recorded chat completion of a sample.
+type LLMCall struct {
+	ID              string
+	Model           string
+	RequestMessages []Message
+	ResponseMessage Message
+	FinishReason    string
+	Usage           Usage
+	// Exact tokens and per-token log probabilities, when the policy
+	// returned them.
+	PromptTokenIDs     []int32
+	CompletionTokenIDs []int32
+	Logprobs           []float64
+	LatencyMS          float64
+	StatusCode         int
+	Error              string
 }
 
 // GraderContext is what a Grader works on.

@@ -16,6 +16,8 @@
 //	            found in the answer
 //	calculator  the answer contains the ground truth (the label, or its "####"
 //	            part), or its own "####" part equals it
+//	multiply    seed 000's MultiplyGrader: 1 when the trimmed label occurs in the
+//	            answer, else 0; a missing or blank label scores 0 (not an error)
 package graders
 
 import (
@@ -79,6 +81,7 @@ func builtins() map[string]builtin {
 				return nil
 			}), nil
 		}},
+		"multiply": {build: func(params) (osmo.Grader, error) { return MultiplyGrader{}, nil }},
 	}
 }
 

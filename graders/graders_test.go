@@ -248,7 +248,7 @@ func TestGradersStopOnCancelledContext(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	want := []string{"answer", "calculator", "contains", "exact", "numeric", "regex"}
+	want := []string{"answer", "calculator", "contains", "exact", "multiply", "numeric", "regex"}
 	if got := graders.Names(); !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
@@ -261,7 +261,7 @@ func TestLookupErrors(t *testing.T) {
 		want     []string // substrings of the message
 	}{
 		{"", graders.ErrInvalidSpec, []string{"no grader name", "known: answer, calculator"}},
-		{"nope", graders.ErrUnknownGrader, []string{`"nope"`, "known: answer, calculator, contains, exact, numeric, regex"}},
+		{"nope", graders.ErrUnknownGrader, []string{`"nope"`, "known: answer, calculator, contains, exact, multiply, numeric, regex"}},
 		{":rel=1", graders.ErrInvalidSpec, []string{"no grader name"}},
 		{"numeric:", graders.ErrInvalidSpec, []string{"no parameters after ':'"}},
 		{"numeric:rel", graders.ErrInvalidSpec, []string{`parameter "rel" is not key=value`}},

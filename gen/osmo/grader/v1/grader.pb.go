@@ -11,6 +11,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	reflect "reflect"
 	sync "sync"
@@ -40,7 +41,10 @@ type GradeRequest struct {
 	// its gRPC metadata cannot carry each request's trace: the grader parents
 	// the request's "grade" span on this instead. Optional; values that do not
 	// parse are ignored, and it plays no part in idempotency.
-	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Deadline of this grading when shorter than the service's own (the G2
+	// grader_timeout_sec); unset or 0: the service's.
+	Timeout       *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -117,6 +121,13 @@ func (x *GradeRequest) GetTraceContext() map[string]string {
 	return nil
 }
 
+func (x *GradeRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 type GradeResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RolloutId string                 `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
@@ -125,7 +136,11 @@ type GradeResponse struct {
 	// returned a non-finite reward, or left a sample without a reward).
 	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	// The grader that ran.
-	Grader        string `protobuf:"bytes,4,opt,name=grader,proto3" json:"grader,omitempty"`
+	Grader string `protobuf:"bytes,4,opt,name=grader,proto3" json:"grader,omitempty"`
+	// With error: timeout (the grader ran out of time), validation_error (it
+	// set a non-finite reward or left a sample without one, or the request was
+	// invalid) or agent_error (it failed or panicked).
+	ErrorCategory string `protobuf:"bytes,5,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -184,6 +199,13 @@ func (x *GradeResponse) GetError() string {
 func (x *GradeResponse) GetGrader() string {
 	if x != nil {
 		return x.Grader
+	}
+	return ""
+}
+
+func (x *GradeResponse) GetErrorCategory() string {
+	if x != nil {
+		return x.ErrorCategory
 	}
 	return ""
 }
@@ -261,7 +283,7 @@ var File_osmo_grader_v1_grader_proto protoreflect.FileDescriptor
 
 const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\n" +
-	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xef\x02\n" +
+	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xa4\x03\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x128\n" +
@@ -269,17 +291,19 @@ const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\x05label\x18\x03 \x01(\tH\x00R\x05label\x88\x01\x01\x123\n" +
 	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\x12\x16\n" +
 	"\x06grader\x18\x05 \x01(\tR\x06grader\x12S\n" +
-	"\rtrace_context\x18\x06 \x03(\v2..osmo.grader.v1.GradeRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\rtrace_context\x18\x06 \x03(\v2..osmo.grader.v1.GradeRequest.TraceContextEntryR\ftraceContext\x123\n" +
+	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06_label\"\x91\x01\n" +
+	"\x06_label\"\xb8\x01\n" +
 	"\rGradeResponse\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x123\n" +
 	"\x06grades\x18\x02 \x03(\v2\x1b.osmo.grader.v1.SampleGradeR\x06grades\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
-	"\x06grader\x18\x04 \x01(\tR\x06grader\"\x8f\x01\n" +
+	"\x06grader\x18\x04 \x01(\tR\x06grader\x12%\n" +
+	"\x0eerror_category\x18\x05 \x01(\tR\rerrorCategory\"\x8f\x01\n" +
 	"\vSampleGrade\x12\x1b\n" +
 	"\tsample_id\x18\x01 \x01(\tR\bsampleId\x12\x1b\n" +
 	"\x06reward\x18\x02 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12#\n" +
@@ -304,27 +328,29 @@ func file_osmo_grader_v1_grader_proto_rawDescGZIP() []byte {
 
 var file_osmo_grader_v1_grader_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_osmo_grader_v1_grader_proto_goTypes = []any{
-	(*GradeRequest)(nil),     // 0: osmo.grader.v1.GradeRequest
-	(*GradeResponse)(nil),    // 1: osmo.grader.v1.GradeResponse
-	(*SampleGrade)(nil),      // 2: osmo.grader.v1.SampleGrade
-	nil,                      // 3: osmo.grader.v1.GradeRequest.TraceContextEntry
-	(*v1.RolloutSample)(nil), // 4: osmo.rollout.v1.RolloutSample
-	(*structpb.Struct)(nil),  // 5: google.protobuf.Struct
+	(*GradeRequest)(nil),        // 0: osmo.grader.v1.GradeRequest
+	(*GradeResponse)(nil),       // 1: osmo.grader.v1.GradeResponse
+	(*SampleGrade)(nil),         // 2: osmo.grader.v1.SampleGrade
+	nil,                         // 3: osmo.grader.v1.GradeRequest.TraceContextEntry
+	(*v1.RolloutSample)(nil),    // 4: osmo.rollout.v1.RolloutSample
+	(*structpb.Struct)(nil),     // 5: google.protobuf.Struct
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_osmo_grader_v1_grader_proto_depIdxs = []int32{
 	4, // 0: osmo.grader.v1.GradeRequest.samples:type_name -> osmo.rollout.v1.RolloutSample
 	5, // 1: osmo.grader.v1.GradeRequest.metadata:type_name -> google.protobuf.Struct
 	3, // 2: osmo.grader.v1.GradeRequest.trace_context:type_name -> osmo.grader.v1.GradeRequest.TraceContextEntry
-	2, // 3: osmo.grader.v1.GradeResponse.grades:type_name -> osmo.grader.v1.SampleGrade
-	0, // 4: osmo.grader.v1.GraderService.GradeStream:input_type -> osmo.grader.v1.GradeRequest
-	0, // 5: osmo.grader.v1.GraderService.Grade:input_type -> osmo.grader.v1.GradeRequest
-	1, // 6: osmo.grader.v1.GraderService.GradeStream:output_type -> osmo.grader.v1.GradeResponse
-	1, // 7: osmo.grader.v1.GraderService.Grade:output_type -> osmo.grader.v1.GradeResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6, // 3: osmo.grader.v1.GradeRequest.timeout:type_name -> google.protobuf.Duration
+	2, // 4: osmo.grader.v1.GradeResponse.grades:type_name -> osmo.grader.v1.SampleGrade
+	0, // 5: osmo.grader.v1.GraderService.GradeStream:input_type -> osmo.grader.v1.GradeRequest
+	0, // 6: osmo.grader.v1.GraderService.Grade:input_type -> osmo.grader.v1.GradeRequest
+	1, // 7: osmo.grader.v1.GraderService.GradeStream:output_type -> osmo.grader.v1.GradeResponse
+	1, // 8: osmo.grader.v1.GraderService.Grade:output_type -> osmo.grader.v1.GradeResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_osmo_grader_v1_grader_proto_init() }

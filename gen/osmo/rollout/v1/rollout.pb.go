@@ -519,6 +519,416 @@ func (x *Rollout) GetCallbackError() string {
 	return ""
 }
 
+// StartRolloutRequest is the G2 body of POST /rollout, field for field.
+type StartRolloutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: 1..256 characters, one safe path segment (no "/", "\\", NUL,
+	// and not "." or "..").
+	RolloutId string `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// The dataset row's input messages: the workflow's prompt.
+	InitialMessages []*structpb.Struct `protobuf:"bytes,2,rep,name=initial_messages,json=initialMessages,proto3" json:"initial_messages,omitempty"`
+	// The policy's OpenAI base URL; LLM calls go to
+	// {chat_completions_url}/chat/completions. Required, http(s).
+	ChatCompletionsUrl string `protobuf:"bytes,3,opt,name=chat_completions_url,json=chatCompletionsUrl,proto3" json:"chat_completions_url,omitempty"`
+	// Where the completion callback is posted. Required, http(s).
+	CompletionCallbackUrl string `protobuf:"bytes,4,opt,name=completion_callback_url,json=completionCallbackUrl,proto3" json:"completion_callback_url,omitempty"`
+	// Where the grader callback (samples and rewards) is posted; unset: none.
+	GraderCallbackUrl *string `protobuf:"bytes,5,opt,name=grader_callback_url,json=graderCallbackUrl,proto3,oneof" json:"grader_callback_url,omitempty"`
+	// The dataset row's ground truth: only the grader sees it. A string (a
+	// number is taken as its text); null or unset when the row has none.
+	Label *structpb.Value `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
+	// The row's metadata column: the workflow and the grader both see it.
+	Metadata *structpb.Struct `protobuf:"bytes,7,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// Bearer on the callbacks and the LLM calls. Unset for none; when set it
+	// must not be blank.
+	ControllerApiKey *string `protobuf:"bytes,8,opt,name=controller_api_key,json=controllerApiKey,proto3,oneof" json:"controller_api_key,omitempty"`
+	// Budgets in seconds, counted from acceptance (time queued included);
+	// unset: the server's defaults. Must be positive.
+	AgentTimeoutSec  *float64 `protobuf:"fixed64,9,opt,name=agent_timeout_sec,json=agentTimeoutSec,proto3,oneof" json:"agent_timeout_sec,omitempty"`
+	GraderTimeoutSec *float64 `protobuf:"fixed64,10,opt,name=grader_timeout_sec,json=graderTimeoutSec,proto3,oneof" json:"grader_timeout_sec,omitempty"`
+	// Passed through to the samples.
+	ExtraFields   *structpb.Struct `protobuf:"bytes,11,opt,name=extra_fields,json=extraFields,proto3" json:"extra_fields,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRolloutRequest) Reset() {
+	*x = StartRolloutRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRolloutRequest) ProtoMessage() {}
+
+func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
+func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *StartRolloutRequest) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetInitialMessages() []*structpb.Struct {
+	if x != nil {
+		return x.InitialMessages
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetChatCompletionsUrl() string {
+	if x != nil {
+		return x.ChatCompletionsUrl
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetCompletionCallbackUrl() string {
+	if x != nil {
+		return x.CompletionCallbackUrl
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetGraderCallbackUrl() string {
+	if x != nil && x.GraderCallbackUrl != nil {
+		return *x.GraderCallbackUrl
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetLabel() *structpb.Value {
+	if x != nil {
+		return x.Label
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetMetadata() *structpb.Struct {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetControllerApiKey() string {
+	if x != nil && x.ControllerApiKey != nil {
+		return *x.ControllerApiKey
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetAgentTimeoutSec() float64 {
+	if x != nil && x.AgentTimeoutSec != nil {
+		return *x.AgentTimeoutSec
+	}
+	return 0
+}
+
+func (x *StartRolloutRequest) GetGraderTimeoutSec() float64 {
+	if x != nil && x.GraderTimeoutSec != nil {
+		return *x.GraderTimeoutSec
+	}
+	return 0
+}
+
+func (x *StartRolloutRequest) GetExtraFields() *structpb.Struct {
+	if x != nil {
+		return x.ExtraFields
+	}
+	return nil
+}
+
+// StartRolloutResponse is the empty 202 body.
+type StartRolloutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRolloutResponse) Reset() {
+	*x = StartRolloutResponse{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRolloutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRolloutResponse) ProtoMessage() {}
+
+func (x *StartRolloutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRolloutResponse.ProtoReflect.Descriptor instead.
+func (*StartRolloutResponse) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
+}
+
+type GetRolloutStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RolloutId     string                 `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRolloutStatusRequest) Reset() {
+	*x = GetRolloutStatusRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRolloutStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRolloutStatusRequest) ProtoMessage() {}
+
+func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GetRolloutStatusRequest) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
+}
+
+// RolloutStatus is the G3 status body.
+type RolloutStatus struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RolloutId string                 `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// queued, running, grading, success, failure, cancelled or unknown.
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// The mean reward of the rollout's rewarded samples, once graded.
+	Reward *float64 `protobuf:"fixed64,3,opt,name=reward,proto3,oneof" json:"reward,omitempty"`
+	// Why it failed or was cancelled; unset otherwise.
+	ErrMessage *string `protobuf:"bytes,4,opt,name=err_message,json=errMessage,proto3,oneof" json:"err_message,omitempty"`
+	// timeout, validation_error, http_error or agent_error, on failure.
+	ErrCategory   *string `protobuf:"bytes,5,opt,name=err_category,json=errCategory,proto3,oneof" json:"err_category,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutStatus) Reset() {
+	*x = RolloutStatus{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutStatus) ProtoMessage() {}
+
+func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
+func (*RolloutStatus) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RolloutStatus) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
+}
+
+func (x *RolloutStatus) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *RolloutStatus) GetReward() float64 {
+	if x != nil && x.Reward != nil {
+		return *x.Reward
+	}
+	return 0
+}
+
+func (x *RolloutStatus) GetErrMessage() string {
+	if x != nil && x.ErrMessage != nil {
+		return *x.ErrMessage
+	}
+	return ""
+}
+
+func (x *RolloutStatus) GetErrCategory() string {
+	if x != nil && x.ErrCategory != nil {
+		return *x.ErrCategory
+	}
+	return ""
+}
+
+// CancelRolloutsRequest names the rollouts to cancel: exactly one of ids,
+// prefix or all.
+type CancelRolloutsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	Prefix        *string                `protobuf:"bytes,2,opt,name=prefix,proto3,oneof" json:"prefix,omitempty"`
+	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRolloutsRequest) Reset() {
+	*x = CancelRolloutsRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRolloutsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRolloutsRequest) ProtoMessage() {}
+
+func (x *CancelRolloutsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRolloutsRequest.ProtoReflect.Descriptor instead.
+func (*CancelRolloutsRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CancelRolloutsRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *CancelRolloutsRequest) GetPrefix() string {
+	if x != nil && x.Prefix != nil {
+		return *x.Prefix
+	}
+	return ""
+}
+
+func (x *CancelRolloutsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type CancelRolloutsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By rollout id: cancelled_queued, cancelled_running or not_found (also
+	// for rollouts that already finished).
+	Dispositions  map[string]string `protobuf:"bytes,1,rep,name=dispositions,proto3" json:"dispositions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRolloutsResponse) Reset() {
+	*x = CancelRolloutsResponse{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRolloutsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRolloutsResponse) ProtoMessage() {}
+
+func (x *CancelRolloutsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRolloutsResponse.ProtoReflect.Descriptor instead.
+func (*CancelRolloutsResponse) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CancelRolloutsResponse) GetDispositions() map[string]string {
+	if x != nil {
+		return x.Dispositions
+	}
+	return nil
+}
+
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -527,7 +937,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +949,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,24 +962,89 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+}
+
+// Concurrency is the G3 health detail.
+type Concurrency struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MaxConcurrent int32                  `protobuf:"varint,1,opt,name=max_concurrent,json=maxConcurrent,proto3" json:"max_concurrent,omitempty"`
+	Queued        int32                  `protobuf:"varint,2,opt,name=queued,proto3" json:"queued,omitempty"`
+	Running       int32                  `protobuf:"varint,3,opt,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Concurrency) Reset() {
+	*x = Concurrency{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Concurrency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Concurrency) ProtoMessage() {}
+
+func (x *Concurrency) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Concurrency.ProtoReflect.Descriptor instead.
+func (*Concurrency) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Concurrency) GetMaxConcurrent() int32 {
+	if x != nil {
+		return x.MaxConcurrent
+	}
+	return 0
+}
+
+func (x *Concurrency) GetQueued() int32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *Concurrency) GetRunning() int32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
 }
 
 // HealthResponse is the Osmosis health body:
 // {"status":"healthy","agent_loop":NAME,"active_rollouts":N,"completed_rollouts":N}.
+// A server running a G2 AgentWorkflow answers status "ok" and the G3
+// concurrency; the G1 fields are filled in both cases.
 type HealthResponse struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Status            string                 `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	AgentLoop         string                 `protobuf:"bytes,2,opt,name=agent_loop,json=agentLoop,proto3" json:"agent_loop,omitempty"`
 	ActiveRollouts    int32                  `protobuf:"varint,3,opt,name=active_rollouts,json=activeRollouts,proto3" json:"active_rollouts,omitempty"`
 	CompletedRollouts int32                  `protobuf:"varint,4,opt,name=completed_rollouts,json=completedRollouts,proto3" json:"completed_rollouts,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set by a G2 server only, so the G1 body keeps its exact shape.
+	Concurrency   *Concurrency `protobuf:"bytes,5,opt,name=concurrency,proto3,oneof" json:"concurrency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +1056,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +1069,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -623,6 +1098,13 @@ func (x *HealthResponse) GetCompletedRollouts() int32 {
 		return x.CompletedRollouts
 	}
 	return 0
+}
+
+func (x *HealthResponse) GetConcurrency() *Concurrency {
+	if x != nil {
+		return x.Concurrency
+	}
+	return nil
 }
 
 var File_osmo_rollout_v1_rollout_proto protoreflect.FileDescriptor
@@ -681,14 +1163,63 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"finishedAt\x12\x1a\n" +
 	"\bsequence\x18\x0e \x01(\x03R\bsequence\x12%\n" +
 	"\x0ecallback_error\x18\x0f \x01(\tR\rcallbackErrorB\t\n" +
-	"\a_reward\"\x0f\n" +
-	"\rHealthRequest\"\x9f\x01\n" +
+	"\a_reward\"\xa9\x05\n" +
+	"\x13StartRolloutRequest\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12B\n" +
+	"\x10initial_messages\x18\x02 \x03(\v2\x17.google.protobuf.StructR\x0finitialMessages\x120\n" +
+	"\x14chat_completions_url\x18\x03 \x01(\tR\x12chatCompletionsUrl\x126\n" +
+	"\x17completion_callback_url\x18\x04 \x01(\tR\x15completionCallbackUrl\x123\n" +
+	"\x13grader_callback_url\x18\x05 \x01(\tH\x00R\x11graderCallbackUrl\x88\x01\x01\x12,\n" +
+	"\x05label\x18\x06 \x01(\v2\x16.google.protobuf.ValueR\x05label\x123\n" +
+	"\bmetadata\x18\a \x01(\v2\x17.google.protobuf.StructR\bmetadata\x121\n" +
+	"\x12controller_api_key\x18\b \x01(\tH\x01R\x10controllerApiKey\x88\x01\x01\x12/\n" +
+	"\x11agent_timeout_sec\x18\t \x01(\x01H\x02R\x0fagentTimeoutSec\x88\x01\x01\x121\n" +
+	"\x12grader_timeout_sec\x18\n" +
+	" \x01(\x01H\x03R\x10graderTimeoutSec\x88\x01\x01\x12:\n" +
+	"\fextra_fields\x18\v \x01(\v2\x17.google.protobuf.StructR\vextraFieldsB\x16\n" +
+	"\x14_grader_callback_urlB\x15\n" +
+	"\x13_controller_api_keyB\x14\n" +
+	"\x12_agent_timeout_secB\x15\n" +
+	"\x13_grader_timeout_sec\"\x16\n" +
+	"\x14StartRolloutResponse\"8\n" +
+	"\x17GetRolloutStatusRequest\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x01 \x01(\tR\trolloutId\"\xdd\x01\n" +
+	"\rRolloutStatus\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1b\n" +
+	"\x06reward\x18\x03 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12$\n" +
+	"\verr_message\x18\x04 \x01(\tH\x01R\n" +
+	"errMessage\x88\x01\x01\x12&\n" +
+	"\ferr_category\x18\x05 \x01(\tH\x02R\verrCategory\x88\x01\x01B\t\n" +
+	"\a_rewardB\x0e\n" +
+	"\f_err_messageB\x0f\n" +
+	"\r_err_category\"c\n" +
+	"\x15CancelRolloutsRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1b\n" +
+	"\x06prefix\x18\x02 \x01(\tH\x00R\x06prefix\x88\x01\x01\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03allB\t\n" +
+	"\a_prefix\"\xb8\x01\n" +
+	"\x16CancelRolloutsResponse\x12]\n" +
+	"\fdispositions\x18\x01 \x03(\v29.osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntryR\fdispositions\x1a?\n" +
+	"\x11DispositionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x0f\n" +
+	"\rHealthRequest\"f\n" +
+	"\vConcurrency\x12%\n" +
+	"\x0emax_concurrent\x18\x01 \x01(\x05R\rmaxConcurrent\x12\x16\n" +
+	"\x06queued\x18\x02 \x01(\x05R\x06queued\x12\x18\n" +
+	"\arunning\x18\x03 \x01(\x05R\arunning\"\xf4\x01\n" +
 	"\x0eHealthResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x1d\n" +
 	"\n" +
 	"agent_loop\x18\x02 \x01(\tR\tagentLoop\x12'\n" +
 	"\x0factive_rollouts\x18\x03 \x01(\x05R\x0eactiveRollouts\x12-\n" +
-	"\x12completed_rollouts\x18\x04 \x01(\x05R\x11completedRollouts*\x92\x01\n" +
+	"\x12completed_rollouts\x18\x04 \x01(\x05R\x11completedRollouts\x12C\n" +
+	"\vconcurrency\x18\x05 \x01(\v2\x1c.osmo.rollout.v1.ConcurrencyH\x00R\vconcurrency\x88\x01\x01B\x0e\n" +
+	"\f_concurrency*\x92\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_QUEUED\x10\x01\x12\x11\n" +
@@ -696,12 +1227,15 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\rSTATE_GRADING\x10\x03\x12\x13\n" +
 	"\x0fSTATE_SUCCEEDED\x10\x04\x12\x10\n" +
 	"\fSTATE_FAILED\x10\x05\x12\x13\n" +
-	"\x0fSTATE_CANCELLED\x10\x062\xaf\x04\n" +
+	"\x0fSTATE_CANCELLED\x10\x062\xa5\a\n" +
 	"\x0eRolloutService\x12u\n" +
 	"\vInitRollout\x12#.osmo.rollout.v1.InitRolloutRequest\x1a$.osmo.rollout.v1.InitRolloutResponse\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/rollout/init\x12m\n" +
 	"\n" +
 	"GetRollout\x12\".osmo.rollout.v1.GetRolloutRequest\x1a\x18.osmo.rollout.v1.Rollout\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/rollouts/{rollout_id}\x12n\n" +
-	"\rWatchRollouts\x12%.osmo.rollout.v1.WatchRolloutsRequest\x1a\x18.osmo.rollout.v1.Rollout\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/rollouts:watch0\x01\x12Z\n" +
+	"\rWatchRollouts\x12%.osmo.rollout.v1.WatchRolloutsRequest\x1a\x18.osmo.rollout.v1.Rollout\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/rollouts:watch0\x01\x12p\n" +
+	"\fStartRollout\x12$.osmo.rollout.v1.StartRolloutRequest\x1a%.osmo.rollout.v1.StartRolloutResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/rollout\x12\x82\x01\n" +
+	"\x10GetRolloutStatus\x12(.osmo.rollout.v1.GetRolloutStatusRequest\x1a\x1e.osmo.rollout.v1.RolloutStatus\"$\x82\xd3\xe4\x93\x02\x1e\x12\x1c/rollout/{rollout_id}/status\x12}\n" +
+	"\x0eCancelRollouts\x12&.osmo.rollout.v1.CancelRolloutsRequest\x1a'.osmo.rollout.v1.CancelRolloutsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14:\x01*\"\x0f/rollout/cancel\x12Z\n" +
 	"\x06Health\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/health\x12k\n" +
 	"\x0ePlatformHealth\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/platform/healthB7Z5github.com/osmo-rl/osmo/gen/osmo/rollout/v1;rolloutv1b\x06proto3"
 
@@ -718,48 +1252,69 @@ func file_osmo_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_osmo_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_osmo_rollout_v1_rollout_proto_goTypes = []any{
-	(State)(0),                    // 0: osmo.rollout.v1.State
-	(*InitRolloutRequest)(nil),    // 1: osmo.rollout.v1.InitRolloutRequest
-	(*InitRolloutResponse)(nil),   // 2: osmo.rollout.v1.InitRolloutResponse
-	(*GetRolloutRequest)(nil),     // 3: osmo.rollout.v1.GetRolloutRequest
-	(*WatchRolloutsRequest)(nil),  // 4: osmo.rollout.v1.WatchRolloutsRequest
-	(*Rollout)(nil),               // 5: osmo.rollout.v1.Rollout
-	(*HealthRequest)(nil),         // 6: osmo.rollout.v1.HealthRequest
-	(*HealthResponse)(nil),        // 7: osmo.rollout.v1.HealthResponse
-	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
-	(*RolloutSample)(nil),         // 9: osmo.rollout.v1.RolloutSample
-	(*RolloutMetrics)(nil),        // 10: osmo.rollout.v1.RolloutMetrics
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(State)(0),                      // 0: osmo.rollout.v1.State
+	(*InitRolloutRequest)(nil),      // 1: osmo.rollout.v1.InitRolloutRequest
+	(*InitRolloutResponse)(nil),     // 2: osmo.rollout.v1.InitRolloutResponse
+	(*GetRolloutRequest)(nil),       // 3: osmo.rollout.v1.GetRolloutRequest
+	(*WatchRolloutsRequest)(nil),    // 4: osmo.rollout.v1.WatchRolloutsRequest
+	(*Rollout)(nil),                 // 5: osmo.rollout.v1.Rollout
+	(*StartRolloutRequest)(nil),     // 6: osmo.rollout.v1.StartRolloutRequest
+	(*StartRolloutResponse)(nil),    // 7: osmo.rollout.v1.StartRolloutResponse
+	(*GetRolloutStatusRequest)(nil), // 8: osmo.rollout.v1.GetRolloutStatusRequest
+	(*RolloutStatus)(nil),           // 9: osmo.rollout.v1.RolloutStatus
+	(*CancelRolloutsRequest)(nil),   // 10: osmo.rollout.v1.CancelRolloutsRequest
+	(*CancelRolloutsResponse)(nil),  // 11: osmo.rollout.v1.CancelRolloutsResponse
+	(*HealthRequest)(nil),           // 12: osmo.rollout.v1.HealthRequest
+	(*Concurrency)(nil),             // 13: osmo.rollout.v1.Concurrency
+	(*HealthResponse)(nil),          // 14: osmo.rollout.v1.HealthResponse
+	nil,                             // 15: osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	(*structpb.Struct)(nil),         // 16: google.protobuf.Struct
+	(*RolloutSample)(nil),           // 17: osmo.rollout.v1.RolloutSample
+	(*RolloutMetrics)(nil),          // 18: osmo.rollout.v1.RolloutMetrics
+	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
+	(*structpb.Value)(nil),          // 20: google.protobuf.Value
 }
 var file_osmo_rollout_v1_rollout_proto_depIdxs = []int32{
-	8,  // 0: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
-	8,  // 1: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
-	8,  // 2: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
-	8,  // 3: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
+	16, // 0: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
+	16, // 1: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
+	16, // 2: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	16, // 3: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
 	0,  // 4: osmo.rollout.v1.Rollout.state:type_name -> osmo.rollout.v1.State
-	9,  // 5: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
-	10, // 6: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
-	8,  // 7: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
-	11, // 8: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
-	11, // 9: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
-	11, // 10: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
-	1,  // 11: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
-	3,  // 12: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
-	4,  // 13: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
-	6,  // 14: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
-	6,  // 15: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
-	2,  // 16: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
-	5,  // 17: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
-	5,  // 18: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
-	7,  // 19: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
-	7,  // 20: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	17, // 5: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
+	18, // 6: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
+	16, // 7: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
+	19, // 8: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
+	19, // 9: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
+	19, // 10: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
+	16, // 11: osmo.rollout.v1.StartRolloutRequest.initial_messages:type_name -> google.protobuf.Struct
+	20, // 12: osmo.rollout.v1.StartRolloutRequest.label:type_name -> google.protobuf.Value
+	16, // 13: osmo.rollout.v1.StartRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	16, // 14: osmo.rollout.v1.StartRolloutRequest.extra_fields:type_name -> google.protobuf.Struct
+	15, // 15: osmo.rollout.v1.CancelRolloutsResponse.dispositions:type_name -> osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	13, // 16: osmo.rollout.v1.HealthResponse.concurrency:type_name -> osmo.rollout.v1.Concurrency
+	1,  // 17: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
+	3,  // 18: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
+	4,  // 19: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
+	6,  // 20: osmo.rollout.v1.RolloutService.StartRollout:input_type -> osmo.rollout.v1.StartRolloutRequest
+	8,  // 21: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
+	10, // 22: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
+	12, // 23: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
+	12, // 24: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
+	2,  // 25: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
+	5,  // 26: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
+	5,  // 27: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
+	7,  // 28: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
+	9,  // 29: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
+	11, // 30: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
+	14, // 31: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
+	14, // 32: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
+	25, // [25:33] is the sub-list for method output_type
+	17, // [17:25] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_osmo_rollout_v1_rollout_proto_init() }
@@ -770,13 +1325,17 @@ func file_osmo_rollout_v1_rollout_proto_init() {
 	file_osmo_rollout_v1_sample_proto_init()
 	file_osmo_rollout_v1_rollout_proto_msgTypes[0].OneofWrappers = []any{}
 	file_osmo_rollout_v1_rollout_proto_msgTypes[4].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[5].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[8].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[9].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_rollout_v1_rollout_proto_rawDesc), len(file_osmo_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,11 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RolloutService_InitRollout_FullMethodName    = "/osmo.rollout.v1.RolloutService/InitRollout"
-	RolloutService_GetRollout_FullMethodName     = "/osmo.rollout.v1.RolloutService/GetRollout"
-	RolloutService_WatchRollouts_FullMethodName  = "/osmo.rollout.v1.RolloutService/WatchRollouts"
-	RolloutService_Health_FullMethodName         = "/osmo.rollout.v1.RolloutService/Health"
-	RolloutService_PlatformHealth_FullMethodName = "/osmo.rollout.v1.RolloutService/PlatformHealth"
+	RolloutService_InitRollout_FullMethodName      = "/osmo.rollout.v1.RolloutService/InitRollout"
+	RolloutService_GetRollout_FullMethodName       = "/osmo.rollout.v1.RolloutService/GetRollout"
+	RolloutService_WatchRollouts_FullMethodName    = "/osmo.rollout.v1.RolloutService/WatchRollouts"
+	RolloutService_StartRollout_FullMethodName     = "/osmo.rollout.v1.RolloutService/StartRollout"
+	RolloutService_GetRolloutStatus_FullMethodName = "/osmo.rollout.v1.RolloutService/GetRolloutStatus"
+	RolloutService_CancelRollouts_FullMethodName   = "/osmo.rollout.v1.RolloutService/CancelRollouts"
+	RolloutService_Health_FullMethodName           = "/osmo.rollout.v1.RolloutService/Health"
+	RolloutService_PlatformHealth_FullMethodName   = "/osmo.rollout.v1.RolloutService/PlatformHealth"
 )
 
 // RolloutServiceClient is the client API for RolloutService service.
@@ -43,6 +46,21 @@ type RolloutServiceClient interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(ctx context.Context, in *WatchRolloutsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Rollout], error)
+	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
+	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// prompt, and the completion (and grader) callbacks report the outcome,
+	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
+	// with Retry-After). A rollout id already known is not started again.
+	StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*StartRolloutResponse, error)
+	// GetRolloutStatus is the G3 status of a rollout; an id the server does
+	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
+	GetRolloutStatus(ctx context.Context, in *GetRolloutStatusRequest, opts ...grpc.CallOption) (*RolloutStatus, error)
+	// CancelRollouts cancels rollouts by ids, by id prefix or all of them
+	// (exactly one). Queued ones never start; running ones have their workflow
+	// context cancelled, exec agents killed and in-flight LLM calls aborted.
+	// Each still gets its one completion callback, with status "cancelled".
+	// (REST: POST /rollout/cancel)
+	CancelRollouts(ctx context.Context, in *CancelRolloutsRequest, opts ...grpc.CallOption) (*CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
@@ -97,6 +115,36 @@ func (c *rolloutServiceClient) WatchRollouts(ctx context.Context, in *WatchRollo
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RolloutService_WatchRolloutsClient = grpc.ServerStreamingClient[Rollout]
 
+func (c *rolloutServiceClient) StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*StartRolloutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartRolloutResponse)
+	err := c.cc.Invoke(ctx, RolloutService_StartRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) GetRolloutStatus(ctx context.Context, in *GetRolloutStatusRequest, opts ...grpc.CallOption) (*RolloutStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RolloutStatus)
+	err := c.cc.Invoke(ctx, RolloutService_GetRolloutStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) CancelRollouts(ctx context.Context, in *CancelRolloutsRequest, opts ...grpc.CallOption) (*CancelRolloutsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelRolloutsResponse)
+	err := c.cc.Invoke(ctx, RolloutService_CancelRollouts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rolloutServiceClient) Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HealthResponse)
@@ -134,6 +182,21 @@ type RolloutServiceServer interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(*WatchRolloutsRequest, grpc.ServerStreamingServer[Rollout]) error
+	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
+	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// prompt, and the completion (and grader) callbacks report the outcome,
+	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
+	// with Retry-After). A rollout id already known is not started again.
+	StartRollout(context.Context, *StartRolloutRequest) (*StartRolloutResponse, error)
+	// GetRolloutStatus is the G3 status of a rollout; an id the server does
+	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
+	GetRolloutStatus(context.Context, *GetRolloutStatusRequest) (*RolloutStatus, error)
+	// CancelRollouts cancels rollouts by ids, by id prefix or all of them
+	// (exactly one). Queued ones never start; running ones have their workflow
+	// context cancelled, exec agents killed and in-flight LLM calls aborted.
+	// Each still gets its one completion callback, with status "cancelled".
+	// (REST: POST /rollout/cancel)
+	CancelRollouts(context.Context, *CancelRolloutsRequest) (*CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
@@ -157,6 +220,15 @@ func (UnimplementedRolloutServiceServer) GetRollout(context.Context, *GetRollout
 }
 func (UnimplementedRolloutServiceServer) WatchRollouts(*WatchRolloutsRequest, grpc.ServerStreamingServer[Rollout]) error {
 	return status.Error(codes.Unimplemented, "method WatchRollouts not implemented")
+}
+func (UnimplementedRolloutServiceServer) StartRollout(context.Context, *StartRolloutRequest) (*StartRolloutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRollout not implemented")
+}
+func (UnimplementedRolloutServiceServer) GetRolloutStatus(context.Context, *GetRolloutStatusRequest) (*RolloutStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRolloutStatus not implemented")
+}
+func (UnimplementedRolloutServiceServer) CancelRollouts(context.Context, *CancelRolloutsRequest) (*CancelRolloutsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelRollouts not implemented")
 }
 func (UnimplementedRolloutServiceServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
@@ -232,6 +304,60 @@ func _RolloutService_WatchRollouts_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RolloutService_WatchRolloutsServer = grpc.ServerStreamingServer[Rollout]
 
+func _RolloutService_StartRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).StartRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_StartRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).StartRollout(ctx, req.(*StartRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_GetRolloutStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRolloutStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).GetRolloutStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_GetRolloutStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).GetRolloutStatus(ctx, req.(*GetRolloutStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_CancelRollouts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelRolloutsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).CancelRollouts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_CancelRollouts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).CancelRollouts(ctx, req.(*CancelRolloutsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RolloutService_Health_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthRequest)
 	if err := dec(in); err != nil {
@@ -282,6 +408,18 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRollout",
 			Handler:    _RolloutService_GetRollout_Handler,
+		},
+		{
+			MethodName: "StartRollout",
+			Handler:    _RolloutService_StartRollout_Handler,
+		},
+		{
+			MethodName: "GetRolloutStatus",
+			Handler:    _RolloutService_GetRolloutStatus_Handler,
+		},
+		{
+			MethodName: "CancelRollouts",
+			Handler:    _RolloutService_CancelRollouts_Handler,
 		},
 		{
 			MethodName: "Health",

@@ -42,6 +42,15 @@ const (
 	// RolloutServiceWatchRolloutsProcedure is the fully-qualified name of the RolloutService's
 	// WatchRollouts RPC.
 	RolloutServiceWatchRolloutsProcedure = "/osmo.rollout.v1.RolloutService/WatchRollouts"
+	// RolloutServiceStartRolloutProcedure is the fully-qualified name of the RolloutService's
+	// StartRollout RPC.
+	RolloutServiceStartRolloutProcedure = "/osmo.rollout.v1.RolloutService/StartRollout"
+	// RolloutServiceGetRolloutStatusProcedure is the fully-qualified name of the RolloutService's
+	// GetRolloutStatus RPC.
+	RolloutServiceGetRolloutStatusProcedure = "/osmo.rollout.v1.RolloutService/GetRolloutStatus"
+	// RolloutServiceCancelRolloutsProcedure is the fully-qualified name of the RolloutService's
+	// CancelRollouts RPC.
+	RolloutServiceCancelRolloutsProcedure = "/osmo.rollout.v1.RolloutService/CancelRollouts"
 	// RolloutServiceHealthProcedure is the fully-qualified name of the RolloutService's Health RPC.
 	RolloutServiceHealthProcedure = "/osmo.rollout.v1.RolloutService/Health"
 	// RolloutServicePlatformHealthProcedure is the fully-qualified name of the RolloutService's
@@ -60,6 +69,21 @@ type RolloutServiceClient interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(context.Context, *v1.WatchRolloutsRequest) (*connect.ServerStreamForClient[v1.Rollout], error)
+	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
+	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// prompt, and the completion (and grader) callbacks report the outcome,
+	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
+	// with Retry-After). A rollout id already known is not started again.
+	StartRollout(context.Context, *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error)
+	// GetRolloutStatus is the G3 status of a rollout; an id the server does
+	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
+	GetRolloutStatus(context.Context, *v1.GetRolloutStatusRequest) (*v1.RolloutStatus, error)
+	// CancelRollouts cancels rollouts by ids, by id prefix or all of them
+	// (exactly one). Queued ones never start; running ones have their workflow
+	// context cancelled, exec agents killed and in-flight LLM calls aborted.
+	// Each still gets its one completion callback, with status "cancelled".
+	// (REST: POST /rollout/cancel)
+	CancelRollouts(context.Context, *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
@@ -96,6 +120,24 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("WatchRollouts")),
 			connect.WithClientOptions(opts...),
 		),
+		startRollout: connect.NewClient[v1.StartRolloutRequest, v1.StartRolloutResponse](
+			httpClient,
+			baseURL+RolloutServiceStartRolloutProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("StartRollout")),
+			connect.WithClientOptions(opts...),
+		),
+		getRolloutStatus: connect.NewClient[v1.GetRolloutStatusRequest, v1.RolloutStatus](
+			httpClient,
+			baseURL+RolloutServiceGetRolloutStatusProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("GetRolloutStatus")),
+			connect.WithClientOptions(opts...),
+		),
+		cancelRollouts: connect.NewClient[v1.CancelRolloutsRequest, v1.CancelRolloutsResponse](
+			httpClient,
+			baseURL+RolloutServiceCancelRolloutsProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("CancelRollouts")),
+			connect.WithClientOptions(opts...),
+		),
 		health: connect.NewClient[v1.HealthRequest, v1.HealthResponse](
 			httpClient,
 			baseURL+RolloutServiceHealthProcedure,
@@ -113,11 +155,14 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // rolloutServiceClient implements RolloutServiceClient.
 type rolloutServiceClient struct {
-	initRollout    *connect.Client[v1.InitRolloutRequest, v1.InitRolloutResponse]
-	getRollout     *connect.Client[v1.GetRolloutRequest, v1.Rollout]
-	watchRollouts  *connect.Client[v1.WatchRolloutsRequest, v1.Rollout]
-	health         *connect.Client[v1.HealthRequest, v1.HealthResponse]
-	platformHealth *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	initRollout      *connect.Client[v1.InitRolloutRequest, v1.InitRolloutResponse]
+	getRollout       *connect.Client[v1.GetRolloutRequest, v1.Rollout]
+	watchRollouts    *connect.Client[v1.WatchRolloutsRequest, v1.Rollout]
+	startRollout     *connect.Client[v1.StartRolloutRequest, v1.StartRolloutResponse]
+	getRolloutStatus *connect.Client[v1.GetRolloutStatusRequest, v1.RolloutStatus]
+	cancelRollouts   *connect.Client[v1.CancelRolloutsRequest, v1.CancelRolloutsResponse]
+	health           *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	platformHealth   *connect.Client[v1.HealthRequest, v1.HealthResponse]
 }
 
 // InitRollout calls osmo.rollout.v1.RolloutService.InitRollout.
@@ -141,6 +186,33 @@ func (c *rolloutServiceClient) GetRollout(ctx context.Context, req *v1.GetRollou
 // WatchRollouts calls osmo.rollout.v1.RolloutService.WatchRollouts.
 func (c *rolloutServiceClient) WatchRollouts(ctx context.Context, req *v1.WatchRolloutsRequest) (*connect.ServerStreamForClient[v1.Rollout], error) {
 	return c.watchRollouts.CallServerStream(ctx, connect.NewRequest(req))
+}
+
+// StartRollout calls osmo.rollout.v1.RolloutService.StartRollout.
+func (c *rolloutServiceClient) StartRollout(ctx context.Context, req *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error) {
+	response, err := c.startRollout.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// GetRolloutStatus calls osmo.rollout.v1.RolloutService.GetRolloutStatus.
+func (c *rolloutServiceClient) GetRolloutStatus(ctx context.Context, req *v1.GetRolloutStatusRequest) (*v1.RolloutStatus, error) {
+	response, err := c.getRolloutStatus.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// CancelRollouts calls osmo.rollout.v1.RolloutService.CancelRollouts.
+func (c *rolloutServiceClient) CancelRollouts(ctx context.Context, req *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error) {
+	response, err := c.cancelRollouts.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
 }
 
 // Health calls osmo.rollout.v1.RolloutService.Health.
@@ -172,6 +244,21 @@ type RolloutServiceHandler interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(context.Context, *v1.WatchRolloutsRequest, *connect.ServerStream[v1.Rollout]) error
+	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
+	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// prompt, and the completion (and grader) callbacks report the outcome,
+	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
+	// with Retry-After). A rollout id already known is not started again.
+	StartRollout(context.Context, *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error)
+	// GetRolloutStatus is the G3 status of a rollout; an id the server does
+	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
+	GetRolloutStatus(context.Context, *v1.GetRolloutStatusRequest) (*v1.RolloutStatus, error)
+	// CancelRollouts cancels rollouts by ids, by id prefix or all of them
+	// (exactly one). Queued ones never start; running ones have their workflow
+	// context cancelled, exec agents killed and in-flight LLM calls aborted.
+	// Each still gets its one completion callback, with status "cancelled".
+	// (REST: POST /rollout/cancel)
+	CancelRollouts(context.Context, *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
@@ -204,6 +291,24 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("WatchRollouts")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceStartRolloutHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceStartRolloutProcedure,
+		svc.StartRollout,
+		connect.WithSchema(rolloutServiceMethods.ByName("StartRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceGetRolloutStatusHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceGetRolloutStatusProcedure,
+		svc.GetRolloutStatus,
+		connect.WithSchema(rolloutServiceMethods.ByName("GetRolloutStatus")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceCancelRolloutsHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceCancelRolloutsProcedure,
+		svc.CancelRollouts,
+		connect.WithSchema(rolloutServiceMethods.ByName("CancelRollouts")),
+		connect.WithHandlerOptions(opts...),
+	)
 	rolloutServiceHealthHandler := connect.NewUnaryHandlerSimple(
 		RolloutServiceHealthProcedure,
 		svc.Health,
@@ -224,6 +329,12 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceGetRolloutHandler.ServeHTTP(w, r)
 		case RolloutServiceWatchRolloutsProcedure:
 			rolloutServiceWatchRolloutsHandler.ServeHTTP(w, r)
+		case RolloutServiceStartRolloutProcedure:
+			rolloutServiceStartRolloutHandler.ServeHTTP(w, r)
+		case RolloutServiceGetRolloutStatusProcedure:
+			rolloutServiceGetRolloutStatusHandler.ServeHTTP(w, r)
+		case RolloutServiceCancelRolloutsProcedure:
+			rolloutServiceCancelRolloutsHandler.ServeHTTP(w, r)
 		case RolloutServiceHealthProcedure:
 			rolloutServiceHealthHandler.ServeHTTP(w, r)
 		case RolloutServicePlatformHealthProcedure:
@@ -247,6 +358,18 @@ func (UnimplementedRolloutServiceHandler) GetRollout(context.Context, *v1.GetRol
 
 func (UnimplementedRolloutServiceHandler) WatchRollouts(context.Context, *v1.WatchRolloutsRequest, *connect.ServerStream[v1.Rollout]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.WatchRollouts is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) StartRollout(context.Context, *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.StartRollout is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) GetRolloutStatus(context.Context, *v1.GetRolloutStatusRequest) (*v1.RolloutStatus, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.GetRolloutStatus is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) CancelRollouts(context.Context, *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.CancelRollouts is not implemented"))
 }
 
 func (UnimplementedRolloutServiceHandler) Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error) {

@@ -1,0 +1,210 @@
+package osmoopenai
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/param"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// Session is an in-memory conversation bound to one sample of the active
+// rollout: the Go counterpart of OsmosisMemorySession. It registers itself
+// as a sample source under its name, so the grader reads its items as the
+// sample's messages, and its client sends every call under that sample id.
+//
+// Items are OpenAI chat messages kept as the JSON objects that go on the
+// wire. A Session is safe for concurrent use; calls to Complete that
+// overlap each send the items recorded when they started.
+type Session struct {
+	id      string
+	client  openai.Client
+	log     *slog.Logger
+	rollout *osmo.Rollout
+
+	mu    sync.Mutex
+	items []json.RawMessage
+	// err is the first item that could not be recorded. It fails every
+	// later Complete and the sample: a conversation with a hole in it must
+	// neither go to the policy nor be trained on.
+	err error
+}
+
+var _ osmo.SampleSource = (*Session)(nil)
+
+// NewSession creates a session named name (the sample id; "" picks a random
+// one with osmo.NewSampleID) and registers it with the rollout in ctx. opts
+// go to its client as in NewClient.
+//
+// Outside AgentWorkflow.Run the error wraps osmo.ErrNoRollout; a second
+// session under the same name in one rollout wraps osmo.ErrDuplicateSample.
+func NewSession(ctx context.Context, name string, opts ...option.RequestOption) (*Session, error) {
+	r, err := osmo.RolloutFromContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
+	}
+	if name == "" {
+		name = osmo.NewSampleID()
+	}
+	client, err := newClient(r, name, opts)
+	if err != nil {
+		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
+	}
+	s := &Session{id: name, client: client, log: r.Logger().With("sample_id", name), rollout: r}
+	// Registered last, so a session that failed to build leaves no sample
+	// behind.
+	if err := r.Register(name, s); err != nil {
+		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
+	}
+	return s, nil
+}
+
+// ID is the session's sample id.
+func (s *Session) ID() string { return s.id }
+
+// Client is the OpenAI client bound to this session's sample. Calls made
+// with it directly are recorded by the proxy under the sample but are not
+// added to the session; use Complete for that.
+func (s *Session) Client() openai.Client { return s.client }
+
+// AddItems appends messages to the conversation, recorded as the JSON
+// objects they encode to. An item that does not encode to a JSON object
+// (an empty union, a param whose value cannot be encoded) is not recorded;
+// the session then fails its next Complete and its sample, naming the item.
+func (s *Session) AddItems(items ...openai.ChatCompletionMessageParamUnion) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, item := range items {
+		raw, err := encodeItem(item)
+		if err != nil {
+			if s.err == nil {
+				s.err = fmt.Errorf("osmoopenai: session %q: item %d: %w", s.id, len(s.items), err)
+				s.log.Error("osmoopenai: session item not recorded", "item", len(s.items), "error", err)
+			}
+			continue
+		}
+		s.items = append(s.items, raw)
+	}
+}
+
+// encodeItem encodes a message param, requiring a JSON object.
+func encodeItem(item openai.ChatCompletionMessageParamUnion) (json.RawMessage, error) {
+	raw, err := json.Marshal(item)
+	if err != nil {
+		return nil, fmt.Errorf("encode message: %w", err)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return nil, fmt.Errorf("message encodes to %s, not a JSON object", truncate(raw, 64))
+	}
+	return raw, nil
+}
+
+// Items returns a copy of the conversation: each item is a fresh JSON object
+// exactly as it is sent to the policy.
+func (s *Session) Items() []osmo.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]osmo.Message, 0, len(s.items))
+	for _, raw := range s.items {
+		var m osmo.Message
+		// Every stored item was checked to decode as an object when added.
+		_ = json.Unmarshal(raw, &m)
+		out = append(out, m)
+	}
+	return out
+}
+
+// SampleMessages implements osmo.SampleSource: the session's items.
+func (s *Session) SampleMessages() ([]osmo.Message, error) {
+	s.mu.Lock()
+	err := s.err
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return s.Items(), nil
+}
+
+// Complete sends the session's items to the policy and appends the reply.
+// params.Messages, when set, are appended to the session first; every other
+// field of params is sent as given, with Model defaulting to Model. The
+// reply (choices[0].message, tool calls included) is appended as the
+// assistant message param it converts to, so it can be sent back as is.
+func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
+	if len(params.Messages) > 0 {
+		s.AddItems(params.Messages...)
+	}
+	msgs, err := s.requestMessages()
+	if err != nil {
+		return nil, err
+	}
+	params.Messages = msgs
+	if params.Model == "" {
+		params.Model = Model
+	}
+	start := time.Now()
+	resp, err := s.client.Chat.Completions.New(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
+	}
+	if len(resp.Choices) == 0 {
+		return nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
+	}
+	choice := resp.Choices[0]
+	s.AddItems(replyParam(choice.Message))
+	latency := time.Since(start)
+	s.log.DebugContext(ctx, "osmoopenai: chat completion",
+		"model", params.Model, "messages", len(msgs), "finish_reason", choice.FinishReason,
+		"tool_calls", len(choice.Message.ToolCalls), "latency", latency)
+	s.rollout.LogEvent("osmoopenai_completion", map[string]any{
+		"sample_id": s.id, "messages": len(msgs), "finish_reason": choice.FinishReason,
+		"tool_calls": len(choice.Message.ToolCalls), "latency_ms": float64(latency) / float64(time.Millisecond),
+	})
+	return resp, nil
+}
+
+// requestMessages are the items as request params that encode to exactly
+// the recorded JSON.
+func (s *Session) requestMessages() ([]openai.ChatCompletionMessageParamUnion, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil, s.err
+	}
+	if len(s.items) == 0 {
+		return nil, fmt.Errorf("osmoopenai: session %q has no messages to send", s.id)
+	}
+	msgs := make([]openai.ChatCompletionMessageParamUnion, len(s.items))
+	for i, raw := range s.items {
+		msgs[i] = param.Override[openai.ChatCompletionMessageParamUnion](raw)
+	}
+	return msgs, nil
+}
+
+// replyParam is the assistant message param of a reply. A reply with
+// neither text nor calls keeps an explicit empty content: an assistant
+// message without content or tool calls is not a valid request message.
+func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessageParamUnion {
+	p := m.ToParam()
+	a := p.OfAssistant
+	if !a.Content.OfString.Valid() && len(a.Content.OfArrayOfContentParts) == 0 &&
+		len(a.ToolCalls) == 0 && a.FunctionCall.Name == "" && !a.Refusal.Valid() {
+		a.Content.OfString = openai.String("")
+	}
+	return p
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "..."
+}

@@ -1,0 +1,272 @@
+package osmo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime/debug"
+)
+
+// Concurrency bounds how many executions of a workflow run at once.
+type Concurrency struct {
+	// MaxConcurrent executions; 0 means no limit of the workflow's own (the
+	// server's --max-concurrent still applies).
+	MaxConcurrent int `json:"max_concurrent,omitempty"`
+}
+
+// AgentWorkflowConfig is the part every workflow config shares. Embed it in a
+// config type to give the workflow its name, description and concurrency:
+//
+//	type SearchConfig struct {
+//		osmo.AgentWorkflowConfig
+//		MaxIterations int `json:"max_iterations"`
+//	}
+type AgentWorkflowConfig struct {
+	// Name identifies the workflow. Required.
+	Name        string      `json:"name"`
+	Description string      `json:"description,omitempty"`
+	Concurrency Concurrency `json:"concurrency,omitzero"`
+}
+
+// base lets NewWorkflow find an embedded AgentWorkflowConfig.
+func (c *AgentWorkflowConfig) base() *AgentWorkflowConfig { return c }
+
+type workflowConfig interface{ base() *AgentWorkflowConfig }
+
+// AgentWorkflow produces behaviour for one dataset row: the Go face of the
+// Osmosis AgentWorkflow, generic over its config type T. Run is called once
+// per rollout; it builds its agents inside, routes every LLM call through the
+// rollout (see Rollout.Endpoint and the integrations), and registers each
+// conversation that should be graded as a sample source. It must be safe for
+// concurrent use: one value serves every rollout.
+type AgentWorkflow[T any] interface {
+	Run(ctx context.Context, wc *WorkflowContext[T]) error
+}
+
+// WorkflowFunc adapts a function to AgentWorkflow.
+type WorkflowFunc[T any] func(ctx context.Context, wc *WorkflowContext[T]) error
+
+// Run calls f.
+func (f WorkflowFunc[T]) Run(ctx context.Context, wc *WorkflowContext[T]) error { return f(ctx, wc) }
+
+// WorkflowContext is what one execution of a workflow works on.
+type WorkflowContext[T any] struct {
+	// RolloutID is the trainer's id for this rollout.
+	RolloutID string
+	// Prompt is the dataset row's input messages.
+	Prompt []Message
+	// Config is the workflow's config; nil when none was given.
+	Config *T
+	// Metadata is the row's metadata column; nil when the row has none. The
+	// row's label (ground truth) is never here: only graders see it.
+	Metadata map[string]any
+	// Rollout is the active rollout (also in ctx: RolloutFromContext).
+	Rollout *Rollout
+}
+
+// WorkflowInput is one rollout's input, as the rollout service hands it to a
+// Workflow.
+type WorkflowInput struct {
+	RolloutID string
+	Prompt    []Message
+	Metadata  map[string]any
+}
+
+// ToolProvider is implemented by workflows (or their configs) that declare
+// the function tools they offer, so `osmo validate` can check the schemas.
+type ToolProvider interface {
+	Tools() []Tool
+}
+
+// ConfigValidator is implemented by configs that check themselves; `osmo
+// validate` and Workflow.WithConfigJSON call it.
+type ConfigValidator interface {
+	Validate() error
+}
+
+// Workflow is an AgentWorkflow bound to its config, type-erased so the
+// rollout service, registries and `osmo validate` can hold any of them.
+// Build one with NewWorkflow.
+type Workflow struct {
+	name        string
+	description string
+	concurrency int
+	tools       []Tool
+	config      any // *T, possibly nil
+	validate    func() error
+	run         func(ctx context.Context, r *Rollout, in *WorkflowInput) error
+	rebind      func(data []byte) (*Workflow, error)
+}
+
+// NewWorkflow binds w to config (nil for none). The name, description and
+// concurrency come from an AgentWorkflowConfig embedded in T; a workflow
+// whose config has none (or no config) names itself with a Name() method.
+func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
+	if w == nil {
+		return nil, errors.New("osmo.NewWorkflow: nil workflow")
+	}
+	wf := &Workflow{config: config}
+	if config != nil {
+		if c, ok := any(config).(workflowConfig); ok {
+			b := c.base()
+			wf.name, wf.description, wf.concurrency = b.Name, b.Description, b.Concurrency.MaxConcurrent
+		}
+	}
+	if wf.name == "" {
+		if n, ok := any(w).(interface{ Name() string }); ok {
+			wf.name = n.Name()
+		}
+	}
+	if wf.name == "" {
+		return nil, fmt.Errorf("osmo.NewWorkflow: %T has no name: embed osmo.AgentWorkflowConfig in its config and set Name, or give it a Name method", w)
+	}
+	if wf.concurrency < 0 {
+		return nil, fmt.Errorf("osmo.NewWorkflow: workflow %q: concurrency.max_concurrent must be 0 (no limit) or more, got %d", wf.name, wf.concurrency)
+	}
+	if tp, ok := any(w).(ToolProvider); ok {
+		wf.tools = append(wf.tools, tp.Tools()...)
+	}
+	if config != nil {
+		if tp, ok := any(config).(ToolProvider); ok {
+			wf.tools = append(wf.tools, tp.Tools()...)
+		}
+	}
+	wf.validate = func() error {
+		if config == nil {
+			return nil
+		}
+		if v, ok := any(config).(ConfigValidator); ok {
+			return v.Validate()
+		}
+		return nil
+	}
+	wf.run = func(ctx context.Context, r *Rollout, in *WorkflowInput) error {
+		return w.Run(ctx, &WorkflowContext[T]{
+			RolloutID: in.RolloutID,
+			Prompt:    in.Prompt,
+			Config:    config,
+			Metadata:  in.Metadata,
+			Rollout:   r,
+		})
+	}
+	wf.rebind = func(data []byte) (*Workflow, error) {
+		next := new(T)
+		if config != nil {
+			// Start from the current config so a file may set only some fields.
+			*next = *config
+		}
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		if err := dec.Decode(next); err != nil {
+			return nil, fmt.Errorf("config does not decode into %s: %w", reflect.TypeFor[T](), err)
+		}
+		return NewWorkflow(w, next)
+	}
+	return wf, nil
+}
+
+// MustWorkflow is NewWorkflow that panics on error, for package-level
+// registrations whose failure is a programming error.
+func MustWorkflow[T any](w AgentWorkflow[T], config *T) *Workflow {
+	wf, err := NewWorkflow(w, config)
+	if err != nil {
+		panic(err)
+	}
+	return wf
+}
+
+// Name is the workflow's name: the entrypoint name it is served under and
+// the default sample id prefix.
+func (w *Workflow) Name() string { return w.name }
+
+// Description is the config's description, if any.
+func (w *Workflow) Description() string { return w.description }
+
+// MaxConcurrent is the workflow's own concurrency limit (0: none).
+func (w *Workflow) MaxConcurrent() int { return w.concurrency }
+
+// Tools are the tools the workflow declares (ToolProvider), for validation.
+func (w *Workflow) Tools() []Tool { return w.tools }
+
+// Config is the bound config (a *T), or nil.
+func (w *Workflow) Config() any { return w.config }
+
+// ConfigJSON is the bound config as a JSON object ("{}" without one): what
+// exec agents receive as "config".
+func (w *Workflow) ConfigJSON() (json.RawMessage, error) {
+	if w.config == nil || reflect.ValueOf(w.config).IsNil() {
+		return json.RawMessage(`{}`), nil
+	}
+	b, err := json.Marshal(w.config)
+	if err != nil {
+		return nil, fmt.Errorf("workflow %q: encode config: %w", w.name, err)
+	}
+	return b, nil
+}
+
+// WithConfigJSON returns the workflow bound to the config decoded from data
+// (a JSON object, laid over the current config), validated.
+func (w *Workflow) WithConfigJSON(data []byte) (*Workflow, error) {
+	next, err := w.rebind(data)
+	if err != nil {
+		return nil, fmt.Errorf("workflow %q: %w", w.name, err)
+	}
+	if err := next.validate(); err != nil {
+		return nil, fmt.Errorf("workflow %q: invalid config: %w", next.name, err)
+	}
+	return next, nil
+}
+
+// Validate checks what can be checked before serving: the config's own
+// Validate and every declared tool's schema.
+func (w *Workflow) Validate() error {
+	var errs []error
+	if err := w.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("invalid config: %w", err))
+	}
+	seen := map[string]bool{}
+	for i, t := range w.tools {
+		name, err := ValidateTool(t)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tool %d: %w", i, err))
+			continue
+		}
+		if seen[name] {
+			errs = append(errs, fmt.Errorf("tool %q is declared twice", name))
+		}
+		seen[name] = true
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("workflow %q: %w", w.name, err)
+	}
+	return nil
+}
+
+// Run executes the workflow for one rollout with r installed in ctx. A panic
+// becomes an error; so does returning without registering any sample
+// source (ErrNoSamples): an empty success would train on nothing.
+func (w *Workflow) Run(ctx context.Context, r *Rollout, in *WorkflowInput) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+	}()
+	if err := w.run(ContextWithRollout(ctx, r), r, in); err != nil {
+		return err
+	}
+	if len(r.Sources()) == 0 {
+		return fmt.Errorf("workflow %q: %w", w.name, ErrNoSamples)
+	}
+	return nil
+}
+
+// PanicError is a workflow panic turned into an error.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("workflow panicked: %v", e.Value) }
