@@ -186,11 +186,12 @@ func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "openapi.json", time.Time{}, bytes.NewReader(g.openapi))
 }
 
-// acceptInitRollout makes InitRollout answer 202 Accepted, as the Osmosis
-// remote-rollout protocol requires. It runs before the response is
-// marshaled, so it only chooses the status; statusWriter sends it.
+// acceptInitRollout makes InitRollout (G1) and StartRollout (G3) answer 202
+// Accepted, as the Osmosis protocols require. It runs before the response
+// is marshaled, so it only chooses the status; statusWriter sends it.
 func acceptInitRollout(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
-	if method, ok := runtime.RPCMethod(ctx); !ok || method != rolloutv1.RolloutService_InitRollout_FullMethodName {
+	method, ok := runtime.RPCMethod(ctx)
+	if !ok || (method != rolloutv1.RolloutService_InitRollout_FullMethodName && method != rolloutv1.RolloutService_StartRollout_FullMethodName) {
 		return nil
 	}
 	if sw, ok := w.(*statusWriter); ok {

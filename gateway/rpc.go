@@ -78,6 +78,18 @@ func (f rolloutForwarder) GetRollout(ctx context.Context, req *rolloutv1.GetRoll
 	return forwardUnary(ctx, req, f.client.GetRollout)
 }
 
+func (f rolloutForwarder) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutRequest) (*rolloutv1.StartRolloutResponse, error) {
+	return forwardUnary(ctx, req, f.client.StartRollout)
+}
+
+func (f rolloutForwarder) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
+	return forwardUnary(ctx, req, f.client.GetRolloutStatus)
+}
+
+func (f rolloutForwarder) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRolloutsRequest) (*rolloutv1.CancelRolloutsResponse, error) {
+	return forwardUnary(ctx, req, f.client.CancelRollouts)
+}
+
 func (f rolloutForwarder) Health(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	return forwardUnary(ctx, req, f.client.Health)
 }

@@ -124,6 +124,36 @@ func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[str
 		r := rs.GetAgentReward()
 		s.AgentReward = &r
 	}
+	if rs.Reward != nil {
+		r := rs.GetReward()
+		s.Reward = &r
+	}
+	s.RemoveSample = rs.GetRemoveSample()
+	if m := rs.GetMetrics(); m != nil {
+		s.Metrics = &osmo.SampleMetrics{
+			TotalLatencyMS: m.GetTotalLatencyMs(), LLMLatencyMS: m.GetLlmLatencyMs(), ToolLatencyMS: m.GetToolLatencyMs(),
+			NumLLMCalls: int(m.GetNumLlmCalls()), NumToolCalls: int(m.GetNumToolCalls()), PromptTokens: int(m.GetPromptTokens()),
+			ResponseTokens: int(m.GetResponseTokens()), MaxContextTokens: int(m.GetMaxContextTokens()),
+		}
+	}
+	for _, c := range rs.GetLlmCalls() {
+		call := osmo.LLMCall{
+			ID: c.GetId(), Model: c.GetModel(), FinishReason: c.GetFinishReason(),
+			Usage: osmo.Usage{
+				PromptTokens: int(c.GetUsage().GetPromptTokens()), CompletionTokens: int(c.GetUsage().GetCompletionTokens()),
+				TotalTokens: int(c.GetUsage().GetTotalTokens()),
+			},
+			PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(), Logprobs: c.GetLogprobs(),
+			LatencyMS: c.GetLatencyMs(), StatusCode: int(c.GetStatusCode()), Error: c.GetError(),
+		}
+		for _, m := range c.GetRequestMessages() {
+			call.RequestMessages = append(call.RequestMessages, m.AsMap())
+		}
+		if c.GetResponseMessage() != nil {
+			call.ResponseMessage = c.GetResponseMessage().AsMap()
+		}
+		s.LLMCalls = append(s.LLMCalls, call)
+	}
 	return s
 }
 

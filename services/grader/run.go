@@ -19,6 +19,13 @@ import (
 // by whichever service the client reaches next.
 var errShutdown = errors.New("grader service is shutting down")
 
+// Error categories of a failed grading, as the G2 wire names them.
+const (
+	categoryTimeout    = "timeout"
+	categoryValidation = "validation_error"
+	categoryAgent      = "agent_error"
+)
+
 // panicError is a grader panic turned into an error.
 type panicError struct {
 	value any
@@ -42,7 +49,11 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *gra
 	case <-s.ctx.Done():
 		return nil, errShutdown
 	}
-	ctx, cancel := context.WithTimeout(sctx, s.cfg.Timeout)
+	timeout := s.cfg.Timeout
+	if t := req.GetTimeout(); t != nil && t.AsDuration() > 0 && t.AsDuration() < timeout {
+		timeout = t.AsDuration()
+	}
+	ctx, cancel := context.WithTimeout(sctx, timeout)
 	defer cancel()
 	start := time.Now()
 	done := make(chan error, 1)
@@ -71,10 +82,16 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *gra
 	elapsed := time.Since(start)
 
 	gr = &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now()}
-	if err == nil {
-		err = collect(gc, ids, gr)
-	} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = fmt.Errorf("timed out after %s", s.cfg.Timeout)
+	switch {
+	case err == nil:
+		if err = collect(gc, ids, gr); err != nil {
+			gr.Category = categoryValidation
+		}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		err = fmt.Errorf("timed out after %s", timeout)
+		gr.Category = categoryTimeout
+	default:
+		gr.Category = categoryAgent
 	}
 	if err != nil {
 		var p *panicError

@@ -216,7 +216,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 				switch st.Code() {
 				case codes.InvalidArgument:
 					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
-					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(), Error: "invalid request: " + st.Message()}
+					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(), Error: "invalid request: " + st.Message(), ErrorCategory: categoryValidation}
 				case codes.Unavailable:
 					// Closing: end the stream so the client reconnects and resends.
 					cancel(err)
@@ -402,6 +402,9 @@ func respond(rolloutID string, ids []string, found map[string]outcome) *graderv1
 		if o.g.Error != "" {
 			if !slices.Contains(errs, o.g.Error) {
 				errs = append(errs, o.g.Error)
+			}
+			if resp.ErrorCategory == "" {
+				resp.ErrorCategory = o.g.Category
 			}
 			continue
 		}

@@ -9,11 +9,13 @@ import (
 // grading is one run of a grader over samples of one rollout: an outcome per
 // sample, or one error for all of them. It is also the journal's line format.
 type grading struct {
-	RolloutID string         `json:"rollout_id"`
-	Grader    string         `json:"grader"`
-	GradedAt  time.Time      `json:"graded_at"`
-	Error     string         `json:"error,omitempty"`
-	Samples   []sampleResult `json:"samples"`
+	RolloutID string    `json:"rollout_id"`
+	Grader    string    `json:"grader"`
+	GradedAt  time.Time `json:"graded_at"`
+	Error     string    `json:"error,omitempty"`
+	// Category classifies Error: timeout, validation_error or agent_error.
+	Category string         `json:"category,omitempty"`
+	Samples  []sampleResult `json:"samples"`
 }
 
 // sampleResult is one sample's outcome. Reward is nil when the sample was

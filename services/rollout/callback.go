@@ -51,6 +51,26 @@ type callbackPolicy struct {
 	BaseDelay time.Duration
 	MaxDelay  time.Duration
 	Timeout   time.Duration
+	// Delivered and Retryable classify an answer's status; nil means the G1
+	// rule (only 200 delivers, 5xx is retried).
+	Delivered func(code int) bool
+	Retryable func(code int) bool
+}
+
+// g1Delivered and g1Retryable are the G1 completion rule.
+func g1Delivered(code int) bool { return code == http.StatusOK }
+func g1Retryable(code int) bool { return code >= 500 }
+
+// g2Delivered and g2Retryable are the G2 callback rule: any 2xx delivers;
+// 429, 500, 502, 503 and 504 are retried.
+func g2Delivered(code int) bool { return code >= 200 && code <= 299 }
+func g2Retryable(code int) bool {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 func (p callbackPolicy) delay(attempt int) time.Duration {
@@ -84,7 +104,7 @@ func postJSON(ctx context.Context, client *http.Client, url, bearer string, body
 			case <-t.C:
 			}
 		}
-		lastErr = postOnce(ctx, client, url, bearer, payload, p.Timeout)
+		lastErr = p.postOnce(ctx, client, url, bearer, payload)
 		if lastErr == nil {
 			attempts.WithLabelValues("ok").Inc()
 			return attempt + 1, nil
@@ -110,11 +130,15 @@ func postJSON(ctx context.Context, client *http.Client, url, bearer string, body
 	return p.Retries + 1, fmt.Errorf("callback to %s failed after %d attempts: %w", url, p.Retries+1, lastErr)
 }
 
-func postOnce(ctx context.Context, client *http.Client, url, bearer string, payload []byte, timeout time.Duration) error {
-	if timeout > 0 {
+func (p callbackPolicy) postOnce(ctx context.Context, client *http.Client, url, bearer string, payload []byte) error {
+	if p.Timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
+		ctx, cancel = context.WithTimeout(ctx, p.Timeout)
 		defer cancel()
+	}
+	delivered, retryable := p.Delivered, p.Retryable
+	if delivered == nil {
+		delivered, retryable = g1Delivered, g1Retryable
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
@@ -131,9 +155,9 @@ func postOnce(ctx context.Context, client *http.Client, url, bearer string, payl
 	defer resp.Body.Close()
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	switch {
-	case resp.StatusCode == http.StatusOK:
+	case delivered(resp.StatusCode):
 		return nil
-	case resp.StatusCode >= 500:
+	case retryable(resp.StatusCode):
 		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(snippet))
 	default:
 		return fmt.Errorf("%w: HTTP %d: %s", errPermanent, resp.StatusCode, bytes.TrimSpace(snippet))

@@ -38,10 +38,30 @@ func DefaultClientSettings() ClientSettings {
 	}
 }
 
+// CallbackSettings is the G2 callback delivery policy: Attempts tries, the
+// delay between them BaseDelay doubling up to MaxDelay, each bounded by
+// Timeout; transport errors and HTTP 429/500/502/503/504 are retried, any
+// other non-2xx fails at once. Defaults: 5, 0.5s, 8s, 10s (the Osmosis SDK's).
+type CallbackSettings struct {
+	Attempts  int
+	BaseDelay time.Duration
+	MaxDelay  time.Duration
+	Timeout   time.Duration
+}
+
 // Config configures a Service. Zero values take the documented defaults.
 type Config struct {
-	// AgentLoop runs every rollout. Required.
+	// AgentLoop runs every G1 rollout (POST /v1/rollout/init).
 	AgentLoop osmo.RolloutAgentLoop
+	// Workflow runs every G2 rollout (POST /rollout). At least one of
+	// AgentLoop and Workflow is required.
+	Workflow *osmo.Workflow
+	// MaxQueued G2 rollouts may wait for a slot; beyond that StartRollout
+	// answers ResourceExhausted (HTTP 429 with Retry-After). Default:
+	// MaxConcurrent.
+	MaxQueued int
+	// Callbacks is the G2 callback delivery policy.
+	Callbacks CallbackSettings
 	// Grader grades finished samples; nil disables grading (the agent's own
 	// reward, if any, is final).
 	Grader Grader
@@ -100,11 +120,26 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.AgentLoop == nil {
-		return errors.New("rollout: Config.AgentLoop is required")
+	if c.AgentLoop == nil && c.Workflow == nil {
+		return errors.New("rollout: Config needs an AgentLoop (G1) or a Workflow (G2)")
 	}
 	if c.MaxConcurrent <= 0 {
 		c.MaxConcurrent = 100
+	}
+	if c.MaxQueued <= 0 {
+		c.MaxQueued = c.MaxConcurrent
+	}
+	if c.Callbacks.Attempts <= 0 {
+		c.Callbacks.Attempts = 5
+	}
+	if c.Callbacks.BaseDelay <= 0 {
+		c.Callbacks.BaseDelay = 500 * time.Millisecond
+	}
+	if c.Callbacks.MaxDelay <= 0 {
+		c.Callbacks.MaxDelay = 8 * time.Second
+	}
+	if c.Callbacks.Timeout <= 0 {
+		c.Callbacks.Timeout = 10 * time.Second
 	}
 	if c.RecordTTL <= 0 {
 		c.RecordTTL = time.Hour

@@ -20,6 +20,7 @@ type metrics struct {
 	rewards       prometheus.Histogram
 	callbacks     *prometheus.CounterVec
 	callbackFails prometheus.Counter
+	rejected      prometheus.Counter
 	llmDuration   *prometheus.HistogramVec
 	llmTTFT       prometheus.Histogram
 	tokens        *prometheus.CounterVec
@@ -34,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_rollouts_finished_total",
-			Help: "Rollouts finished, by status (COMPLETED, ERROR) and error category (timeout, agent_error, grader_error, cancelled; empty on success).",
+			Help: "Rollouts finished, by status (G1: COMPLETED, ERROR; G2: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled; empty on success).",
 		}, []string{"status", "error_category"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",
@@ -55,10 +56,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1},
 		}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "osmo_callback_attempts_total", Help: "Completion callback attempts, by outcome (ok, retry, failed).",
+			Name: "osmo_callback_attempts_total", Help: "Completion and grader callback attempts, by outcome (ok, retry, failed).",
 		}, []string{"outcome"}),
 		callbackFails: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "osmo_callback_failures_total", Help: "Completions that could not be delivered after every retry.",
+			Name: "osmo_callback_failures_total", Help: "Callbacks that could not be delivered after every retry.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_rollouts_rejected_total", Help: "G2 rollouts refused with 429 because the server was at capacity.",
 		}),
 		llmDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_llm_call_duration_seconds", Help: "LLM calls through the proxy, by HTTP status answered.",
@@ -74,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.llmDuration, m.llmTTFT, m.tokens)
+			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens)
 	}
 	return m
 }

@@ -1,13 +1,16 @@
 package rollout
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -18,11 +21,28 @@ import (
 // record is one rollout's state. Immutable fields are set before the record
 // is shared; the rest is guarded by mu.
 type record struct {
-	id       string
-	key      string
+	id  string
+	key string
+	// sampleID is the G1 rollout's one sample; empty for G2 rollouts, whose
+	// samples are the sources their workflow registers.
 	sampleID string
-	req      *rolloutv1.InitRolloutRequest
-	log      *eventLog
+	workflow string
+	req      *rolloutv1.InitRolloutRequest  // G1; nil for G2
+	g2       *rolloutv1.StartRolloutRequest // G2; nil for G1
+	metadata *structpb.Struct
+	label    *string
+	// token is the bearer the rollout's clients present to the embedded
+	// proxy (G2); the trainer's key never leaves the server.
+	token string
+	log   *eventLog
+
+	// runCtx bounds the queue wait and the agent; gradeCtx the grading.
+	// Cancel ends both; shutdown only runCtx (grading finished work
+	// survives it).
+	runCtx      context.Context
+	runCancel   context.CancelCauseFunc
+	gradeCtx    context.Context
+	gradeCancel context.CancelCauseFunc
 	// span is the rollout's span and bag the baggage carrying its ids; nil
 	// and empty when not tracing. Both are set before the run starts.
 	span trace.Span
@@ -42,13 +62,58 @@ type record struct {
 	calls       []*llmproxy.Call
 	toolCalls   int
 	toolLatency time.Duration
-	sample      *rolloutv1.RolloutSample
+	samples     []*rolloutv1.RolloutSample
+	cancelled   bool
 	reward      *float64
 	finish      string
 	errMsg      string
 	errCategory string
 	callbackErr string
 	seq         int64
+}
+
+// errCancelled is the cause of a rollout cancelled through CancelRollouts.
+var errCancelled = errors.New("cancelled by request")
+
+// newRecordContexts gives rec its run and grade contexts; parent is the
+// service's rollouts context (cancelled at shutdown).
+func (r *record) initContexts(parent context.Context) {
+	r.runCtx, r.runCancel = context.WithCancelCause(parent)
+	r.gradeCtx, r.gradeCancel = context.WithCancelCause(context.WithoutCancel(parent))
+}
+
+// cancel cancels the rollout on request and reports what it stopped:
+// "cancelled_queued", "cancelled_running" or "not_found" when it had
+// already finished (or was cancelled before).
+func (r *record) cancel() string {
+	r.mu.Lock()
+	st, already := r.state, r.cancelled
+	if !already && r.finished.IsZero() {
+		r.cancelled = true
+	}
+	r.mu.Unlock()
+	if already || !r.finishedAt().IsZero() || r.runCancel == nil {
+		return dispositionNotFound
+	}
+	r.runCancel(errCancelled)
+	r.gradeCancel(errCancelled)
+	if st == rolloutv1.State_STATE_QUEUED {
+		return dispositionQueued
+	}
+	return dispositionRunning
+}
+
+// Cancel dispositions of the G3 cancel endpoint.
+const (
+	dispositionQueued   = "cancelled_queued"
+	dispositionRunning  = "cancelled_running"
+	dispositionNotFound = "not_found"
+)
+
+func (r *record) wasCancelled() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancelled
 }
 
 func (r *record) setState(s rolloutv1.State) {
@@ -132,7 +197,7 @@ func (r *record) proto() *rolloutv1.Rollout {
 		ErrorMessage:  r.errMsg,
 		ErrorCategory: r.errCategory,
 		Metrics:       r.metricsLocked(end),
-		Metadata:      r.req.GetMetadata(),
+		Metadata:      r.metadata,
 		CreatedAt:     timestamppb.New(r.created),
 		Sequence:      r.seq,
 		CallbackError: r.callbackErr,
@@ -143,9 +208,12 @@ func (r *record) proto() *rolloutv1.Rollout {
 	if !r.finished.IsZero() {
 		out.FinishedAt = timestamppb.New(r.finished)
 	}
-	if r.sample != nil {
-		out.Workflow = r.sample.GetWorkflow()
-		out.Samples = []*rolloutv1.RolloutSample{r.sample}
+	out.Workflow = r.workflow
+	// Copies: the caller (a gRPC encoder) reads them after mu is released,
+	// while grading may still set rewards on the originals.
+	out.Samples = make([]*rolloutv1.RolloutSample, len(r.samples))
+	for i, s := range r.samples {
+		out.Samples[i] = proto.Clone(s).(*rolloutv1.RolloutSample)
 	}
 	return out
 }
@@ -231,4 +299,53 @@ func fromStructs(in []*structpb.Struct) []map[string]any {
 		out = append(out, s.AsMap())
 	}
 	return out
+}
+
+// callsOf returns the calls recorded for sampleID. Caller holds mu.
+func (r *record) callsOf(sampleID string) []*llmproxy.Call {
+	var out []*llmproxy.Call
+	for _, c := range r.calls {
+		if c.SampleID == sampleID {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// fromRaw decodes a JSON array of objects (elements that are not objects
+// are dropped).
+func fromRaw(raw json.RawMessage) []map[string]any {
+	var items []json.RawMessage
+	if len(raw) == 0 || json.Unmarshal(raw, &items) != nil {
+		return nil
+	}
+	out := make([]map[string]any, 0, len(items))
+	for _, it := range items {
+		if m := fromRawObject(it); m != nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// fromRawObject decodes a JSON object, or returns nil.
+func fromRawObject(raw json.RawMessage) map[string]any {
+	var m map[string]any
+	if json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	return m
+}
+
+// protoMap renders a message as a JSON object with the proto field names,
+// the shape of the callbacks.
+func protoMap(m proto.Message) map[string]any {
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return nil
+	}
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return nil
+	}
+	return fromRawObject(b)
 }

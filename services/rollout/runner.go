@@ -89,9 +89,9 @@ func (s *Service) run(rec *record) {
 	select {
 	case s.sem <- struct{}{}:
 		s.metrics.queued.Dec()
-	case <-s.rolloutsCtx.Done():
+	case <-rec.runCtx.Done():
 		s.metrics.queued.Dec()
-		s.complete(rec, &outcome{status: osmo.StatusError, finish: "error", errMsg: "cancelled: server shutting down before the rollout started", category: categoryCancelled}, log)
+		s.complete(rec, &outcome{status: osmo.StatusError, finish: "error", errMsg: "cancelled before the rollout started: " + cancelReason(rec.runCtx), category: categoryCancelled}, log)
 		return
 	}
 	rec.rolloutSpan().AddEvent("started", trace.WithAttributes(osmoattr.QueueWait.Float64(ms(time.Since(queued)))))
@@ -108,7 +108,7 @@ func (s *Service) run(rec *record) {
 
 	rec.setState(rolloutv1.State_STATE_RUNNING)
 	rec.log.write("start", nil)
-	ctx, cancel := context.WithTimeout(rec.traced(s.rolloutsCtx), s.cfg.RolloutTimeout)
+	ctx, cancel := context.WithTimeout(rec.traced(rec.runCtx), s.cfg.RolloutTimeout)
 	defer cancel()
 	s.routes.Set(rec.id, llmproxy.Route{
 		BaseURL:         strings.TrimRight(rec.req.GetServerUrl(), "/") + "/v1",
@@ -137,7 +137,7 @@ func (s *Service) run(rec *record) {
 			out.errMsg = fmt.Sprintf("rollout timed out after %s: %v", s.cfg.RolloutTimeout, runErr)
 		case errors.Is(ctx.Err(), context.Canceled):
 			out.category = categoryCancelled
-			out.errMsg = "cancelled: server shutting down: " + runErr.Error()
+			out.errMsg = "cancelled: " + cancelReason(rec.runCtx) + ": " + runErr.Error()
 		}
 	case res.Status == osmo.StatusError:
 		out.status, out.finish, out.errMsg, out.category = osmo.StatusError, "error", res.ErrorMessage, categoryAgent
@@ -157,6 +157,14 @@ func (s *Service) run(rec *record) {
 		s.grade(rec, out, log)
 	}
 	s.complete(rec, out, log)
+}
+
+// cancelReason says why a rollout's run context ended early.
+func cancelReason(ctx context.Context) string {
+	if errors.Is(context.Cause(ctx), errCancelled) {
+		return "cancelled by request"
+	}
+	return "server shutting down"
 }
 
 // runLoop calls the agent loop, turning panics and nil results into errors.
@@ -228,19 +236,19 @@ func (s *Service) buildSample(rec *record, out *outcome) {
 	for _, c := range rec.calls {
 		calls = append(calls, callProto(c))
 	}
-	rec.sample = &rolloutv1.RolloutSample{
+	rec.samples = []*rolloutv1.RolloutSample{{
 		RolloutId:    rec.id,
 		Id:           rec.sampleID,
 		Messages:     msgs,
-		Label:        label(rec.req),
-		Metadata:     rec.req.GetMetadata(),
+		Label:        rec.label,
+		Metadata:     rec.metadata,
 		Metrics:      rec.metricsLocked(time.Now()),
 		ExtraFields:  extra,
 		LlmCalls:     calls,
 		AgentReward:  out.reward,
 		FinishReason: out.finish,
-		Workflow:     s.cfg.AgentLoop.Name(),
-	}
+		Workflow:     rec.workflow,
+	}}
 	rec.finish = out.finish
 }
 
@@ -258,14 +266,14 @@ func jsonRoundTrip(m map[string]any) map[string]any {
 // ground truth; otherwise the agent's own reward (possibly none) stands.
 func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 	rec.mu.Lock()
-	sample := rec.sample
+	sample := rec.samples[0]
 	rec.mu.Unlock()
 	if s.cfg.Grader == nil || sample.Label == nil {
 		return
 	}
 	rec.setState(rolloutv1.State_STATE_GRADING)
 	// Grading survives shutdown's cancel: the sample is finished work.
-	ctx, cancel := context.WithTimeout(rec.traced(context.WithoutCancel(s.rolloutsCtx)), s.cfg.GradeTimeout)
+	ctx, cancel := context.WithTimeout(rec.traced(rec.gradeCtx), s.cfg.GradeTimeout)
 	defer cancel()
 	// A client span: the grader service continues the trace from the
 	// trace_context the grader client puts into the request.
@@ -303,8 +311,8 @@ func (s *Service) grade(rec *record, out *outcome, log *slog.Logger) {
 		return
 	}
 	rec.mu.Lock()
-	rec.sample.Reward = g.Reward
-	rec.sample.RemoveSample = g.GetRemoveSample()
+	rec.samples[0].Reward = g.Reward
+	rec.samples[0].RemoveSample = g.GetRemoveSample()
 	rec.mu.Unlock()
 	out.reward = g.Reward
 	s.metrics.gradeDuration.WithLabelValues("ok").Observe(time.Since(start).Seconds())

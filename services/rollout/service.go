@@ -49,7 +49,17 @@ type Service struct {
 	httpClient *http.Client
 	completed  atomic.Int64
 	metrics    *metrics
-	tracer     trace.Tracer // nil when not tracing
+	// g2Client posts the G2 callbacks; per-attempt timeouts come from the
+	// policy.
+	g2Client *http.Client
+
+	// G2 admission: admitMu makes the capacity check and the admission one
+	// step; wfSem is the workflow's own limit (nil when it has none).
+	admitMu   sync.Mutex
+	queuedG2  atomic.Int64
+	runningG2 atomic.Int64
+	wfSem     chan struct{}
+	tracer    trace.Tracer // nil when not tracing
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
 	rolloutsCtx    context.Context
@@ -121,12 +131,19 @@ func New(cfg Config) (*Service, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
+	s.g2Client = s.httpClient
 	if tp := cfg.TracerProvider; tp != nil {
+		s.g2Client = tracedClient(s.httpClient, tp, cfg, "POST callback")
 		s.tracer = tp.Tracer(tracerName)
 		// Each LLM call and each callback attempt is a client span whose
 		// trace context (and the ids' baggage) goes out in its headers.
 		s.llmClient = tracedClient(s.llmClient, tp, cfg, "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions")
 		s.httpClient = tracedClient(s.httpClient, tp, cfg, "POST /v1/rollout/completed")
+	}
+	if cfg.Workflow != nil {
+		if n := cfg.Workflow.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
+			s.wfSem = make(chan struct{}, n)
+		}
 	}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	return s, nil
@@ -200,6 +217,9 @@ func (s *Service) drain() {
 
 // InitRollout implements the G1 init.
 func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
+	if s.cfg.AgentLoop == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the AgentWorkflow %q: start rollouts with POST /rollout (G2), not /v1/rollout/init", s.cfg.Workflow.Name())
+	}
 	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
 		return nil, err
 	}
@@ -211,7 +231,10 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		id:       req.GetRolloutId(),
 		key:      key,
 		sampleID: s.cfg.AgentLoop.Name(),
+		workflow: s.cfg.AgentLoop.Name(),
 		req:      req,
+		metadata: req.GetMetadata(),
+		label:    label(req),
 		ready:    make(chan struct{}),
 		state:    rolloutv1.State_STATE_QUEUED,
 		created:  time.Now(),
@@ -234,6 +257,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	}
 	log := s.log.With("rollout_id", rec.id, "sample_id", rec.sampleID)
 	rec.log = s.logs.open(rec.id)
+	rec.initContexts(s.rolloutsCtx)
 
 	resp, err := s.initTools(rec)
 	if err != nil {
@@ -310,12 +334,30 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 
 // Health answers the Osmosis health body.
 func (s *Service) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
-	return &rolloutv1.HealthResponse{
+	resp := &rolloutv1.HealthResponse{
 		Status:            "healthy",
-		AgentLoop:         s.cfg.AgentLoop.Name(),
 		ActiveRollouts:    int32(s.store.counts()),
 		CompletedRollouts: int32(s.completed.Load()),
-	}, nil
+	}
+	if s.cfg.AgentLoop != nil {
+		resp.AgentLoop = s.cfg.AgentLoop.Name()
+	}
+	if wf := s.cfg.Workflow; wf != nil {
+		// The G3 body: a G2 server answers "ok" with its concurrency.
+		limit := s.cfg.MaxConcurrent
+		if n := wf.MaxConcurrent(); n > 0 && n < limit {
+			limit = n
+		}
+		if resp.AgentLoop == "" {
+			resp.Status, resp.AgentLoop = "ok", wf.Name()
+		}
+		resp.Concurrency = &rolloutv1.Concurrency{
+			MaxConcurrent: int32(limit),
+			Queued:        int32(s.queuedG2.Load()),
+			Running:       int32(s.runningG2.Load()),
+		}
+	}
+	return resp, nil
 }
 
 // PlatformHealth is Health behind the API key (checked by the interceptor);

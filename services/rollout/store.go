@@ -142,3 +142,16 @@ func (s *store) unsubscribe(sub *subscriber) {
 		close(sub.ch)
 	}
 }
+
+// unfinished returns the unfinished records whose id matches.
+func (s *store) unfinished(match func(id string) bool) []*record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*record
+	for id, rec := range s.byID {
+		if match(id) && rec.finishedAt().IsZero() {
+			out = append(out, rec)
+		}
+	}
+	return out
+}

@@ -34,9 +34,11 @@ func (s *Service) startRollout(ctx context.Context, rec *record) {
 	rec.bag = baggage.FromContext(ctx)
 	_, rec.span = s.tracer.Start(ctx, "rollout", trace.WithAttributes(
 		osmoattr.RolloutID.String(rec.id),
-		osmoattr.SampleID.String(rec.sampleID),
-		osmoattr.Workflow.String(s.cfg.AgentLoop.Name()),
+		osmoattr.Workflow.String(rec.workflow),
 	))
+	if rec.sampleID != "" {
+		rec.span.SetAttributes(osmoattr.SampleID.String(rec.sampleID))
+	}
 }
 
 // traced returns parent carrying the rollout's span and id baggage, so what
@@ -95,6 +97,21 @@ func endRollout(span trace.Span, out *outcome, m *completionStats) {
 	if out.status == osmo.StatusError {
 		span.SetAttributes(osmoattr.ErrorCategory.String(out.category))
 		fail(span, out.category, out.errMsg)
+	}
+	span.End()
+}
+
+// endWorkflowSpan records a G2 outcome on the rollout's span and ends it.
+func endWorkflowSpan(span trace.Span, out *wfOutcome, reward *float64) {
+	if span.IsRecording() {
+		span.SetAttributes(osmoattr.RolloutStatus.String(out.status))
+		if reward != nil {
+			span.SetAttributes(osmoattr.Reward.Float64(*reward))
+		}
+		if out.status != "success" {
+			span.SetAttributes(osmoattr.ErrorCategory.String(out.category))
+			fail(span, out.category, out.errMsg)
+		}
 	}
 	span.End()
 }
