@@ -155,8 +155,17 @@ func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
 	wf.rebind = func(data []byte) (*Workflow, error) {
 		next := new(T)
 		if config != nil {
-			// Start from the current config so a file may set only some fields.
-			*next = *config
+			// Start from the current config so a file may set only some
+			// fields. A JSON round trip copies it deeply: decoding into a
+			// shallow copy would write into the original's slices and maps.
+			// Fields without a JSON name start from their zero value.
+			cur, err := json.Marshal(config)
+			if err != nil {
+				return nil, fmt.Errorf("encode the current config: %w", err)
+			}
+			if err := json.Unmarshal(cur, next); err != nil {
+				return nil, fmt.Errorf("copy the current config: %w", err)
+			}
 		}
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.UseNumber()

@@ -1,0 +1,479 @@
+// Package execagent provides exec workflows: an osmo.Workflow that runs an
+// external program, in any language, once per sample of a rollout.
+//
+// The program follows the exec contract. Its environment routes its LLM
+// calls through the rollout's proxy (OPENAI_BASE_URL and
+// OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
+// OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID); every other OPENAI_* and OSMOSIS_*
+// variable of the server, and OSMO_API_KEY, is withheld so nothing routes
+// around the proxy. Its stdin is one JSON object,
+//
+//	{"prompt": [...], "metadata": {...} or null, "config": {...}}
+//
+// followed by a newline, then end of file. Its last non-empty stdout line,
+// when it is {"messages": [...]}, is the sample's conversation in the
+// framework's own shape (with optional "extra_fields"); otherwise the
+// conversation the proxy recorded stands for it. It logs on stderr and exits
+// non-zero on failure.
+//
+// Each program runs in its own process group. When the rollout's context
+// ends, the group gets SIGTERM and, after Config.KillGrace, SIGKILL; once
+// the program exits, whatever it left behind in its group is killed too.
+package execagent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// Defaults of Config.
+const (
+	DefaultName            = "exec"
+	DefaultMaxLineBytes    = 16 << 20
+	DefaultStderrTailBytes = 4096
+	DefaultKillGrace       = 2 * time.Second
+)
+
+// MaxSamples bounds Config.Samples: each sample is a process started at
+// once, so a typo must not become a fork storm.
+const MaxSamples = 1024
+
+// stderrLogLineBytes is the longest stderr line passed to the logger and the
+// event log; the rest of a longer line is dropped there (the tail keeps the
+// raw bytes).
+const stderrLogLineBytes = 4096
+
+// Config configures an exec workflow.
+type Config struct {
+	// Name defaults to DefaultName. It is also the sample id (with a -N
+	// suffix when Samples > 1), so it must be a valid sample id.
+	osmo.AgentWorkflowConfig
+
+	// Command is the program and its arguments (see ParseCommand for a
+	// command line). Command[0] without a slash is looked up in the
+	// server's PATH; a relative path with a slash is relative to Dir.
+	Command []string `json:"command"`
+	// Dir is the program's working directory; empty means the server's.
+	Dir string `json:"dir,omitempty"`
+	// Env holds extra KEY=VALUE variables. They may not set OSMO_API_KEY or
+	// OPENAI_* / OSMOSIS_* variables: the contract owns those.
+	Env []string `json:"env,omitempty"`
+	// Samples is how many runs (samples) each rollout makes, concurrently;
+	// 0 means 1.
+	Samples int `json:"samples,omitempty"`
+	// Settings is the "config" object given to the program on stdin; empty
+	// or null means {}. It must be a JSON object.
+	Settings json.RawMessage `json:"settings,omitempty"`
+	// MaxLineBytes is the longest stdout line kept; longer lines are
+	// skipped. 0 means DefaultMaxLineBytes.
+	MaxLineBytes int `json:"max_line_bytes,omitempty"`
+	// StderrTailBytes is how much of the end of stderr an ExitError
+	// carries. 0 means DefaultStderrTailBytes.
+	StderrTailBytes int `json:"stderr_tail_bytes,omitempty"`
+	// KillGrace is how long the process group has between SIGTERM and
+	// SIGKILL when the rollout's context ends, and how long output pipes
+	// held open by an escaped process are drained after the program exits.
+	// 0 means DefaultKillGrace.
+	KillGrace time.Duration `json:"-"`
+}
+
+// UnmarshalJSON decodes data over c. The slices are detached first: a
+// config copied by value (as Workflow.WithConfigJSON copies the bound one
+// before laying a file over it) shares their arrays, and decoding in place
+// would rewrite the original's command.
+func (c *Config) UnmarshalJSON(data []byte) error {
+	type config Config // no methods: no recursion
+	next := config(*c)
+	next.Command = slices.Clone(c.Command)
+	next.Env = slices.Clone(c.Env)
+	next.Settings = slices.Clone(c.Settings)
+	if err := json.Unmarshal(data, &next); err != nil {
+		return err
+	}
+	*c = Config(next)
+	return nil
+}
+
+// ConfigError is an invalid Config field. Field is its JSON name, with an
+// index for list elements (env[2]).
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return "execagent: config " + e.Field + ": " + e.Err.Error() }
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func fieldErr(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Validate checks c: the command resolves to an executable, the directory
+// exists, the numbers are in range, Env leaves the contract's variables
+// alone and Settings is an object. Every problem is a *ConfigError; several
+// are joined.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := osmo.ValidSampleID(c.name()); err != nil {
+		errs = append(errs, fieldErr("name", "%w", err))
+	}
+	if c.Samples < 0 || c.Samples > MaxSamples {
+		errs = append(errs, fieldErr("samples", "must be between 0 (one sample) and %d, got %d", MaxSamples, c.Samples))
+	} else if n := c.samples(); n > 1 {
+		if err := osmo.ValidSampleID(sampleID(c.name(), n-1, n)); err != nil {
+			errs = append(errs, fieldErr("name", "with samples %d: %w", n, err))
+		}
+	}
+	if c.Dir != "" {
+		if fi, err := os.Stat(c.Dir); err != nil {
+			errs = append(errs, fieldErr("dir", "%w", err))
+		} else if !fi.IsDir() {
+			errs = append(errs, fieldErr("dir", "%s is not a directory", c.Dir))
+		}
+	}
+	if _, err := c.resolveCommand(); err != nil {
+		errs = append(errs, err)
+	}
+	for i, kv := range c.Env {
+		key, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || key == "":
+			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%q is not KEY=VALUE", kv))
+		case strings.ContainsRune(kv, 0):
+			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%s contains a NUL byte", key))
+		case reservedEnv(key):
+			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%s is reserved: the runner sets the OPENAI_* and OSMOSIS_* variables so that every LLM call goes through the rollout's proxy", key))
+		}
+	}
+	if _, err := c.settings(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxLineBytes < 0 {
+		errs = append(errs, fieldErr("max_line_bytes", "must be 0 (default %d) or more, got %d", DefaultMaxLineBytes, c.MaxLineBytes))
+	}
+	if c.StderrTailBytes < 0 {
+		errs = append(errs, fieldErr("stderr_tail_bytes", "must be 0 (default %d) or more, got %d", DefaultStderrTailBytes, c.StderrTailBytes))
+	}
+	if c.KillGrace < 0 {
+		errs = append(errs, fieldErr("kill_grace", "must be 0 (default %s) or more, got %s", DefaultKillGrace, c.KillGrace))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) name() string {
+	if c.Name == "" {
+		return DefaultName
+	}
+	return c.Name
+}
+
+func (c *Config) samples() int { return max(c.Samples, 1) }
+
+func (c *Config) maxLineBytes() int { return orDefault(c.MaxLineBytes, DefaultMaxLineBytes) }
+
+func (c *Config) stderrTailBytes() int { return orDefault(c.StderrTailBytes, DefaultStderrTailBytes) }
+
+func (c *Config) killGrace() time.Duration { return orDefault(c.KillGrace, DefaultKillGrace) }
+
+func orDefault[N int | time.Duration](v, def N) N {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// resolveCommand returns the absolute path of Command[0].
+func (c *Config) resolveCommand() (string, error) {
+	if len(c.Command) == 0 {
+		return "", fieldErr("command", "is required: the program to run and its arguments")
+	}
+	name := c.Command[0]
+	if name == "" {
+		return "", fieldErr("command[0]", "is empty")
+	}
+	if strings.ContainsRune(name, filepath.Separator) && !filepath.IsAbs(name) && c.Dir != "" {
+		// The program starts in Dir, so that is where its relative path points.
+		name = filepath.Join(c.Dir, name)
+	}
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return "", fieldErr("command[0]", "%w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fieldErr("command[0]", "%w", err)
+	}
+	return abs, nil
+}
+
+// settings returns Settings compacted, or {} when empty or null.
+func (c *Config) settings() (json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(c.Settings)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return json.RawMessage(`{}`), nil
+	}
+	if trimmed[0] != '{' || !json.Valid(trimmed) {
+		return nil, fieldErr("settings", "must be a JSON object, got %.40q", trimmed)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, trimmed); err != nil {
+		return nil, fieldErr("settings", "%w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// reservedEnv reports whether key belongs to the contract (or is a
+// credential) and so never comes from the server's environment or Env.
+// Case is ignored: some clients read lowercase variants.
+func reservedEnv(key string) bool {
+	k := strings.ToUpper(key)
+	return k == "OSMO_API_KEY" || strings.HasPrefix(k, "OPENAI_") || strings.HasPrefix(k, "OSMOSIS_")
+}
+
+// New returns the exec workflow for cfg, after Validate. Name defaults to
+// DefaultName.
+func New(cfg Config) (*osmo.Workflow, error) {
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return osmo.NewWorkflow[Config](runner{}, &cfg)
+}
+
+// ExitError is a program that exited non-zero or died by a signal it was
+// not sent for a cancelled rollout.
+type ExitError struct {
+	// Code is the exit status; -1 when a signal ended the program.
+	Code int
+	// Signal names the signal (SIGSEGV) that ended the program, if any.
+	Signal string
+	// StderrTail is the end of the program's stderr.
+	StderrTail string
+}
+
+func (e *ExitError) Error() string {
+	var b strings.Builder
+	if e.Signal != "" {
+		fmt.Fprintf(&b, "program killed by signal %s", e.Signal)
+	} else {
+		fmt.Fprintf(&b, "program exited with status %d", e.Code)
+	}
+	if tail := strings.TrimSpace(e.StderrTail); tail != "" {
+		b.WriteString("; stderr ends with:\n")
+		b.WriteString(tail)
+	}
+	return b.String()
+}
+
+// runner is the AgentWorkflow. It is stateless: everything comes from the
+// bound config, so Workflow.WithConfigJSON rebinds it freely.
+type runner struct{}
+
+// Name names a workflow whose rebound config cleared Name.
+func (runner) Name() string { return DefaultName }
+
+// input is the document the program reads on stdin.
+type input struct {
+	Prompt   []osmo.Message  `json:"prompt"`
+	Metadata map[string]any  `json:"metadata"`
+	Config   json.RawMessage `json:"config"`
+}
+
+// Run implements osmo.AgentWorkflow: register every sample, then run the
+// program once per sample, concurrently. The first failure cancels the
+// other runs.
+func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
+	if wc.Config == nil || wc.Rollout == nil {
+		return errors.New("execagent: run without a config or rollout")
+	}
+	cfg := wc.Config
+	path, err := cfg.resolveCommand()
+	if err != nil {
+		return err
+	}
+	settings, err := cfg.settings()
+	if err != nil {
+		return err
+	}
+	prompt := wc.Prompt
+	if prompt == nil {
+		prompt = []osmo.Message{}
+	}
+	var stdin bytes.Buffer
+	enc := json.NewEncoder(&stdin)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(input{Prompt: prompt, Metadata: wc.Metadata, Config: settings}); err != nil {
+		return fmt.Errorf("execagent: encode the program's stdin: %w: %w", osmo.ErrInvalidInput, err)
+	}
+	rolloutID := wc.RolloutID
+	if rolloutID == "" {
+		rolloutID = wc.Rollout.ID
+	}
+
+	n := cfg.samples()
+	runs := make([]*sample, n)
+	for i := range runs {
+		id := sampleID(cfg.name(), i, n)
+		s := &sample{id: id}
+		// Registered before anything starts, so a clash stops the rollout
+		// before any program runs.
+		if err := wc.Rollout.Register(id, s); err != nil {
+			return fmt.Errorf("execagent: sample %q: %w", id, err)
+		}
+		runs[i] = s
+	}
+	spec := procSpec{
+		path:      path,
+		argv:      cfg.Command,
+		dir:       cfg.Dir,
+		stdin:     stdin.Bytes(),
+		maxLine:   cfg.maxLineBytes(),
+		tailBytes: cfg.stderrTailBytes(),
+		grace:     cfg.killGrace(),
+	}
+	runOne := func(ctx context.Context, s *sample) error {
+		ep := wc.Rollout.Endpoint(s.id)
+		if ep.BaseURL == "" {
+			err := fmt.Errorf("execagent: sample %q: the rollout has no LLM endpoint for it", s.id)
+			s.fail(err)
+			return err
+		}
+		sp := spec
+		sp.env = childEnv(os.Environ(), cfg.Env,
+			"OPENAI_BASE_URL="+ep.BaseURL,
+			"OSMOSIS_CHAT_COMPLETIONS_URL="+ep.BaseURL,
+			"OPENAI_API_KEY="+ep.APIKey,
+			"OSMOSIS_ROLLOUT_ID="+rolloutID,
+			"OSMOSIS_SAMPLE_ID="+s.id,
+		)
+		return s.run(ctx, wc.Rollout, sp)
+	}
+	if n == 1 {
+		return runOne(ctx, runs[0])
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, s := range runs {
+		g.Go(func() error { return runOne(gctx, s) })
+	}
+	return g.Wait()
+}
+
+func sampleID(name string, i, n int) string {
+	if n == 1 {
+		return name
+	}
+	return fmt.Sprintf("%s-%d", name, i)
+}
+
+// childEnv is parent without the reserved variables, then extra, then
+// contract. Later entries win (os/exec keeps the last of duplicate keys).
+func childEnv(parent, extra []string, contract ...string) []string {
+	env := make([]string, 0, len(parent)+len(extra)+len(contract))
+	for _, kv := range parent {
+		key, _, _ := strings.Cut(kv, "=")
+		if !reservedEnv(key) {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, extra...)
+	return append(env, contract...)
+}
+
+// procSpec is one program run.
+type procSpec struct {
+	path      string
+	argv      []string
+	dir       string
+	env       []string
+	stdin     []byte
+	maxLine   int
+	tailBytes int
+	grace     time.Duration
+	logger    *slog.Logger
+	// onStderr receives each stderr line, cut to stderrLogLineBytes;
+	// dropped counts the bytes cut off.
+	onStderr func(line string, dropped int)
+}
+
+// procResult is how a run ended.
+type procResult struct {
+	pid        int
+	stdout     *lastLine
+	stderrTail string
+	// exitCode is -1 when a signal ended the program; signal names it.
+	exitCode int
+	signal   string
+	// terminated: the context ended and the group was sent SIGTERM;
+	// killed: SIGKILL followed after the grace period.
+	terminated, killed bool
+}
+
+// run runs the program for s and records its outcome on s.
+func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error {
+	if err := ctx.Err(); err != nil {
+		err = fmt.Errorf("execagent: sample %q: not started: %w", s.id, err)
+		s.fail(err)
+		return err
+	}
+	log := r.Logger().With("sample_id", s.id)
+	spec.logger = log
+	spec.onStderr = func(line string, dropped int) {
+		attrs := []any{"stream", "stderr", "line", line}
+		if dropped > 0 {
+			attrs = append(attrs, "truncated_bytes", dropped)
+		}
+		log.Info("agent output", attrs...)
+		r.LogEvent("agent_stderr", map[string]any{"sample_id": s.id, "line": line})
+	}
+	s.setRunning()
+	start := time.Now()
+	res, err := runProcess(ctx, spec)
+	elapsed := time.Since(start)
+	if err != nil {
+		err = fmt.Errorf("execagent: sample %q: run %s: %w", s.id, spec.path, err)
+		log.Error("exec agent failed", "error", err, "duration", elapsed)
+		s.fail(err)
+		return err
+	}
+	log.Info("exec agent exited", "pid", res.pid, "exit_code", res.exitCode, "signal", res.signal,
+		"duration", elapsed, "terminated", res.terminated)
+
+	switch {
+	case res.terminated:
+		how := "SIGTERM"
+		if res.killed {
+			how = fmt.Sprintf("SIGTERM, then SIGKILL after %s", spec.grace)
+		}
+		err = fmt.Errorf("execagent: sample %q: %w: process group killed (%s)", s.id, ctx.Err(), how)
+	case res.exitCode != 0:
+		err = fmt.Errorf("execagent: sample %q: %w", s.id, &ExitError{Code: res.exitCode, Signal: res.signal, StderrTail: res.stderrTail})
+	default:
+		msgs, extras, perr := parseLastLine(res.stdout, spec.maxLine)
+		if perr != nil {
+			err = fmt.Errorf("execagent: sample %q: %w", s.id, perr)
+			s.fail(err)
+			return err
+		}
+		s.succeed(msgs, extras)
+		return nil
+	}
+	s.fail(err)
+	return err
+}

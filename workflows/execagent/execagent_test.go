@@ -1,0 +1,645 @@
+//go:build unix
+
+package execagent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/workflows/execagent"
+)
+
+// promptly bounds how long a run that must not hang may take.
+const promptly = 5 * time.Second
+
+func TestEnvironmentAndStdin(t *testing.T) {
+	// What the server has that must not reach the program.
+	t.Setenv("OPENAI_ORG_ID", "org-leak")
+	t.Setenv("OPENAI_BASE_URL", "https://api.openai.example/v1")
+	t.Setenv("OPENAI_API_KEY", "sk-leak")
+	t.Setenv("openai_api_key", "sk-leak-lower")
+	t.Setenv("OSMO_API_KEY", "osmo-leak")
+	t.Setenv("OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS", "7")
+	t.Setenv("EXECAGENT_PARENT_VAR", "kept")
+
+	for _, tc := range []struct {
+		name      string
+		prompt    []osmo.Message
+		metadata  map[string]any
+		settings  string
+		wantStdin string
+	}{
+		{
+			name:      "everything given",
+			prompt:    []osmo.Message{{"role": "user", "content": "6 × 7 <b>?"}},
+			metadata:  map[string]any{"row": 1, "tag": "a&b"},
+			settings:  ` { "temperature": 0.5, "nested": {"k": [1, 2]} } `,
+			wantStdin: `{"prompt":[{"content":"6 × 7 <b>?","role":"user"}],"metadata":{"row":1,"tag":"a&b"},"config":{"temperature":0.5,"nested":{"k":[1,2]}}}` + "\n",
+		},
+		{
+			name:      "nothing given",
+			wantStdin: `{"prompt":[],"metadata":null,"config":{}}` + "\n",
+		},
+		{
+			name:      "null settings",
+			prompt:    []osmo.Message{{"role": "user", "content": "q"}},
+			settings:  "null",
+			wantStdin: `{"prompt":[{"content":"q","role":"user"}],"metadata":null,"config":{}}` + "\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := self("dump", "EXTRA_VAR=a=b", "EXECAGENT_PARENT_VAR=overridden")
+			cfg.Settings = json.RawMessage(tc.settings)
+			_, r, err := run(t, timeout(t, 20*time.Second), cfg,
+				&osmo.WorkflowInput{RolloutID: "rollout-1", Prompt: tc.prompt, Metadata: tc.metadata})
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			src := onlySource(t, r)
+			if src.ID != execagent.DefaultName {
+				t.Errorf("sample id %q, want %q", src.ID, execagent.DefaultName)
+			}
+			msgs, err := src.Source.SampleMessages()
+			if err != nil || !reflect.DeepEqual(msgs, []osmo.Message{{"role": "assistant", "content": "dumped"}}) {
+				t.Fatalf("SampleMessages = %v, %v", msgs, err)
+			}
+			extras := src.Source.(osmo.SampleExtras).SampleExtraFields()
+			if got := extras["stdin"]; got != tc.wantStdin {
+				t.Errorf("stdin:\n got %q\nwant %q", got, tc.wantStdin)
+			}
+
+			got := map[string]string{}
+			for _, kv := range extras["env"].([]any) {
+				k, v, _ := strings.Cut(kv.(string), "=")
+				got[k] = v
+			}
+			want := map[string]string{}
+			for _, kv := range os.Environ() {
+				k, v, _ := strings.Cut(kv, "=")
+				u := strings.ToUpper(k)
+				if u == "OSMO_API_KEY" || strings.HasPrefix(u, "OPENAI_") || strings.HasPrefix(u, "OSMOSIS_") {
+					continue
+				}
+				want[k] = v
+			}
+			base := "http://127.0.0.1:1/r/rollout-1/s/exec/v1"
+			for k, v := range map[string]string{
+				agentModeEnv:                   "dump",
+				"EXTRA_VAR":                    "a=b",
+				"EXECAGENT_PARENT_VAR":         "overridden",
+				"OPENAI_BASE_URL":              base,
+				"OSMOSIS_CHAT_COMPLETIONS_URL": base,
+				"OPENAI_API_KEY":               "tok-rollout-1",
+				"OSMOSIS_ROLLOUT_ID":           "rollout-1",
+				"OSMOSIS_SAMPLE_ID":            "exec",
+			} {
+				want[k] = v
+			}
+			if !reflect.DeepEqual(got, want) {
+				for k, v := range got {
+					if w, ok := want[k]; !ok || w != v {
+						t.Errorf("env %s=%q, want %q (present: %v)", k, v, w, ok)
+					}
+				}
+				for k := range want {
+					if _, ok := got[k]; !ok {
+						t.Errorf("env lacks %s", k)
+					}
+				}
+			}
+			for _, k := range []string{"OPENAI_ORG_ID", "OSMO_API_KEY", "openai_api_key", "OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS"} {
+				if v, ok := got[k]; ok {
+					t.Errorf("%s=%q leaked into the program's environment", k, v)
+				}
+			}
+		})
+	}
+}
+
+func TestLastStdoutLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		script     string
+		maxLine    int
+		want       []osmo.Message
+		wantExtras map[string]any
+		wantErr    string
+	}{
+		{
+			name: "messages of the last line",
+			script: `echo starting; echo '{"messages":[{"role":"user","content":"stale"}]}'
+echo '{"messages":[{"role":"assistant","content":"a","tool_calls":[]},{"type":"function_call","callId":"c1"}],"extra_fields":{"k":1}}'
+printf '\n   \n'`,
+			want:       []osmo.Message{{"role": "assistant", "content": "a", "tool_calls": []any{}}, {"type": "function_call", "callId": "c1"}},
+			wantExtras: map[string]any{"k": 1.0},
+		},
+		{name: "no final newline", script: `printf '{"messages":[{"role":"assistant","content":"x"}]}'`, want: []osmo.Message{{"role": "assistant", "content": "x"}}},
+		{name: "CRLF and empty messages", script: `printf '{"messages":[]}\r\n'`, want: []osmo.Message{}},
+		{name: "garbage after messages", script: `echo '{"messages":[{"role":"user"}]}'; echo 'done!'`},
+		{name: "no output", script: `true`},
+		{name: "null last line", script: `echo null`},
+		{name: "array last line", script: `echo '[{"messages":[]}]'`},
+		{name: "object without messages", script: `echo '{"status":"ok","extra_fields":{"a":"b"}}'`, wantExtras: map[string]any{"a": "b"}},
+		{name: "messages an object", script: `echo '{"messages":{"role":"user"}}'`, wantErr: `last stdout line: "messages" must be an array of objects`},
+		{name: "messages null", script: `echo '{"messages":null}'`, wantErr: `"messages" must be an array of objects`},
+		{name: "message not an object", script: `echo '{"messages":[{"role":"user"},"hi"]}'`, wantErr: `messages[1] is "hi"`},
+		{name: "extra_fields not an object", script: `echo '{"messages":[],"extra_fields":[1]}'`, wantErr: `"extra_fields" must be an object`},
+		{
+			name:    "last line too long",
+			script:  `echo '{"messages":[]}'; head -c 200 /dev/zero | tr '\0' x; echo`,
+			maxLine: 64,
+			wantErr: "longer than max_line_bytes (64)",
+		},
+		{
+			name:    "long line skipped before the last",
+			script:  `head -c 200 /dev/zero | tr '\0' x; echo; echo '{"messages":[{"n":1}]}'`,
+			maxLine: 64,
+			want:    []osmo.Message{{"n": 1.0}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := shell(tc.script)
+			cfg.MaxLineBytes = tc.maxLine
+			_, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+			src := onlySource(t, r)
+			msgs, msgErr := src.Source.SampleMessages()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), `sample "exec"`) {
+					t.Errorf("Run error %v, want one naming sample \"exec\" and %q", err, tc.wantErr)
+				}
+				if msgErr == nil || !strings.Contains(msgErr.Error(), tc.wantErr) {
+					t.Errorf("SampleMessages error %v, want %q", msgErr, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || msgErr != nil {
+				t.Fatalf("Run: %v; SampleMessages: %v", err, msgErr)
+			}
+			if !reflect.DeepEqual(msgs, tc.want) || (msgs == nil) != (tc.want == nil) {
+				t.Errorf("messages %#v, want %#v", msgs, tc.want)
+			}
+			if got := src.Source.(osmo.SampleExtras).SampleExtraFields(); !reflect.DeepEqual(got, tc.wantExtras) {
+				t.Errorf("extra fields %v, want %v", got, tc.wantExtras)
+			}
+		})
+	}
+}
+
+func TestFailedProgram(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		script    string
+		tailBytes int
+		want      execagent.ExitError
+		// wantTailHas must be in the tail (when want.StderrTail is empty).
+		wantTailHas string
+	}{
+		{name: "exit status", script: `echo 'first line' >&2; echo 'second line' >&2; exit 3`, want: execagent.ExitError{Code: 3}, wantTailHas: "first line\nsecond line\n"},
+		{name: "tail bounded", script: `printf 'abcdefghijklmnop' >&2; exit 1`, tailBytes: 8, want: execagent.ExitError{Code: 1, StderrTail: "ijklmnop"}},
+		{name: "killed by a signal", script: `echo dying >&2; kill -KILL $$`, want: execagent.ExitError{Code: -1, Signal: "SIGKILL"}, wantTailHas: "dying"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := shell(tc.script)
+			cfg.StderrTailBytes = tc.tailBytes
+			rt, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+			var exitErr *execagent.ExitError
+			if !errors.As(err, &exitErr) {
+				t.Fatalf("Run error %v (%T), want an *ExitError", err, err)
+			}
+			if exitErr.Code != tc.want.Code || exitErr.Signal != tc.want.Signal {
+				t.Errorf("exit code %d signal %q, want %d %q", exitErr.Code, exitErr.Signal, tc.want.Code, tc.want.Signal)
+			}
+			if tc.want.StderrTail != "" && exitErr.StderrTail != tc.want.StderrTail {
+				t.Errorf("stderr tail %q, want %q", exitErr.StderrTail, tc.want.StderrTail)
+			}
+			if !strings.Contains(exitErr.StderrTail, tc.wantTailHas) {
+				t.Errorf("stderr tail %q lacks %q", exitErr.StderrTail, tc.wantTailHas)
+			}
+			if msg := err.Error(); !strings.Contains(msg, `sample "exec"`) || !strings.Contains(msg, strings.TrimSpace(exitErr.StderrTail)) {
+				t.Errorf("error %q does not name the sample and carry the tail", msg)
+			}
+			if _, err := onlySource(t, r).Source.SampleMessages(); !errors.As(err, &exitErr) {
+				t.Errorf("SampleMessages error %v, want the run's *ExitError", err)
+			}
+			if tc.name == "exit status" {
+				events := rt.Events()
+				want := []event{
+					{"agent_stderr", map[string]any{"sample_id": "exec", "line": "first line"}},
+					{"agent_stderr", map[string]any{"sample_id": "exec", "line": "second line"}},
+				}
+				if !reflect.DeepEqual(events, want) {
+					t.Errorf("events %v, want %v", events, want)
+				}
+				if logs := rt.Logs(); !strings.Contains(logs, `"sample_id":"exec","stream":"stderr","line":"second line"`) {
+					t.Errorf("logs lack the stderr line with sample_id and stream:\n%s", logs)
+				}
+			}
+		})
+	}
+}
+
+func TestLongStderrLineIsCut(t *testing.T) {
+	t.Parallel()
+	rt, _, err := run(t, timeout(t, 20*time.Second), shell(`head -c 10000 /dev/zero | tr '\0' e >&2; echo >&2; echo short >&2`), nil)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	events := rt.Events()
+	if len(events) != 2 {
+		t.Fatalf("%d events, want 2", len(events))
+	}
+	if line := events[0].data["line"].(string); len(line) != 4096 || strings.Trim(line, "e") != "" {
+		t.Errorf("long line logged as %d bytes, want the first 4096", len(line))
+	}
+	if events[1].data["line"] != "short" {
+		t.Errorf("second line %v, want short", events[1].data["line"])
+	}
+	if logs := rt.Logs(); !strings.Contains(logs, `"truncated_bytes":5904`) {
+		t.Errorf("logs do not say how much was cut:\n%.500s", logs)
+	}
+}
+
+// TestStdoutFlood is not parallel: it measures the heap the run allocates.
+func TestStdoutFlood(t *testing.T) {
+	const flood = 50 << 20
+	final := `echo '{"messages":[{"role":"assistant","content":"after the flood"}]}'`
+	for _, tc := range []struct{ name, script string }{
+		{"one endless line", `head -c 52428800 /dev/zero; echo; ` + final},
+		{"many lines", `yes flood | head -c 52428800; echo; ` + final},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := shell(tc.script)
+			cfg.MaxLineBytes = 4096
+			wf, err := execagent.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, r := newRollout("rollout-1")
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			err = wf.Run(timeout(t, 25*time.Second), r, &osmo.WorkflowInput{RolloutID: r.ID})
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > flood/8 {
+				t.Errorf("the run allocated %d bytes for %d bytes of output, want it bounded by max_line_bytes", alloc, flood)
+			}
+			msgs, err := onlySource(t, r).Source.SampleMessages()
+			if err != nil || osmo.LastAssistantText(msgs) != "after the flood" {
+				t.Errorf("SampleMessages = %v, %v; want the final line's message", msgs, err)
+			}
+		})
+	}
+}
+
+func TestContextEndKillsTheGroup(t *testing.T) {
+	t.Parallel()
+	const sleeper = `echo $$ > "$LEADERFILE"; sleep 1000 & echo $! > "$PIDFILE"; wait`
+	for _, tc := range []struct {
+		name    string
+		script  string
+		grace   time.Duration
+		cancel  bool
+		wantErr error
+		wantMsg string
+	}{
+		{name: "deadline", script: sleeper, wantErr: context.DeadlineExceeded, wantMsg: "process group killed (SIGTERM)"},
+		{name: "deadline with SIGTERM ignored", script: `trap '' TERM; ` + sleeper, grace: 300 * time.Millisecond,
+			wantErr: context.DeadlineExceeded, wantMsg: "process group killed (SIGTERM, then SIGKILL after 300ms)"},
+		{name: "cancel", script: sleeper, cancel: true, wantErr: context.Canceled, wantMsg: "process group killed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			pidFile, leaderFile := filepath.Join(dir, "pid"), filepath.Join(dir, "leader")
+			cfg := shell(tc.script, "PIDFILE="+pidFile, "LEADERFILE="+leaderFile)
+			cfg.KillGrace = tc.grace
+
+			ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+			defer cancel()
+			if tc.cancel {
+				ctx, cancel = context.WithCancel(t.Context())
+				defer cancel()
+				go func() {
+					readPID(t, timeout(t, 10*time.Second), pidFile)
+					cancel()
+				}()
+			}
+			start := time.Now()
+			_, r, err := run(t, ctx, cfg, nil)
+			elapsed := time.Since(start)
+
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Run error %v, want %v", err, tc.wantErr)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tc.wantMsg) || !strings.Contains(msg, `sample "exec"`) {
+				t.Errorf("error %q, want it to name the sample and say %q", msg, tc.wantMsg)
+			}
+			if elapsed > promptly {
+				t.Errorf("Run took %v after the context ended", elapsed)
+			}
+			if _, err := onlySource(t, r).Source.SampleMessages(); !errors.Is(err, tc.wantErr) {
+				t.Errorf("SampleMessages error %v, want %v", err, tc.wantErr)
+			}
+			requireGone(t, readPID(t, t.Context(), leaderFile))
+			requireGone(t, readPID(t, t.Context(), pidFile))
+		})
+	}
+}
+
+func TestNormalExitKillsLeftovers(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	// The grandchild holds stdout open: without the group kill the run
+	// would wait out the grace period.
+	cfg := shell(`sleep 1000 & echo $! > "$PIDFILE"; echo '{"messages":[{"role":"assistant","content":"ok"}]}'`, "PIDFILE="+pidFile)
+	cfg.KillGrace = 20 * time.Second
+	start := time.Now()
+	_, r, err := run(t, timeout(t, 25*time.Second), cfg, nil)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if elapsed := time.Since(start); elapsed > promptly {
+		t.Errorf("Run took %v: the leftover grandchild kept it waiting", elapsed)
+	}
+	requireGone(t, readPID(t, t.Context(), pidFile))
+	if msgs, err := onlySource(t, r).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != "ok" {
+		t.Errorf("SampleMessages = %v, %v", msgs, err)
+	}
+}
+
+func TestEscapedProcessCannotHoldTheRun(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cfg := self("escape", "PIDFILE="+pidFile)
+	cfg.KillGrace = 300 * time.Millisecond
+	start := time.Now()
+	rt, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+	if pid := readPID(t, t.Context(), pidFile); pid > 0 {
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	}
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if elapsed := time.Since(start); elapsed > promptly {
+		t.Errorf("Run took %v with an escaped process holding stdout", elapsed)
+	}
+	if msgs, err := onlySource(t, r).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != "escaped" {
+		t.Errorf("SampleMessages = %v, %v", msgs, err)
+	}
+	if !strings.Contains(rt.Logs(), "a process outside the group holds it") {
+		t.Errorf("no warning about the escaped process in the logs")
+	}
+}
+
+func TestSamples(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// Each run waits until all three started: they must run concurrently.
+	cfg := shell(`touch "$DIR/$OSMOSIS_SAMPLE_ID"
+i=0; while [ "$(ls "$DIR" | wc -l)" -lt 3 ]; do sleep 0.02; i=$((i+1)); [ $i -gt 500 ] && exit 9; done
+printf '{"messages":[{"role":"assistant","content":"%s %s"}]}\n' "$OSMOSIS_SAMPLE_ID" "$OPENAI_BASE_URL"`, "DIR="+dir)
+	cfg.Name = "solver"
+	cfg.Samples = 3
+	_, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	srcs := r.Sources()
+	if len(srcs) != 3 {
+		t.Fatalf("%d sources, want 3", len(srcs))
+	}
+	for i, src := range srcs {
+		id := "solver-" + string(rune('0'+i))
+		if src.ID != id {
+			t.Errorf("source %d is %q, want %q", i, src.ID, id)
+		}
+		msgs, err := src.Source.SampleMessages()
+		want := id + " http://127.0.0.1:1/r/rollout-1/s/" + id + "/v1"
+		if err != nil || osmo.LastAssistantText(msgs) != want {
+			t.Errorf("%s: SampleMessages = %v, %v; want %q", id, msgs, err, want)
+		}
+	}
+}
+
+func TestSampleFailureStopsTheOthers(t *testing.T) {
+	t.Parallel()
+	cfg := shell(`if [ "$OSMOSIS_SAMPLE_ID" = exec-0 ]; then echo boom >&2; exit 4; fi; exec sleep 1000`)
+	cfg.Samples = 2
+	start := time.Now()
+	_, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+	var exitErr *execagent.ExitError
+	if !errors.As(err, &exitErr) || exitErr.Code != 4 || !strings.Contains(err.Error(), `sample "exec-0"`) {
+		t.Fatalf("Run error %v, want exec-0's exit status 4", err)
+	}
+	if elapsed := time.Since(start); elapsed > promptly {
+		t.Errorf("Run took %v: the sleeping sample was not stopped", elapsed)
+	}
+	if _, err := r.Sources()[1].Source.SampleMessages(); !errors.Is(err, context.Canceled) {
+		t.Errorf("exec-1: SampleMessages error %v, want context.Canceled", err)
+	}
+}
+
+func TestDuplicateSampleID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		samples int
+		taken   string
+	}{
+		{"one sample", 0, "exec"},
+		{"last of two", 2, "exec-1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			marker := filepath.Join(t.TempDir(), "ran")
+			cfg := shell(`touch "$MARKER"`, "MARKER="+marker)
+			cfg.Samples = tc.samples
+			wf, err := execagent.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, r := newRollout("rollout-1")
+			if err := r.Register(tc.taken, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+				t.Fatal(err)
+			}
+			err = wf.Run(timeout(t, 10*time.Second), r, &osmo.WorkflowInput{RolloutID: r.ID})
+			if !errors.Is(err, osmo.ErrDuplicateSample) || !strings.Contains(err.Error(), `sample "`+tc.taken+`"`) {
+				t.Fatalf("Run error %v, want ErrDuplicateSample naming %q", err, tc.taken)
+			}
+			if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the program ran despite the clash (marker: %v)", err)
+			}
+		})
+	}
+}
+
+func TestCommandResolution(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	script := filepath.Join(dir, "agent.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho '{\"messages\":[{\"role\":\"assistant\",\"content\":\"'\"$(basename \"$PWD\")\"'\"}]}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("relative to dir", func(t *testing.T) {
+		_, r, err := run(t, timeout(t, 10*time.Second), execagent.Config{Command: []string{"./agent.sh"}, Dir: dir}, nil)
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if msgs, _ := onlySource(t, r).Source.SampleMessages(); osmo.LastAssistantText(msgs) != filepath.Base(dir) {
+			t.Errorf("messages %v, want the working directory's name %q", msgs, filepath.Base(dir))
+		}
+	})
+
+	t.Run("removed after New", func(t *testing.T) {
+		gone := filepath.Join(t.TempDir(), "gone.sh")
+		if err := os.WriteFile(gone, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		wf, err := execagent.New(execagent.Config{Command: []string{gone}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(gone); err != nil {
+			t.Fatal(err)
+		}
+		_, r := newRollout("rollout-1")
+		err = wf.Run(timeout(t, 10*time.Second), r, &osmo.WorkflowInput{RolloutID: r.ID})
+		var cfgErr *execagent.ConfigError
+		if !errors.As(err, &cfgErr) || cfgErr.Field != "command[0]" || !strings.Contains(err.Error(), gone) {
+			t.Fatalf("Run error %v, want a command[0] error naming %s", err, gone)
+		}
+	})
+}
+
+func TestConfigJSON(t *testing.T) {
+	t.Parallel()
+	cfg := self("dump")
+	cfg.Settings = json.RawMessage(`{"a":1}`)
+	wf, err := execagent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := wf.ConfigJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil || doc["name"] != "exec" || doc["settings"].(map[string]any)["a"] != 1.0 {
+		t.Fatalf("ConfigJSON = %s (%v)", raw, err)
+	}
+
+	next, err := wf.WithConfigJSON([]byte(`{"name":"rebound","settings":{"b":[true]}}`))
+	if err != nil {
+		t.Fatalf("WithConfigJSON: %v", err)
+	}
+	_, r := newRollout("rollout-1")
+	if err := next.Run(timeout(t, 20*time.Second), r, &osmo.WorkflowInput{RolloutID: r.ID}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	src := onlySource(t, r)
+	stdin, _ := src.Source.(osmo.SampleExtras).SampleExtraFields()["stdin"].(string)
+	if src.ID != "rebound" || !strings.Contains(stdin, `"config":{"b":[true]}`) {
+		t.Errorf("rebound workflow ran sample %q with stdin %q", src.ID, stdin)
+	}
+
+	// Rebinding lays the file over a copy of the config: the original
+	// keeps its own command, env and settings.
+	if _, err := wf.WithConfigJSON([]byte(`{"command":["sh","-c","exit 0"],"env":["X=1"],"settings":{"zz":0}}`)); err != nil {
+		t.Fatalf("WithConfigJSON: %v", err)
+	}
+	if orig := wf.Config().(*execagent.Config); orig.Command[0] != os.Args[0] || orig.Env[0] != agentModeEnv+"=dump" || string(orig.Settings) != `{"a":1}` {
+		t.Errorf("the original config changed: command %q env %q settings %s", orig.Command, orig.Env, orig.Settings)
+	}
+
+	for body, field := range map[string]string{
+		`{"settings":[1]}`:                "settings",
+		`{"command":["no-such-cmd-xyz"]}`: "command[0]",
+		`{"samples":-2}`:                  "samples",
+	} {
+		_, err := wf.WithConfigJSON([]byte(body))
+		var cfgErr *execagent.ConfigError
+		if !errors.As(err, &cfgErr) || cfgErr.Field != field {
+			t.Errorf("WithConfigJSON(%s) error %v, want a %s error", body, err, field)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		cfg   execagent.Config
+		field string
+		is    error
+		msg   string
+	}{
+		{name: "no command", cfg: execagent.Config{}, field: "command", msg: "is required"},
+		{name: "empty program", cfg: execagent.Config{Command: []string{""}}, field: "command[0]"},
+		{name: "program not found", cfg: execagent.Config{Command: []string{"no-such-program-xyz"}}, field: "command[0]", is: exec.ErrNotFound, msg: "no-such-program-xyz"},
+		{name: "not executable", cfg: execagent.Config{Command: []string{file}}, field: "command[0]", msg: "permission denied"},
+		{name: "settings an array", cfg: execagent.Config{Command: []string{"true"}, Settings: json.RawMessage(`[1]`)}, field: "settings", msg: "must be a JSON object"},
+		{name: "settings a string", cfg: execagent.Config{Command: []string{"true"}, Settings: json.RawMessage(`"x"`)}, field: "settings"},
+		{name: "settings invalid", cfg: execagent.Config{Command: []string{"true"}, Settings: json.RawMessage(`{"a":`)}, field: "settings"},
+		{name: "negative samples", cfg: execagent.Config{Command: []string{"true"}, Samples: -1}, field: "samples"},
+		{name: "too many samples", cfg: execagent.Config{Command: []string{"true"}, Samples: execagent.MaxSamples + 1}, field: "samples"},
+		{name: "env without =", cfg: execagent.Config{Command: []string{"true"}, Env: []string{"A=1", "B"}}, field: "env[1]"},
+		{name: "env reserved", cfg: execagent.Config{Command: []string{"true"}, Env: []string{"OPENAI_BASE_URL=http://elsewhere"}}, field: "env[0]", msg: "reserved"},
+		{name: "env credential", cfg: execagent.Config{Command: []string{"true"}, Env: []string{"OSMO_API_KEY=x"}}, field: "env[0]"},
+		{name: "missing dir", cfg: execagent.Config{Command: []string{"true"}, Dir: filepath.Join(file, "nope")}, field: "dir"},
+		{name: "dir a file", cfg: execagent.Config{Command: []string{"true"}, Dir: file}, field: "dir", msg: "not a directory"},
+		{name: "name not a sample id", cfg: execagent.Config{AgentWorkflowConfig: osmo.AgentWorkflowConfig{Name: "my agent"}, Command: []string{"true"}}, field: "name"},
+		{name: "negative max_line_bytes", cfg: execagent.Config{Command: []string{"true"}, MaxLineBytes: -1}, field: "max_line_bytes"},
+		{name: "negative stderr_tail_bytes", cfg: execagent.Config{Command: []string{"true"}, StderrTailBytes: -1}, field: "stderr_tail_bytes"},
+		{name: "negative kill grace", cfg: execagent.Config{Command: []string{"true"}, KillGrace: -time.Second}, field: "kill_grace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wf, err := execagent.New(tc.cfg)
+			var cfgErr *execagent.ConfigError
+			if !errors.As(err, &cfgErr) || cfgErr.Field != tc.field {
+				t.Fatalf("New = %v, %v; want a ConfigError for %s", wf, err, tc.field)
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Errorf("error %v is not %v", err, tc.is)
+			}
+			if !strings.Contains(err.Error(), tc.msg) || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("error %q does not name %s and say %q", err, tc.field, tc.msg)
+			}
+		})
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	t.Parallel()
+	wf, err := execagent.New(execagent.Config{Command: []string{"sh", "-c", "true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wf.Name() != execagent.DefaultName {
+		t.Errorf("name %q, want %q", wf.Name(), execagent.DefaultName)
+	}
+	if err := wf.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+}

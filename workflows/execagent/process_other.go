@@ -1,0 +1,13 @@
+//go:build !unix
+
+package execagent
+
+import (
+	"context"
+	"errors"
+)
+
+// runProcess needs process groups, which only Unix systems have here.
+func runProcess(context.Context, procSpec) (*procResult, error) {
+	return nil, errors.New("exec workflows need a Unix system (process groups)")
+}

@@ -1,0 +1,202 @@
+//go:build unix
+
+package execagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// runProcess runs spec's program in a process group of its own and returns
+// once the program exited, its group was killed and its output drained.
+//
+// The runner owns the pipes rather than letting os/exec copy them: Wait then
+// returns as soon as the leader exits, before any output reaches EOF, so the
+// group can be killed first. A grandchild still holding stdout would
+// otherwise keep Wait from returning.
+func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	cmd := &exec.Cmd{
+		Path:        spec.path,
+		Args:        spec.argv,
+		Dir:         spec.dir,
+		Env:         spec.env,
+		Stdout:      outW,
+		Stderr:      errW,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	// Wait closes stdin once the leader exits, which also frees a writer
+	// blocked on a program that never reads it.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		errR.Close()
+		errW.Close()
+		return nil, fmt.Errorf("stdin pipe: %w", err)
+	}
+	startErr := cmd.Start()
+	// The child has its copies; the write ends must close here so the
+	// readers see EOF when the group is gone.
+	outW.Close()
+	errW.Close()
+	if startErr != nil {
+		outR.Close()
+		errR.Close()
+		stdin.Close()
+		return nil, fmt.Errorf("start: %w", startErr)
+	}
+	pid := cmd.Process.Pid
+	spec.logger.Debug("exec agent started", "pid", pid, "argv", spec.argv, "dir", spec.dir)
+
+	res := &procResult{pid: pid, stdout: newLastLine(spec.maxLine)}
+	stderr := &stderrLines{emit: spec.onStderr, lineMax: stderrLogLineBytes, tailMax: spec.tailBytes}
+	var readers, writer sync.WaitGroup
+	readers.Go(func() {
+		pump(outR, res.stdout, make([]byte, 32<<10))
+		res.stdout.finish()
+	})
+	readers.Go(func() {
+		pump(errR, stderr, make([]byte, 8<<10))
+		stderr.finish()
+	})
+	writer.Go(func() {
+		_, werr := stdin.Write(spec.stdin)
+		cerr := stdin.Close()
+		if err := errors.Join(werr, cerr); err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, os.ErrClosed) {
+			spec.logger.Debug("exec agent: writing stdin failed", "error", err)
+		}
+	})
+
+	g := &group{pgid: pid}
+	exited := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Go(func() { g.watch(ctx, exited, spec.grace, spec.logger) })
+	waitErr := waitLeader(cmd, func() {
+		g.reap()
+		close(exited)
+	})
+	watcher.Wait()
+
+	// The group is dead; only a process that left it (setsid) can still
+	// hold the pipes. Give it the grace period, then stop reading.
+	drained := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(spec.grace):
+		spec.logger.Warn("exec agent: output still open after its process group was killed; a process outside the group holds it; closing", "pid", pid)
+		outR.Close()
+		errR.Close()
+		<-drained
+	}
+	outR.Close()
+	errR.Close()
+	writer.Wait()
+
+	res.stderrTail = stderr.Tail()
+	res.terminated, res.killed = g.signalled()
+	st := cmd.ProcessState
+	if st == nil {
+		return nil, fmt.Errorf("wait: %w", waitErr)
+	}
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		res.exitCode, res.signal = -1, unix.SignalName(ws.Signal())
+		if res.signal == "" {
+			res.signal = ws.Signal().String()
+		}
+	default:
+		res.exitCode = st.ExitCode()
+	}
+	return res, nil
+}
+
+// group signals a process group while its leader is unreaped: as long as
+// the leader is a zombie at worst, its pid (the group id) cannot be reused,
+// so a signal cannot reach a stranger.
+type group struct {
+	pgid int
+
+	mu                 sync.Mutex
+	reaped             bool
+	terminated, killed bool
+}
+
+// watch sends SIGTERM to the group when ctx ends, and SIGKILL if the leader
+// has not exited grace later.
+func (g *group) watch(ctx context.Context, exited <-chan struct{}, grace time.Duration, log *slog.Logger) {
+	select {
+	case <-exited:
+		return
+	case <-ctx.Done():
+	}
+	if !g.signal(syscall.SIGTERM) {
+		return
+	}
+	log.Info("exec agent: context ended, process group sent SIGTERM", "pgid", g.pgid, "cause", ctx.Err())
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-exited:
+	case <-t.C:
+		if g.signal(syscall.SIGKILL) {
+			log.Info("exec agent: process group still running after the grace period, sent SIGKILL", "pgid", g.pgid, "grace", grace)
+		}
+	}
+}
+
+// signal sends sig to the group unless the leader was reaped.
+func (g *group) signal(sig syscall.Signal) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.reaped {
+		return false
+	}
+	switch sig {
+	case syscall.SIGTERM:
+		g.terminated = true
+	case syscall.SIGKILL:
+		g.killed = true
+	}
+	_ = syscall.Kill(-g.pgid, sig)
+	return true
+}
+
+// reap kills whatever is left of the group after the leader exited and
+// stops further signals: the leader is about to be reaped.
+func (g *group) reap() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// ESRCH (nothing left) is the usual answer.
+	_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
+	g.reaped = true
+}
+
+func (g *group) signalled() (terminated, killed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.terminated, g.killed
+}

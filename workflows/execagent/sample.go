@@ -1,0 +1,115 @@
+package execagent
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// sample is one program run, registered as the rollout's sample source.
+type sample struct {
+	id string
+
+	mu      sync.Mutex
+	state   sampleState
+	msgs    []osmo.Message
+	extras  map[string]any
+	failure error
+}
+
+type sampleState int
+
+const (
+	pending sampleState = iota
+	running
+	succeeded
+	failed
+)
+
+var (
+	_ osmo.SampleSource = (*sample)(nil)
+	_ osmo.SampleExtras = (*sample)(nil)
+)
+
+func (s *sample) setRunning() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state = running
+}
+
+func (s *sample) succeed(msgs []osmo.Message, extras map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state, s.msgs, s.extras = succeeded, msgs, extras
+}
+
+func (s *sample) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state, s.failure = failed, err
+}
+
+// SampleMessages implements osmo.SampleSource: the "messages" of the
+// program's last stdout line, or nil (the proxy-recorded conversation) when
+// that line is not a JSON object with "messages".
+func (s *sample) SampleMessages() ([]osmo.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.state {
+	case succeeded:
+		return s.msgs, nil
+	case failed:
+		return nil, s.failure
+	default:
+		return nil, fmt.Errorf("execagent: sample %q: the program has not finished", s.id)
+	}
+}
+
+// SampleExtraFields implements osmo.SampleExtras: the "extra_fields" object
+// of the last stdout line, if any.
+func (s *sample) SampleExtraFields() map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.extras
+}
+
+// parseLastLine reads the sample out of the program's last stdout line. A
+// line that is not a JSON object, or an object without "messages", gives nil
+// messages: the proxy's record stands for the conversation. A line that was
+// too long to keep is an error rather than a silent fallback, since it most
+// likely held the messages.
+func parseLastLine(out *lastLine, maxLine int) ([]osmo.Message, map[string]any, error) {
+	if out.lastTooLong {
+		return nil, nil, fmt.Errorf("last stdout line is longer than max_line_bytes (%d): raise max_line_bytes to keep it", maxLine)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(out.last, &doc); err != nil || doc == nil {
+		return nil, nil, nil
+	}
+	var extras map[string]any
+	if raw, ok := doc["extra_fields"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &extras); err != nil || extras == nil {
+			return nil, nil, fmt.Errorf(`last stdout line: "extra_fields" must be an object, got %.40s`, raw)
+		}
+	}
+	raw, ok := doc["messages"]
+	if !ok {
+		return nil, extras, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
+		return nil, nil, fmt.Errorf(`last stdout line: "messages" must be an array of objects, got %.40s`, raw)
+	}
+	msgs := make([]osmo.Message, len(items))
+	for i, item := range items {
+		if err := json.Unmarshal(item, &msgs[i]); err != nil || msgs[i] == nil {
+			return nil, nil, fmt.Errorf(`last stdout line: "messages" must be an array of objects: messages[%d] is %.40s`, i, item)
+		}
+	}
+	return msgs, extras, nil
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
