@@ -73,6 +73,7 @@ func commands() map[string]command {
 		"mockllm":  {"run the deterministic OpenAI-compatible policy double", runMockLLM},
 		"demo":     {"run calculator rollouts end to end against the built-in mock policy", runDemo},
 		"bench":    {"measure the LLM proxy's added latency and throughput", runBench},
+		"validate": {"check the registered workflows (or the one named): unique names, tool schemas, config", runValidate},
 		"health":   {"check a service's health (gRPC address or http URL); exit 1 if unhealthy", runHealth},
 		"version":  {"print the version", runVersion},
 	}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -8,18 +9,30 @@ import (
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/graders"
 	"github.com/osmo-rl/osmo/workflows/calculator"
+	"github.com/osmo-rl/osmo/workflows/multiply"
 )
 
 // Option adds user code to the binary built around Main.
 type Option func(*registry)
 
-// WithAgentLoop registers a remote-rollout agent loop under its Name.
+// WithAgentLoop registers a remote-rollout (G1) agent loop under its Name.
 // defaultGrader is the grader spec used when --grader is not given ("" or
 // "none" for no grading: the loop's own reward stands).
 func WithAgentLoop(loop osmo.RolloutAgentLoop, defaultGrader string) Option {
 	return func(r *registry) {
-		r.loops[loop.Name()] = loopEntry{loop: loop, grader: defaultGrader}
-		r.order = append(r.order, loop.Name())
+		r.add(entry{name: loop.Name(), loop: loop, grader: defaultGrader})
+	}
+}
+
+// WithWorkflow registers a G2 AgentWorkflow under its Name (build it with
+// osmo.NewWorkflow). defaultGrader is as for WithAgentLoop.
+func WithWorkflow(wf *osmo.Workflow, defaultGrader string) Option {
+	return func(r *registry) {
+		if wf == nil {
+			r.errs = append(r.errs, errors.New("WithWorkflow: nil workflow"))
+			return
+		}
+		r.add(entry{name: wf.Name(), workflow: wf, grader: defaultGrader})
 	}
 }
 
@@ -28,44 +41,73 @@ func WithGrader(name string, g osmo.Grader) Option {
 	return func(r *registry) { r.graders[name] = g }
 }
 
-type loopEntry struct {
-	loop   osmo.RolloutAgentLoop
-	grader string
+// entry is one registered entrypoint: a G1 loop or a G2 workflow.
+type entry struct {
+	name     string
+	loop     osmo.RolloutAgentLoop
+	workflow *osmo.Workflow
+	grader   string
+}
+
+func (e entry) kind() string {
+	if e.workflow != nil {
+		return "G2 AgentWorkflow"
+	}
+	return "G1 agent loop"
 }
 
 // registry is what one binary can run: built-ins plus the user's.
 type registry struct {
-	loops   map[string]loopEntry
+	entries map[string]entry
 	order   []string
 	graders map[string]osmo.Grader
+	// errs are registration mistakes (two entrypoints under one name),
+	// reported by `osmo validate` and refused by the serving commands.
+	errs []error
 }
 
+// builtins is how many entries newRegistry registers itself.
+const builtins = 2
+
 func newRegistry(opts []Option) *registry {
-	r := &registry{loops: map[string]loopEntry{}, graders: map[string]osmo.Grader{}}
+	r := &registry{entries: map[string]entry{}, graders: map[string]osmo.Grader{}}
 	WithAgentLoop(calculator.Loop{}, "calculator")(r)
+	WithWorkflow(multiply.New(), "multiply")(r)
 	for _, o := range opts {
 		o(r)
 	}
 	return r
 }
 
-func (r *registry) loop(name string) (loopEntry, error) {
-	e, ok := r.loops[name]
+func (r *registry) add(e entry) {
+	if old, ok := r.entries[e.name]; ok {
+		r.errs = append(r.errs, fmt.Errorf("two entrypoints are registered under the name %q (a %s and a %s): every workflow needs its own name", e.name, old.kind(), e.kind()))
+		return
+	}
+	r.entries[e.name] = e
+	r.order = append(r.order, e.name)
+}
+
+// check reports registration mistakes.
+func (r *registry) check() error { return errors.Join(r.errs...) }
+
+func (r *registry) lookup(name string) (entry, error) {
+	e, ok := r.entries[name]
 	if !ok {
-		names := make([]string, 0, len(r.loops))
-		for n := range r.loops {
+		names := make([]string, 0, len(r.entries))
+		for n := range r.entries {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		return loopEntry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(names, ", "))
+		return entry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(names, ", "))
 	}
 	return e, nil
 }
 
-// defaultWorkflow is the first registered user loop, else calculator.
+// defaultWorkflow is the first registered user entry, else calculator.
 func (r *registry) defaultWorkflow() string {
-	if len(r.order) > 1 {
-		return r.order[1]
+	if len(r.order) > builtins {
+		return r.order[builtins]
 	}
 	return r.order[0]
 }

@@ -37,6 +37,11 @@ const defaultMaxMessageBytes = 64 << 20
 // rolloutFlags configure the rollout service.
 type rolloutFlags struct {
 	workflow       string
+	workflowConfig string
+	exec           string
+	execSamples    int
+	noValidate     bool
+	maxQueued      int
 	grader         string
 	apiKey         string
 	logDir         string
@@ -55,7 +60,12 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 		return usageError{err.Error()}
 	}
 	f.env = oe
-	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), "agent workflow to run")
+	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow to run: a G1 agent loop or a G2 AgentWorkflow by name, or "exec"`)
+	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config (laid over its defaults); for exec: {\"name\", \"command\": [...], \"samples\", \"settings\", ...}")
+	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language; see docs/workflows.md); implies --workflow exec`)
+	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
+	fs.BoolVar(&f.noValidate, "no-validate", false, "skip the checks of `osmo validate` at startup")
+	fs.IntVar(&f.maxQueued, "max-queued", 0, "G2 rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
 	fs.StringVar(&f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every request but /health (env OSMO_API_KEY)")
 	fs.StringVar(&f.logDir, "log", "", "write one JSONL event file per rollout under DIR/<unix-time>/")
@@ -70,9 +80,9 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 
 // graderSpec is the grader the rollout service asks for ("" means none).
 func (f *rolloutFlags) graderSpec(e *env) (string, error) {
-	entry, err := e.reg.loop(f.workflow)
+	entry, err := f.resolve(e)
 	if err != nil {
-		return "", usageError{"--workflow: " + err.Error()}
+		return "", err
 	}
 	spec := f.grader
 	if spec == "" {
@@ -90,15 +100,26 @@ func (f *rolloutFlags) graderSpec(e *env) (string, error) {
 }
 
 func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, reg prometheus.Registerer, tr tracing) (rollout.Config, error) {
-	entry, err := e.reg.loop(f.workflow)
+	entry, err := f.resolve(e)
 	if err != nil {
-		return rollout.Config{}, usageError{"--workflow: " + err.Error()}
+		return rollout.Config{}, err
 	}
 	if f.maxConcurrent <= 0 {
 		return rollout.Config{}, usagef("--max-concurrent: must be positive, got %d", f.maxConcurrent)
 	}
+	if f.maxQueued < 0 {
+		return rollout.Config{}, usagef("--max-queued: must be 0 (default) or more, got %d", f.maxQueued)
+	}
+	if !f.noValidate {
+		if err := validateEntry(entry); err != nil {
+			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
+		}
+	}
+	log.Info("serving workflow", "workflow", entry.name, "kind", entry.kind())
 	return rollout.Config{
 		AgentLoop:        entry.loop,
+		Workflow:         entry.workflow,
+		MaxQueued:        f.maxQueued,
 		Grader:           g,
 		GraderName:       spec,
 		APIKey:           f.apiKey,
