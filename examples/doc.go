@@ -19,6 +19,10 @@
 // error. Agents send the placeholder model "openai/osmosis-rollout", which
 // the proxy routes to the current policy.
 //
+// eino-agent is a Go workflow built with github.com/cloudwego/eino (a react
+// agent with a multiply tool) through integrations/osmoeino; its tests run it
+// against the proxy and inside the real rollout service.
+//
 // The package's tests run each agent as a subprocess against the real proxy
 // (pkg/llmproxy) in front of the mock policy (internal/mockllm). The
 // JavaScript agents need their dependencies: run `npm ci` in
