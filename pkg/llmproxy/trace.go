@@ -234,8 +234,20 @@ func (c headerCarrier) Keys() []string { return propagation.HeaderCarrier(c).Key
 // startChat starts the GenAI client span of the upstream call ("chat
 // {model}", OpenTelemetry GenAI semantic conventions) and returns its
 // context. Its attributes are set by endChat, in one call.
+//
+// A client that sent no trace context (an exec agent in another language,
+// say) still gets its call into the rollout's trace: the span is parented on
+// the route's context when that carries a span.
 func (x *exchange) startChat(ctx context.Context) context.Context {
 	t := x.p.tracing
+	if rc := x.route.Context; rc != nil && !trace.SpanContextFromContext(ctx).IsValid() {
+		if sc := trace.SpanContextFromContext(rc); sc.IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, sc)
+			if baggage.FromContext(ctx).Len() == 0 {
+				ctx = baggage.ContextWithBaggage(ctx, baggage.FromContext(rc))
+			}
+		}
+	}
 	ctx, x.span = t.tracer.Start(ctx, t.chatName(x.call.Model), clientKind)
 	return ctx
 }

@@ -334,3 +334,41 @@ osmo_llmproxy_upstream_attempts_total{outcome="rejected"} 1
 		}
 	}
 }
+
+// TestChatSpanParentedOnRouteWithoutClientTrace: a client that sends no
+// trace context (an exec agent) still lands in the rollout's trace, through
+// the span in the route's context.
+func TestChatSpanParentedOnRouteWithoutClientTrace(t *testing.T) {
+	up := newUpstream(t, okJSON)
+	rollout := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{0x5e, 1}, SpanID: trace.SpanID{0x5f, 2}, TraceFlags: trace.FlagsSampled,
+	})
+	routeCtx := trace.ContextWithSpanContext(context.Background(), rollout)
+	h, exp := tracedProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base, Context: routeCtx})})
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		want   trace.SpanContext
+	}{
+		{"no client trace", map[string]string{}, rollout},
+		{"client trace wins", nil, trace.SpanContext{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			exp.Reset()
+			header, want := tc.header, tc.want
+			if header == nil {
+				want, header = clientTrace(t)
+			}
+			header[llmproxy.HeaderRolloutID], header[llmproxy.HeaderSampleID] = "r1", "s1"
+			resp, _ := post(t, h.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, header)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			h.next(t)
+			s := onlySpan(t, exp)
+			if s.Parent.TraceID() != want.TraceID() || s.Parent.SpanID() != want.SpanID() {
+				t.Errorf("chat span parent %s/%s, want %s/%s", s.Parent.TraceID(), s.Parent.SpanID(), want.TraceID(), want.SpanID())
+			}
+		})
+	}
+}
