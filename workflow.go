@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"runtime/debug"
 )
@@ -108,8 +109,11 @@ func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
 	if w == nil {
 		return nil, errors.New("osmo.NewWorkflow: nil workflow")
 	}
-	wf := &Workflow{config: config}
+	wf := &Workflow{}
 	if config != nil {
+		// Only a non-nil *T goes into the interface: Config() must be a
+		// plain nil without one.
+		wf.config = config
 		if c, ok := any(config).(workflowConfig); ok {
 			b := c.base()
 			wf.name, wf.description, wf.concurrency = b.Name, b.Description, b.Concurrency.MaxConcurrent
@@ -171,6 +175,9 @@ func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
 		dec.UseNumber()
 		if err := dec.Decode(next); err != nil {
 			return nil, fmt.Errorf("config does not decode into %s: %w", reflect.TypeFor[T](), err)
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return nil, fmt.Errorf("config for %s: unexpected data after the JSON object", reflect.TypeFor[T]())
 		}
 		return NewWorkflow(w, next)
 	}

@@ -258,10 +258,13 @@ type stackConfig struct {
 	tracing     tracing
 }
 
-func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
-	st = &stack{log: log}
+func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
+	// st is a local, not the named result, so a failed start (which
+	// returns nil) still releases what it opened.
+	st := &stack{log: log}
 	defer func() {
 		if err != nil {
+			st.release()
 			st.close()
 		}
 	}()
@@ -319,6 +322,21 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (st *stack, err error) {
 		return nil, err
 	}
 	return st, nil
+}
+
+// release closes the listeners of a stack that will never serve.
+func (st *stack) release() {
+	for _, srv := range []*server.GRPC{st.graderSrv, st.rolloutSrv} {
+		if srv != nil {
+			_ = srv.Close()
+		}
+	}
+	if st.http != nil {
+		_ = st.http.Close()
+	}
+	if st.rolloutSvc != nil {
+		_ = st.rolloutSvc.Close()
+	}
 }
 
 func (st *stack) close() {

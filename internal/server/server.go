@@ -37,6 +37,10 @@ func NewGRPC(addr string, opts ...grpc.ServerOption) (*GRPC, error) {
 // Addr is the bound address (useful with port 0).
 func (s *GRPC) Addr() string { return s.ln.Addr().String() }
 
+// Close releases the listener of a server that will not Serve (a startup
+// that failed half way).
+func (s *GRPC) Close() error { return s.ln.Close() }
+
 // Serve serves until ctx ends, then stops gracefully (hard after ShutdownTimeout).
 func (s *GRPC) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
@@ -87,6 +91,9 @@ func NewHTTP(addr string, h http.Handler) (*HTTP, error) {
 
 // Addr is the bound address.
 func (s *HTTP) Addr() string { return s.ln.Addr().String() }
+
+// Close releases the listener of a server that will not Serve.
+func (s *HTTP) Close() error { return s.ln.Close() }
 
 // URL is http://Addr.
 func (s *HTTP) URL() string { return "http://" + s.Addr() }

@@ -87,12 +87,15 @@ func (r *record) initContexts(parent context.Context) {
 // already finished (or was cancelled before).
 func (r *record) cancel() string {
 	r.mu.Lock()
-	st, already := r.state, r.cancelled
-	if !already && r.finished.IsZero() {
+	st := r.state
+	done := r.cancelled || !r.finished.IsZero() || r.runCancel == nil ||
+		st == rolloutv1.State_STATE_SUCCEEDED || st == rolloutv1.State_STATE_FAILED || st == rolloutv1.State_STATE_CANCELLED
+	if !done {
 		r.cancelled = true
 	}
 	r.mu.Unlock()
-	if already || !r.finishedAt().IsZero() || r.runCancel == nil {
+	if done {
+		// Already over (only delivering its callbacks), or cancelled before.
 		return dispositionNotFound
 	}
 	r.runCancel(errCancelled)
@@ -109,12 +112,6 @@ const (
 	dispositionRunning  = "cancelled_running"
 	dispositionNotFound = "not_found"
 )
-
-func (r *record) wasCancelled() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cancelled
-}
 
 func (r *record) setState(s rolloutv1.State) {
 	r.mu.Lock()

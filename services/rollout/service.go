@@ -164,6 +164,10 @@ func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name stri
 	return &traced
 }
 
+// Close releases the embedded proxy's listener of a Service that will not
+// Serve (Serve releases it itself).
+func (s *Service) Close() error { return s.proxyLn.Close() }
+
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
 func (s *Service) ProxyURL() string { return s.proxyURL }
 

@@ -134,11 +134,12 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 		recs = s.store.unfinished(func(id string) bool { return strings.HasPrefix(id, prefix) })
 	}
 	for _, rec := range recs {
-		if len(req.GetIds()) == 0 && rec.wasCancelled() {
-			// Cancelled before and still delivering: not this call's doing.
+		d := rec.cancel()
+		if d == dispositionNotFound && len(req.GetIds()) == 0 {
+			// By prefix or all, only what this call stopped is listed: a
+			// rollout already over (still delivering its callbacks) is not.
 			continue
 		}
-		d := rec.cancel()
 		out.Dispositions[rec.id] = d
 		if d != dispositionNotFound {
 			rec.log.write("cancel", map[string]any{"disposition": d})
@@ -218,12 +219,27 @@ func (s *Service) runWorkflow(rec *record) {
 		}
 	}()
 	out := s.execute(rec, log)
+	// The status a trainer reads when a callback arrives already says what
+	// the callback says: final, or grading.
+	grading := out.status == "success" && s.gradingApplies(rec)
+	if grading {
+		rec.setState(rolloutv1.State_STATE_GRADING)
+	} else {
+		s.markFinal(rec, out)
+	}
 	s.deliverCompletion(rec, out, log)
-	if out.status == "success" {
+	if grading {
 		s.gradeSamples(rec, out, log)
+		s.markFinal(rec, out)
 	}
 	s.deliverGrades(rec, out, log)
 	s.finishWorkflow(rec, out, log)
+}
+
+// gradingApplies: a grader is configured and the row has a label or
+// metadata (PROTOCOL.md's gate).
+func (s *Service) gradingApplies(rec *record) bool {
+	return s.cfg.Grader != nil && (rec.label != nil || rec.metadata != nil)
 }
 
 // agentDeadline is when the workflow must be done: agent_timeout_sec (or
@@ -519,11 +535,10 @@ func metadataMap(s *structpb.Struct) map[string]any {
 // gradeSamples sends the samples to the grader when grading applies: a
 // grader is configured and the row has a label or metadata.
 func (s *Service) gradeSamples(rec *record, out *wfOutcome, log *slog.Logger) {
-	if s.cfg.Grader == nil || (rec.label == nil && rec.metadata == nil) {
+	if !s.gradingApplies(rec) {
 		rec.log.write("grading_skipped", map[string]any{"has_grader": s.cfg.Grader != nil})
 		return
 	}
-	rec.setState(rolloutv1.State_STATE_GRADING)
 	budget := s.cfg.GradeTimeout
 	if rec.g2.GraderTimeoutSec != nil {
 		budget = time.Duration(rec.g2.GetGraderTimeoutSec() * float64(time.Second))
@@ -742,10 +757,11 @@ func (s *Service) post(rec *record, kind, url string, body any, outcomeStatus st
 	rec.log.write(kind+"_callback", fields)
 }
 
-// finishWorkflow records the final state and tells watchers.
-func (s *Service) finishWorkflow(rec *record, out *wfOutcome, log *slog.Logger) {
+// markFinal records the outcome as the rollout's state; finished (what
+// watchers and finished_at report) waits for the last callback.
+func (s *Service) markFinal(rec *record, out *wfOutcome) {
 	rec.mu.Lock()
-	rec.finished = time.Now()
+	defer rec.mu.Unlock()
 	rec.errMsg, rec.errCategory = out.errMsg, out.category
 	if out.category == categoryCancelled {
 		rec.errCategory = ""
@@ -758,6 +774,12 @@ func (s *Service) finishWorkflow(rec *record, out *wfOutcome, log *slog.Logger) 
 	default:
 		rec.state = rolloutv1.State_STATE_FAILED
 	}
+}
+
+// finishWorkflow counts the finished rollout and tells watchers.
+func (s *Service) finishWorkflow(rec *record, out *wfOutcome, log *slog.Logger) {
+	rec.mu.Lock()
+	rec.finished = time.Now()
 	reward := rec.reward
 	rec.mu.Unlock()
 	s.completed.Add(1)
