@@ -50,16 +50,7 @@ func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int) error
 			return err
 		}
 	}
-	if req.Metadata != nil && maxMetadataBytes > 0 {
-		b, err := protojson.Marshal(req.Metadata)
-		if err != nil {
-			return badField("metadata", "not encodable as JSON: %v", err)
-		}
-		if len(b) > maxMetadataBytes {
-			return badField("metadata", "encoded size %d bytes exceeds the limit of %d bytes", len(b), maxMetadataBytes)
-		}
-	}
-	return nil
+	return validateMetadata(req.Metadata, maxMetadataBytes)
 }
 
 func validateID(field, v string) error {
@@ -130,16 +121,7 @@ func validateStart(req *rolloutv1.StartRolloutRequest, maxMetadataBytes int) err
 	case *structpb.Value_StructValue, *structpb.Value_ListValue:
 		return badField("label", "must be a string (or a number), got a JSON %s", kindName(req.GetLabel()))
 	}
-	if req.Metadata != nil && maxMetadataBytes > 0 {
-		b, err := protojson.Marshal(req.Metadata)
-		if err != nil {
-			return badField("metadata", "not encodable as JSON: %v", err)
-		}
-		if len(b) > maxMetadataBytes {
-			return badField("metadata", "encoded size %d bytes exceeds the limit of %d bytes", len(b), maxMetadataBytes)
-		}
-	}
-	return nil
+	return validateMetadata(req.Metadata, maxMetadataBytes)
 }
 
 func kindName(v *structpb.Value) string {
@@ -188,6 +170,21 @@ func validateCancel(req *rolloutv1.CancelRolloutsRequest) error {
 		if id == "" {
 			return badField("ids", "element %d is empty", i)
 		}
+	}
+	return nil
+}
+
+// validateMetadata bounds the encoded size of a request's metadata.
+func validateMetadata(md *structpb.Struct, maxBytes int) error {
+	if md == nil || maxBytes <= 0 {
+		return nil
+	}
+	b, err := protojson.Marshal(md)
+	if err != nil {
+		return badField("metadata", "not encodable as JSON: %v", err)
+	}
+	if len(b) > maxBytes {
+		return badField("metadata", "encoded size %d bytes exceeds the limit of %d bytes", len(b), maxBytes)
 	}
 	return nil
 }

@@ -24,18 +24,23 @@ type lastLine struct {
 func newLastLine(max int) *lastLine { return &lastLine{max: max} }
 
 func (l *lastLine) Write(p []byte) (int, error) {
-	n := len(p)
+	splitLines(p, l.add, l.endLine)
+	return len(p), nil
+}
+
+// splitLines hands p to add piece by piece, calling end at every newline:
+// a line may span writes.
+func splitLines(p []byte, add func([]byte), end func()) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			l.add(p)
-			break
+			add(p)
+			return
 		}
-		l.add(p[:i])
-		l.endLine()
+		add(p[:i])
+		end()
 		p = p[i+1:]
 	}
-	return n, nil
 }
 
 func (l *lastLine) add(b []byte) {
@@ -80,19 +85,9 @@ type stderrLines struct {
 }
 
 func (s *stderrLines) Write(p []byte) (int, error) {
-	n := len(p)
 	s.keepTail(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			s.add(p)
-			break
-		}
-		s.add(p[:i])
-		s.endLine()
-		p = p[i+1:]
-	}
-	return n, nil
+	splitLines(p, s.add, s.endLine)
+	return len(p), nil
 }
 
 func (s *stderrLines) keepTail(p []byte) {
