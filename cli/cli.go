@@ -27,7 +27,10 @@ import (
 
 // Main runs the command line with os.Args and exits: 0 on success, 2 on a
 // usage error, 1 on any other failure.
+//
+// Main runs the garbage collector at DefaultGCPercent unless GOGC is set.
 func Main(opts ...Option) {
+	applyGCDefault(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:], os.Stdout, os.Stderr, opts...)
 	stop()

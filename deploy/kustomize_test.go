@@ -71,8 +71,13 @@ type (
 				FieldRef *struct {
 					FieldPath string `json:"fieldPath"`
 				} `json:"fieldRef"`
-				SecretKeyRef    *keyRef `json:"secretKeyRef"`
-				ConfigMapKeyRef *keyRef `json:"configMapKeyRef"`
+				SecretKeyRef     *keyRef `json:"secretKeyRef"`
+				ConfigMapKeyRef  *keyRef `json:"configMapKeyRef"`
+				ResourceFieldRef *struct {
+					ContainerName string `json:"containerName"`
+					Resource      string `json:"resource"`
+					Divisor       string `json:"divisor"`
+				} `json:"resourceFieldRef"`
 			} `json:"valueFrom"`
 		} `json:"env"`
 		EnvFrom []struct {
@@ -524,6 +529,29 @@ func checkSecurity(t *testing.T, where string, pod, c *securityContext) {
 	}
 }
 
+// checkMemoryLimit checks that an osmo container gives the Go collector its
+// memory limit as GOMEMLIMIT: osmo runs at GOGC=400, and without a soft
+// limit its heap could outgrow the container's.
+func checkMemoryLimit(t *testing.T, where string, c container) {
+	t.Helper()
+	if c.Resources.Limits["memory"] == "" {
+		t.Errorf("%s: no memory limit to derive GOMEMLIMIT from", where)
+	}
+	for _, e := range c.Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		ref := e.ValueFrom
+		if ref == nil || ref.ResourceFieldRef == nil || ref.ResourceFieldRef.Resource != "limits.memory" ||
+			(ref.ResourceFieldRef.ContainerName != "" && ref.ResourceFieldRef.ContainerName != c.Name) ||
+			(ref.ResourceFieldRef.Divisor != "" && ref.ResourceFieldRef.Divisor != "1") {
+			t.Errorf("%s: GOMEMLIMIT must be the container's own limits.memory in bytes (resourceFieldRef, divisor 1): %+v", where, e)
+		}
+		return
+	}
+	t.Errorf("%s: GOMEMLIMIT is not set from the container's memory limit", where)
+}
+
 // checkEnvRefs checks that every ConfigMap and Secret a container reads
 // exists, with the keys it reads.
 func checkEnvRefs(t *testing.T, r *rendered, where string, c container) {
@@ -591,6 +619,7 @@ func checkOsmoContainer(t *testing.T, where string, d deploymentSpec, c containe
 			}
 		}
 	}
+	checkMemoryLimit(t, where, c)
 	ann := d.Template.Metadata.Annotations
 	if ann["prometheus.io/scrape"] != "true" {
 		t.Errorf("%s: pod not annotated for Prometheus scraping", where)

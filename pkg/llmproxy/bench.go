@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"runtime"
+	rtmetrics "runtime/metrics"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -53,6 +56,10 @@ type OverheadReport struct {
 	ThroughputClients  int
 	ThroughputDuration time.Duration
 	GOMAXPROCS         int
+	// GCPercent is the garbage collector's GOGC during the run (-1: off).
+	// Client, proxy and upstream share one heap, and how often it is
+	// collected moves the p99 of every setup (see docs/deploy.md).
+	GCPercent int
 }
 
 // TracingThroughputRatio is TracedThroughput over Throughput: 0.95 means
@@ -85,13 +92,31 @@ func (r OverheadReport) WriteTable(w io.Writer) {
 			signedMicros(r.TracedLLMProxy.P50-r.LLMProxy.P50), signedMicros(r.TracedLLMProxy.P99-r.LLMProxy.P99))
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d\n", r.Requests, r.GOMAXPROCS)
+	gogc := "off"
+	if r.GCPercent >= 0 {
+		gogc = strconv.Itoa(r.GCPercent)
+	}
+	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d; GOGC=%s\n", r.Requests, r.GOMAXPROCS, gogc)
 	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, direct %.0f req/s\n",
 		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.DirectThroughput)
 	if r.Traced {
 		fmt.Fprintf(w, "tracing on (every span sampled, batch export): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
 			r.TracedThroughput, 100*r.TracingThroughputRatio(), 100*(r.TracingThroughputRatio()-1))
 	}
+}
+
+// gcPercent reads the collector's current GOGC without changing it.
+func gcPercent() int {
+	s := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}}
+	rtmetrics.Read(s)
+	if s[0].Value.Kind() != rtmetrics.KindUint64 {
+		return 100
+	}
+	v := s[0].Value.Uint64()
+	if v > math.MaxInt32 { // GOGC=off reads as a huge percentage
+		return -1
+	}
+	return int(v)
 }
 
 func micros(d time.Duration) string {
@@ -119,7 +144,7 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 	if n <= 0 {
 		return OverheadReport{}, fmt.Errorf("llmproxy.MeasureOverhead: n must be positive, got %d", n)
 	}
-	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0), Traced: tp != nil}
+	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0), GCPercent: gcPercent(), Traced: tp != nil}
 	// Long enough to be steady for real runs, short for smoke tests.
 	rep.ThroughputDuration = min(2*time.Second, max(250*time.Millisecond, time.Duration(n)*400*time.Microsecond))
 	rep.ThroughputClients = max(8, 4*rep.GOMAXPROCS)

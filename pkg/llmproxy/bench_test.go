@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -247,9 +248,14 @@ func TestMeasureOverhead(t *testing.T) {
 	if _, err := llmproxy.MeasureOverhead(ctx, 0, nil); err == nil {
 		t.Error("MeasureOverhead(0) succeeded, want an error naming n")
 	}
+	// The report states the collector setting it ran under.
+	defer debug.SetGCPercent(debug.SetGCPercent(250))
 	rep, err := llmproxy.MeasureOverhead(ctx, 50, benchTracerProvider(t))
 	if err != nil {
 		t.Fatalf("MeasureOverhead: %v", err)
+	}
+	if rep.GCPercent != 250 {
+		t.Errorf("report GCPercent = %d, want the 250 in effect", rep.GCPercent)
 	}
 	for name, l := range map[string]llmproxy.Latency{"direct": rep.Direct, "reverseproxy": rep.ReverseProxy, "llmproxy": rep.LLMProxy, "llmproxy+tracing": rep.TracedLLMProxy} {
 		if l.P50 <= 0 || l.P99 < l.P50 {
@@ -267,7 +273,7 @@ func TestMeasureOverhead(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy"} {
+	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy", "GOGC=250"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}
