@@ -213,7 +213,9 @@ func (s *stack) env(rollout, token string) []string {
 func sampleInput(prompt string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"prompt":   []any{map[string]any{"role": "user", "content": prompt}},
-		"metadata": map[string]any{"row": 0},
+		// null, as an older runner or another caller may send it: the
+		// agents read it as no metadata.
+		"metadata": nil,
 		"config":   map[string]any{"temperature": 1.0},
 	})
 	return b

@@ -9,6 +9,10 @@ describe('parseSampleInput', () => {
     const got = parseSampleInput('{"prompt":[{"role":"user","content":"hi"}]}');
     assert.deepEqual(got, { prompt: [{ role: 'user', content: 'hi' }], metadata: {}, config: {} });
   });
+  test('reads null metadata and config as none given', () => {
+    const got = parseSampleInput('{"prompt":[{"role":"user","content":"hi"}],"metadata":null,"config":null}');
+    assert.deepEqual(got, { prompt: [{ role: 'user', content: 'hi' }], metadata: {}, config: {} });
+  });
   const bad: Array<[string, string, RegExp]> = [
     ['not JSON', '{', /stdin: not a JSON object/],
     ['not an object', '[1]', /stdin: not a JSON object/],

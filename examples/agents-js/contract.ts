@@ -87,7 +87,10 @@ export function parseSampleInput(text: string): SampleInput {
     throw new ContractError(`stdin: not a JSON object: ${(err as Error).message}`);
   }
   if (!isObject(doc)) throw new ContractError('stdin: not a JSON object');
-  const { prompt, metadata = {}, config = {} } = doc;
+  // Absent or null: none given.
+  const { prompt } = doc;
+  const metadata = doc.metadata ?? {};
+  const config = doc.config ?? {};
   if (!Array.isArray(prompt) || prompt.length === 0) {
     throw new ContractError('stdin: "prompt" must be a non-empty array of chat messages');
   }

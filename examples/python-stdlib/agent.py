@@ -124,7 +124,9 @@ def read_input(stream) -> dict[str, Any]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise AgentError(f'stdin: "prompt[{i}].role" must be a string')
     for key in ("metadata", "config"):
-        if not isinstance(doc.get(key, {}), dict):
+        if doc.get(key) is None:  # absent or null: none given
+            doc[key] = {}
+        elif not isinstance(doc[key], dict):
             raise AgentError(f'stdin: "{key}" must be an object')
     return doc
 

@@ -316,10 +316,16 @@ func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 	if prompt == nil {
 		prompt = []osmo.Message{}
 	}
+	// A rollout without metadata still hands the program an object: every
+	// agent can then read fields off it without a null check.
+	metadata := wc.Metadata
+	if metadata == nil {
+		metadata = map[string]any{}
+	}
 	var stdin bytes.Buffer
 	enc := json.NewEncoder(&stdin)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(input{Prompt: prompt, Metadata: wc.Metadata, Config: settings}); err != nil {
+	if err := enc.Encode(input{Prompt: prompt, Metadata: metadata, Config: settings}); err != nil {
 		return fmt.Errorf("execagent: encode the program's stdin: %w: %w", osmo.ErrInvalidInput, err)
 	}
 	rolloutID := wc.RolloutID

@@ -49,13 +49,13 @@ func TestEnvironmentAndStdin(t *testing.T) {
 		},
 		{
 			name:      "nothing given",
-			wantStdin: `{"prompt":[],"metadata":null,"config":{}}` + "\n",
+			wantStdin: `{"prompt":[],"metadata":{},"config":{}}` + "\n",
 		},
 		{
 			name:      "null settings",
 			prompt:    []osmo.Message{{"role": "user", "content": "q"}},
 			settings:  "null",
-			wantStdin: `{"prompt":[{"content":"q","role":"user"}],"metadata":null,"config":{}}` + "\n",
+			wantStdin: `{"prompt":[{"content":"q","role":"user"}],"metadata":{},"config":{}}` + "\n",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
