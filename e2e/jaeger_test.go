@@ -249,6 +249,51 @@ func TestTraceInJaeger(t *testing.T) {
 			checkRolloutTrace(t, j, ctl, deployment.start(t), "jaeger-"+deployment.name)
 		})
 	}
+
+	// A G2 rollout whose agent is another language's program: it sends no
+	// trace context of its own, and its LLM calls must still land in the
+	// trainer's trace, as must the grading and both callbacks.
+	t.Run("g2-exec", func(t *testing.T) {
+		s := startG2(t, nil, overGRPC, "--exec", strings.Join(python("python-stdlib/agent.py")(t), " "), "--grader", "multiply")
+		const id = "jaeger-g2"
+		traceID, trainerSpan := randomHex(t, 16), randomHex(t, 8)
+		body := s.ctl.StartBody(id, []map[string]any{{"role": "user", "content": "What is 6 times 7?"}})
+		body["label"] = "42"
+		body["agent_timeout_sec"] = 60
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		code, _, data, err := s.ctl.StartWithHeader(ctx, s.base, serverKey, http.Header{"Traceparent": {"00-" + traceID + "-" + trainerSpan + "-01"}}, body)
+		if err != nil || code != http.StatusAccepted {
+			t.Fatalf("POST /rollout: %d %s %v", code, data, err)
+		}
+		comp, grade := s.callbacks(t, id)
+		if sample := grade.Samples["exec"]; comp.Status != "success" || sample.Reward == nil || *sample.Reward != 1 {
+			t.Fatalf("completion %s\ngrader callback %s", comp.Raw, grade.Raw)
+		}
+		chats := s.ctl.Chats()
+		if len(chats) < 2 {
+			t.Fatalf("%d LLM calls, want a tool call and an answer", len(chats))
+		}
+		for i, c := range chats {
+			if tp := c.Header.Get("Traceparent"); !strings.HasPrefix(tp, "00-"+traceID+"-") {
+				t.Errorf("LLM call %d reached the controller with traceparent %q, want trace %s", i, tp, traceID)
+			}
+		}
+		checkTrace(t, ctx, j, traceSpec{
+			id: id, traceID: traceID, trainerSpan: trainerSpan,
+			gatewayOp: "POST /rollout",
+			ops: map[string]string{
+				"POST /rollout":               "osmo-gateway",
+				"rollout":                     "osmo-rollout",
+				"invoke_agent exec":           "osmo-rollout",
+				"deliver_completion_callback": "osmo-rollout",
+				"deliver_grader_callback":     "osmo-rollout",
+				"chat openai/osmosis-rollout": "osmo-llmproxy",
+				"run_grader multiply":         "osmo-grader",
+			},
+			underRollout: []string{"chat ", "invoke_agent ", "grade", "run_grader ", "deliver_"},
+		})
+	})
 }
 
 // checkRolloutTrace drives rollout id through the gateway at base and
@@ -287,22 +332,76 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 		}
 	}
 
-	// Spans arrive in batches from three processes; wait until the trace
-	// holds what a finished rollout must have.
-	wantOps := map[string]string{ // operation -> service
-		"POST /v1/rollout/init":      "osmo-gateway",
-		"rollout":                    "osmo-rollout",
-		"invoke_agent calculator":    "osmo-rollout",
-		"execute_tool multiply":      "osmo-rollout",
-		"deliver_completion":         "osmo-rollout",
-		"POST /v1/rollout/completed": "osmo-rollout",
-		"chat policy-v1":             "osmo-llmproxy",
-		"run_grader calculator":      "osmo-grader",
+	tr := checkTrace(t, ctx, j, traceSpec{
+		id: id, traceID: traceID, trainerSpan: trainerSpan,
+		gatewayOp: "POST /v1/rollout/init",
+		ops: map[string]string{ // operation -> service
+			"POST /v1/rollout/init":      "osmo-gateway",
+			"rollout":                    "osmo-rollout",
+			"invoke_agent calculator":    "osmo-rollout",
+			"execute_tool multiply":      "osmo-rollout",
+			"deliver_completion":         "osmo-rollout",
+			"POST /v1/rollout/completed": "osmo-rollout",
+			"chat policy-v1":             "osmo-llmproxy",
+			"run_grader calculator":      "osmo-grader",
+		},
+		underRollout: []string{"chat ", "execute_tool ", "grade", "run_grader calculator", "deliver_completion"},
+	})
+	for _, s := range tr.Spans {
+		service := tr.Processes[s.ProcessID].ServiceName
+		if strings.HasPrefix(s.OperationName, "chat ") {
+			for key, want := range map[string]any{
+				"gen_ai.operation.name":      "chat",
+				"gen_ai.provider.name":       "openai",
+				"gen_ai.request.model":       "policy-v1",
+				"osmo.llm.requested_model":   "openai/osmosis-rollout",
+				"gen_ai.request.temperature": 0.5,
+				"gen_ai.request.max_tokens":  float64(128),
+				"osmo.sample.id":             "calculator",
+				"span.kind":                  "client",
+			} {
+				if got, _ := s.tag(key); got != want {
+					t.Errorf("chat span: %s = %v (%T), want %v", key, got, got, want)
+				}
+			}
+			for _, key := range []string{"gen_ai.response.id", "gen_ai.response.finish_reasons", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"} {
+				if _, ok := s.tag(key); !ok {
+					t.Errorf("chat span lacks %s", key)
+				}
+			}
+		}
+		if s.OperationName == "grade" && service == "osmo-grader" {
+			if got, _ := s.tag("osmo.reward"); got != float64(1) {
+				t.Errorf("grader's grade span: osmo.reward = %v, want 1", got)
+			}
+		}
 	}
-	var tr jaegerTrace
+}
+
+// traceSpec is what the trace of one finished rollout must hold.
+type traceSpec struct {
+	id, traceID string
+	// trainerSpan is the trainer's span, which Jaeger never receives: only
+	// the gateway's gatewayOp span may hang from it.
+	trainerSpan, gatewayOp string
+	// ops are operations the trace must have, each with its service.
+	ops map[string]string
+	// underRollout are operations (or prefixes of them) that must descend
+	// from the rollout span.
+	underRollout []string
+}
+
+// checkTrace waits until Jaeger holds the whole trace of spec.id (spans
+// arrive in batches from several processes) and checks that it is one
+// connected trace: every span carries the rollout id and has its parent in
+// the trace (but the gateway's, child of the trainer's span), the
+// underRollout operations sit under the rollout span, and Jaeger's tag
+// search finds the trace from every service.
+func checkTrace(t *testing.T, ctx context.Context, j *jaeger, spec traceSpec) jaegerTrace {
+	t.Helper()
 	missing := func(tr jaegerTrace) []string {
 		var out []string
-		for op, svc := range wantOps {
+		for op, svc := range spec.ops {
 			found := false
 			for _, s := range tr.Spans {
 				if s.OperationName == op && tr.Processes[s.ProcessID].ServiceName == svc {
@@ -325,9 +424,12 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 		slices.Sort(out)
 		return out
 	}
-	var lack []string
+	var (
+		tr   jaegerTrace
+		lack []string
+	)
 	for {
-		traces, err := j.getTraces(ctx, "/api/traces/"+traceID)
+		traces, err := j.getTraces(ctx, "/api/traces/"+spec.traceID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -339,7 +441,7 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("trace %s never got complete in Jaeger; missing %q; spans: %s", traceID, lack, describe(tr))
+			t.Fatalf("trace %s never got complete in Jaeger; missing %q; spans: %s", spec.traceID, lack, describe(tr))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -354,14 +456,14 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 		if s.OperationName == "rollout" {
 			rolloutSpan = s
 		}
-		if v, _ := s.tag("osmo.rollout.id"); v != id {
-			t.Errorf("%s span %q has osmo.rollout.id %v, want %q", service(s), s.OperationName, v, id)
+		if v, _ := s.tag("osmo.rollout.id"); v != spec.id {
+			t.Errorf("%s span %q has osmo.rollout.id %v, want %q", service(s), s.OperationName, v, spec.id)
 		}
 		p := s.parent()
 		switch {
-		case p == trainerSpan:
-			if s.OperationName != "POST /v1/rollout/init" || service(s) != "osmo-gateway" {
-				t.Errorf("%s span %q is a child of the trainer's span; only the gateway's init span should be", service(s), s.OperationName)
+		case p == spec.trainerSpan:
+			if s.OperationName != spec.gatewayOp || service(s) != "osmo-gateway" {
+				t.Errorf("%s span %q is a child of the trainer's span; only the gateway's %s span should be", service(s), s.OperationName, spec.gatewayOp)
 			}
 		case p == "":
 			t.Errorf("%s span %q has no parent", service(s), s.OperationName)
@@ -386,55 +488,29 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 		return false
 	}
 	for _, s := range tr.Spans {
-		switch op := s.OperationName; {
-		case strings.HasPrefix(op, "chat "), strings.HasPrefix(op, "execute_tool "), op == "grade", op == "run_grader calculator", op == "deliver_completion":
-			if !descends(s, rolloutSpan.SpanID) {
-				t.Errorf("%s span %q is not under the rollout span", service(s), op)
-			}
-		}
-		if strings.HasPrefix(s.OperationName, "chat ") {
-			for key, want := range map[string]any{
-				"gen_ai.operation.name":      "chat",
-				"gen_ai.provider.name":       "openai",
-				"gen_ai.request.model":       "policy-v1",
-				"osmo.llm.requested_model":   "openai/osmosis-rollout",
-				"gen_ai.request.temperature": 0.5,
-				"gen_ai.request.max_tokens":  float64(128),
-				"osmo.sample.id":             "calculator",
-				"span.kind":                  "client",
-			} {
-				if got, _ := s.tag(key); got != want {
-					t.Errorf("chat span: %s = %v (%T), want %v", key, got, got, want)
-				}
-			}
-			for _, key := range []string{"gen_ai.response.id", "gen_ai.response.finish_reasons", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"} {
-				if _, ok := s.tag(key); !ok {
-					t.Errorf("chat span lacks %s", key)
-				}
-			}
-		}
-		if s.OperationName == "grade" && service(s) == "osmo-grader" {
-			if got, _ := s.tag("osmo.reward"); got != float64(1) {
-				t.Errorf("grader's grade span: osmo.reward = %v, want 1", got)
+		for _, op := range spec.underRollout {
+			if strings.HasPrefix(s.OperationName, op) && !descends(s, rolloutSpan.SpanID) {
+				t.Errorf("%s span %q is not under the rollout span", service(s), s.OperationName)
 			}
 		}
 	}
 
 	// Jaeger's tag search finds the trace from any of the services.
-	tags := url.QueryEscape(`{"osmo.rollout.id":"` + id + `"}`)
+	tags := url.QueryEscape(`{"osmo.rollout.id":"` + spec.id + `"}`)
 	for _, svc := range []string{"osmo-gateway", "osmo-rollout", "osmo-llmproxy", "osmo-grader"} {
 		found, err := j.getTraces(ctx, "/api/traces?service="+svc+"&lookback=1h&limit=20&tags="+tags)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(found) != 1 || found[0].TraceID != traceID {
+		if len(found) != 1 || found[0].TraceID != spec.traceID {
 			ids := []string{}
 			for _, f := range found {
 				ids = append(ids, f.TraceID)
 			}
-			t.Errorf("tag search in %s for osmo.rollout.id=%s found traces %v, want just %s", svc, id, ids, traceID)
+			t.Errorf("tag search in %s for osmo.rollout.id=%s found traces %v, want just %s", svc, spec.id, ids, spec.traceID)
 		}
 	}
+	return tr
 }
 
 // describe lists a trace's spans for failure messages.

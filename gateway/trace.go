@@ -32,7 +32,8 @@ func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPro
 }
 
 // spanName names a request's span after its route, never after ids in its
-// path: "POST /v1/rollout/init", "GET /v1/rollouts/{rollout_id}", the
+// path: "POST /v1/rollout/init", "GET /v1/rollouts/{rollout_id}",
+// "POST /rollout", "GET /rollout/{rollout_id}/status", the
 // procedure of an RPC ("/osmo.rollout.v1.RolloutService/InitRollout"), or
 // just the method for paths the gateway does not serve.
 func spanName(_ string, r *http.Request) string {
@@ -43,16 +44,19 @@ func spanName(_ string, r *http.Request) string {
 			return p
 		}
 	case p == "/v1/rollout/init" || p == "/v1/rollouts:watch" || p == "/v1/grade" ||
+		p == "/rollout" || p == "/rollout/cancel" ||
 		p == "/health" || p == "/platform/health" || p == "/openapi.json":
 		return r.Method + " " + p
 	case strings.HasPrefix(p, "/v1/rollouts/") && !strings.Contains(p[len("/v1/rollouts/"):], "/"):
 		return r.Method + " /v1/rollouts/{rollout_id}"
+	case strings.HasPrefix(p, "/rollout/") && strings.HasSuffix(p, "/status") && strings.Count(p, "/") == 3:
+		return r.Method + " /rollout/{rollout_id}/status"
 	}
 	return r.Method
 }
 
-// rolloutIDConn learns the rollout id from InitRollout requests, where the
-// gateway first sees it: it tags the request's span (the HTTP server span,
+// rolloutIDConn learns the rollout id from the requests that start a
+// rollout (G1 InitRollout, G2 StartRollout), where the gateway first sees it: it tags the request's span (the HTTP server span,
 // started before the body was read) and puts the id into the baggage, so
 // the call's client span and every span the rollout service starts for it
 // carry osmo.rollout.id (telemetry.BaggageAttributes).
@@ -61,8 +65,14 @@ type rolloutIDConn struct {
 }
 
 func (c rolloutIDConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	if req, ok := args.(*rolloutv1.InitRolloutRequest); ok && req.GetRolloutId() != "" {
-		id := req.GetRolloutId()
+	var id string
+	switch req := args.(type) {
+	case *rolloutv1.InitRolloutRequest:
+		id = req.GetRolloutId()
+	case *rolloutv1.StartRolloutRequest:
+		id = req.GetRolloutId()
+	}
+	if id != "" {
 		if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != id {
 			trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(id))
 			ctx = osmoattr.ContextWithIDs(ctx, id, "")

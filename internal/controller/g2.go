@@ -180,6 +180,12 @@ func (c *G2) Serve(ctx context.Context) error {
 // serverKey when it is not empty, and returns the answer. The body is sent
 // as given (see StartBody), so malformed starts can be sent too.
 func (c *G2) Start(ctx context.Context, serverURL, serverKey string, body map[string]any) (int, http.Header, []byte, error) {
+	return c.StartWithHeader(ctx, serverURL, serverKey, nil, body)
+}
+
+// StartWithHeader is Start with extra request headers (a trainer's
+// traceparent, say).
+func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) (int, http.Header, []byte, error) {
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("controller: encode start body: %w", err)
@@ -187,6 +193,9 @@ func (c *G2) Start(ctx context.Context, serverURL, serverKey string, body map[st
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(serverURL, "/")+"/rollout", bytes.NewReader(payload))
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("controller: start: %w", err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if serverKey != "" {
