@@ -212,7 +212,7 @@ func (s *stack) env(rollout, token string) []string {
 
 func sampleInput(prompt string) []byte {
 	b, _ := json.Marshal(map[string]any{
-		"prompt":   []any{map[string]any{"role": "user", "content": prompt}},
+		"prompt": []any{map[string]any{"role": "user", "content": prompt}},
 		// null, as an older runner or another caller may send it: the
 		// agents read it as no metadata.
 		"metadata": nil,
