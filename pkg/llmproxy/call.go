@@ -6,6 +6,9 @@ import (
 	"time"
 )
 
+// APIChatCompletions is Call.API for chat completions calls.
+const APIChatCompletions = "chat.completions"
+
 // Header names that bind a call to a rollout and a sample.
 const (
 	HeaderRolloutID = "X-Rollout-Id"
@@ -17,6 +20,11 @@ const (
 type Call struct {
 	RolloutID string
 	SampleID  string
+
+	// API is the API the client called: APIChatCompletions, or
+	// APIResponses for a Responses call the proxy translated (the upstream
+	// always receives a chat completion, which is what the record holds).
+	API string
 
 	// ID is the upstream response id.
 	ID string

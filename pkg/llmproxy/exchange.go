@@ -36,16 +36,19 @@ type exchange struct {
 	// errType is error.type of a failed call.
 	span    trace.Span
 	errType string
+
+	// resp is set for a Responses API call, whose answer is translated.
+	resp *responsesCall
 }
 
-// serveChat handles one chat-completions call; idSource says where a
-// missing rollout id was expected, for the error message.
-func (p *Proxy) serveChat(w http.ResponseWriter, r *http.Request, rolloutID, sampleID, idSource string) {
+// serve handles one call of the given API; idSource says where a missing
+// rollout id was expected, for the error message.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sampleID, idSource string) {
 	// Exchanges are pooled: nothing outlives the handler but the Call,
 	// which is allocated afresh for the Recorder to keep.
 	x := p.exchanges.Get().(*exchange)
 	*x = exchange{p: p, w: w, r: r, start: time.Now()}
-	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, StartedAt: x.start}
+	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, API: api, StartedAt: x.start}
 	x.serve(idSource)
 	if p.tracing != nil && x.span == nil {
 		p.traceRejected(r, x.start, x.call.StatusCode, rolloutID, sampleID)
@@ -100,6 +103,14 @@ func (x *exchange) serve(idSource string) {
 		}
 		x.fail(status, code, "", err.Error())
 		return
+	}
+	if c.API == APIResponses {
+		chat, rc, re := translateResponsesRequest(body)
+		if re != nil {
+			x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
+			return
+		}
+		body, x.resp = chat, rc
 	}
 	if re := x.req.parse(body); re != nil {
 		x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
@@ -379,6 +390,9 @@ func (x *exchange) relayJSON(actx context.Context, resp *http.Response, t0 time.
 	data := buf.Bytes()
 	if err := recordCompletion(x.call, data); err != nil {
 		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: err.Error() + "; body starts: " + snippet(data), retry: true}
+	}
+	if x.resp != nil {
+		data = x.resp.complete(x.call)
 	}
 	x.writeUpstream(resp, data)
 	return nil

@@ -8,6 +8,11 @@
 //
 //	POST /v1/chat/completions                               (ids in X-Rollout-Id / X-Sample-Id)
 //	POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions  (ids in the path, see BaseURLFor)
+//	POST /v1/responses, /r/{rollout_id}/s/{sample_id}/v1/responses
+//
+// Responses API calls are translated: the policy always receives a chat
+// completion, and the client gets a Response object or Responses stream
+// events back.
 package llmproxy
 
 import (
@@ -157,10 +162,17 @@ func New(cfg Config) (*Proxy, error) {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		p.serveChat(w, r, r.Header.Get(HeaderRolloutID), r.Header.Get(HeaderSampleID), "header "+HeaderRolloutID)
+		p.serve(w, r, APIChatCompletions, r.Header.Get(HeaderRolloutID), r.Header.Get(HeaderSampleID), "header "+HeaderRolloutID)
 	})
 	mux.HandleFunc("POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		p.serveChat(w, r, r.PathValue("rollout_id"), r.PathValue("sample_id"), "path segment rollout_id")
+		p.serve(w, r, APIChatCompletions, r.PathValue("rollout_id"), r.PathValue("sample_id"), "path segment rollout_id")
+	})
+	// The Responses API, translated to chat completions (responses.go).
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) {
+		p.serve(w, r, APIResponses, r.Header.Get(HeaderRolloutID), r.Header.Get(HeaderSampleID), "header "+HeaderRolloutID)
+	})
+	mux.HandleFunc("POST /r/{rollout_id}/s/{sample_id}/v1/responses", func(w http.ResponseWriter, r *http.Request) {
+		p.serve(w, r, APIResponses, r.PathValue("rollout_id"), r.PathValue("sample_id"), "path segment rollout_id")
 	})
 	// Known paths with another method get a 405 in the OpenAI error shape
 	// rather than the mux's plain-text one.
@@ -173,15 +185,17 @@ func New(cfg Config) (*Proxy, error) {
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 			fmt.Sprintf("llmproxy: method %s not allowed on %s; use POST", r.Method, r.URL.Path))
 	}
-	mux.HandleFunc("/v1/chat/completions", notAllowed)
-	mux.HandleFunc("/r/{rollout_id}/s/{sample_id}/v1/chat/completions", notAllowed)
+	for _, api := range [...]string{"chat/completions", "responses"} {
+		mux.HandleFunc("/v1/"+api, notAllowed)
+		mux.HandleFunc("/r/{rollout_id}/s/{sample_id}/v1/"+api, notAllowed)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		p.metrics.request(http.StatusNotFound)
 		if p.tracing != nil {
 			p.traceRejected(r, time.Now(), http.StatusNotFound, "", "")
 		}
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusNotFound, "invalid_request_error", "not_found", "",
-			fmt.Sprintf("llmproxy: no route for %s %s; the proxy serves POST /v1/chat/completions and POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions", r.Method, r.URL.Path))
+			fmt.Sprintf("llmproxy: no route for %s %s; the proxy serves POST /v1/chat/completions and /v1/responses, also under /r/{rollout_id}/s/{sample_id}", r.Method, r.URL.Path))
 	})
 	p.mux = mux
 	if cfg.TracerProvider != nil {

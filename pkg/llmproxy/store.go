@@ -135,6 +135,7 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type callJSON struct {
 	RolloutID          string          `json:"rollout_id"`
 	SampleID           string          `json:"sample_id,omitempty"`
+	API                string          `json:"api,omitempty"`
 	ID                 string          `json:"id,omitempty"`
 	RequestedModel     string          `json:"requested_model,omitempty"`
 	Model              string          `json:"model,omitempty"`
@@ -163,7 +164,7 @@ type usageOut struct {
 
 func toCallJSON(c *Call) callJSON {
 	out := callJSON{
-		RolloutID: c.RolloutID, SampleID: c.SampleID, ID: c.ID,
+		RolloutID: c.RolloutID, SampleID: c.SampleID, API: c.API, ID: c.ID,
 		RequestedModel: c.RequestedModel, Model: c.Model,
 		FinishReason: c.FinishReason,
 		Usage: usageOut{

@@ -38,14 +38,29 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		lineStart int
 		clientErr error
 	)
+	// out holds the translated events of a Responses call.
+	var out []byte
 	// dispatch sends the buffered event to the client.
 	dispatch := func() bool {
-		acc.event(ev.Bytes(), time.Now())
+		d := acc.event(ev.Bytes(), time.Now())
+		data := ev.Bytes()
+		if x.resp != nil {
+			out = out[:0]
+			if !started {
+				out = x.resp.streamStart(out, acc.id)
+			}
+			out = x.resp.streamDelta(out, d)
+			data = out
+		}
 		if !started {
 			started = true
 			x.upstream += time.Since(t0)
 			h := x.w.Header()
-			h.Set("Content-Type", resp.Header.Get("Content-Type"))
+			ct := resp.Header.Get("Content-Type")
+			if x.resp != nil {
+				ct = "text/event-stream; charset=utf-8"
+			}
+			h.Set("Content-Type", ct)
 			h.Set("Cache-Control", "no-cache")
 			// Ask buffering front proxies (nginx) to pass events on at once.
 			h.Set("X-Accel-Buffering", "no")
@@ -55,13 +70,15 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 			x.call.StatusCode = resp.StatusCode
 			rc = http.NewResponseController(x.w)
 		}
-		if _, err := x.w.Write(ev.Bytes()); err != nil {
-			clientErr = err
-			return false
-		}
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			clientErr = err
-			return false
+		if len(data) > 0 {
+			if _, err := x.w.Write(data); err != nil {
+				clientErr = err
+				return false
+			}
+			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+				clientErr = err
+				return false
+			}
 		}
 		ev.Reset()
 		lineStart = 0
@@ -139,6 +156,22 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
+	if x.resp != nil && clientErr == nil {
+		// A Responses stream ends with its closing events: the items,
+		// then response.completed, or response.failed naming the cause.
+		if c.Err == "" {
+			out = x.resp.streamEnd(out[:0], c)
+		} else {
+			out = x.resp.streamFail(out[:0], c, x.errType)
+		}
+		if _, err := x.w.Write(out); err != nil {
+			c.Err = "llmproxy: client went away mid-stream: " + err.Error()
+			x.errType = "client_closed"
+		} else if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			c.Err = "llmproxy: client went away mid-stream: " + err.Error()
+			x.errType = "client_closed"
+		}
+	}
 	return nil
 }
 
@@ -201,8 +234,9 @@ type toolCallAcc struct {
 	arguments []byte
 }
 
-// event takes one SSE event (its raw lines).
-func (a *streamAcc) event(ev []byte, now time.Time) {
+// event takes one SSE event (its raw lines) and returns what it adds to
+// choice 0's text.
+func (a *streamAcc) event(ev []byte, now time.Time) chunkDelta {
 	var data []byte
 	multi := false
 	for len(ev) > 0 {
@@ -231,22 +265,22 @@ func (a *streamAcc) event(ev []byte, now time.Time) {
 		}
 	}
 	if data == nil {
-		return
+		return chunkDelta{}
 	}
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
 		a.done = true
-		return
+		return chunkDelta{}
 	}
 	var ch streamChunk
 	if err := json.Unmarshal(data, &ch); err != nil {
 		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
-			return // not ours to judge; the client got the bytes as they were
+			return chunkDelta{} // not ours to judge; the client got the bytes as they were
 		}
 	}
-	a.chunk(&ch, now)
+	return a.chunk(&ch, now)
 }
 
-func (a *streamAcc) chunk(ch *streamChunk, now time.Time) {
+func (a *streamAcc) chunk(ch *streamChunk, now time.Time) (d0 chunkDelta) {
 	if a.id == "" {
 		a.id = ch.ID
 	}
@@ -277,6 +311,8 @@ func (a *streamAcc) chunk(ch *streamChunk, now time.Time) {
 		}
 		a.content.WriteString(d.Content)
 		a.reasoning.WriteString(reasoning)
+		d0.content += d.Content
+		d0.reasoning += reasoning
 		for _, tc := range d.ToolCalls {
 			t := a.tool(tc.Index)
 			if tc.ID != "" {
@@ -298,6 +334,7 @@ func (a *streamAcc) chunk(ch *streamChunk, now time.Time) {
 		a.tokenIDs = append(a.tokenIDs, c.TokenIDs...)
 		a.logprobs = c.Logprobs.appendTo(a.logprobs)
 	}
+	return d0
 }
 
 func (a *streamAcc) tool(index int) *toolCallAcc {
