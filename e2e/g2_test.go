@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/controller"
 )
 
@@ -219,10 +220,17 @@ func TestG2ExecAgents(t *testing.T) {
 		name  string
 		argv  func(t *testing.T) []string
 		shape func(t *testing.T, msgs []map[string]any)
+		// api is the API the program calls; stream whether it streams.
+		api    string
+		stream bool
 	}{
-		{"openai-agents", tsx("openai-agents.ts"), hasItemType("function_call")},
-		{"strands", tsx("strands.ts"), hasBlock("toolUse")},
-		{"python-stdlib", python("python-stdlib/agent.py"), hasRole("tool")},
+		{"openai-agents", tsx("openai-agents.ts"), hasItemType("function_call"), "chat.completions", false},
+		{"strands", tsx("strands.ts"), hasBlock("toolUse"), "chat.completions", true},
+		{"python-stdlib", python("python-stdlib/agent.py"), hasRole("tool"), "chat.completions", false},
+		// The frameworks' defaults: the Responses API, models of their own.
+		{"openai-agents-defaults", tsx("defaults-openai-agents.ts"), hasItemType("function_call"), "responses", false},
+		{"openai-agents-defaults-stream", tsx("defaults-openai-agents.ts", "--stream"), hasItemType("function_call"), "responses", true},
+		{"strands-defaults", tsx("defaults-strands.ts"), hasBlock("toolUse"), "responses", true},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
@@ -246,6 +254,14 @@ func TestG2ExecAgents(t *testing.T) {
 			a.shape(t, sample.Messages)
 			if len(sample.LLMCalls) < 2 {
 				t.Errorf("%d llm_calls recorded, want the tool turn and the answer", len(sample.LLMCalls))
+			}
+			for i, c := range sample.LLMCalls {
+				if a.stream != (c["stream"] == true) {
+					t.Errorf("llm_calls[%d]: stream %v", i, c["stream"])
+				}
+				if c["api"] != a.api || c["model"] != osmo.PlaceholderModel || c["status_code"] != float64(200) {
+					t.Errorf("llm_calls[%d]: api %v model %v status %v, want %s calls routed as %s", i, c["api"], c["model"], c["status_code"], a.api, osmo.PlaceholderModel)
+				}
 			}
 			for _, c := range s.ctl.Chats() {
 				if c.Header.Get("X-Rollout-Id") != id || c.Header.Get("X-Sample-Id") != "exec" || c.Header.Get("Authorization") != "Bearer "+controllerKey {
@@ -378,7 +394,7 @@ func hasRole(role string) func(t *testing.T, msgs []map[string]any) {
 }
 
 // tsx runs a TypeScript agent of examples/agents-js with its pinned tsx.
-func tsx(script string) func(t *testing.T) []string {
+func tsx(script string, args ...string) func(t *testing.T) []string {
 	return func(t *testing.T) []string {
 		t.Helper()
 		dir, err := filepath.Abs("../examples/agents-js")
@@ -389,7 +405,7 @@ func tsx(script string) func(t *testing.T) []string {
 		if _, err := os.Stat(bin); err != nil {
 			t.Fatalf("%s is missing: run `npm ci` in examples/agents-js", bin)
 		}
-		return []string{bin, filepath.Join(dir, script)}
+		return append([]string{bin, filepath.Join(dir, script)}, args...)
 	}
 }
 

@@ -59,7 +59,8 @@ runMain('openai-agents', async () => {
   // Traces would otherwise be exported to OpenAI with the per-rollout token.
   setTracingDisabled(true);
   const runner = new Runner({
-    // The proxy speaks Chat Completions only.
+    // Chat Completions, as the Osmosis integration calls the policy; the
+    // proxy also serves the Responses API (see defaults-openai-agents.ts).
     modelProvider: new OpenAIProvider({ baseURL: endpoint.baseURL, apiKey: endpoint.apiKey, useResponses: false }),
     tracingDisabled: true,
   });

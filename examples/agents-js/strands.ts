@@ -65,8 +65,8 @@ runMain('strands', async () => {
   const { system, messages } = toStrands(sample.prompt);
 
   const model = new OpenAIModel({
-    // Chat Completions: the default would be the Responses API, which the
-    // proxy does not serve.
+    // Chat Completions, as the Osmosis Strands integration calls the policy;
+    // the default, the Responses API, works too (see defaults-strands.ts).
     api: 'chat',
     modelId: PLACEHOLDER_MODEL,
     apiKey: endpoint.apiKey,

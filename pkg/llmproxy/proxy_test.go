@@ -51,22 +51,26 @@ func TestModelRewrite(t *testing.T) {
 		name        string
 		body        string
 		routeModel  string
+		pin         bool
 		wantModel   string
 		wantRequest string // RequestedModel in the record
 		unchanged   bool   // the upstream body must equal the client's
 	}{
-		{"placeholder replaced", `{"model":"openai/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", "policy-v1", "openai/osmosis-rollout", false},
-		{"missing set to route model", `{"messages":[{"role":"user","content":"hi"}]}`, "policy-v1", "policy-v1", "", false},
-		{"null set to route model", `{"model":null,"messages":[{"role":"user","content":"hi"}]}`, "policy-v1", "policy-v1", "", false},
-		{"missing without route model gets placeholder", `{"messages":[{"role":"user","content":"hi"}]}`, "", "openai/osmosis-rollout", "", false},
-		{"placeholder kept without route model", `{"model":"openai/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "", "openai/osmosis-rollout", "openai/osmosis-rollout", true},
-		{"explicit model kept", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", "gpt-x", "gpt-x", true},
-		{"escaped placeholder replaced", `{"model":"openai\/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", "policy-v1", "openai/osmosis-rollout", false},
+		{"placeholder replaced", `{"model":"openai/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", false, "policy-v1", "openai/osmosis-rollout", false},
+		{"missing set to route model", `{"messages":[{"role":"user","content":"hi"}]}`, "policy-v1", false, "policy-v1", "", false},
+		{"null set to route model", `{"model":null,"messages":[{"role":"user","content":"hi"}]}`, "policy-v1", false, "policy-v1", "", false},
+		{"missing without route model gets placeholder", `{"messages":[{"role":"user","content":"hi"}]}`, "", false, "openai/osmosis-rollout", "", false},
+		{"placeholder kept without route model", `{"model":"openai/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "", false, "openai/osmosis-rollout", "openai/osmosis-rollout", true},
+		{"explicit model kept", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", false, "gpt-x", "gpt-x", true},
+		{"escaped placeholder replaced", `{"model":"openai\/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", false, "policy-v1", "openai/osmosis-rollout", false},
+		{"pinned: explicit model routed", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, "policy-v1", true, "policy-v1", "gpt-x", false},
+		{"pinned: explicit model to placeholder", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, "", true, "openai/osmosis-rollout", "gpt-x", false},
+		{"pinned: placeholder kept", `{"model":"openai/osmosis-rollout","messages":[{"role":"user","content":"hi"}]}`, "", true, "openai/osmosis-rollout", "openai/osmosis-rollout", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			up := newUpstream(t, okJSON)
-			h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base, Model: tt.routeModel})})
+			h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base, Model: tt.routeModel, PinModel: tt.pin})})
 			resp, body := post(t, h.url+"/v1/chat/completions", tt.body, ids)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)

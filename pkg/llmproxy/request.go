@@ -2,6 +2,7 @@ package llmproxy
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
@@ -165,6 +166,8 @@ func checkMessages(v []byte) *requestError {
 func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, model string) {
 	model = req.requestedModel
 	switch {
+	case route.PinModel:
+		model = cmp.Or(route.Model, osmo.PlaceholderModel)
 	case (!req.hasModel || model == osmo.PlaceholderModel) && route.Model != "":
 		model = route.Model
 	case !req.hasModel:

@@ -18,6 +18,12 @@ type Route struct {
 	// Model replaces the placeholder model (osmo.PlaceholderModel) in requests.
 	// Empty leaves the requested model as it is.
 	Model string
+	// PinModel sends every call to the policy whatever model it names: to
+	// Model, or to the placeholder when Model is empty. Agents the user did
+	// not write for osmo name models of their own ("gpt-4.1"); in a rollout
+	// every call must reach the current policy, and the name asked for is
+	// still recorded (Call.RequestedModel).
+	PinModel bool
 	// InjectRolloutID adds "rollout_id" to the request body, as the Osmosis
 	// remote-rollout (G1) controllers expect.
 	InjectRolloutID bool

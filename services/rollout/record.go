@@ -220,6 +220,7 @@ func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
 	out := &rolloutv1.LLMCall{
 		Id:                 c.ID,
 		RequestedModel:     c.RequestedModel,
+		Api:                c.API,
 		Model:              c.Model,
 		RequestMessages:    rawStructs(c.RequestMessages),
 		FinishReason:       c.FinishReason,

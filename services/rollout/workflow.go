@@ -286,6 +286,7 @@ func (s *Service) execute(rec *record, log *slog.Logger) *wfOutcome {
 		BaseURL:     strings.TrimRight(rec.g2.GetChatCompletionsUrl(), "/"),
 		APIKey:      rec.g2.GetControllerApiKey(),
 		Model:       s.cfg.Model,
+		PinModel:    true,
 		ClientToken: rec.token,
 		Context:     ctx,
 	})

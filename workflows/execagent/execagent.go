@@ -4,7 +4,8 @@
 // The program follows the exec contract. Its environment routes its LLM
 // calls through the rollout's proxy (OPENAI_BASE_URL and
 // OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
-// OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID); every other OPENAI_* and OSMOSIS_*
+// OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID, OPENAI_DEFAULT_MODEL set to the
+// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); every other OPENAI_* and OSMOSIS_*
 // variable of the server, and OSMO_API_KEY, is withheld so nothing routes
 // around the proxy. Its stdin is one JSON object,
 //
@@ -368,6 +369,12 @@ func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 			"OPENAI_API_KEY="+ep.APIKey,
 			"OSMOSIS_ROLLOUT_ID="+rolloutID,
 			"OSMOSIS_SAMPLE_ID="+s.id,
+			// Agents that name no model ask for the placeholder (the
+			// OpenAI Agents SDK reads this), and the SDK's own tracing,
+			// which would send spans and the per-rollout token to
+			// OpenAI, stays off: osmo traces the rollout.
+			"OPENAI_DEFAULT_MODEL="+osmo.PlaceholderModel,
+			"OPENAI_AGENTS_DISABLE_TRACING=1",
 		)
 		return s.run(ctx, wc.Rollout, sp)
 	}

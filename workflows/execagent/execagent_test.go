@@ -95,14 +95,16 @@ func TestEnvironmentAndStdin(t *testing.T) {
 			}
 			base := "http://127.0.0.1:1/r/rollout-1/s/exec/v1"
 			for k, v := range map[string]string{
-				agentModeEnv:                   "dump",
-				"EXTRA_VAR":                    "a=b",
-				"EXECAGENT_PARENT_VAR":         "overridden",
-				"OPENAI_BASE_URL":              base,
-				"OSMOSIS_CHAT_COMPLETIONS_URL": base,
-				"OPENAI_API_KEY":               "tok-rollout-1",
-				"OSMOSIS_ROLLOUT_ID":           "rollout-1",
-				"OSMOSIS_SAMPLE_ID":            "exec",
+				agentModeEnv:                    "dump",
+				"EXTRA_VAR":                     "a=b",
+				"EXECAGENT_PARENT_VAR":          "overridden",
+				"OPENAI_BASE_URL":               base,
+				"OSMOSIS_CHAT_COMPLETIONS_URL":  base,
+				"OPENAI_API_KEY":                "tok-rollout-1",
+				"OSMOSIS_ROLLOUT_ID":            "rollout-1",
+				"OSMOSIS_SAMPLE_ID":             "exec",
+				"OPENAI_DEFAULT_MODEL":          "openai/osmosis-rollout",
+				"OPENAI_AGENTS_DISABLE_TRACING": "1",
 			} {
 				want[k] = v
 			}

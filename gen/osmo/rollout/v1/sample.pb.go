@@ -311,8 +311,12 @@ type LLMCall struct {
 	// Non-empty when the call failed.
 	Error string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
 	// Upstream attempts made (1 unless retried).
-	Attempts      int32                  `protobuf:"varint,16,opt,name=attempts,proto3" json:"attempts,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	Attempts  int32                  `protobuf:"varint,16,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// The API the agent called: "chat.completions", or "responses" for a
+	// Responses API call the proxy translated. The policy always receives a
+	// chat completion, and the messages above are that chat completion's.
+	Api           string `protobuf:"bytes,18,opt,name=api,proto3" json:"api,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -466,6 +470,13 @@ func (x *LLMCall) GetStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *LLMCall) GetApi() string {
+	if x != nil {
+		return x.Api
+	}
+	return ""
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -566,7 +577,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xa4\x05\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xb6\x05\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -588,7 +599,8 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x05error\x18\x0f \x01(\tR\x05error\x12\x1a\n" +
 	"\battempts\x18\x10 \x01(\x05R\battempts\x129\n" +
 	"\n" +
-	"started_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xa1\x01\n" +
+	"started_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
+	"\x03api\x18\x12 \x01(\tR\x03api\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
