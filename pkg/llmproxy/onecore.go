@@ -193,8 +193,8 @@ func cpuList(cpus []int) string {
 // When the measurement cannot run (not Linux, no command, a proxy that does
 // not start), the report says why in Skipped and the error is nil. The
 // proxy processes are stopped and waited for before MeasureOneCore returns.
-func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (rep OneCoreReport, err error) {
-	rep = OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
+func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, error) {
+	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
 		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}}
 	if cfg.Requests <= 0 || cfg.Rounds <= 0 || cfg.Clients <= 0 || cfg.Requests < cfg.Rounds {
 		return rep, fmt.Errorf("llmproxy.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
@@ -329,7 +329,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (rep OneCoreReport, 
 	}
 	for _, s := range setups {
 		if s.CPU <= 0 {
-			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms; raise -n)", s.Name))
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms: send more requests)", s.Name))
 		}
 	}
 	return rep, nil
