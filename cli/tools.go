@@ -6,6 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -120,7 +124,7 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 func runBench(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "bench")
 	var n int
-	fs.IntVar(&n, "n", 5000, "sequential requests per setup")
+	fs.IntVar(&n, "n", 5000, "sequential requests per setup (the one-core section sends 4n per setup)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -137,7 +141,42 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	rep.WriteTable(e.stdout)
+	fmt.Fprintln(e.stdout)
+
+	// The proxy alone: `osmo llmproxy` as a child process on a core of its
+	// own, tracing off and exporting over OTLP/HTTP. 4n requests per setup
+	// give each about a second of proxy CPU time at the default n, enough
+	// for /proc's 10 ms clock ticks.
+	command, err := llmproxyCommand(e)
+	if err != nil {
+		llmproxy.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
+		return nil
+	}
+	one, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Command: command, Requests: 4 * n, Rounds: 10, Clients: 8})
+	if err != nil {
+		return err
+	}
+	one.WriteTable(e.stdout)
 	return nil
+}
+
+// llmproxyCommand runs this program's llmproxy command. Unless the
+// environment sets GOGC, the command gets GOGC=DefaultGCPercent, which it
+// would apply anyway, so that the report can state it.
+func llmproxyCommand(e *env) (func([]string) *exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find this program's executable: %w", err)
+	}
+	environ := os.Environ()
+	if e.getenv("GOGC") == "" {
+		environ = append(environ, "GOGC="+strconv.Itoa(DefaultGCPercent))
+	}
+	return func(args []string) *exec.Cmd {
+		cmd := exec.Command(exe, append([]string{"llmproxy"}, args...)...)
+		cmd.Env = slices.Clone(environ)
+		return cmd
+	}, nil
 }
 
 func runHealth(ctx context.Context, e *env, args []string) error {

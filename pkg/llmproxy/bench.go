@@ -74,6 +74,7 @@ func (r OverheadReport) TracingThroughputRatio() float64 {
 
 // WriteTable prints the report as a table.
 func (r OverheadReport) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "in one process: latency with one request in flight, loopback\n\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "setup\tp50\tp99\t\n")
 	for _, row := range []struct {
@@ -97,10 +98,12 @@ func (r OverheadReport) WriteTable(w io.Writer) {
 		gogc = strconv.Itoa(r.GCPercent)
 	}
 	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d; GOGC=%s\n", r.Requests, r.GOMAXPROCS, gogc)
+	fmt.Fprintf(w, "client, upstream and proxies share this process and its CPUs: the throughput below is the whole\n")
+	fmt.Fprintf(w, "process's, not the proxy's alone (see the one-core section for that)\n")
 	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, direct %.0f req/s\n",
 		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.DirectThroughput)
 	if r.Traced {
-		fmt.Fprintf(w, "tracing on (every span sampled, batch export): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
+		fmt.Fprintf(w, "tracing on (every span sampled, batch export to an exporter that drops them): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
 			r.TracedThroughput, 100*r.TracingThroughputRatio(), 100*(r.TracingThroughputRatio()-1))
 	}
 }
@@ -268,11 +271,7 @@ func (s *benchStack) serve(h http.Handler) (string, error) {
 }
 
 func (s *benchStack) start(tp trace.TracerProvider) error {
-	base, err := s.serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, benchCompletion)
-	}))
+	base, err := s.serve(http.HandlerFunc(benchUpstream))
 	if err != nil {
 		return err
 	}

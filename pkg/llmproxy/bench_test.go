@@ -9,6 +9,10 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -277,5 +281,41 @@ func TestMeasureOverhead(t *testing.T) {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}
+	}
+}
+
+// TestMeasureOneCoreSkips checks the one-core measurement reports why it
+// did not run instead of failing, and refuses a configuration it cannot
+// run. cli's tests run it against real proxy processes.
+func TestMeasureOneCoreSkips(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Requests: 1, Rounds: 2, Clients: 1}); err == nil {
+		t.Error("MeasureOneCore with fewer requests than rounds succeeded, want an error")
+	}
+	commands := map[string]func([]string) *exec.Cmd{
+		"no command": nil,
+		"no such program": func(args []string) *exec.Cmd {
+			return exec.Command(filepath.Join(t.TempDir(), "no-such-osmo"), args...)
+		},
+		// The test binary does not know the proxy's flags: it exits at once.
+		"exits at once": func(args []string) *exec.Cmd { return exec.Command(os.Args[0], args...) },
+	}
+	for name, command := range commands {
+		t.Run(name, func(t *testing.T) {
+			rep, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Command: command, Requests: 10, Rounds: 2, Clients: 1})
+			if err != nil || rep.Skipped == "" {
+				t.Fatalf("MeasureOneCore = %+v, %v; want it skipped, no error", rep, err)
+			}
+			t.Logf("skipped: %s", rep.Skipped)
+			var out bytes.Buffer
+			rep.WriteTable(&out)
+			if !strings.Contains(out.String(), "skipped ("+rep.Skipped+")") {
+				t.Errorf("table does not say why it skipped:\n%s", out.String())
+			}
+			if runtime.GOOS == "linux" && name != "no command" && !strings.Contains(rep.Skipped, "did not start") {
+				t.Errorf("skipped because %q, want the proxy that did not start named", rep.Skipped)
+			}
+		})
 	}
 }

@@ -1,0 +1,688 @@
+package llmproxy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// OneCoreConfig says how MeasureOneCore runs the proxy and loads it.
+type OneCoreConfig struct {
+	// Command returns the command that runs the standalone proxy (`osmo
+	// llmproxy`) with args, its flags, appended: for example
+	// exec.Command(osmo, append([]string{"llmproxy"}, args...)...). Its Env,
+	// when set, is the environment to start from (nil: this process's);
+	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT and GOMAXPROCS
+	// variable from it and adds its own. It sets Stdout and Stderr. Nil
+	// skips the measurement.
+	Command func(args []string) *exec.Cmd
+	// Requests is the number of timed requests per setup, sent in Rounds
+	// rounds per setup by Clients concurrent clients.
+	Requests int
+	Rounds   int
+	Clients  int
+}
+
+// OneCoreSetup is one proxy process's measurement.
+type OneCoreSetup struct {
+	// Name is "off" or "tracing".
+	Name string
+	// PID is the proxy process's id (it has exited when MeasureOneCore
+	// returns).
+	PID int
+	// Requests is the number of timed requests, Warmup the untimed ones
+	// sent before.
+	Requests, Warmup int
+	// Wall is the time the timed requests took, CPU the proxy process's
+	// CPU time (user and system, all threads) over the same rounds.
+	Wall, CPU time.Duration
+	// Spans is the number of spans the sink received from this process,
+	// over its whole life (warm-up included, the last batch flushed at exit).
+	Spans int64
+}
+
+// Throughput is the requests per second this setup served, wall clock.
+func (s OneCoreSetup) Throughput() float64 {
+	if s.Wall <= 0 {
+		return 0
+	}
+	return float64(s.Requests) / s.Wall.Seconds()
+}
+
+// CPUPerRequest is the proxy's CPU time per request in microseconds.
+func (s OneCoreSetup) CPUPerRequest() float64 {
+	if s.Requests == 0 {
+		return 0
+	}
+	return float64(s.CPU) / float64(time.Microsecond) / float64(s.Requests)
+}
+
+// Capacity is the requests per second the proxy would serve with its one
+// core fully busy: 1e6 / CPUPerRequest.
+func (s OneCoreSetup) Capacity() float64 {
+	c := s.CPUPerRequest()
+	if c <= 0 {
+		return 0
+	}
+	return 1e6 / c
+}
+
+// Busy is the share of its core the proxy used during the timed rounds.
+func (s OneCoreSetup) Busy() float64 {
+	if s.Wall <= 0 {
+		return 0
+	}
+	return float64(s.CPU) / float64(s.Wall)
+}
+
+// OneCoreReport measures the standalone proxy process, alone on one core,
+// with tracing off and on: its CPU time per request and what that makes of
+// one core.
+type OneCoreReport struct {
+	// Skipped says why nothing was measured; it is empty when the setups
+	// were.
+	Skipped string
+	Off     OneCoreSetup
+	Tracing OneCoreSetup
+	Clients int
+	Rounds  int
+	// ProxyCPU is the CPU the proxy processes were pinned to; BenchCPUs
+	// are those left to this process (clients, upstream, span sink). When
+	// this process may use only one CPU, both are that CPU.
+	ProxyCPU  int
+	BenchCPUs []int
+	// GOGC is the GOGC in the proxies' environment ("" when unset).
+	GOGC string
+	// Warnings are irregularities that make the figures less trustworthy.
+	Warnings []string
+}
+
+// TracingCPURatio is the tracing setup's CPU per request over the off
+// setup's: 1.10 means tracing costs 10% more CPU per call (and 1/1.10 of
+// the capacity on one core). It is 0 when nothing was measured.
+func (r OneCoreReport) TracingCPURatio() float64 {
+	if r.Skipped != "" || r.Off.CPUPerRequest() == 0 {
+		return 0
+	}
+	return r.Tracing.CPUPerRequest() / r.Off.CPUPerRequest()
+}
+
+// TracingThroughputRatio is the tracing setup's wall-clock requests per
+// second over the off setup's. It is 0 when nothing was measured.
+func (r OneCoreReport) TracingThroughputRatio() float64 {
+	if r.Skipped != "" || r.Off.Throughput() == 0 {
+		return 0
+	}
+	return r.Tracing.Throughput() / r.Off.Throughput()
+}
+
+// WriteTable prints the report as a table, or the reason it was skipped.
+func (r OneCoreReport) WriteTable(w io.Writer) {
+	if r.Skipped != "" {
+		fmt.Fprintf(w, "proxy process on one core: skipped (%s)\n", r.Skipped)
+		return
+	}
+	fmt.Fprintf(w, "proxy process on one core: osmo llmproxy as a child process, GOMAXPROCS=1, pinned to CPU %d\n\n", r.ProxyCPU)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "setup\trequests\treq/s\tCPU/req\tbusy\tcapacity on one core\t\n")
+	for _, s := range []OneCoreSetup{r.Off, r.Tracing} {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1fµs\t%.0f%%\t%.0f req/s\t\n",
+			s.Name, s.Requests, s.Throughput(), s.CPUPerRequest(), 100*s.Busy(), s.Capacity())
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "tracing/off: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
+		r.TracingCPURatio(), 100*(r.TracingCPURatio()-1), 100/r.TracingCPURatio(), 100*r.TracingThroughputRatio())
+	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d for %d calls (warm-up included; the readiness probe's 404 is one more), off %d\n",
+		r.Tracing.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
+	gogc := "unset"
+	if r.GOGC != "" {
+		gogc = r.GOGC
+	}
+	where := "CPU"
+	if len(r.BenchCPUs) > 1 {
+		where = "CPUs"
+	}
+	where += " " + cpuList(r.BenchCPUs)
+	if len(r.BenchCPUs) == 1 && r.BenchCPUs[0] == r.ProxyCPU {
+		where += ", shared with the proxy (this process may use no other)"
+	}
+	fmt.Fprintf(w, "\n%d rounds per setup alternating off and tracing, %d concurrent clients; proxy GOGC=%s\n", r.Rounds, r.Clients, gogc)
+	fmt.Fprintf(w, "clients, upstream and OTLP sink run in this process on %s\n", where)
+	fmt.Fprintln(w, "CPU/req: the proxy process's user+system time (/proc/PID/stat) over the timed requests;")
+	fmt.Fprintln(w, "capacity: 1e6 / CPU/req, the rate the proxy would serve with its core saturated;")
+	fmt.Fprintln(w, "req/s: what this load generator reached (busy < 100%: the proxy was not the limit);")
+	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200")
+	for _, warn := range r.Warnings {
+		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+}
+
+func cpuList(cpus []int) string {
+	s := make([]string, len(cpus))
+	for i, c := range cpus {
+		s[i] = strconv.Itoa(c)
+	}
+	return strings.Join(s, ",")
+}
+
+// MeasureOneCore measures the proxy as it runs in production: a process of
+// its own (cfg.Command), with GOMAXPROCS=1 and, on Linux, pinned to one CPU,
+// in front of an upstream in this process, which moves to the remaining
+// CPUs for the time of the measurement (its affinity is restored after).
+// Two proxy processes run side by side: "off" without tracing and "tracing"
+// exporting every call's span over OTLP/HTTP to a sink in this process.
+// They serve cfg.Requests requests each in cfg.Rounds alternating rounds,
+// each setup going first in turn; the proxy's CPU time over the rounds is
+// read from /proc.
+//
+// When the measurement cannot run (not Linux, no command, a proxy that does
+// not start), the report says why in Skipped and the error is nil. The
+// proxy processes are stopped and waited for before MeasureOneCore returns.
+func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, error) {
+	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
+		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}}
+	if cfg.Requests <= 0 || cfg.Rounds <= 0 || cfg.Clients <= 0 || cfg.Requests < cfg.Rounds {
+		return rep, fmt.Errorf("llmproxy.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
+	}
+	if why := oneCoreUnsupported(); why != "" {
+		rep.Skipped = why
+		return rep, nil
+	}
+	if cfg.Command == nil {
+		rep.Skipped = "no command to run the proxy with"
+		return rep, nil
+	}
+
+	pin, err := pinBench()
+	if err != nil {
+		rep.Skipped = "CPU affinity: " + err.Error()
+		return rep, nil
+	}
+	defer pin.restore()
+	rep.ProxyCPU, rep.BenchCPUs = pin.proxyCPU, pin.benchCPUs
+
+	var stack benchStack
+	defer stack.close()
+	upstream, err := stack.serve(http.HandlerFunc(benchUpstream))
+	if err != nil {
+		return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", err)
+	}
+	sink := &spanSink{byPID: map[int64]int64{}}
+	sinkURL, err := stack.serve(sink)
+	if err != nil {
+		return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", err)
+	}
+
+	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing}
+	children := make([]*proxyChild, len(setups))
+	defer func() {
+		for _, c := range children {
+			if c != nil {
+				c.stop()
+			}
+		}
+	}()
+	for i, s := range setups {
+		extra := []string(nil)
+		if s.Name == "tracing" {
+			extra = []string{
+				"OTEL_EXPORTER_OTLP_ENDPOINT=" + sinkURL,
+				"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+				"OTEL_TRACES_SAMPLER=always_on",
+				"OTEL_SERVICE_NAME=osmo-llmproxy-bench",
+			}
+		}
+		c, err := startProxyChild(ctx, cfg.Command, upstream+"/v1", extra, pin)
+		if c != nil {
+			children[i] = c
+			s.PID = c.pid()
+			rep.GOGC = c.gogc
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", context.Cause(ctx))
+			}
+			rep.Skipped = fmt.Sprintf("the %s proxy did not start: %v", s.Name, err)
+			return rep, nil
+		}
+	}
+
+	clients := make([]*http.Client, len(setups))
+	for i := range clients {
+		tr := &http.Transport{MaxIdleConnsPerHost: cfg.Clients, DisableCompression: true}
+		clients[i] = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+		defer tr.CloseIdleConnections()
+	}
+	warm := min(max(cfg.Requests/10, cfg.Clients), 1000)
+	for i, s := range setups {
+		if _, err := fixedLoad(ctx, clients[i], children[i].target, cfg.Clients, warm); err != nil {
+			return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s warm-up: %w", s.Name, err)
+		}
+		s.Warmup = warm
+	}
+
+	for round := range cfg.Rounds {
+		n := cfg.Requests / cfg.Rounds
+		if round < cfg.Requests%cfg.Rounds {
+			n++
+		}
+		order := []int{0, 1}
+		if round%2 == 1 {
+			order = []int{1, 0}
+		}
+		for _, i := range order {
+			s, c := setups[i], children[i]
+			before, err := procCPU(c.pid())
+			if err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+			}
+			wall, err := fixedLoad(ctx, clients[i], c.target, cfg.Clients, n)
+			if err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+			}
+			after, err := procCPU(c.pid())
+			if err != nil {
+				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+			}
+			s.Requests += n
+			s.Wall += wall
+			s.CPU += after - before
+		}
+	}
+
+	for i, c := range children {
+		if err := checkPinned(c.pid(), pin.proxyCPU); err != nil {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: %v", setups[i].Name, err))
+		}
+	}
+	// Stop the proxies gently, so the tracing one flushes its last spans,
+	// then count what the sink received from each.
+	for _, cl := range clients {
+		cl.CloseIdleConnections()
+	}
+	for i, c := range children {
+		if !c.stop() {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy did not exit on SIGTERM within %s and was killed", setups[i].Name, childGrace))
+		}
+	}
+	byPID, bad := sink.counts()
+	for _, s := range setups {
+		s.Spans = byPID[int64(s.PID)]
+	}
+	if bad > 0 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the span sink could not decode %d export requests", bad))
+	}
+	for _, s := range setups {
+		if s.CPU <= 0 {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms: send more requests)", s.Name))
+		}
+	}
+	return rep, nil
+}
+
+// benchUpstream is the bench's policy: it reads the request and answers a
+// fixed small completion.
+func benchUpstream(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, benchCompletion)
+}
+
+// fixedLoad sends n requests from clients concurrent loops and returns the
+// time they took.
+func fixedLoad(ctx context.Context, c *http.Client, target string, clients, n int) (time.Duration, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				if err := benchRequest(ctx, c, target); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if ctx.Err() != nil {
+		return 0, context.Cause(ctx)
+	}
+	return elapsed, nil
+}
+
+// childGrace is how long a proxy process may take to exit after SIGTERM
+// (the tracing one flushes its last spans) before it is killed.
+const childGrace = 10 * time.Second
+
+// proxyChild is a running proxy process.
+type proxyChild struct {
+	cmd    *exec.Cmd
+	target string // its chat completions URL
+	gogc   string
+	out    *tailBuffer
+	done   chan struct{} // closed when it has exited and was waited for
+
+	stopOnce sync.Once
+	graceful bool
+}
+
+func (c *proxyChild) pid() int { return c.cmd.Process.Pid }
+
+// stop ends the process (SIGTERM, then SIGKILL after childGrace) and waits
+// for it; it reports whether SIGTERM was enough. It may be called again.
+func (c *proxyChild) stop() bool {
+	c.stopOnce.Do(func() {
+		c.graceful = true
+		select {
+		case <-c.done:
+			return
+		default:
+		}
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		t := time.NewTimer(childGrace)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+			c.graceful = false
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	})
+	return c.graceful
+}
+
+// startProxyChild starts the proxy in front of upstream, with extraEnv
+// added to its environment, and waits until it answers. A child that was
+// started is returned even with an error, for its caller to stop.
+func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, upstream string, extraEnv []string, pin benchPin) (*proxyChild, error) {
+	addr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := command([]string{"--addr", addr, "--upstream", upstream, "--model", "bench-policy", "--log-level", "warn"})
+	base := cmd.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	env := make([]string, 0, len(base)+len(extraEnv)+1)
+	gogc := ""
+	for _, kv := range base {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "GOMAXPROCS" {
+			continue
+		}
+		if k == "GOGC" {
+			gogc = v
+		}
+		env = append(env, kv)
+	}
+	cmd.Env = append(append(env, "GOMAXPROCS=1"), extraEnv...)
+	out := &tailBuffer{max: 2 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := pin.start(cmd); err != nil {
+		return nil, fmt.Errorf("%s: %w", cmd.Path, err)
+	}
+	c := &proxyChild{cmd: cmd, target: "http://" + addr + "/v1/chat/completions", gogc: gogc, out: out, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	if err := c.waitReady(ctx, addr); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// waitReady polls the proxy until it answers (404 on GET /).
+func (c *proxyChild) waitReady(ctx context.Context, addr string) error {
+	client := &http.Client{Timeout: time.Second}
+	defer client.CloseIdleConnections()
+	deadline := time.NewTimer(15 * time.Second)
+	defer deadline.Stop()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			return nil
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited early (%s): %s", c.cmd.Path, c.cmd.ProcessState, strings.TrimSpace(c.out.String()))
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-deadline.C:
+			return fmt.Errorf("%s did not answer on %s within 15s: %s", c.cmd.Path, addr, strings.TrimSpace(c.out.String()))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// freeLoopbackAddr returns a loopback address nothing listens on now.
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// spanSink is an OTLP/HTTP trace receiver that answers every export with
+// success. It counts the spans of each export per process, walking the
+// protobuf encoding without decoding it, so that the bench's side of the
+// tracing setup costs little more than the untraced one's.
+type spanSink struct {
+	bufs sync.Pool // *bytes.Buffer
+
+	mu    sync.Mutex
+	byPID map[int64]int64 // spans per process.pid resource attribute
+	bad   int             // exports that could not be read
+}
+
+func (s *spanSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
+		http.NotFound(w, r)
+		return
+	}
+	var body io.Reader = r.Body
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			s.failed(w, err)
+			return
+		}
+		body = zr
+	}
+	buf, _ := s.bufs.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	defer s.bufs.Put(buf)
+	buf.Reset()
+	if _, err := buf.ReadFrom(io.LimitReader(body, 64<<20)); err != nil {
+		s.failed(w, err)
+		return
+	}
+	counts := map[int64]int64{}
+	if err := countSpans(buf.Bytes(), counts); err != nil {
+		s.failed(w, err)
+		return
+	}
+	s.mu.Lock()
+	for pid, n := range counts {
+		s.byPID[pid] += n
+	}
+	s.mu.Unlock()
+	// An empty ExportTraceServiceResponse: everything accepted.
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *spanSink) failed(w http.ResponseWriter, err error) {
+	s.mu.Lock()
+	s.bad++
+	s.mu.Unlock()
+	http.Error(w, err.Error(), http.StatusBadRequest)
+}
+
+// counts returns the spans received so far per process id and the number
+// of exports that could not be read.
+func (s *spanSink) counts() (map[int64]int64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]int64, len(s.byPID))
+	for k, v := range s.byPID {
+		out[k] = v
+	}
+	return out, s.bad
+}
+
+// countSpans adds the spans of an OTLP ExportTraceServiceRequest to
+// byPID, keyed by the process.pid attribute of their resource (-1 without
+// one). Field numbers are those of opentelemetry/proto/trace/v1 and
+// common/v1: request.resource_spans 1; ResourceSpans.resource 1,
+// .scope_spans 2; Resource.attributes 1; KeyValue.key 1, .value 2;
+// AnyValue.int_value 3; ScopeSpans.spans 2.
+func countSpans(req []byte, byPID map[int64]int64) error {
+	return eachField(req, func(num protowire.Number, rs []byte, _ uint64) error {
+		if num != 1 || rs == nil {
+			return nil
+		}
+		pid, spans := int64(-1), int64(0)
+		err := eachField(rs, func(num protowire.Number, v []byte, _ uint64) error {
+			switch {
+			case num == 1 && v != nil: // resource
+				return eachField(v, func(num protowire.Number, kv []byte, _ uint64) error {
+					if num != 1 || kv == nil {
+						return nil
+					}
+					var key string
+					var val []byte
+					if err := eachField(kv, func(num protowire.Number, v []byte, _ uint64) error {
+						switch num {
+						case 1:
+							key = string(v)
+						case 2:
+							val = v
+						}
+						return nil
+					}); err != nil {
+						return err
+					}
+					if key != "process.pid" {
+						return nil
+					}
+					return eachField(val, func(num protowire.Number, v []byte, x uint64) error {
+						if num == 3 && v == nil {
+							pid = int64(x)
+						}
+						return nil
+					})
+				})
+			case num == 2 && v != nil: // scope spans
+				return eachField(v, func(num protowire.Number, v []byte, _ uint64) error {
+					if num == 2 && v != nil {
+						spans++
+					}
+					return nil
+				})
+			}
+			return nil
+		})
+		byPID[pid] += spans
+		return err
+	})
+}
+
+// eachField calls fn with every field of the protobuf message b: its
+// number and, for length-delimited fields, its bytes (non-nil), for
+// varints its value.
+func eachField(b []byte, fn func(num protowire.Number, v []byte, x uint64) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		var (
+			v []byte
+			x uint64
+		)
+		switch typ {
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+			if v == nil && n >= 0 {
+				v = []byte{}
+			}
+		case protowire.VarintType:
+			x, n = protowire.ConsumeVarint(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if err := fn(num, v, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchPin is where the proxies and this process run during the
+// measurement.
+type benchPin struct {
+	proxyCPU  int
+	benchCPUs []int
+	// start starts a proxy process on proxyCPU.
+	start func(*exec.Cmd) error
+	// restore gives this process back the CPUs it had.
+	restore func()
+}

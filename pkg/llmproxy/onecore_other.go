@@ -1,0 +1,20 @@
+//go:build !linux
+
+package llmproxy
+
+import (
+	"errors"
+	"time"
+)
+
+func oneCoreUnsupported() string {
+	return "needs Linux, for CPU affinity and per-process CPU time from /proc"
+}
+
+var errOneCoreUnsupported = errors.New("not supported on this system")
+
+func procCPU(int) (time.Duration, error) { return 0, errOneCoreUnsupported }
+
+func pinBench() (benchPin, error) { return benchPin{}, errOneCoreUnsupported }
+
+func checkPinned(int, int) error { return errOneCoreUnsupported }
