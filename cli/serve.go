@@ -206,6 +206,15 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 	return srv, hs, nil
 }
 
+// graderCredentials are the dial options with which the rollout service
+// presents its API key to the grader service (none without a key).
+func graderCredentials(apiKey string) []grpc.DialOption {
+	if apiKey == "" {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithPerRPCCredentials(server.BearerCredentials(apiKey))}
+}
+
 // roundRobin balances calls and new streams over every address a dns:///
 // target resolves to (a headless Service's pods); with one address it is
 // the same as the default.
@@ -218,8 +227,10 @@ const (
 )
 
 // dial connects to a service; calls are traced through tp (nil: none).
-func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*grpc.ClientConn, error) {
-	opts := append(telemetry.GRPCDialOptions(tp, prop),
+// extra adds options, such as the credentials of graderCredentials.
+func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append(telemetry.GRPCDialOptions(tp, prop), extra...)
+	opts = append(opts,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(roundRobin),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
@@ -239,13 +250,15 @@ type stack struct {
 	graderSrv  *server.GRPC
 	graderHS   *health.Server
 	graderConn *grpc.ClientConn
-	graderCli  *grader.Pool
-	graderSvc  *grader.Service
-	rolloutSvc *rollout.Service
-	rolloutSrv *server.GRPC
-	rolloutHS  *health.Server
-	rollConn   *grpc.ClientConn
-	http       *server.HTTP
+	// graderPoolConn carries the rollout service's gradings.
+	graderPoolConn *grpc.ClientConn
+	graderCli      *grader.Pool
+	graderSvc      *grader.Service
+	rolloutSvc     *rollout.Service
+	rolloutSrv     *server.GRPC
+	rolloutHS      *health.Server
+	rollConn       *grpc.ClientConn
+	http           *server.HTTP
 }
 
 type stackConfig struct {
@@ -281,17 +294,25 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	if st.graderSvc, err = sc.grader.service(e, log, reg, tr); err != nil {
 		return nil, err
 	}
-	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, nil, nil, tr.grader, tr.prop); err != nil {
+	// The grader's RPCs need the API key too: /v1/grade and the
+	// GraderService are as public as the rollout API.
+	gauth := server.NewBearerAuth(sc.rollout.apiKey)
+	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log,
+		[]grpc.UnaryServerInterceptor{gauth.Unary}, []grpc.StreamServerInterceptor{gauth.Stream}, tr.grader, tr.prop); err != nil {
 		return nil, err
 	}
 	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
-	// The gateway's calls are the ones traced on this connection: the
-	// rollout service's grade stream is left out (its requests carry their
-	// own trace context).
+	// The gateway forwards its clients' calls, with their own
+	// Authorization, on this connection; it is also the one traced.
 	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop); err != nil {
 		return nil, err
 	}
-	st.graderCli = grader.NewPool(st.graderConn, 1, grader.ClientOptions{Logger: log, Propagator: tr.prop})
+	// The rollout service's grade streams present the key on a connection
+	// of their own: on the gateway's, every client would pass with it.
+	if st.graderPoolConn, err = dial(st.graderSrv.Addr(), nil, tr.prop, graderCredentials(sc.rollout.apiKey)...); err != nil {
+		return nil, err
+	}
+	st.graderCli = grader.NewPool(st.graderPoolConn, 1, grader.ClientOptions{Logger: log, Propagator: tr.prop})
 
 	var g rollout.Grader
 	if spec != "" {
@@ -340,7 +361,7 @@ func (st *stack) release() {
 }
 
 func (st *stack) close() {
-	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn} {
+	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn, st.graderPoolConn} {
 		if c != nil {
 			_ = c.Close()
 		}
@@ -467,7 +488,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		if graderAddr == "" {
 			return usagef("--grader-addr is required unless --grader none")
 		}
-		conn, err := dial(graderAddr, tr.rollout, tr.prop)
+		conn, err := dial(graderAddr, tr.rollout, tr.prop, graderCredentials(rf.apiKey)...)
 		if err != nil {
 			return err
 		}
@@ -522,10 +543,11 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		gf   graderFlags
 		lf   logFlags
 	)
-	var metricsAddr string
+	var metricsAddr, apiKey string
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
+	fs.StringVar(&apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
 	gf.register(fs, "")
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
@@ -547,7 +569,8 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer svc.Close()
-	srv, hs, err := grpcServer(addr, log, nil, nil, tr.grader, tr.prop)
+	auth := server.NewBearerAuth(apiKey)
+	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{auth.Unary}, []grpc.StreamServerInterceptor{auth.Stream}, tr.grader, tr.prop)
 	if err != nil {
 		return err
 	}

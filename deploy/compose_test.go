@@ -417,7 +417,7 @@ func TestComposeFile(t *testing.T) {
 	})
 
 	t.Run("keys come from an optional .env", func(t *testing.T) {
-		for _, name := range []string{"rollout", "llmproxy"} {
+		for _, name := range []string{"rollout", "grader", "llmproxy"} {
 			s, _ := bare.GetService(name)
 			if len(s.EnvFiles) != 1 || filepath.Base(s.EnvFiles[0].Path) != ".env" || bool(s.EnvFiles[0].Required) {
 				t.Errorf("service %s: env_file %+v, want .env with required: false", name, s.EnvFiles)
@@ -429,11 +429,14 @@ func TestComposeFile(t *testing.T) {
 		if v := r.Environment["OSMO_API_KEY"]; v != nil && *v != "" {
 			t.Errorf("without .env the rollout has OSMO_API_KEY=%q", *v)
 		}
-		r, _ = withEnv.GetService("rollout")
-		if v := r.Environment["OSMO_API_KEY"]; v == nil || *v == "" {
-			t.Error("with .env from .env.example the rollout has no OSMO_API_KEY")
+		// The grader checks the same key: the gateway forwards /v1/grade.
+		for _, name := range []string{"rollout", "grader"} {
+			r, _ = withEnv.GetService(name)
+			if v := r.Environment["OSMO_API_KEY"]; v == nil || *v == "" {
+				t.Errorf("with .env from .env.example the %s has no OSMO_API_KEY", name)
+			}
 		}
-		for _, name := range []string{"gateway", "grader", "mockllm"} {
+		for _, name := range []string{"gateway", "mockllm"} {
 			s, _ := withEnv.GetService(name)
 			if _, leaked := s.Environment["OSMO_API_KEY"]; leaked {
 				t.Errorf("service %s receives OSMO_API_KEY, which it does not need", name)

@@ -12,6 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/internal/controller"
 )
 
@@ -275,5 +282,45 @@ func TestG1CallbackFailuresStillOneCompletion(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if n := len(s.ctl.Completions("cbf-1")); n != 1 {
 		t.Fatalf("%d completions", n)
+	}
+}
+
+// TestServeGraderNeedsTheKey: with --api-key every grader entry point of
+// osmo serve (REST /v1/grade, Connect, gRPC) refuses calls without the key,
+// so nobody can grade, or plant gradings, past it; the rollouts the server
+// runs itself are graded all the same.
+func TestServeGraderNeedsTheKey(t *testing.T) {
+	s := startG1(t, controller.Options{})
+	grade := `{"rollout_id":"planted","samples":[{"id":"calculator","messages":[{"role":"assistant","content":"#### 6"}]}],"label":"6","grader":"calculator"}`
+	for _, auth := range []string{"", "Bearer nope"} {
+		code, _, body := do(t, "POST", s.base+"/v1/grade", auth, grade)
+		if code != 401 || body["detail"] != "Invalid or missing API key" {
+			t.Errorf("REST /v1/grade with auth %q: %d %v", auth, code, body)
+		}
+		code, _, body = do(t, "POST", s.base+"/osmo.grader.v1.GraderService/Grade", auth, grade)
+		if code != 401 || body["code"] != "unauthenticated" {
+			t.Errorf("Connect Grade with auth %q: %d %v", auth, code, body)
+		}
+	}
+	conn, err := grpc.NewClient(strings.TrimPrefix(s.base, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := &graderv1.GradeRequest{RolloutId: "planted", Label: proto.String("6")}
+	if _, err := graderv1.NewGraderServiceClient(conn).Grade(ctx, req); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("gRPC Grade without key: %v, want Unauthenticated", err)
+	}
+	if code, _, body := do(t, "POST", s.base+"/v1/grade", "Bearer "+serverKey, grade); code != 200 || body["rollout_id"] != "planted" {
+		t.Errorf("REST /v1/grade with the key: %d %v", code, body)
+	}
+	// The server's own rollouts still reach the grader.
+	if code, _ := s.init(t, "graded", "What is 2 * 3?", "6"); code != 202 {
+		t.Fatalf("init: %d", code)
+	}
+	if c := s.wait(t, "graded"); c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 1 {
+		t.Errorf("completion %s", c.Raw)
 	}
 }

@@ -2,13 +2,11 @@ package rollout
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,11 +16,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -37,6 +35,7 @@ type Service struct {
 	rolloutv1.UnimplementedRolloutServiceServer
 
 	cfg        Config
+	auth       *server.BearerAuth
 	log        *slog.Logger
 	store      *store
 	logs       *eventLogs
@@ -78,7 +77,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		cfg:     cfg,
+		cfg: cfg,
+		// All RPCs need the key but Health (the Osmosis /health) and the
+		// standard health and reflection services.
+		auth:    server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
 		log:     cfg.Logger.With("service", "rollout"),
 		store:   newStore(),
 		logs:    logs,
@@ -373,46 +375,12 @@ func (s *Service) PlatformHealth(ctx context.Context, req *rolloutv1.HealthReque
 	return s.Health(ctx, req)
 }
 
-// authMessage is the Osmosis 401 detail, verbatim.
-const authMessage = "Invalid or missing API key"
-
-// publicMethods need no API key.
-var publicMethods = map[string]bool{
-	rolloutv1.RolloutService_Health_FullMethodName: true,
-	"/grpc.health.v1.Health/Check":                 true,
-	"/grpc.health.v1.Health/Watch":                 true,
-	"/grpc.health.v1.Health/List":                  true,
-}
-
-func (s *Service) authorize(ctx context.Context, method string) error {
-	if s.cfg.APIKey == "" || publicMethods[method] || strings.HasPrefix(method, "/grpc.reflection.") {
-		return nil
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
-		token := v
-		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
-			token = strings.TrimSpace(v[7:])
-		}
-		if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.APIKey)) == 1 {
-			return nil
-		}
-	}
-	return status.Error(codes.Unauthenticated, authMessage)
-}
-
 // UnaryInterceptor enforces the API key on unary RPCs.
 func (s *Service) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := s.authorize(ctx, info.FullMethod); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
+	return s.auth.Unary(ctx, req, info, handler)
 }
 
 // StreamInterceptor enforces the API key on streaming RPCs.
 func (s *Service) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.authorize(ss.Context(), info.FullMethod); err != nil {
-		return err
-	}
-	return handler(srv, ss)
+	return s.auth.Stream(srv, ss, info, handler)
 }
