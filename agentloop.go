@@ -75,6 +75,8 @@ func NewRolloutContext(req *RolloutRequest, tools []Tool, rt Runtime) *RolloutCo
 // Chat calls the policy with the full message history. params are merged over
 // the request's completion_params (pass nil to use them as they are). The
 // tools GetTools returned are offered on every call unless params set "tools".
+// Chat returns the whole completion, so it asks for one: "stream" and
+// "stream_options" are left out whatever completion_params say.
 func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error) {
 	if c.rt == nil {
 		return nil, errors.New("osmo: RolloutContext has no runtime")
@@ -86,6 +88,8 @@ func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params ma
 	for k, v := range params {
 		merged[k] = v
 	}
+	delete(merged, "stream")
+	delete(merged, "stream_options")
 	if _, ok := merged["tools"]; !ok && len(c.Tools) > 0 {
 		merged["tools"] = c.Tools
 	}
