@@ -59,6 +59,8 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	reg            *registry
+	// flagSets, if set, sees every FlagSet a command makes (tests walk them).
+	flagSets func(*flag.FlagSet)
 }
 
 type command struct {
@@ -118,6 +120,9 @@ func printUsage(w io.Writer, cmds map[string]command) {
 func flagSet(e *env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("osmo "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
+	if e.flagSets != nil {
+		e.flagSets(fs)
+	}
 	return fs
 }
 
