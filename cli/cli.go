@@ -59,6 +59,8 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	reg            *registry
+	// flagSets, if set, sees every FlagSet a command makes (tests walk them).
+	flagSets func(*flag.FlagSet)
 }
 
 type command struct {
@@ -118,6 +120,9 @@ func printUsage(w io.Writer, cmds map[string]command) {
 func flagSet(e *env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("osmo "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
+	if e.flagSets != nil {
+		e.flagSets(fs)
+	}
 	return fs
 }
 
@@ -148,7 +153,7 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, usagef("--log-level: %v", err)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: readableDurations}
 	// Records logged with a traced context carry trace_id and span_id.
 	switch strings.ToLower(l.format) {
 	case "json":
@@ -157,6 +162,16 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(telemetry.LogHandler(slog.NewTextHandler(w, opts))), nil
 	}
 	return nil, usagef("--log-format: want json or text, got %q", l.format)
+}
+
+// readableDurations writes time.Duration attributes as Go duration strings
+// ("911.209085ms", "1m30s") in both formats; the JSON handler would write
+// integer nanoseconds.
+func readableDurations(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // Version is set at build time with -ldflags "-X github.com/osmo-rl/osmo/cli.Version=...".

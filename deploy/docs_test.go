@@ -103,6 +103,60 @@ func TestDocsEnvironment(t *testing.T) {
 	}
 }
 
+// TestDocsEventLog checks that docs/observability.md lists every event the
+// Go code writes to the --log event files: rollout service events
+// (log.write), the callbacks (post(rec, KIND, ...) writes KIND_callback) and
+// the LogEvent calls of the built-in workflows and integrations.
+func TestDocsEventLog(t *testing.T) {
+	b, err := os.ReadFile("../docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	eventRE := regexp.MustCompile(`(?:\blog\.write|\.LogEvent)\("([A-Za-z0-9_]+)"`)
+	callbackRE := regexp.MustCompile(`\bs\.post\(rec, "([a-z]+)"`)
+	found := map[string]string{}
+	err = filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", ".cache", "node_modules", "deploy", "e2e", "third_party", "gen":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range eventRE.FindAllStringSubmatch(string(src), -1) {
+			found[m[1]] = path
+		}
+		for _, m := range callbackRE.FindAllStringSubmatch(string(src), -1) {
+			found[m[1]+"_callback"] = path
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"init", "start_request", "completion_callback", "pre_llm"} {
+		if found[want] == "" {
+			t.Fatalf("found no %q event in the sources (found %v): the patterns are stale", want, found)
+		}
+	}
+	for name, path := range found {
+		if !strings.Contains(doc, "| `"+name+"` |") {
+			t.Errorf("docs/observability.md has no row for the --log event %s (written in %s)", name, path)
+		}
+	}
+}
+
 // docsDemoInit is the JSON body of the curl init that docs/deploy.md shows
 // for the compose demo.
 func docsDemoInit(t *testing.T) string {

@@ -225,7 +225,12 @@ type harnessConfig struct {
 	maxBodyBytes int64
 	logger       *slog.Logger
 	tracer       trace.TracerProvider
+	rootMux      bool
 }
+
+// withRootMux mounts the gateway at "/" of an http.ServeMux, as osmo serves
+// it (behind GET /metrics): requests reach it with Pattern "/".
+func withRootMux() harnessOption { return func(c *harnessConfig) { c.rootMux = true } }
 
 // withTracing traces the gateway and its connection through tp.
 func withTracing(tp trace.TracerProvider) harnessOption {
@@ -303,6 +308,11 @@ func newHarness(t *testing.T, rollout *fakeRollout, opts ...harnessOption) *harn
 	handler, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
+	}
+	if hc.rootMux {
+		mux := http.NewServeMux()
+		mux.Handle("/", handler)
+		handler = mux
 	}
 
 	rest := httptest.NewServer(handler)

@@ -19,16 +19,29 @@ import (
 // traced wraps h in an HTTP server span per request. The caller's trace
 // context is honoured: a trainer that sends a traceparent gets the whole
 // rollout inside its own trace.
+//
+// The span's name and its http.route attribute are both the request's route
+// template (routeOf). otelhttp takes http.route from the request's Pattern,
+// which a ServeMux in front of the gateway sets to its own pattern ("/" for
+// a gateway mounted at the root): the Pattern is replaced by the route here,
+// or cleared for a path the gateway does not serve.
 func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPropagator) http.Handler {
 	if prop == nil {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	return otelhttp.NewHandler(h, "osmo-gateway",
+	inner := otelhttp.NewHandler(h, "osmo-gateway",
 		otelhttp.WithTracerProvider(tp),
 		otelhttp.WithPropagators(prop),
 		// Prometheus has the metrics; no global meter provider.
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
 		otelhttp.WithSpanNameFormatter(spanName))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if route := routeOf(r); r.Pattern != route {
+			r = r.WithContext(r.Context()) // a shallow copy: the caller's request stays as it was
+			r.Pattern = route
+		}
+		inner.ServeHTTP(w, r)
+	})
 }
 
 // spanName names a request's span after its route, never after ids in its
@@ -37,22 +50,52 @@ func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPro
 // procedure of an RPC ("/osmo.rollout.v1.RolloutService/InitRollout"), or
 // just the method for paths the gateway does not serve.
 func spanName(_ string, r *http.Request) string {
-	p := r.URL.Path
+	route := routeOf(r)
 	switch {
-	case strings.HasPrefix(p, "/osmo.") || strings.HasPrefix(p, "/grpc."):
-		if strings.Count(p, "/") == 2 {
-			return p
-		}
+	case isProcedure(route):
+		return route
+	case route != "":
+		return r.Method + " " + route
+	}
+	return r.Method
+}
+
+// routeOf is the route template of the request's path (the http.route of
+// its span): a REST route as the API declares it ("/v1/rollouts/{rollout_id}"),
+// the path of an RPC procedure, or "" for a path the gateway does not serve.
+// It reads the escaped path, as the REST mux matches: an id holding an
+// escaped '/' is one segment.
+func routeOf(r *http.Request) string {
+	p := r.URL.EscapedPath()
+	switch {
+	case isProcedure(p):
+		return p
 	case p == "/v1/rollout/init" || p == "/v1/rollouts:watch" || p == "/v1/grade" ||
 		p == "/rollout" || p == "/rollout/cancel" ||
 		p == "/health" || p == "/platform/health" || p == "/openapi.json":
-		return r.Method + " " + p
-	case strings.HasPrefix(p, "/v1/rollouts/") && !strings.Contains(p[len("/v1/rollouts/"):], "/"):
-		return r.Method + " /v1/rollouts/{rollout_id}"
-	case strings.HasPrefix(p, "/rollout/") && strings.HasSuffix(p, "/status") && strings.Count(p, "/") == 3:
-		return r.Method + " /rollout/{rollout_id}/status"
+		return p
 	}
-	return r.Method
+	if id, ok := strings.CutPrefix(p, "/v1/rollouts/"); ok && isSegment(id) {
+		return "/v1/rollouts/{rollout_id}"
+	}
+	if rest, ok := strings.CutPrefix(p, "/rollout/"); ok {
+		if id, ok := strings.CutSuffix(rest, "/status"); ok && isSegment(id) {
+			return "/rollout/{rollout_id}/status"
+		}
+	}
+	return ""
+}
+
+// isSegment: s is one non-empty path segment.
+func isSegment(s string) bool { return s != "" && !strings.Contains(s, "/") }
+
+// isProcedure: p is the path of an RPC procedure ("/package.Service/Method").
+func isProcedure(p string) bool {
+	if !strings.HasPrefix(p, "/osmo.") && !strings.HasPrefix(p, "/grpc.") {
+		return false
+	}
+	service, method, ok := strings.Cut(p[1:], "/")
+	return ok && isSegment(service) && isSegment(method)
 }
 
 // rolloutIDConn learns the rollout id from the requests that start a

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -34,7 +35,7 @@ func TestTracing(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	h := newHarness(t, nil, withTracing(tp))
+	h := newHarness(t, nil, withTracing(tp), withRootMux())
 
 	trainer := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0xee, 1}, SpanID: trace.SpanID{0xff, 2}, TraceFlags: trace.FlagsSampled, Remote: true})
 	carrier := propagation.MapCarrier{}
@@ -83,13 +84,32 @@ func TestTracing(t *testing.T) {
 	if _, err := rolloutv1.NewRolloutServiceClient(conn).Health(testContext(t), &rolloutv1.HealthRequest{}); err != nil {
 		t.Fatalf("gRPC through the traced gateway: %v", err)
 	}
+	h.do(t, http.MethodGet, "/rollout/r-78/status", "", nil)
 	names := map[string]bool{}
-	for _, s := range exp.GetSpans() {
-		if s.SpanKind == trace.SpanKindServer {
-			names[s.Name] = true
+	for _, s := range append(spans, exp.GetSpans()...) {
+		if s.SpanKind != trace.SpanKindServer {
+			continue
+		}
+		names[s.Name] = true
+		// http.route is the route of the span's name: the template after
+		// the method, the procedure of an RPC, none for an unknown path.
+		route, hasRoute := "", false
+		for _, kv := range s.Attributes {
+			if kv.Key == semconv.HTTPRouteKey {
+				route, hasRoute = kv.Value.Emit(), true
+			}
+		}
+		want := s.Name
+		if _, tmpl, ok := strings.Cut(s.Name, " "); ok {
+			want = tmpl
+		} else if !strings.HasPrefix(s.Name, "/") {
+			want = ""
+		}
+		if route != want || hasRoute != (want != "") {
+			t.Errorf("span %q has http.route %q (set: %v), want %q", s.Name, route, hasRoute, want)
 		}
 	}
-	for _, want := range []string{"GET /v1/rollouts/{rollout_id}", "GET", "/osmo.rollout.v1.RolloutService/Health"} {
+	for _, want := range []string{"POST /v1/rollout/init", "GET /v1/rollouts/{rollout_id}", "GET /rollout/{rollout_id}/status", "GET", "/osmo.rollout.v1.RolloutService/Health"} {
 		if !names[want] {
 			t.Errorf("server spans %v lack %q", names, want)
 		}

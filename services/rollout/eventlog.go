@@ -1,6 +1,8 @@
 package rollout
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,7 +13,8 @@ import (
 )
 
 // eventLogs writes one JSONL file of events per rollout under
-// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout).
+// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout; see
+// logFileName for ids that cannot be file names as they are).
 type eventLogs struct {
 	dir string // "" disables logging
 }
@@ -32,14 +35,55 @@ func (l *eventLogs) open(rolloutID string) *eventLog {
 	if l.dir == "" {
 		return &eventLog{rolloutID: rolloutID}
 	}
-	return &eventLog{rolloutID: rolloutID, path: filepath.Join(l.dir, "rollout-"+safeFileName(rolloutID)+".jsonl")}
+	return &eventLog{rolloutID: rolloutID, path: filepath.Join(l.dir, logFileName(rolloutID))}
 }
 
-// safeFileName keeps a rollout id usable as a file name on any system.
-func safeFileName(id string) string {
+const (
+	// maxFileName is the longest file name (in bytes) most file systems take.
+	maxFileName = 255
+	// maxHashedPrefix bounds the readable part of a hashed file name.
+	maxHashedPrefix = 128
+	// hashHex is how many hex digits of the id's SHA-256 a hashed name carries.
+	hashHex = 16
+)
+
+// logFileName is the event log file of a rollout id. An id made only of
+// letters, digits, '-', '_' and '.' that fits in a file name keeps the Osmosis
+// name rollout-<id>.jsonl. Any other id gets its sanitized, length-capped
+// prefix, a '~' and a hash of the whole id: rollout-<prefix>~<hash>.jsonl.
+// No plain name holds a '~', so distinct ids never share a file, and every
+// id, however long or whatever it holds, gets a name the file system takes.
+func logFileName(id string) string {
+	const prefix, suffix = "rollout-", ".jsonl"
+	if len(prefix)+len(id)+len(suffix) <= maxFileName && isSafeFileName(id) {
+		return prefix + id + suffix
+	}
+	sum := sha256.Sum256([]byte(id))
+	name := sanitizeFileName(id)
+	if len(name) > maxHashedPrefix {
+		name = name[:maxHashedPrefix]
+	}
+	return prefix + name + "~" + hex.EncodeToString(sum[:])[:hashHex] + suffix
+}
+
+func safeFileRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
+}
+
+func isSafeFileName(id string) bool {
+	for _, r := range id {
+		if !safeFileRune(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// sanitizeFileName replaces every character a file name may not safely hold
+// (and every byte of invalid UTF-8) with '_'; the result is ASCII.
+func sanitizeFileName(id string) string {
 	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+		if safeFileRune(r) {
 			return r
 		}
 		return '_'

@@ -2,6 +2,7 @@ package rollout_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -624,16 +625,16 @@ func TestRecordTTLPrunes(t *testing.T) {
 func TestEventLog(t *testing.T) {
 	dir := t.TempDir()
 	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.LogDir = dir }})
-	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "log/1", 3, 3, nil)); err != nil {
+	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "log-1.a_B", 3, 3, nil)); err != nil {
 		t.Fatal(err)
 	}
-	h.wait(t, "log/1")
-	h.waitFinished(t, "log/1")
+	h.wait(t, "log-1.a_B")
+	h.waitFinished(t, "log-1.a_B")
 	files, err := filepath.Glob(filepath.Join(dir, "*", "rollout-*.jsonl"))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("log files %v %v", files, err)
 	}
-	if filepath.Base(files[0]) != "rollout-log_1.jsonl" {
+	if filepath.Base(files[0]) != "rollout-log-1.a_B.jsonl" {
 		t.Fatalf("file name %q", filepath.Base(files[0]))
 	}
 	data, err := os.ReadFile(files[0])
@@ -644,6 +645,75 @@ func TestEventLog(t *testing.T) {
 		if !strings.Contains(string(data), ev) {
 			t.Errorf("log lacks %s:\n%s", ev, data)
 		}
+	}
+}
+
+// TestEventLogFileNames: every rollout gets its own event file, whatever its
+// id holds and however long it is (up to the 256 characters an id may have),
+// and every record in a file names that file's rollout.
+func TestEventLogFileNames(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.LogDir = dir }})
+	ids := []string{
+		"col x", "col_x", // sanitize to the same name
+		"a/b", "a_b", "a\\b",
+		strings.Repeat("r", 256),           // too long for a plain name
+		strings.Repeat("r", 255),           // too long, and shares a prefix with the one above
+		strings.Repeat("é", 256),           // 512 bytes
+		"col_x~" + strings.Repeat("0", 16), // looks like a hashed name
+		"日本語のロールアウト",
+	}
+	for _, id := range ids {
+		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, id, 2, 3, nil)); err != nil {
+			t.Fatalf("init %q: %v", id, err)
+		}
+	}
+	for _, id := range ids {
+		h.wait(t, id)
+		h.waitFinished(t, id)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*", "rollout-*.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]string{}
+	for _, f := range files {
+		if n := len(filepath.Base(f)); n > 255 {
+			t.Errorf("file name of %d bytes: %s", n, filepath.Base(f))
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var owner string
+		for i, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("%s line %d: %v", f, i+1, err)
+			}
+			id, _ := rec["rollout_id"].(string)
+			if i == 0 {
+				owner = id
+			} else if id != owner {
+				t.Errorf("%s mixes rollouts %q and %q", filepath.Base(f), owner, id)
+				break
+			}
+			if rec["event"] == nil || rec["ts"] == nil {
+				t.Errorf("%s line %d lacks event or ts: %s", filepath.Base(f), i+1, line)
+			}
+		}
+		if prev, dup := byID[owner]; dup {
+			t.Errorf("rollout %q has two files: %s and %s", owner, prev, f)
+		}
+		byID[owner] = filepath.Base(f)
+	}
+	for _, id := range ids {
+		if byID[id] == "" {
+			t.Errorf("no event file for rollout %q (files %v)", id, files)
+		}
+	}
+	if got := byID["col_x"]; got != "rollout-col_x.jsonl" {
+		t.Errorf("file of col_x is %q, want rollout-col_x.jsonl", got)
 	}
 }
 

@@ -225,6 +225,11 @@ func (s *Service) runWorkflow(rec *record) {
 	if grading {
 		rec.setState(rolloutv1.State_STATE_GRADING)
 	} else {
+		if out.status == "success" {
+			rec.log.write("grading_skipped", map[string]any{
+				"has_grader": s.cfg.Grader != nil, "has_label": rec.label != nil, "has_metadata": rec.metadata != nil,
+			})
+		}
 		s.markFinal(rec, out)
 	}
 	s.deliverCompletion(rec, out, log)
@@ -533,13 +538,9 @@ func metadataMap(s *structpb.Struct) map[string]any {
 	return s.AsMap()
 }
 
-// gradeSamples sends the samples to the grader when grading applies: a
-// grader is configured and the row has a label or metadata.
+// gradeSamples sends the samples to the grader; the caller checked that
+// grading applies (gradingApplies).
 func (s *Service) gradeSamples(rec *record, out *wfOutcome, log *slog.Logger) {
-	if !s.gradingApplies(rec) {
-		rec.log.write("grading_skipped", map[string]any{"has_grader": s.cfg.Grader != nil})
-		return
-	}
 	budget := s.cfg.GradeTimeout
 	if rec.g2.GraderTimeoutSec != nil {
 		budget = time.Duration(rec.g2.GetGraderTimeoutSec() * float64(time.Second))

@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -222,9 +224,11 @@ func TestG2GradingGates(t *testing.T) {
 			var mu sync.Mutex
 			var reqs []*graderv1.GradeRequest
 			g := &fakeGrader{fn: gradeLabelled(&reqs, &mu)}
+			logDir := t.TempDir()
 			h := newG2Harness(t, g2Opts{
 				wf: multiplyWorkflow(t, "solver", false, nil),
 				cfg: func(c *rollout.Config) {
+					c.LogDir = logDir
 					if tc.grader {
 						c.Grader = g
 					}
@@ -267,8 +271,45 @@ func TestG2GradingGates(t *testing.T) {
 			if st.GetStatus() != "success" || !reflect.DeepEqual(st.Reward, tc.wantReward) {
 				t.Errorf("status = %v, want reward %v", st, tc.wantReward)
 			}
+			want := map[string]bool{
+				"start_request": true, "start": true, "llm_call": true, "completion_callback": true,
+				"grader_callback": tc.graderCB, "graded": tc.wantGrades > 0, "grading_skipped": tc.wantGrades == 0,
+			}
+			got := eventNames(t, filepath.Join(logDir, "*", "rollout-gate-1.jsonl"))
+			for ev, w := range want {
+				if got[ev] != w {
+					t.Errorf("event log has %s: %v, want %v (events %v)", ev, got[ev], w, got)
+				}
+			}
 		})
 	}
+}
+
+// eventNames reads the one event log file matching pattern: the events it
+// holds, each record checked to carry rollout_id and ts.
+func eventNames(t *testing.T, pattern string) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(pattern)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("event log files %v %v", files, err)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var rec struct {
+			Event     string `json:"event"`
+			RolloutID string `json:"rollout_id"`
+			TS        string `json:"ts"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Event == "" || rec.RolloutID == "" || rec.TS == "" {
+			t.Errorf("event record %s: %v", line, err)
+		}
+		names[rec.Event] = true
+	}
+	return names
 }
 
 // ptrOr renders p as the JSON text of its value, "null" when nil.
