@@ -34,6 +34,12 @@ const serverKey = "K-server"
 
 func startG1(t *testing.T, ctlOpts controller.Options, serveArgs ...string) *g1Stack {
 	t.Helper()
+	return startG1Env(t, nil, ctlOpts, serveArgs...)
+}
+
+// startG1Env is startG1 with env added to osmo serve's environment.
+func startG1Env(t *testing.T, env []string, ctlOpts controller.Options, serveArgs ...string) *g1Stack {
+	t.Helper()
 	mockAddr := freeAddr(t)
 	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
 	waitHTTP(t, mock, "http://"+mockAddr+"/health")
@@ -50,7 +56,8 @@ func startG1(t *testing.T, ctlOpts controller.Options, serveArgs ...string) *g1S
 
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	args := append([]string{"serve", "--workflow", "calculator", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)
-	srv := start(t, "serve", []string{"OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY=0.01", "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY=0.05"}, args...)
+	env = append([]string{"OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY=0.01", "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY=0.05"}, env...)
+	srv := start(t, "serve", env, args...)
 	base := "http://127.0.0.1:" + port
 	waitHTTP(t, srv, base+"/health")
 	return &g1Stack{base: base, ctl: ctl, srv: srv}

@@ -49,7 +49,8 @@ type Config struct {
 	// holds more stale lines than live ones (4096).
 	JournalCompactMin int
 	// ResultTTL is how long a grading is remembered, and so how long a
-	// resent sample is answered without grading it again (1h).
+	// resent sample (same ids, same content) is answered without grading it
+	// again (1h).
 	ResultTTL time.Duration
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger

@@ -7,13 +7,18 @@
 // leaves a sample without an outcome makes the whole answer an error: no
 // sample is ever given a silent 0.
 //
-// Grading is idempotent by (rollout_id, sample_id): a sample is graded once,
-// and any later request for it is answered from that grading with cached set,
-// including when it failed. Concurrent duplicates wait for the one grading
-// in progress. With a journal (Config.JournalPath) every grading is written
-// and fsync'd before it is answered, so a service that is killed and started
-// again on the same journal answers resent samples without grading them
-// again.
+// Grading is idempotent by (rollout_id, sample_id) and the sample's
+// fingerprint, a SHA-256 of what the grader sees of it (the grader name, the
+// row's label and metadata, the sample's fields): a sample is graded once,
+// and any later request for it with the same fingerprint is answered from
+// that grading with cached set, including when it failed. A request with the
+// same ids but another fingerprint (a new rollout reusing an id whose owner
+// forgot it, another rollout service's rollout) is graded anew, and that
+// grading replaces the stored one. Concurrent duplicates wait for the one
+// grading in progress. With a journal (Config.JournalPath) every grading is
+// written and fsync'd before it is answered, so a service that is killed and
+// started again on the same journal answers resent samples without grading
+// them again.
 //
 // Client is the rollout service's end: one GradeStream, kept open and
 // reopened with backoff, over which any number of Grade calls are

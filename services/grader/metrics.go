@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"grader"}),
 		cached: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osmo_grader_cached_answers_total",
-			Help: "Samples answered from an earlier grading (resends after reconnects or restarts).",
+			Help: "Samples answered from an earlier grading of the same content (resends after reconnects or restarts).",
 		}),
 	}
 	if reg != nil {

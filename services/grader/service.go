@@ -87,14 +87,14 @@ func (s *Service) openJournal() error {
 	if err != nil {
 		return err
 	}
+	// Lines are added in file order, so a later grading of a sample replaces
+	// an earlier one, and expired ones are dropped after.
 	now := time.Now()
-	kept := 0
 	for _, g := range gs {
-		if !s.store.expired(g, now) {
-			s.store.add(g)
-			kept++
-		}
+		s.store.add(g)
 	}
+	s.store.prune(now)
+	kept := s.store.len()
 	j, err := newJournal(s.cfg.JournalPath, s.cfg.JournalCompactMin, s.log)
 	if err != nil {
 		return err
@@ -105,7 +105,7 @@ func (s *Service) openJournal() error {
 		return err
 	}
 	s.journal = j
-	s.log.Info("journal loaded", "path", s.cfg.JournalPath, "gradings", kept, "expired", len(gs)-kept)
+	s.log.Info("journal loaded", "path", s.cfg.JournalPath, "gradings", kept, "dropped", len(gs)-kept)
 	return nil
 }
 
@@ -269,13 +269,16 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 	rid := req.GetRolloutId()
 	log := s.log.With("rollout_id", rid)
 	ids := sampleIDs(req)
-	found, missing := s.store.lookup(rid, ids, time.Now())
+	fps := fingerprints(name, req)
+	found, missing, _ := s.store.lookup(rid, ids, fps, time.Now())
 	if len(missing) == 0 {
 		log.DebugContext(ctx, "answered from an earlier grading", "samples", len(ids))
 	}
 	// Each pass either grades the missing samples itself or waits for the
 	// grading of this rollout already in progress, which may have covered
-	// other samples than these; then it looks again.
+	// other samples than these, or these samples with other content (another
+	// rollout reusing the id); then it looks again. Passes of one rollout
+	// never overlap, so the latest grading of a sample is the last stored.
 	for len(missing) > 0 {
 		want := missing
 		led := false
@@ -283,7 +286,7 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 			led = true
 			// The pass outlives this request if it goes away; its context
 			// only parents the pass's spans and logs.
-			return s.gradeMissing(context.WithoutCancel(ctx), name, g, req, want, log)
+			return s.gradeMissing(context.WithoutCancel(ctx), name, g, req, want, fps, log)
 		})
 		var res singleflight.Result
 		select {
@@ -297,7 +300,7 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 		fr := res.Val.(*flightResult)
 		missing = nil
 		for _, id := range want {
-			o, ok := fr.outcome(id)
+			o, ok := fr.outcome(id, fps[id])
 			if !ok {
 				missing = append(missing, id)
 				continue
@@ -315,15 +318,17 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 }
 
 // flightResult is what one grading pass of a rollout offers its waiters:
-// the gradings covering the samples it was asked for.
+// the gradings covering the samples it was asked for, as its leader sent
+// them. A waiter takes an outcome only for a sample it sent with the same
+// fingerprint.
 type flightResult struct {
 	gradings []*grading
 	fresh    *grading // graded in this pass; nil if all were stored already
 }
 
-func (f *flightResult) outcome(id string) (outcome, bool) {
+func (f *flightResult) outcome(id, fp string) (outcome, bool) {
 	for _, g := range f.gradings {
-		if r, ok := g.sample(id); ok {
+		if r, ok := g.sample(id); ok && r.answers(fp) {
 			return outcome{g: g, r: r}, true
 		}
 	}
@@ -335,7 +340,7 @@ func (f *flightResult) outcome(id string) (outcome, bool) {
 // missing, and records the grading before anyone is answered. tctx carries
 // the trace of the request that leads the pass; the pass runs under the
 // service's context.
-func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (*flightResult, error) {
+func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, fps map[string]string, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -345,7 +350,7 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	s.mu.Unlock()
 	defer s.wg.Done()
 
-	found, missing := s.store.lookup(req.GetRolloutId(), ids, time.Now())
+	found, missing, changed := s.store.lookup(req.GetRolloutId(), ids, fps, time.Now())
 	fr := &flightResult{}
 	for _, o := range found {
 		fr.gradings = append(fr.gradings, o.g)
@@ -353,10 +358,18 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	if len(missing) == 0 {
 		return fr, nil
 	}
+	if changed > 0 {
+		// A new rollout reusing the id, a request that is not a resend, or a
+		// grading journaled before fingerprints were kept.
+		log.InfoContext(tctx, "grading anew samples whose earlier grading was of other content", "grader", name, "samples", changed)
+	}
 	start := time.Now()
 	gr, err := s.run(tctx, name, g, req, missing, log)
 	if err != nil {
 		return nil, err
+	}
+	for i := range gr.Samples {
+		gr.Samples[i].Fingerprint = fps[gr.Samples[i].ID]
 	}
 	s.commit(gr, log)
 	s.metrics.observe(gr, time.Since(start))

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -696,21 +697,43 @@ func TestJournalAnswersAfterRestart(t *testing.T) {
 
 func TestJournalToleratesTornLastLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "grades.jsonl")
-	now := time.Now().UTC().Format(time.RFC3339Nano)
+	ctx := testContext(t)
+	// A first service journals r1, r3 and "expired"; the file is then
+	// damaged the ways a crash or a disk can: an expired grading, a corrupt
+	// line and a torn last line.
+	first := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
+		switch gc.RolloutID {
+		case "r1":
+			return gc.SetSampleReward("s0", 0.25)
+		case "r3":
+			return gc.RemoveSample("s0")
+		}
+		return gc.SetSampleReward("s0", 1)
+	})
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": first}, Default: "g", JournalPath: path}
+	ts := startServer(t, "127.0.0.1:0", cfg)
+	client := stub(t, ts)
+	for _, rid := range []string{"r1", "expired", "r3"} {
+		if _, err := client.Grade(ctx, gradeReq(t, rid, "x", "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ts.kill(t)
+	lines := journalLines(t, path)
+	if len(lines) != 3 {
+		t.Fatalf("journal lines %q", lines)
+	}
 	old := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
-	content := `{"rollout_id":"r1","grader":"g","graded_at":"` + now + `","samples":[{"id":"s0","reward":0.25}]}` + "\n" +
-		`{"rollout_id":"expired","grader":"g","graded_at":"` + old + `","samples":[{"id":"s0","reward":1}]}` + "\n" +
-		"not json at all\n" +
-		`{"rollout_id":"r3","grader":"g","graded_at":"` + now + `","samples":[{"id":"s0","remove_sample":true}]}` + "\n" +
-		`{"rollout_id":"r2","grader":"g","graded_at":"` + now + `","samp`
+	expired := regexp.MustCompile(`"graded_at":"[^"]*"`).ReplaceAllString(lines[1], `"graded_at":"`+old+`"`)
+	content := lines[0] + "\n" + expired + "\n" + "not json at all\n" + lines[2] + "\n" +
+		`{"rollout_id":"r2","grader":"g","graded_at":"` + old + `","samp`
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c := newCounter(nil)
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", JournalPath: path}
-	ts := startServer(t, "127.0.0.1:0", cfg)
-	client := stub(t, ts)
-	ctx := testContext(t)
+	cfg.Graders = map[string]osmo.Grader{"g": c}
+	ts = startServer(t, "127.0.0.1:0", cfg)
+	client = stub(t, ts)
 	check := func(rid string, wantCached bool, wantReward *float64, wantRemove bool) {
 		t.Helper()
 		resp, err := client.Grade(ctx, gradeReq(t, rid, "x", "a"))
@@ -731,7 +754,7 @@ func TestJournalToleratesTornLastLine(t *testing.T) {
 	}
 	// The rewrite at start dropped the expired, corrupt and torn lines, so
 	// the new lines are whole and a further restart reads them all.
-	lines := journalLines(t, path)
+	lines = journalLines(t, path)
 	if len(lines) != 4 {
 		t.Fatalf("journal lines %q", lines)
 	}

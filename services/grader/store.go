@@ -24,6 +24,15 @@ type sampleResult struct {
 	ID     string   `json:"id"`
 	Reward *float64 `json:"reward,omitempty"`
 	Remove bool     `json:"remove_sample,omitempty"`
+	// Fingerprint is that of the sample as graded (see fingerprints). The
+	// outcome answers only requests whose sample has the same one; journal
+	// lines written before fingerprints have none and answer nothing.
+	Fingerprint string `json:"fingerprint,omitempty"`
+}
+
+// answers reports whether r is the outcome of a sample with fingerprint fp.
+func (r sampleResult) answers(fp string) bool {
+	return r.Fingerprint != "" && r.Fingerprint == fp
 }
 
 func (g *grading) sample(id string) (sampleResult, bool) {
@@ -33,6 +42,27 @@ func (g *grading) sample(id string) (sampleResult, bool) {
 		}
 	}
 	return sampleResult{}, false
+}
+
+// without returns g less the samples ids covers (g itself when it covers
+// none of them, nil when it covers nothing else). Gradings are shared once
+// stored, so it copies rather than edits.
+func (g *grading) without(ids map[string]bool) *grading {
+	keep := make([]sampleResult, 0, len(g.Samples))
+	for _, r := range g.Samples {
+		if !ids[r.ID] {
+			keep = append(keep, r)
+		}
+	}
+	switch len(keep) {
+	case len(g.Samples):
+		return g
+	case 0:
+		return nil
+	}
+	c := *g
+	c.Samples = keep
+	return &c
 }
 
 // outcome is what answers one sample: the grading that covered it.
@@ -59,37 +89,61 @@ func (s *store) expired(g *grading, now time.Time) bool {
 	return now.Sub(g.GradedAt) >= s.ttl
 }
 
+// add stores g, the latest grading of its samples: it replaces what earlier
+// gradings of the rollout hold for them (a sample graded anew because its
+// content differs from the stored grading's), so the store, and with it a
+// compacted journal, keeps one outcome per sample.
 func (s *store) add(g *grading) {
+	ids := make(map[string]bool, len(g.Samples))
+	for _, r := range g.Samples {
+		ids[r.ID] = true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.byRollout[g.RolloutID] = append(s.byRollout[g.RolloutID], g)
+	old := s.byRollout[g.RolloutID]
+	gs := make([]*grading, 0, len(old)+1)
+	for _, o := range old {
+		if o = o.without(ids); o != nil {
+			gs = append(gs, o)
+		}
+	}
+	s.n -= len(old) - len(gs)
+	s.byRollout[g.RolloutID] = append(gs, g)
 	s.n++
 }
 
-// lookup finds the unexpired outcomes of ids; missing lists, in order, the
-// ids no live grading covers.
-func (s *store) lookup(rolloutID string, ids []string, now time.Time) (found map[string]outcome, missing []string) {
+// lookup finds the unexpired outcomes of ids that answer their fingerprint
+// in fps; missing lists, in order, the ids no live grading answers, and
+// changed counts those of them that a live grading holds with another
+// fingerprint (or none).
+func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, now time.Time) (found map[string]outcome, missing []string, changed int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	found = make(map[string]outcome, len(ids))
 	gs := s.byRollout[rolloutID]
 	for _, id := range ids {
-		hit := false
+		hit, held := false, false
 		for _, g := range gs {
 			if s.expired(g, now) {
 				continue
 			}
 			if r, ok := g.sample(id); ok {
-				found[id] = outcome{g: g, r: r}
-				hit = true
+				held = true
+				if r.answers(fps[id]) {
+					found[id] = outcome{g: g, r: r}
+					hit = true
+				}
 				break
 			}
 		}
 		if !hit {
 			missing = append(missing, id)
+			if held {
+				changed++
+			}
 		}
 	}
-	return found, missing
+	return found, missing, changed
 }
 
 // prune drops expired gradings and reports how many it dropped.

@@ -28,8 +28,11 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // GraderService sets rewards on finished samples. Grading is idempotent by
-// (rollout_id, sample_id): a sample sent twice is graded once and both
-// answers carry the same reward.
+// (rollout_id, sample_id) and the sample's content: a sample sent twice is
+// graded once and both answers carry the same reward. Content is compared by
+// a fingerprint of what the grader sees (the grader that runs, the label, the
+// metadata and the sample's fields): a request reusing the ids with other
+// content is graded anew, and its grading replaces the earlier one.
 type GraderServiceClient interface {
 	// GradeStream is the rollout service's channel: it sends the samples of
 	// finished rollouts and receives one GradeResponse per request, in any order.
@@ -74,8 +77,11 @@ func (c *graderServiceClient) Grade(ctx context.Context, in *GradeRequest, opts 
 // for forward compatibility.
 //
 // GraderService sets rewards on finished samples. Grading is idempotent by
-// (rollout_id, sample_id): a sample sent twice is graded once and both
-// answers carry the same reward.
+// (rollout_id, sample_id) and the sample's content: a sample sent twice is
+// graded once and both answers carry the same reward. Content is compared by
+// a fingerprint of what the grader sees (the grader that runs, the label, the
+// metadata and the sample's fields): a request reusing the ids with other
+// content is graded anew, and its grading replaces the earlier one.
 type GraderServiceServer interface {
 	// GradeStream is the rollout service's channel: it sends the samples of
 	// finished rollouts and receives one GradeResponse per request, in any order.

@@ -30,8 +30,8 @@ type RolloutSample struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rollout this sample belongs to.
 	RolloutId string `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
-	// The sample id, unique within the rollout. Together with rollout_id it is
-	// the key graders deduplicate on.
+	// The sample id, unique within the rollout. Together with rollout_id and
+	// the sample's content it is the key graders deduplicate on.
 	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
 	// The conversation, as the agent framework shaped it (OpenAI chat messages,
 	// OpenAI Agents session items, Strands messages, ...). Passed unchanged.
