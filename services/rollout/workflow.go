@@ -728,9 +728,25 @@ func wireSample(sm *rolloutv1.RolloutSample) *g2Sample {
 		ExtraFields:  sm.GetExtraFields().AsMap(),
 	}
 	for _, c := range sm.GetLlmCalls() {
-		out.LLMCalls = append(out.LLMCalls, protoMap(c))
+		out.LLMCalls = append(out.LLMCalls, wireCall(c))
 	}
 	return out
+}
+
+// wireCall is one record of a grader callback sample's llm_calls: the
+// LLMCall with its proto field names, which include the G3 names
+// (prompt_tokens, completion_tokens, cached_tokens, model_name) beside
+// usage and model. Token ids and logprobs the upstream did not return are
+// left out rather than sent as empty arrays, which would read as "no
+// tokens".
+func wireCall(c *rolloutv1.LLMCall) map[string]any {
+	m := protoMap(c)
+	for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
+		if v, ok := m[k].([]any); ok && len(v) == 0 {
+			delete(m, k)
+		}
+	}
+	return m
 }
 
 // post delivers one G2 callback under the G2 retry policy; a failure is

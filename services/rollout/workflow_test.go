@@ -202,6 +202,91 @@ func TestG2RecordedConversationIsTheSample(t *testing.T) {
 	}
 }
 
+// TestG2LLMCallRecords checks the per-call records of the grader callback
+// against PROTOCOL.md (G3): the flat prompt_tokens, completion_tokens,
+// cached_tokens and model_name beside osmo's own usage and model, and token
+// ids and logprobs only when the policy returned them, never as [].
+func TestG2LLMCallRecords(t *testing.T) {
+	wf := mustWorkflow(t, "records", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		for _, s := range []struct {
+			id    string
+			extra map[string]any
+		}{
+			{"plain", nil},
+			{"exact", map[string]any{"logprobs": true, "return_token_ids": true}},
+		} {
+			if _, err := chatOnceWith(ctx, wc.Rollout.Endpoint(s.id), wc.Prompt, nil, s.extra); err != nil {
+				return err
+			}
+			if err := wc.Rollout.Register(s.id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	h := newG2Harness(t, g2Opts{wf: wf})
+	h.start(t, h.startReq(t, "calls-1"))
+	gcb := h.waitGrader(t, "calls-1")
+	if gcb.Status != "success" {
+		t.Fatalf("grader callback = %s", gcb.Raw)
+	}
+	var body struct {
+		Samples map[string]struct {
+			LLMCalls []map[string]json.RawMessage `json:"llm_calls"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal(gcb.Raw, &body); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"plain", "exact"} {
+		calls := body.Samples[id].LLMCalls
+		if len(calls) != 1 {
+			t.Fatalf("sample %s: %d llm_calls, want 1: %s", id, len(calls), gcb.Raw)
+		}
+		c := calls[0]
+		var usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+			CachedTokens     int `json:"cached_tokens"`
+		}
+		if err := json.Unmarshal(c["usage"], &usage); err != nil || usage.PromptTokens == 0 || usage.CompletionTokens == 0 {
+			t.Errorf("%s: usage = %s (%v)", id, c["usage"], err)
+		}
+		for k, want := range map[string]string{
+			"prompt_tokens":     fmt.Sprint(usage.PromptTokens),
+			"completion_tokens": fmt.Sprint(usage.CompletionTokens),
+			"cached_tokens":     fmt.Sprint(usage.CachedTokens),
+			"model_name":        `"` + osmo.PlaceholderModel + `"`,
+			"model":             `"` + osmo.PlaceholderModel + `"`,
+			"requested_model":   `"` + osmo.PlaceholderModel + `"`,
+			"api":               `"chat.completions"`,
+		} {
+			if got := string(c[k]); got != want {
+				t.Errorf("%s: %s = %s, want %s", id, k, got, want)
+			}
+		}
+		for _, k := range []string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
+			raw, ok := c[k]
+			switch {
+			case id == "plain" && ok:
+				t.Errorf("%s: %s = %s sent though the policy returned none; want it left out", id, k, raw)
+			case id == "exact" && (!ok || strings.HasPrefix(string(raw), "[]") || !strings.HasPrefix(string(raw), "[")):
+				t.Errorf("%s: %s = %s, want the policy's values", id, k, raw)
+			}
+		}
+	}
+	// GET /v1/rollouts/{id} (and gRPC) carry the G3 names too.
+	r := h.waitDone(t, "calls-1")
+	for _, sm := range r.GetSamples() {
+		for _, c := range sm.GetLlmCalls() {
+			if c.GetPromptTokens() != c.GetUsage().GetPromptTokens() || c.GetCompletionTokens() != c.GetUsage().GetCompletionTokens() ||
+				c.GetCachedTokens() != c.GetUsage().GetCachedTokens() || c.GetModelName() != c.GetModel() || c.GetModelName() == "" {
+				t.Errorf("sample %s: call record %v", sm.GetId(), c)
+			}
+		}
+	}
+}
+
 func TestG2GradingGates(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
