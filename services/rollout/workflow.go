@@ -47,6 +47,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the agent loop %q: start rollouts with POST /v1/rollout/init (G1), not /rollout", s.cfg.AgentLoop.Name())
 	}
 	if err := validateStart(req, s.cfg.MaxMetadataBytes); err != nil {
+		s.reportRejected(ctx, req, err)
 		return nil, err
 	}
 	rec := &record{
@@ -753,16 +754,10 @@ func wireCall(c *rolloutv1.LLMCall) map[string]any {
 // recorded on the rollout (callback_error), never retried beyond it.
 func (s *Service) post(rec *record, kind, url string, body any, outcomeStatus string, log *slog.Logger) {
 	ctx := rec.traced(context.WithoutCancel(s.rolloutsCtx))
-	cctx, span := s.startSpan(ctx, "deliver_"+kind+"_callback", trace.SpanKindInternal,
-		semconv.URLFull(url), osmoattr.RolloutStatus.String(outcomeStatus))
-	attempts, err := postJSON(cctx, s.g2Client, url, rec.g2.GetControllerApiKey(), body, s.g2Policy(), log, s.metrics.callbacks)
-	span.SetAttributes(osmoattr.Attempts.Int(attempts))
+	attempts, err := s.deliver(ctx, kind, url, rec.g2.GetControllerApiKey(), body, outcomeStatus, log)
 	fields := map[string]any{"kind": kind, "status": outcomeStatus, "attempts": attempts}
 	if err != nil {
 		fields["error"] = err.Error()
-		fail(span, "callback_failed", err.Error())
-		log.ErrorContext(cctx, kind+" callback failed", "error", err, "attempts", attempts)
-		s.metrics.callbackFails.Inc()
 		rec.mu.Lock()
 		if rec.callbackErr != "" {
 			rec.callbackErr += "; "
@@ -770,8 +765,23 @@ func (s *Service) post(rec *record, kind, url string, body any, outcomeStatus st
 		rec.callbackErr += kind + ": " + err.Error()
 		rec.mu.Unlock()
 	}
-	span.End()
 	rec.log.write(kind+"_callback", fields)
+}
+
+// deliver posts one G2 callback under the G2 retry policy, in a span of its
+// own under ctx, and returns the attempts made.
+func (s *Service) deliver(ctx context.Context, kind, url, bearer string, body any, outcomeStatus string, log *slog.Logger) (int, error) {
+	cctx, span := s.startSpan(ctx, "deliver_"+kind+"_callback", trace.SpanKindInternal,
+		semconv.URLFull(url), osmoattr.RolloutStatus.String(outcomeStatus))
+	defer span.End()
+	attempts, err := postJSON(cctx, s.g2Client, url, bearer, body, s.g2Policy(), log, s.metrics.callbacks)
+	span.SetAttributes(osmoattr.Attempts.Int(attempts))
+	if err != nil {
+		fail(span, "callback_failed", err.Error())
+		log.ErrorContext(cctx, kind+" callback failed", "error", err, "attempts", attempts)
+		s.metrics.callbackFails.Inc()
+	}
+	return attempts, err
 }
 
 // markFinal records the outcome as the rollout's state; finished (what
