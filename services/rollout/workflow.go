@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"strings"
 	"time"
 
@@ -828,6 +829,15 @@ type workflowRuntime struct {
 }
 
 func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
+	client := rt.s.llmClient
+	if rt.s.tracer != nil {
+		// Every call through this endpoint is the sample's: its client span
+		// and what the proxy starts under it carry osmo.sample.id, as a G1
+		// rollout's do, whatever context the workflow calls with.
+		c := *client
+		c.Transport = sampleTransport{base: client.Transport, rolloutID: rt.rec.id, sampleID: sampleID}
+		client = &c
+	}
 	return osmo.Endpoint{
 		BaseURL: llmproxy.BaseURLFor(rt.s.proxyURL, rt.rec.id, sampleID),
 		APIKey:  rt.rec.token,
@@ -835,8 +845,24 @@ func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
 			strings.ToLower(llmproxy.HeaderRolloutID): rt.rec.id,
 			strings.ToLower(llmproxy.HeaderSampleID):  sampleID,
 		},
-		HTTPClient: rt.s.llmClient,
+		HTTPClient: client,
 	}
+}
+
+// sampleTransport puts a rollout's and sample's ids into the baggage of
+// each request's context before base (the traced transport) starts its
+// span, so telemetry.BaggageAttributes tags the span with them and the
+// baggage header carries them to the proxy.
+type sampleTransport struct {
+	base                http.RoundTripper
+	rolloutID, sampleID string
+}
+
+func (t sampleTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if ctx := osmoattr.ContextWithIDs(r.Context(), t.rolloutID, t.sampleID); ctx != r.Context() {
+		r = r.WithContext(ctx)
+	}
+	return t.base.RoundTrip(r)
 }
 
 func (rt *workflowRuntime) Logger() *slog.Logger { return rt.log }
