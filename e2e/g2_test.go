@@ -180,7 +180,10 @@ func TestG2MultiplyContract(t *testing.T) {
 		t.Errorf("unknown id: %d %v", code, st)
 	}
 
-	// Bad input: 422 naming the field, and nothing is ever posted back.
+	// Bad input: 422 naming the field at once, and the refusal also reaches
+	// the callbacks (those with a usable URL) as one validation_error
+	// failure carrying the same message.
+	refused := map[string]string{} // rollout id as sent -> the 422's detail
 	for _, tc := range []struct {
 		name  string
 		patch map[string]any
@@ -200,15 +203,49 @@ func TestG2MultiplyContract(t *testing.T) {
 			}
 			b, _ := json.Marshal(body)
 			code, _, resp := do(t, "POST", s.base+"/rollout", "Bearer "+serverKey, string(b))
-			if detail, _ := resp["detail"].(string); code != 422 || !strings.HasPrefix(detail, tc.field+":") {
+			detail, _ := resp["detail"].(string)
+			if code != 422 || !strings.HasPrefix(detail, tc.field+":") {
 				t.Errorf("POST /rollout = %d %v, want 422 naming %s", code, resp, tc.field)
 			}
+			refused[body["rollout_id"].(string)] = detail
 		})
 	}
+	// Without the server's key nothing is posted anywhere.
+	unauth := s.ctl.StartBody("bad-unauthenticated", nil)
+	unauth["agent_timeout_sec"] = -1
+	b, _ := json.Marshal(unauth)
+	if code, _, resp := do(t, "POST", s.base+"/rollout", "", string(b)); code != 401 {
+		t.Errorf("unauthenticated bad start: %d %v, want 401", code, resp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, id := range []string{"  ", "a/b", "..", "bad-negative-timeout"} {
+		for kind, wait := range map[string]func(context.Context, string) (controller.G2Callback, error){"completion": s.ctl.WaitCompletion, "grader": s.ctl.WaitGrader} {
+			cb, err := wait(ctx, id)
+			if err != nil {
+				t.Fatalf("%q: no %s callback for the refused start: %v", id, kind, err)
+			}
+			if cb.Status != "failure" || cb.ErrCategory == nil || *cb.ErrCategory != "validation_error" || cb.ErrMessage == nil || *cb.ErrMessage != refused[id] {
+				t.Errorf("%q: %s callback %s, want the validation_error failure %q", id, kind, cb.Raw, refused[id])
+			}
+		}
+	}
+	if _, err := s.ctl.WaitGrader(ctx, "bad-no-callback-url"); err != nil {
+		t.Errorf("no grader callback for a start refused for its completion_callback_url: %v", err)
+	}
 	time.Sleep(200 * time.Millisecond)
-	for _, id := range []string{"bad-blank-id", "bad-empty-key", "bad-negative-timeout", "bad-no-callback-url"} {
-		if n := len(s.ctl.Completions(id)) + len(s.ctl.GraderCallbacks(id)); n != 0 {
-			t.Errorf("%s: %d callbacks for a refused rollout", id, n)
+	for _, id := range []string{"  ", "a/b", "..", "bad-negative-timeout", "bad-no-callback-url", "bad-empty-key", "bad-unauthenticated"} {
+		wantC, wantG := 1, 1
+		switch id {
+		case "bad-no-callback-url":
+			wantC = 0
+		case "bad-empty-key", "bad-unauthenticated":
+			// No key to bear (the controller refuses such callbacks), and
+			// no callback at all for a caller without the server's key.
+			wantC, wantG = 0, 0
+		}
+		if n, m := len(s.ctl.Completions(id)), len(s.ctl.GraderCallbacks(id)); n != wantC || m != wantG {
+			t.Errorf("%q: %d completions and %d grader callbacks, want %d and %d", id, n, m, wantC, wantG)
 		}
 	}
 }

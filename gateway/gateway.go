@@ -16,7 +16,9 @@
 // REST JSON uses the proto field names (snake_case, the Osmosis wire names)
 // and emits every field: scalars and lists with their zero values, unset
 // messages as null. Unset proto3 optional fields are omitted, because
-// protojson treats them as oneof members, which EmitUnpopulated skips.
+// protojson treats them as oneof members, which EmitUnpopulated skips; the
+// G3 status body (GET /rollout/{id}/status) is the exception, sending them
+// as null, since its wire shape lists every key.
 package gateway
 
 import (

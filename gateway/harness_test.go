@@ -158,6 +158,16 @@ func (f *fakeRollout) watchRequest() *rolloutv1.WatchRolloutsRequest {
 	return f.lastWatch
 }
 
+// GetRolloutStatus answers "queued" with nothing else set, except for
+// "failed", which has every field.
+func (f *fakeRollout) GetRolloutStatus(_ context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
+	st := &rolloutv1.RolloutStatus{RolloutId: req.GetRolloutId(), Status: "queued"}
+	if req.GetRolloutId() == "failed" {
+		st.Status, st.Reward, st.ErrMessage, st.ErrCategory = "failure", proto.Float64(0), proto.String("grading failed"), proto.String("agent_error")
+	}
+	return st, nil
+}
+
 func (f *fakeRollout) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	return &rolloutv1.HealthResponse{Status: "healthy", AgentLoop: "echo", ActiveRollouts: 3, CompletedRollouts: 7}, nil
 }

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 )
 
 // jsonMarshaler is grpc-gateway's protojson marshaler with Osmosis wire
@@ -39,6 +41,62 @@ func newJSONMarshaler() *jsonMarshaler {
 			DiscardUnknown: true,
 		},
 	}}
+}
+
+// nullOptionals names the response messages whose unset optional fields
+// are sent as null instead of being left out, because their wire shape lists
+// every key: the G3 status body is {rollout_id, status, reward, err_message}
+// whatever the state.
+var nullOptionals = map[protoreflect.FullName]bool{
+	(&rolloutv1.RolloutStatus{}).ProtoReflect().Descriptor().FullName(): true,
+}
+
+// Marshal encodes v as protojson with the wire settings; for the messages
+// in nullOptionals, unset optional fields are written as null.
+func (m *jsonMarshaler) Marshal(v any) ([]byte, error) {
+	data, err := m.JSONPb.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	msg, ok := v.(proto.Message)
+	if !ok || !nullOptionals[msg.ProtoReflect().Descriptor().FullName()] {
+		return data, nil
+	}
+	return withNullOptionals(msg.ProtoReflect(), data)
+}
+
+// withNullOptionals rewrites the JSON object data of msg with every field in
+// declaration order, unset optional fields as null.
+func withNullOptionals(msg protoreflect.Message, data []byte) ([]byte, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	fields := msg.Descriptor().Fields()
+	n := 0
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		name := string(fd.Name())
+		value, ok := obj[name]
+		if !ok {
+			if !fd.HasOptionalKeyword() {
+				continue
+			}
+			value = json.RawMessage("null")
+		}
+		if n > 0 {
+			buf.WriteByte(',')
+		}
+		n++
+		key, _ := json.Marshal(name)
+		buf.Write(key)
+		buf.WriteByte(':')
+		buf.Write(value)
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
 }
 
 // NewDecoder reads the whole body (bounded by the gateway's MaxBytesReader)

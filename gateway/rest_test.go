@@ -223,6 +223,28 @@ func TestRolloutJSONUsesProtoNamesAndOmitsUnsetOptionals(t *testing.T) {
 	})
 }
 
+// TestRolloutStatusListsEveryKey: the G3 status body always carries
+// reward and err_message (and err_category), null while unset, in the
+// order of the protocol.
+func TestRolloutStatusListsEveryKey(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, tc := range []struct{ id, want string }{
+		{"q-1", `{"rollout_id":"q-1","status":"queued","reward":null,"err_message":null,"err_category":null}`},
+		{"failed", `{"rollout_id":"failed","status":"failure","reward":0,"err_message":"grading failed","err_category":"agent_error"}`},
+	} {
+		resp := h.do(t, http.MethodGet, "/rollout/"+tc.id+"/status", "", nil)
+		if resp.status != http.StatusOK {
+			t.Fatalf("%s: status = %d; body %s", tc.id, resp.status, resp.body)
+		}
+		if string(resp.body) != tc.want {
+			t.Errorf("%s: body = %s\nwant %s", tc.id, resp.body, tc.want)
+		}
+		if ct := resp.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type = %q", tc.id, ct)
+		}
+	}
+}
+
 func TestStatusMapping(t *testing.T) {
 	cases := []struct {
 		code       codes.Code

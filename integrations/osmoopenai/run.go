@@ -12,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // DefaultMaxTurns is Run's budget of model calls when it is given none.
@@ -93,6 +94,9 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	}
 	params.Tools = offered
 	exec := executor(byName)
+	// Everything the loop does is the session's sample: its spans (tool
+	// calls included) carry osmo.sample.id when tracing.
+	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
 
 	for turn := 1; ; turn++ {
 		resp, err := s.Complete(ctx, params)

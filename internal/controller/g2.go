@@ -381,8 +381,10 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 			return cb, fmt.Errorf("%s: missing (send null for no value)", k)
 		}
 	}
-	if cb.RolloutID == "" {
-		return cb, errors.New("rollout_id: must be a non-empty string")
+	if cb.RolloutID == "" && (cb.Status != "failure" || cb.ErrCategory == nil || *cb.ErrCategory != "validation_error") {
+		// Only a start refused as bad input (its rollout_id blank, say)
+		// reports an empty id.
+		return cb, errors.New("rollout_id: must be a non-empty string (empty only for a validation_error failure)")
 	}
 	switch cb.Status {
 	case "success":

@@ -282,7 +282,8 @@ func TestG2Callbacks(t *testing.T) {
 		{"no bearer", c.CompletionURL(), nil, `{}`, 401, "Invalid or missing API key"},
 		{"not JSON", c.CompletionURL(), auth, `nope`, 422, "body must be a JSON object"},
 		{"missing err_category", c.CompletionURL(), auth, `{"status":"success","rollout_id":"r","err_message":null}`, 422, "err_category: missing (send null for no value)"},
-		{"empty rollout id", c.CompletionURL(), auth, `{"status":"success","rollout_id":"","err_message":null,"err_category":null}`, 422, "rollout_id: must be a non-empty string"},
+		{"empty rollout id", c.CompletionURL(), auth, `{"status":"success","rollout_id":"","err_message":null,"err_category":null}`, 422, "rollout_id: must be a non-empty string (empty only for a validation_error failure)"},
+		{"empty rollout id, agent_error", c.CompletionURL(), auth, `{"status":"failure","rollout_id":"","err_message":"x","err_category":"agent_error"}`, 422, "rollout_id: must be a non-empty string (empty only for a validation_error failure)"},
 		{"unknown status", c.CompletionURL(), auth, `{"status":"COMPLETED","rollout_id":"r","err_message":null,"err_category":null}`, 422, `status: "COMPLETED" is not success, failure or cancelled`},
 		{"error on success", c.CompletionURL(), auth, `{"status":"success","rollout_id":"r","err_message":"x","err_category":null}`, 422, "err_message, err_category: must be null on success"},
 		{"failure without category", c.CompletionURL(), auth, `{"status":"failure","rollout_id":"r","err_message":"x","err_category":null}`, 422, "err_message, err_category: required on failure"},
@@ -320,6 +321,12 @@ func TestG2Callbacks(t *testing.T) {
 	if err != nil || comp.Status != "failure" || *comp.ErrMessage != "boom" || *comp.ErrCategory != "agent_error" ||
 		comp.Header.Get("Authorization") != "Bearer ctl-key" || !bytes.Contains(comp.Raw, []byte(`"boom"`)) {
 		t.Fatalf("completion = %+v, %v", comp, err)
+	}
+
+	// A start refused for its blank id reports the id as it was given.
+	status, _, resp = post(t, c.CompletionURL(), auth, `{"status":"failure","rollout_id":"","err_message":"rollout_id: must not be blank","err_category":"validation_error"}`)
+	if status != 200 || len(c.Completions("")) != 1 {
+		t.Fatalf("validation failure with an empty rollout_id: %d %s", status, resp)
 	}
 
 	// A grader callback posted while WaitGrader waits wakes it.

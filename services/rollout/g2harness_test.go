@@ -275,7 +275,17 @@ var multiplyTool = map[string]any{
 // chatOnce makes one chat completion through ep and returns the answer's
 // message.
 func chatOnce(ctx context.Context, ep osmo.Endpoint, msgs []osmo.Message, tools []any) (osmo.Message, error) {
-	body, err := json.Marshal(map[string]any{"model": osmo.PlaceholderModel, "messages": msgs, "tools": tools})
+	return chatOnceWith(ctx, ep, msgs, tools, nil)
+}
+
+// chatOnceWith is chatOnce with extra request fields (logprobs,
+// return_token_ids, ...).
+func chatOnceWith(ctx context.Context, ep osmo.Endpoint, msgs []osmo.Message, tools []any, extra map[string]any) (osmo.Message, error) {
+	fields := map[string]any{"model": osmo.PlaceholderModel, "messages": msgs, "tools": tools}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	body, err := json.Marshal(fields)
 	if err != nil {
 		return nil, err
 	}

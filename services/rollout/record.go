@@ -239,6 +239,11 @@ func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
 			TotalTokens:      int32(c.Usage.TotalTokens),
 			CachedTokens:     int32(c.Usage.CachedTokens),
 		},
+		// The G3 names of the same facts.
+		PromptTokens:     int32(c.Usage.PromptTokens),
+		CompletionTokens: int32(c.Usage.CompletionTokens),
+		CachedTokens:     int32(c.Usage.CachedTokens),
+		ModelName:        c.Model,
 	}
 	if !c.StartedAt.IsZero() {
 		out.StartedAt = timestamppb.New(c.StartedAt)

@@ -59,6 +59,9 @@ type Service struct {
 	runningG2 atomic.Int64
 	wfSem     chan struct{}
 	tracer    trace.Tracer // nil when not tracing
+	// rejectSem bounds the refused starts reported through callbacks at
+	// once (reportRejected).
+	rejectSem chan struct{}
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
 	rolloutsCtx    context.Context
@@ -87,6 +90,8 @@ func New(cfg Config) (*Service, error) {
 		sem:     make(chan struct{}, cfg.MaxConcurrent),
 		routes:  llmproxy.NewRouteTable(),
 		metrics: newMetrics(cfg.Metrics),
+
+		rejectSem: make(chan struct{}, maxRejectedDeliveries),
 	}
 	upstream := &http.Transport{
 		Proxy:               nil,

@@ -18,6 +18,7 @@ import (
 	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/services/rollout"
+	"github.com/osmo-rl/osmo/workflows/multiply"
 )
 
 // traced is a harness whose service, proxy and gRPC server trace into one
@@ -271,4 +272,43 @@ func (g *spanGrader) spanContext() trace.SpanContext {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.sc
+}
+
+// TestG2WorkflowTrace follows a G2 rollout of the built-in multiply
+// workflow (an osmoopenai session with a tool): every span of the sample,
+// the workflow's LLM client calls, the proxy's chat spans and the tool
+// call, carries osmo.sample.id (the session's name) beside
+// osmo.rollout.id, as a G1 rollout's spans do.
+func TestG2WorkflowTrace(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	h := newG2Harness(t, g2Opts{wf: multiply.New(), cfg: func(c *rollout.Config) { c.TracerProvider = tp }})
+	h.start(t, h.startReq(t, "g2-trace"))
+	if c := h.waitCompletion(t, "g2-trace"); c.Status != "success" {
+		t.Fatalf("completion %s", c.Raw)
+	}
+	h.waitGrader(t, "g2-trace")
+	tr := waitSpan(t, exp, "rollout")
+	root := tr.one("rollout")
+	agent := tr.one("invoke_agent multiply")
+	if !tr.under(agent, root) {
+		t.Fatal("the agent span is not under the rollout span")
+	}
+	clients := tr.named("POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions")
+	chats := tr.named("chat openai/osmosis-rollout")
+	tools := tr.named("execute_tool multiply")
+	if len(clients) < 2 || len(chats) != len(clients) || len(tools) < 1 {
+		t.Fatalf("%d LLM client spans, %d chat spans and %d tool spans; want a tool turn and an answer", len(clients), len(chats), len(tools))
+	}
+	for _, s := range append(append(clients, chats...), tools...) {
+		a := attrMap(s)
+		if !tr.under(s, agent) {
+			t.Errorf("span %q is not under the agent span", s.Name)
+		}
+		if a["osmo.rollout.id"].AsString() != "g2-trace" || a["osmo.sample.id"].AsString() != multiply.SampleID {
+			t.Errorf("span %q has osmo.rollout.id %q and osmo.sample.id %q, want g2-trace and %q",
+				s.Name, a["osmo.rollout.id"].AsString(), a["osmo.sample.id"].AsString(), multiply.SampleID)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"strings"
 	"time"
 
@@ -47,6 +48,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the agent loop %q: start rollouts with POST /v1/rollout/init (G1), not /rollout", s.cfg.AgentLoop.Name())
 	}
 	if err := validateStart(req, s.cfg.MaxMetadataBytes); err != nil {
+		s.reportRejected(ctx, req, err)
 		return nil, err
 	}
 	rec := &record{
@@ -729,25 +731,35 @@ func wireSample(sm *rolloutv1.RolloutSample) *g2Sample {
 		ExtraFields:  sm.GetExtraFields().AsMap(),
 	}
 	for _, c := range sm.GetLlmCalls() {
-		out.LLMCalls = append(out.LLMCalls, protoMap(c))
+		out.LLMCalls = append(out.LLMCalls, wireCall(c))
 	}
 	return out
+}
+
+// wireCall is one record of a grader callback sample's llm_calls: the
+// LLMCall with its proto field names, which include the G3 names
+// (prompt_tokens, completion_tokens, cached_tokens, model_name) beside
+// usage and model. Token ids and logprobs the upstream did not return are
+// left out rather than sent as empty arrays, which would read as "no
+// tokens".
+func wireCall(c *rolloutv1.LLMCall) map[string]any {
+	m := protoMap(c)
+	for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
+		if v, ok := m[k].([]any); ok && len(v) == 0 {
+			delete(m, k)
+		}
+	}
+	return m
 }
 
 // post delivers one G2 callback under the G2 retry policy; a failure is
 // recorded on the rollout (callback_error), never retried beyond it.
 func (s *Service) post(rec *record, kind, url string, body any, outcomeStatus string, log *slog.Logger) {
 	ctx := rec.traced(context.WithoutCancel(s.rolloutsCtx))
-	cctx, span := s.startSpan(ctx, "deliver_"+kind+"_callback", trace.SpanKindInternal,
-		semconv.URLFull(url), osmoattr.RolloutStatus.String(outcomeStatus))
-	attempts, err := postJSON(cctx, s.g2Client, url, rec.g2.GetControllerApiKey(), body, s.g2Policy(), log, s.metrics.callbacks)
-	span.SetAttributes(osmoattr.Attempts.Int(attempts))
+	attempts, err := s.deliver(ctx, kind, url, rec.g2.GetControllerApiKey(), body, outcomeStatus, log)
 	fields := map[string]any{"kind": kind, "status": outcomeStatus, "attempts": attempts}
 	if err != nil {
 		fields["error"] = err.Error()
-		fail(span, "callback_failed", err.Error())
-		log.ErrorContext(cctx, kind+" callback failed", "error", err, "attempts", attempts)
-		s.metrics.callbackFails.Inc()
 		rec.mu.Lock()
 		if rec.callbackErr != "" {
 			rec.callbackErr += "; "
@@ -755,8 +767,23 @@ func (s *Service) post(rec *record, kind, url string, body any, outcomeStatus st
 		rec.callbackErr += kind + ": " + err.Error()
 		rec.mu.Unlock()
 	}
-	span.End()
 	rec.log.write(kind+"_callback", fields)
+}
+
+// deliver posts one G2 callback under the G2 retry policy, in a span of its
+// own under ctx, and returns the attempts made.
+func (s *Service) deliver(ctx context.Context, kind, url, bearer string, body any, outcomeStatus string, log *slog.Logger) (int, error) {
+	cctx, span := s.startSpan(ctx, "deliver_"+kind+"_callback", trace.SpanKindInternal,
+		semconv.URLFull(url), osmoattr.RolloutStatus.String(outcomeStatus))
+	defer span.End()
+	attempts, err := postJSON(cctx, s.g2Client, url, bearer, body, s.g2Policy(), log, s.metrics.callbacks)
+	span.SetAttributes(osmoattr.Attempts.Int(attempts))
+	if err != nil {
+		fail(span, "callback_failed", err.Error())
+		log.ErrorContext(cctx, kind+" callback failed", "error", err, "attempts", attempts)
+		s.metrics.callbackFails.Inc()
+	}
+	return attempts, err
 }
 
 // markFinal records the outcome as the rollout's state; finished (what
@@ -803,6 +830,15 @@ type workflowRuntime struct {
 }
 
 func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
+	client := rt.s.llmClient
+	if rt.s.tracer != nil {
+		// Every call through this endpoint is the sample's: its client span
+		// and what the proxy starts under it carry osmo.sample.id, as a G1
+		// rollout's do, whatever context the workflow calls with.
+		c := *client
+		c.Transport = sampleTransport{base: client.Transport, rolloutID: rt.rec.id, sampleID: sampleID}
+		client = &c
+	}
 	return osmo.Endpoint{
 		BaseURL: llmproxy.BaseURLFor(rt.s.proxyURL, rt.rec.id, sampleID),
 		APIKey:  rt.rec.token,
@@ -810,8 +846,24 @@ func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
 			strings.ToLower(llmproxy.HeaderRolloutID): rt.rec.id,
 			strings.ToLower(llmproxy.HeaderSampleID):  sampleID,
 		},
-		HTTPClient: rt.s.llmClient,
+		HTTPClient: client,
 	}
+}
+
+// sampleTransport puts a rollout's and sample's ids into the baggage of
+// each request's context before base (the traced transport) starts its
+// span, so telemetry.BaggageAttributes tags the span with them and the
+// baggage header carries them to the proxy.
+type sampleTransport struct {
+	base                http.RoundTripper
+	rolloutID, sampleID string
+}
+
+func (t sampleTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if ctx := osmoattr.ContextWithIDs(r.Context(), t.rolloutID, t.sampleID); ctx != r.Context() {
+		r = r.WithContext(ctx)
+	}
+	return t.base.RoundTrip(r)
 }
 
 func (rt *workflowRuntime) Logger() *slog.Logger { return rt.log }

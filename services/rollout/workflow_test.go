@@ -204,6 +204,91 @@ func TestG2RecordedConversationIsTheSample(t *testing.T) {
 	}
 }
 
+// TestG2LLMCallRecords checks the per-call records of the grader callback
+// against PROTOCOL.md (G3): the flat prompt_tokens, completion_tokens,
+// cached_tokens and model_name beside osmo's own usage and model, and token
+// ids and logprobs only when the policy returned them, never as [].
+func TestG2LLMCallRecords(t *testing.T) {
+	wf := mustWorkflow(t, "records", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		for _, s := range []struct {
+			id    string
+			extra map[string]any
+		}{
+			{"plain", nil},
+			{"exact", map[string]any{"logprobs": true, "return_token_ids": true}},
+		} {
+			if _, err := chatOnceWith(ctx, wc.Rollout.Endpoint(s.id), wc.Prompt, nil, s.extra); err != nil {
+				return err
+			}
+			if err := wc.Rollout.Register(s.id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	h := newG2Harness(t, g2Opts{wf: wf})
+	h.start(t, h.startReq(t, "calls-1"))
+	gcb := h.waitGrader(t, "calls-1")
+	if gcb.Status != "success" {
+		t.Fatalf("grader callback = %s", gcb.Raw)
+	}
+	var body struct {
+		Samples map[string]struct {
+			LLMCalls []map[string]json.RawMessage `json:"llm_calls"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal(gcb.Raw, &body); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"plain", "exact"} {
+		calls := body.Samples[id].LLMCalls
+		if len(calls) != 1 {
+			t.Fatalf("sample %s: %d llm_calls, want 1: %s", id, len(calls), gcb.Raw)
+		}
+		c := calls[0]
+		var usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+			CachedTokens     int `json:"cached_tokens"`
+		}
+		if err := json.Unmarshal(c["usage"], &usage); err != nil || usage.PromptTokens == 0 || usage.CompletionTokens == 0 {
+			t.Errorf("%s: usage = %s (%v)", id, c["usage"], err)
+		}
+		for k, want := range map[string]string{
+			"prompt_tokens":     fmt.Sprint(usage.PromptTokens),
+			"completion_tokens": fmt.Sprint(usage.CompletionTokens),
+			"cached_tokens":     fmt.Sprint(usage.CachedTokens),
+			"model_name":        `"` + osmo.PlaceholderModel + `"`,
+			"model":             `"` + osmo.PlaceholderModel + `"`,
+			"requested_model":   `"` + osmo.PlaceholderModel + `"`,
+			"api":               `"chat.completions"`,
+		} {
+			if got := string(c[k]); got != want {
+				t.Errorf("%s: %s = %s, want %s", id, k, got, want)
+			}
+		}
+		for _, k := range []string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
+			raw, ok := c[k]
+			switch {
+			case id == "plain" && ok:
+				t.Errorf("%s: %s = %s sent though the policy returned none; want it left out", id, k, raw)
+			case id == "exact" && (!ok || strings.HasPrefix(string(raw), "[]") || !strings.HasPrefix(string(raw), "[")):
+				t.Errorf("%s: %s = %s, want the policy's values", id, k, raw)
+			}
+		}
+	}
+	// GET /v1/rollouts/{id} (and gRPC) carry the G3 names too.
+	r := h.waitDone(t, "calls-1")
+	for _, sm := range r.GetSamples() {
+		for _, c := range sm.GetLlmCalls() {
+			if c.GetPromptTokens() != c.GetUsage().GetPromptTokens() || c.GetCompletionTokens() != c.GetUsage().GetCompletionTokens() ||
+				c.GetCachedTokens() != c.GetUsage().GetCachedTokens() || c.GetModelName() != c.GetModel() || c.GetModelName() == "" {
+				t.Errorf("sample %s: call record %v", sm.GetId(), c)
+			}
+		}
+	}
+}
+
 func TestG2GradingGates(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -372,15 +457,16 @@ func TestG2StartValidation(t *testing.T) {
 			}
 		})
 	}
-	// Nothing was started, called or posted.
+	// Nothing was started or called (the refusals' callbacks are
+	// TestG2RejectedStartCallbacks's).
 	if st := h.status(t, "v-1"); st.GetStatus() != "unknown" {
 		t.Errorf("a refused start left a rollout: %v", st)
 	}
 	if hr := h.health(t); hr.GetActiveRollouts() != 0 || hr.GetConcurrency().GetQueued() != 0 {
 		t.Errorf("health after refused starts = %v", hr)
 	}
-	if n := len(h.ctl.Chats()) + len(h.ctl.Completions("v-1")) + len(h.ctl.GraderCallbacks("v-1")); n != 0 {
-		t.Errorf("refused starts caused %d calls or callbacks", n)
+	if n := len(h.ctl.Chats()); n != 0 {
+		t.Errorf("refused starts made %d LLM calls", n)
 	}
 	// Numeric labels are fine (taken as text), and the service still serves.
 	ok := h.startReq(t, "v-ok")
@@ -1056,4 +1142,138 @@ func TestG2Health(t *testing.T) {
 			t.Errorf("health = %v, want the workflow's own limit of 1", hr)
 		}
 	})
+}
+
+// TestG2WorkflowConcurrencyLimit: an AgentWorkflow's own
+// Concurrency.MaxConcurrent bounds how many of its rollouts run at once,
+// below the server's limit; the others queue and run as slots free up.
+func TestG2WorkflowConcurrencyLimit(t *testing.T) {
+	const limit, rollouts = 2, 5
+	var running, peak, runs atomic.Int32
+	gate := make(chan struct{})
+	wf, err := osmo.NewWorkflow(osmo.WorkflowFunc[testWFConfig](func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		runs.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
+			return []osmo.Message{{"role": "assistant", "content": "done"}}, nil
+		}))
+	}), &testWFConfig{AgentWorkflowConfig: osmo.AgentWorkflowConfig{Name: "narrow", Concurrency: osmo.Concurrency{MaxConcurrent: limit}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newG2Harness(t, g2Opts{wf: wf, cfg: func(c *rollout.Config) { c.MaxConcurrent = 8 }})
+	for i := range rollouts {
+		h.start(t, h.startReq(t, fmt.Sprintf("lim-%d", i)))
+	}
+	h.waitHealth(t, "2 running, 3 queued", func(c *rolloutv1.Concurrency) bool {
+		return c.GetRunning() == limit && c.GetQueued() == rollouts-limit
+	})
+	// Give a third run every chance to start if the limit did not hold.
+	time.Sleep(100 * time.Millisecond)
+	if n, p := runs.Load(), peak.Load(); n != limit || p != limit {
+		t.Fatalf("%d runs started, at most %d at once, with %d rollouts and a limit of %d", n, p, rollouts, limit)
+	}
+	queued := 0
+	for i := range rollouts {
+		if h.status(t, fmt.Sprintf("lim-%d", i)).GetStatus() == "queued" {
+			queued++
+		}
+	}
+	if queued != rollouts-limit {
+		t.Errorf("%d rollouts report queued, want %d", queued, rollouts-limit)
+	}
+	close(gate)
+	for i := range rollouts {
+		id := fmt.Sprintf("lim-%d", i)
+		if c := h.waitCompletion(t, id); c.Status != "success" {
+			t.Errorf("%s: completion %s", id, c.Raw)
+		}
+		h.waitDone(t, id)
+	}
+	if n, p := runs.Load(), peak.Load(); n != rollouts || p != limit {
+		t.Errorf("%d runs, at most %d at once; want %d runs, at most %d at once", n, p, rollouts, limit)
+	}
+}
+
+// ctxGrader grades nothing: it waits until its context ends and returns
+// the context's error, as the grader client does when the grader does not
+// answer in time.
+type ctxGrader struct{ calls atomic.Int32 }
+
+func (g *ctxGrader) Grade(ctx context.Context, _ *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	g.calls.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestG2GraderTimeout: a grader that overruns grader_timeout_sec (well
+// below the server's default) ends the rollout as a timeout failure,
+// reported once in the grader callback, with no reward; the completion,
+// posted before grading, is the workflow's success.
+func TestG2GraderTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		grader func(t *testing.T) rollout.Grader
+	}{
+		{"grader waits for its context", func(*testing.T) rollout.Grader { return &ctxGrader{} }},
+		{"grader service running a grader that ignores its context", func(t *testing.T) rollout.Grader {
+			slow := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
+				time.Sleep(3 * time.Second)
+				for id := range gc.Samples {
+					_ = gc.SetSampleReward(id, 1)
+				}
+				return nil
+			})
+			svc, err := grader.New(grader.Config{Graders: map[string]osmo.Grader{"slow": slow}, Default: "slow", Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = svc.Close() })
+			return svc
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gr := tc.grader(t)
+			h := newG2Harness(t, g2Opts{
+				wf:  multiplyWorkflow(t, "solver", false, nil),
+				cfg: func(c *rollout.Config) { c.Grader, c.GradeTimeout = gr, 30*time.Second },
+			})
+			req := h.startReq(t, "gto-1")
+			req.GraderTimeoutSec = proto.Float64(0.3)
+			start := time.Now()
+			h.start(t, req)
+			comp := h.waitCompletion(t, "gto-1")
+			gcb := h.waitGrader(t, "gto-1")
+			elapsed := time.Since(start)
+			if comp.Status != "success" {
+				t.Errorf("completion = %s, want the workflow's success", comp.Raw)
+			}
+			assertFailure(t, "grader callback", gcb, "timeout", "grader_timeout_sec")
+			if s, ok := gcb.Samples["solver"]; !ok || s.Reward != nil {
+				t.Errorf("grader callback samples = %s, want solver without a reward", gcb.Raw)
+			}
+			if elapsed < 300*time.Millisecond || elapsed > 2500*time.Millisecond {
+				t.Errorf("grader callback after %v for a 0.3s grader_timeout_sec", elapsed)
+			}
+			r := h.waitDone(t, "gto-1")
+			if r.GetState() != rolloutv1.State_STATE_FAILED || r.GetErrorCategory() != "timeout" || r.Reward != nil {
+				t.Errorf("rollout = state %v category %q reward %v", r.GetState(), r.GetErrorCategory(), r.Reward)
+			}
+			if st := h.status(t, "gto-1"); st.GetStatus() != "failure" || st.GetErrCategory() != "timeout" || st.Reward != nil {
+				t.Errorf("status = %v", st)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if n, m := len(h.ctl.Completions("gto-1")), len(h.ctl.GraderCallbacks("gto-1")); n != 1 || m != 1 {
+				t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
+			}
+		})
+	}
 }

@@ -316,9 +316,16 @@ type LLMCall struct {
 	// The API the agent called: "chat.completions", or "responses" for a
 	// Responses API call the proxy translated. The policy always receives a
 	// chat completion, and the messages above are that chat completion's.
-	Api           string `protobuf:"bytes,18,opt,name=api,proto3" json:"api,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Api string `protobuf:"bytes,18,opt,name=api,proto3" json:"api,omitempty"`
+	// The names the G3 per-call record gives the same facts: usage's prompt,
+	// completion and cached tokens, and model_name, the model the call was
+	// sent upstream as (model).
+	PromptTokens     int32  `protobuf:"varint,19,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	CompletionTokens int32  `protobuf:"varint,20,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	CachedTokens     int32  `protobuf:"varint,21,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	ModelName        string `protobuf:"bytes,22,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LLMCall) Reset() {
@@ -477,6 +484,34 @@ func (x *LLMCall) GetApi() string {
 	return ""
 }
 
+func (x *LLMCall) GetPromptTokens() int32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *LLMCall) GetCompletionTokens() int32 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *LLMCall) GetCachedTokens() int32 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *LLMCall) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -577,7 +612,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xb6\x05\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xcc\x06\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -600,7 +635,12 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\battempts\x18\x10 \x01(\x05R\battempts\x129\n" +
 	"\n" +
 	"started_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
-	"\x03api\x18\x12 \x01(\tR\x03api\"\xa1\x01\n" +
+	"\x03api\x18\x12 \x01(\tR\x03api\x12#\n" +
+	"\rprompt_tokens\x18\x13 \x01(\x05R\fpromptTokens\x12+\n" +
+	"\x11completion_tokens\x18\x14 \x01(\x05R\x10completionTokens\x12#\n" +
+	"\rcached_tokens\x18\x15 \x01(\x05R\fcachedTokens\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\x16 \x01(\tR\tmodelName\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +

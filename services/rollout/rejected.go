@@ -1,0 +1,83 @@
+package rollout
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc/status"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// maxRejectedDeliveries bounds the refused starts whose callbacks are being
+// delivered at once; past it a refused start gets its 422 only.
+const maxRejectedDeliveries = 64
+
+// reportRejected tells the controller of a G2 start refused as bad input
+// through the callbacks too, as a failure with err_category
+// validation_error: a trainer that only watches its callbacks must not wait
+// forever for a rollout that never started. The caller answers the request
+// (422) at once; the callbacks follow in the background, under the G2
+// retry policy, one per usable URL (an http(s) URL with a host), with the
+// request's controller_api_key as the bearer when it has one.
+//
+// Nothing is posted for a caller without the server's API key (the
+// interceptor refuses it before this runs; the check here keeps it so when
+// the service is called directly), nor for a refused start that names a
+// rollout this server holds: that rollout posts its own callbacks, once.
+func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, cause error) {
+	completionURL := usableURL(req.GetCompletionCallbackUrl())
+	graderURL := ""
+	if req.GraderCallbackUrl != nil {
+		graderURL = usableURL(req.GetGraderCallbackUrl())
+	}
+	if completionURL == "" && graderURL == "" {
+		return
+	}
+	if s.authorize(ctx, rolloutv1.RolloutService_StartRollout_FullMethodName) != nil {
+		return
+	}
+	id := req.GetRolloutId()
+	msg := status.Convert(cause).Message()
+	log := s.log.With("rollout_id", id)
+	if id != "" && s.store.get(id) != nil {
+		log.InfoContext(ctx, "refused start names a rollout held here: no callbacks for the refusal", "error", msg)
+		return
+	}
+	select {
+	case s.rejectSem <- struct{}{}:
+	default:
+		log.WarnContext(ctx, "refused start not reported through callbacks: too many refusals being delivered", "error", msg, "limit", maxRejectedDeliveries)
+		return
+	}
+	out := &wfOutcome{}
+	out.failed(categoryValidation, "%s", msg)
+	bearer := req.GetControllerApiKey()
+	if strings.TrimSpace(bearer) == "" {
+		bearer = ""
+	}
+	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)
+	// The request's trace, not its cancellation: the callbacks outlive the
+	// answer.
+	dctx := context.WithoutCancel(ctx)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.rejectSem }()
+		if completionURL != "" {
+			_, _ = s.deliver(dctx, "completion", completionURL, bearer, out.body(id), out.status, log)
+		}
+		if graderURL != "" {
+			body := g2GraderCallback{g2Completion: out.body(id), Samples: map[string]*g2Sample{}}
+			_, _ = s.deliver(dctx, "grader", graderURL, bearer, body, out.status, log)
+		}
+	}()
+}
+
+// usableURL returns raw when a callback can be posted to it, else "".
+func usableURL(raw string) string {
+	if validateHTTPURL("url", raw, true) != nil {
+		return ""
+	}
+	return raw
+}
