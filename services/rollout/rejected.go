@@ -34,7 +34,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	if completionURL == "" && graderURL == "" {
 		return
 	}
-	if s.authorize(ctx, rolloutv1.RolloutService_StartRollout_FullMethodName) != nil {
+	if s.auth.Authorize(ctx, rolloutv1.RolloutService_StartRollout_FullMethodName) != nil {
 		return
 	}
 	id := req.GetRolloutId()
