@@ -113,6 +113,30 @@ const (
 	dispositionNotFound = "not_found"
 )
 
+// startRunning moves a queued rollout to running unless it was cancelled;
+// it reports whether it did. Cancel reads the state under the same lock, so
+// a rollout it reports as cancelled_queued never starts its workflow.
+func (r *record) startRunning() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancelled {
+		return false
+	}
+	r.state = rolloutv1.State_STATE_RUNNING
+	r.started = time.Now()
+	return true
+}
+
+// stateOrder sorts queued rollouts before the others.
+func (r *record) stateOrder() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state == rolloutv1.State_STATE_QUEUED {
+		return 0
+	}
+	return 1
+}
+
 func (r *record) setState(s rolloutv1.State) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

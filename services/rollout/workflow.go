@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -135,6 +137,11 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 		prefix := req.GetPrefix() // "" with all
 		recs = s.store.unfinished(func(id string) bool { return strings.HasPrefix(id, prefix) })
 	}
+	// Queued rollouts go first: cancelling a running one frees a slot that
+	// a queued one about to be cancelled would otherwise take.
+	slices.SortStableFunc(recs, func(a, b *record) int {
+		return cmp.Compare(a.stateOrder(), b.stateOrder())
+	})
 	for _, rec := range recs {
 		d := rec.cancel()
 		if d == dispositionNotFound && len(req.GetIds()) == 0 {
@@ -283,10 +290,15 @@ func (s *Service) execute(rec *record, log *slog.Logger) *wfOutcome {
 		}
 		return out
 	}
+	if !rec.startRunning() {
+		// Cancelled while the slot was being handed over.
+		release()
+		out.status, out.category, out.errMsg = "cancelled", categoryCancelled, "cancelled by request while queued"
+		return out
+	}
 	rec.rolloutSpan().AddEvent("started", trace.WithAttributes(osmoattr.QueueWait.Float64(ms(time.Since(queued)))))
 	s.runningG2.Add(1)
 	s.metrics.running.Inc()
-	rec.setState(rolloutv1.State_STATE_RUNNING)
 	rec.log.write("start", map[string]any{"queued_ms": ms(time.Since(queued))})
 
 	s.routes.Set(rec.id, llmproxy.Route{
