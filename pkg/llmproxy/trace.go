@@ -96,7 +96,7 @@ func newTracing(cfg Config) *tracing {
 		content:  cfg.CaptureContent,
 	}
 	if t.prop == nil {
-		t.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		t.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, osmoattr.NewBaggagePropagator())
 	}
 	if cfg.ProviderName == "" {
 		t.provider = semconv.GenAIProviderNameKey.String(DefaultProviderName)
