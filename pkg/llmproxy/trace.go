@@ -250,12 +250,14 @@ func (x *exchange) startChat(ctx context.Context) context.Context {
 			}
 		}
 	}
-	ctx, x.span = t.tracer.Start(ctx, t.chatName(x.call.Model), clientKind)
+	ctx, x.span = t.tracer.Start(ctx, t.chatName(x.call.Model), clientStart...)
 	return ctx
 }
 
-// clientKind is made once: options are interface values.
-var clientKind = trace.WithSpanKind(trace.SpanKindClient)
+// clientStart are the chat span's start options, made once: options are
+// interface values, and a variadic argument list passed to an interface
+// method is allocated per call.
+var clientStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 
 // appendParamAttrs adds the request's sampling parameters; values that are
 // not numbers (null, say) are left out.
