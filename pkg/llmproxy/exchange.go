@@ -22,6 +22,7 @@ type exchange struct {
 	p     *Proxy
 	w     http.ResponseWriter
 	r     *http.Request
+	ctx   context.Context // r's context, with the client's trace context when traced
 	start time.Time
 	route Route
 	call  *Call
@@ -47,11 +48,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sa
 	// Exchanges are pooled: nothing outlives the handler but the Call,
 	// which is allocated afresh for the Recorder to keep.
 	x := p.exchanges.Get().(*exchange)
-	*x = exchange{p: p, w: w, r: r, start: time.Now()}
+	*x = exchange{p: p, w: w, r: r, ctx: r.Context(), start: time.Now()}
+	if p.tracing != nil {
+		x.ctx = p.tracing.traceContext(r)
+	}
 	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, API: api, StartedAt: x.start}
 	x.serve(idSource)
 	if p.tracing != nil && x.span == nil {
-		p.traceRejected(r, x.start, x.call.StatusCode, rolloutID, sampleID)
+		p.traceRejected(x.ctx, r, x.start, x.call.StatusCode, rolloutID, sampleID)
 	}
 	x.finish()
 	*x = exchange{}
@@ -154,7 +158,7 @@ func (x *exchange) readBody() ([]byte, int, error) {
 
 // forward sends body upstream, retrying per the policy, and answers the client.
 func (x *exchange) forward(body []byte) {
-	ctx := x.r.Context()
+	ctx := x.ctx
 	if rc := x.route.Context; rc != nil {
 		// Cancelling the rollout aborts the in-flight call.
 		cctx, cancel := context.WithCancelCause(ctx)
@@ -486,7 +490,7 @@ func (x *exchange) finish() {
 	c.Latency = time.Since(x.start)
 	x.p.metrics.request(c.StatusCode)
 	x.p.metrics.addedLatency(c.Latency - x.upstream - x.backoff)
-	ctx := x.r.Context()
+	ctx := x.ctx
 	if c.Err != "" {
 		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",
 			slog.String("rollout_id", c.RolloutID), slog.String("sample_id", c.SampleID),

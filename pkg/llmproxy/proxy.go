@@ -180,7 +180,7 @@ func New(cfg Config) (*Proxy, error) {
 		w.Header().Set("Allow", http.MethodPost)
 		p.metrics.request(http.StatusMethodNotAllowed)
 		if p.tracing != nil {
-			p.traceRejected(r, time.Now(), http.StatusMethodNotAllowed, "", "")
+			p.traceRejected(p.tracing.traceContext(r), r, time.Now(), http.StatusMethodNotAllowed, "", "")
 		}
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 			fmt.Sprintf("llmproxy: method %s not allowed on %s; use POST", r.Method, r.URL.Path))
@@ -192,7 +192,7 @@ func New(cfg Config) (*Proxy, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		p.metrics.request(http.StatusNotFound)
 		if p.tracing != nil {
-			p.traceRejected(r, time.Now(), http.StatusNotFound, "", "")
+			p.traceRejected(p.tracing.traceContext(r), r, time.Now(), http.StatusNotFound, "", "")
 		}
 		p.writeError(w, serverTiming(0, 0, 0), http.StatusNotFound, "invalid_request_error", "not_found", "",
 			fmt.Sprintf("llmproxy: no route for %s %s; the proxy serves POST /v1/chat/completions and /v1/responses, also under /r/{rollout_id}/s/{sample_id}", r.Method, r.URL.Path))
@@ -206,10 +206,6 @@ func New(cfg Config) (*Proxy, error) {
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if p.tracing != nil {
-		p.serveTraced(w, r)
-		return
-	}
 	p.mux.ServeHTTP(w, r)
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -370,5 +371,37 @@ func TestChatSpanParentedOnRouteWithoutClientTrace(t *testing.T) {
 				t.Errorf("chat span parent %s/%s, want %s/%s", s.Parent.TraceID(), s.Parent.SpanID(), want.TraceID(), want.SpanID())
 			}
 		})
+	}
+}
+
+// TestSampledOutCallPropagates: a call whose span is not sampled records
+// nothing but still passes the trace (unsampled) and the baggage upstream,
+// on every call of a rollout (the baggage propagator caches the header).
+func TestSampledOutCallPropagates(t *testing.T) {
+	up := newUpstream(t, okJSON)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base}), TracerProvider: tp, Propagator: telemetry.Propagator()})
+	parent, header := clientTrace(t)
+	carrier := propagation.MapCarrier{}
+	telemetry.Propagator().Inject(osmoattr.ContextWithIDs(context.Background(), "r1", "s1"), carrier)
+	header["Baggage"] = carrier["baggage"] + ",user=alice%20b"
+	header[llmproxy.HeaderRolloutID], header[llmproxy.HeaderSampleID] = "r1", "s1"
+	for i := range 3 {
+		post(t, h.url+"/v1/chat/completions", chatBody, header)
+		h.next(t)
+		got := up.requests()[i].header
+		tp := got.Get("Traceparent")
+		if !strings.HasPrefix(tp, "00-"+parent.TraceID().String()+"-") || !strings.HasSuffix(tp, "-00") || strings.Contains(tp, parent.SpanID().String()) {
+			t.Errorf("call %d: upstream traceparent %q, want trace %s unsampled under a new span", i, tp, parent.TraceID())
+		}
+		bag, err := baggage.Parse(got.Get("Baggage"))
+		if err != nil || bag.Len() != 3 || bag.Member("osmo.rollout.id").Value() != "r1" || bag.Member("osmo.sample.id").Value() != "s1" || bag.Member("user").Value() != "alice b" {
+			t.Errorf("call %d: upstream baggage %q (%v)", i, got.Get("Baggage"), err)
+		}
+	}
+	if spans := exp.GetSpans(); len(spans) != 0 {
+		t.Errorf("%d spans recorded with sampling off", len(spans))
 	}
 }
