@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -67,32 +68,11 @@ func TestDocsEnvironment(t *testing.T) {
 	doc := string(b)
 	nameRE := regexp.MustCompile(`"((?:OSMO|OSMOSIS|OTEL)_[A-Z0-9_]+)"`)
 	found := map[string]string{}
-	err = filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", ".cache", "node_modules", "deploy", "e2e":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for _, m := range nameRE.FindAllStringSubmatch(string(src), -1) {
+	walkSources(t, []string{"deploy", "e2e"}, func(path, src string) {
+		for _, m := range nameRE.FindAllStringSubmatch(src, -1) {
 			found[m[1]] = path
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(found) == 0 {
 		t.Fatal("found no environment variable names in the sources")
 	}
@@ -116,13 +96,36 @@ func TestDocsEventLog(t *testing.T) {
 	eventRE := regexp.MustCompile(`(?:\blog\.write|\.LogEvent)\("([A-Za-z0-9_]+)"`)
 	callbackRE := regexp.MustCompile(`\bs\.post\(rec, "([a-z]+)"`)
 	found := map[string]string{}
-	err = filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+	walkSources(t, []string{"deploy", "e2e", "third_party", "gen"}, func(path, src string) {
+		for _, m := range eventRE.FindAllStringSubmatch(src, -1) {
+			found[m[1]] = path
+		}
+		for _, m := range callbackRE.FindAllStringSubmatch(src, -1) {
+			found[m[1]+"_callback"] = path
+		}
+	})
+	for _, want := range []string{"init", "start_request", "completion_callback", "pre_llm"} {
+		if found[want] == "" {
+			t.Fatalf("found no %q event in the sources (found %v): the patterns are stale", want, found)
+		}
+	}
+	for name, path := range found {
+		if !strings.Contains(doc, "| `"+name+"` |") {
+			t.Errorf("docs/observability.md has no row for the --log event %s (written in %s)", name, path)
+		}
+	}
+}
+
+// walkSources calls fn with every non-test Go file of the repository, but
+// those under .git, .cache, node_modules and the directories named in skip.
+func walkSources(t *testing.T, skip []string, fn func(path, src string)) {
+	t.Helper()
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			switch d.Name() {
-			case ".git", ".cache", "node_modules", "deploy", "e2e", "third_party", "gen":
+			if n := d.Name(); n == ".git" || n == ".cache" || n == "node_modules" || slices.Contains(skip, n) {
 				return filepath.SkipDir
 			}
 			return nil
@@ -134,26 +137,11 @@ func TestDocsEventLog(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, m := range eventRE.FindAllStringSubmatch(string(src), -1) {
-			found[m[1]] = path
-		}
-		for _, m := range callbackRE.FindAllStringSubmatch(string(src), -1) {
-			found[m[1]+"_callback"] = path
-		}
+		fn(path, string(src))
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, want := range []string{"init", "start_request", "completion_callback", "pre_llm"} {
-		if found[want] == "" {
-			t.Fatalf("found no %q event in the sources (found %v): the patterns are stale", want, found)
-		}
-	}
-	for name, path := range found {
-		if !strings.Contains(doc, "| `"+name+"` |") {
-			t.Errorf("docs/observability.md has no row for the --log event %s (written in %s)", name, path)
-		}
 	}
 }
 
