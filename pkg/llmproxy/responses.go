@@ -63,6 +63,14 @@ var droppedResponsesKeys = map[string]bool{
 	"max_tool_calls": true,
 }
 
+// translatedResponsesKeys are the Responses request members that
+// translateResponsesRequest translates (or refuses) rather than passes on.
+var translatedResponsesKeys = map[string]bool{
+	"input": true, "instructions": true, "tools": true, "tool_choice": true, "parallel_tool_calls": true,
+	"max_output_tokens": true, "text": true, "reasoning": true, "stream": true,
+	"previous_response_id": true, "conversation": true, "prompt": true, "background": true,
+}
+
 // translateResponsesRequest turns a Responses API request body into a chat
 // completions request body.
 func translateResponsesRequest(body []byte) ([]byte, *responsesCall, *requestError) {
@@ -165,15 +173,10 @@ func translateResponsesRequest(body []byte) ([]byte, *responsesCall, *requestErr
 	rc.topP, _ = present("top_p")
 	rc.user, _ = present("user")
 
-	handled := map[string]bool{
-		"input": true, "instructions": true, "tools": true, "tool_choice": true, "parallel_tool_calls": true,
-		"max_output_tokens": true, "text": true, "reasoning": true, "stream": true,
-		"previous_response_id": true, "conversation": true, "prompt": true, "background": true,
-	}
 	// Everything else (model, temperature, top_p, user, and server
 	// extensions such as vLLM's return_token_ids) passes through as is.
 	for k, v := range in {
-		if handled[k] || droppedResponsesKeys[k] || isNull(v) {
+		if translatedResponsesKeys[k] || droppedResponsesKeys[k] || isNull(v) {
 			continue
 		}
 		out[k] = v
