@@ -407,7 +407,7 @@ func change(m protoreflect.Message, fd protoreflect.FieldDescriptor) {
 		l := m.Mutable(fd).List()
 		switch {
 		case fd.Message() != nil && wellKnown(fd.Message()):
-			l.Append(protoreflect.ValueOfMessage(otherWellKnown(fd.Message()).ProtoReflect()))
+			l.Append(protoreflect.ValueOfMessage(wellKnownMessage(fd.Message(), 1).ProtoReflect()))
 		case fd.Message() != nil:
 			e := l.NewElement()
 			populate(e.Message())
@@ -416,7 +416,7 @@ func change(m protoreflect.Message, fd protoreflect.FieldDescriptor) {
 			l.Append(other(fd, protoreflect.Value{}))
 		}
 	case fd.Message() != nil && wellKnown(fd.Message()):
-		m.Set(fd, protoreflect.ValueOfMessage(otherWellKnown(fd.Message()).ProtoReflect()))
+		m.Set(fd, protoreflect.ValueOfMessage(wellKnownMessage(fd.Message(), 1).ProtoReflect()))
 	case fd.Message() != nil:
 		m.Clear(fd)
 	default:
@@ -434,7 +434,7 @@ func populate(m protoreflect.Message) {
 			l := m.Mutable(fd).List()
 			e := l.NewElement()
 			if wellKnown(fd.Message()) {
-				e = protoreflect.ValueOfMessage(wellKnownValue(fd.Message()).ProtoReflect())
+				e = protoreflect.ValueOfMessage(wellKnownMessage(fd.Message(), 0).ProtoReflect())
 			} else {
 				populate(e.Message())
 			}
@@ -442,7 +442,7 @@ func populate(m protoreflect.Message) {
 		case fd.IsList():
 			m.Mutable(fd).List().Append(other(fd, protoreflect.Value{}))
 		case fd.Message() != nil && wellKnown(fd.Message()):
-			m.Set(fd, protoreflect.ValueOfMessage(wellKnownValue(fd.Message()).ProtoReflect()))
+			m.Set(fd, protoreflect.ValueOfMessage(wellKnownMessage(fd.Message(), 0).ProtoReflect()))
 		case fd.Message() != nil:
 			populate(m.Mutable(fd).Message())
 		default:
@@ -476,26 +476,17 @@ func other(fd protoreflect.FieldDescriptor, v protoreflect.Value) protoreflect.V
 	panic(fmt.Sprintf("no other value for %s (%s): extend the test", fd.FullName(), fd.Kind()))
 }
 
-func wellKnownValue(md protoreflect.MessageDescriptor) proto.Message {
+// wellKnownMessage is a value of a well-known message type; variants 0 and 1
+// differ.
+func wellKnownMessage(md protoreflect.MessageDescriptor, variant int) proto.Message {
 	switch md.FullName() {
 	case "google.protobuf.Struct":
-		s, _ := structpb.NewStruct(map[string]any{"role": "assistant", "content": "6", "n": 1.0})
+		s, _ := structpb.NewStruct(map[string]any{"role": "assistant", "content": fmt.Sprint(6 + variant), "n": 1.0})
 		return s
 	case "google.protobuf.Timestamp":
-		return timestamppb.New(time.Unix(1700000000, 0))
+		return timestamppb.New(time.Unix(1700000000+int64(variant), 0))
 	}
 	panic(fmt.Sprintf("no value for %s: extend the test", md.FullName()))
-}
-
-func otherWellKnown(md protoreflect.MessageDescriptor) proto.Message {
-	switch md.FullName() {
-	case "google.protobuf.Struct":
-		s, _ := structpb.NewStruct(map[string]any{"role": "assistant", "content": "7", "n": 1.0})
-		return s
-	case "google.protobuf.Timestamp":
-		return timestamppb.New(time.Unix(1700000001, 0))
-	}
-	panic(fmt.Sprintf("no other value for %s: extend the test", md.FullName()))
 }
 
 func mustFloat(t *testing.T, s string) float64 {
