@@ -75,7 +75,7 @@ func stackTracing(tel *telemetry.Telemetry) tracing {
 	return tracing{
 		gateway: tel.ServiceTracerProvider(serviceGateway),
 		rollout: tel.ServiceTracerProvider(serviceRollout),
-		proxy:   tel.ServiceTracerProvider(serviceLLMProxy),
+		proxy:   tel.DirectTracerProvider(serviceLLMProxy),
 		grader:  tel.ServiceTracerProvider(serviceGrader),
 		prop:    tel.Propagator(),
 		content: tel.CaptureContent(),

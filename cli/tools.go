@@ -64,7 +64,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		MaxBodyBytes:   maxBody,
 		Logger:         log,
 		Metrics:        reg,
-		TracerProvider: tel.TracerProvider(),
+		TracerProvider: tel.DirectTracerProvider(tel.ServiceName()),
 		Propagator:     tel.Propagator(),
 		CaptureContent: tel.CaptureContent(),
 	})

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -20,14 +21,19 @@ func BaggageAttributes() sdktrace.SpanProcessor { return baggageAttributes{} }
 type baggageAttributes struct{}
 
 func (baggageAttributes) OnStart(parent context.Context, s sdktrace.ReadWriteSpan) {
-	bag := baggage.FromContext(parent)
-	if bag.Len() == 0 {
-		return
-	}
 	// One call: each one grows the span's attribute slice.
-	if attrs := osmoattr.IDAttributes(bag.Member(string(osmoattr.RolloutID)).Value(), bag.Member(string(osmoattr.SampleID)).Value()); len(attrs) > 0 {
+	if attrs := baggageIDs(parent); len(attrs) > 0 {
 		s.SetAttributes(attrs...)
 	}
+}
+
+// baggageIDs are the id attributes of the baggage in ctx.
+func baggageIDs(ctx context.Context) []attribute.KeyValue {
+	bag := baggage.FromContext(ctx)
+	if bag.Len() == 0 {
+		return nil
+	}
+	return osmoattr.IDAttributes(bag.Member(string(osmoattr.RolloutID)).Value(), bag.Member(string(osmoattr.SampleID)).Value())
 }
 
 func (baggageAttributes) OnEnd(sdktrace.ReadOnlySpan)      {}

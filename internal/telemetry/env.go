@@ -1,8 +1,11 @@
 package telemetry
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -40,7 +43,23 @@ type config struct {
 	sampler        sdktrace.Sampler
 	batch          batchConfig
 	captureContent bool
+	// gzip, tls: OTEL_EXPORTER_OTLP_COMPRESSION and the certificate
+	// variables, for the direct span pipeline (the SDK's exporters read
+	// them from the process environment themselves).
+	gzip bool
+	tls  *tls.Config
+	// pipeline is OSMO_TRACE_PIPELINE: PipelineDirect or PipelineSDK.
+	pipeline string
 }
+
+// Span pipelines of the hot paths (OSMO_TRACE_PIPELINE).
+const (
+	// PipelineDirect encodes spans as they end (package otlpdirect).
+	PipelineDirect = "direct"
+	// PipelineSDK runs them through the OpenTelemetry SDK, as every other
+	// span.
+	PipelineSDK = "sdk"
+)
 
 // readConfig interprets the standard OpenTelemetry variables (and osmo's
 // OSMO_TRACE_CONTENT). Tracing is on when an OTLP endpoint is set or
@@ -134,7 +153,69 @@ func readConfig(defaultServiceName string, getenv func(string) string) (*config,
 	if c.batch, err = readBatchConfig(getenv); err != nil {
 		return nil, err
 	}
+	for _, name := range [...]string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		switch v := strings.ToLower(strings.TrimSpace(getenv(name))); v {
+		case "":
+		case "gzip":
+			c.gzip = true
+		case "none":
+			c.gzip = false
+		default:
+			return nil, &EnvError{Var: name, Value: v, Want: "gzip or none"}
+		}
+	}
+	if c.tls, err = readTLS(getenv); err != nil {
+		return nil, err
+	}
+	switch v := strings.ToLower(strings.TrimSpace(getenv("OSMO_TRACE_PIPELINE"))); v {
+	case "", PipelineDirect:
+		c.pipeline = PipelineDirect
+	case PipelineSDK:
+		c.pipeline = PipelineSDK
+	default:
+		return nil, &EnvError{Var: "OSMO_TRACE_PIPELINE", Value: v, Want: "direct or sdk"}
+	}
 	return c, nil
+}
+
+// readTLS builds the exporter's TLS settings from the OTLP certificate
+// variables (the signal's own winning): a CA bundle to trust, and a client
+// certificate and key for mutual TLS. Nil when none is set.
+func readTLS(getenv func(string) string) (*tls.Config, error) {
+	get := func(name string) (string, string) {
+		if v := strings.TrimSpace(getenv("OTEL_EXPORTER_OTLP_TRACES_" + name)); v != "" {
+			return "OTEL_EXPORTER_OTLP_TRACES_" + name, v
+		}
+		return "OTEL_EXPORTER_OTLP_" + name, strings.TrimSpace(getenv("OTEL_EXPORTER_OTLP_" + name))
+	}
+	caVar, ca := get("CERTIFICATE")
+	certVar, cert := get("CLIENT_CERTIFICATE")
+	keyVar, key := get("CLIENT_KEY")
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, &EnvError{Var: caVar, Value: ca, Want: "a readable PEM file (" + err.Error() + ")"}
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &EnvError{Var: caVar, Value: ca, Want: "a PEM file of certificates"}
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, &EnvError{Var: certVar, Value: cert, Want: "a client certificate together with " + keyVar}
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, &EnvError{Var: certVar, Value: cert, Want: "a PEM certificate matching " + keyVar + " (" + err.Error() + ")"}
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc, nil
 }
 
 func readBatchConfig(getenv func(string) string) (batchConfig, error) {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sync"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -26,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 )
 
 // Propagator is the W3C trace context and baggage propagator every osmo
@@ -41,11 +43,14 @@ type Telemetry struct {
 	prop propagation.TextMapPropagator
 	base *resource.Resource // what every provider's resource starts from
 
-	// exporter is nil when tracing is off.
+	// exporter is nil when tracing is off; direct is the direct span
+	// pipeline's, nil as well when OSMO_TRACE_PIPELINE=sdk.
 	exporter sdktrace.SpanExporter
+	direct   otlpdirect.Exporter
 
 	mu        sync.Mutex
 	providers map[string]*sdktrace.TracerProvider
+	directs   map[string]*otlpdirect.TracerProvider
 	shutdown  bool
 }
 
@@ -63,7 +68,7 @@ func Setup(ctx context.Context, defaultServiceName string, getenv func(string) s
 	if err != nil {
 		return nil, err
 	}
-	t := &Telemetry{cfg: cfg, prop: Propagator(), providers: map[string]*sdktrace.TracerProvider{}}
+	t := &Telemetry{cfg: cfg, prop: Propagator(), providers: map[string]*sdktrace.TracerProvider{}, directs: map[string]*otlpdirect.TracerProvider{}}
 	if !cfg.enabled {
 		return t, nil
 	}
@@ -75,7 +80,26 @@ func Setup(ctx context.Context, defaultServiceName string, getenv func(string) s
 	if t.exporter, err = newExporter(ctx, cfg); err != nil {
 		return nil, err
 	}
+	if cfg.pipeline == PipelineDirect {
+		if t.direct, err = newDirectExporter(cfg); err != nil {
+			return nil, err
+		}
+	}
 	return t, nil
+}
+
+// newDirectExporter is the direct pipeline's OTLP exporter, configured as
+// the SDK's.
+func newDirectExporter(cfg *config) (otlpdirect.Exporter, error) {
+	if cfg.protocol == ProtocolGRPC {
+		return otlpdirect.NewGRPCExporter(otlpdirect.GRPCConfig{
+			Target: cfg.endpoint.Host, Insecure: cfg.endpoint.Scheme == "http", TLS: cfg.tls,
+			Headers: cfg.headers, Gzip: cfg.gzip, Timeout: cfg.timeout,
+		})
+	}
+	return otlpdirect.NewHTTPExporter(otlpdirect.HTTPConfig{
+		URL: cfg.endpoint.String(), TLS: cfg.tls, Headers: cfg.headers, Gzip: cfg.gzip, Timeout: cfg.timeout,
+	}), nil
 }
 
 func newExporter(ctx context.Context, cfg *config) (sdktrace.SpanExporter, error) {
@@ -160,15 +184,55 @@ func (t *Telemetry) ServiceTracerProvider(serviceName string) trace.TracerProvid
 	if tp, ok := t.providers[serviceName]; ok {
 		return tp
 	}
+	tp := newTracerProvider(sharedExporter{t.exporter}, t.resource(serviceName), t.cfg.sampler, t.cfg.batch)
+	t.providers[serviceName] = tp
+	return tp
+}
+
+// DirectTracerProvider is a provider for a hot path, the LLM proxy's
+// per-call span: its spans are encoded as they end and exported in batches
+// of bytes (package otlpdirect), for a fraction of the SDK's CPU per span.
+// Like ServiceTracerProvider, its spans belong to serviceName, carry the ids
+// in the parent's baggage (BaggageAttributes) and go to the same endpoint,
+// sampled by the same sampler. With OSMO_TRACE_PIPELINE=sdk it is
+// ServiceTracerProvider(serviceName). It is nil when tracing is off or
+// after Shutdown.
+func (t *Telemetry) DirectTracerProvider(serviceName string) trace.TracerProvider {
+	if t.direct == nil {
+		return t.ServiceTracerProvider(serviceName)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.shutdown {
+		return nil
+	}
+	if tp, ok := t.directs[serviceName]; ok {
+		return tp
+	}
+	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{
+		Exporter: t.direct,
+		Resource: t.resource(serviceName),
+		Sampler:  t.cfg.sampler,
+		Batch: otlpdirect.BatchConfig{
+			Delay: t.cfg.batch.delay, ExportTimeout: t.cfg.batch.timeout,
+			MaxQueue: t.cfg.batch.maxQueue, MaxBatch: t.cfg.batch.maxBatch,
+		},
+		StartAttributes: baggageIDs,
+		OnError:         otel.Handle,
+	})
+	t.directs[serviceName] = tp
+	return tp
+}
+
+// resource is the resource of serviceName's spans.
+func (t *Telemetry) resource(serviceName string) *resource.Resource {
 	attrs := append([]attribute.KeyValue{semconv.ServiceName(serviceName)}, t.cfg.resource...)
 	res, err := resource.Merge(t.base, resource.NewSchemaless(attrs...))
 	if err != nil {
 		// Only conflicting schema URLs fail a merge, and ours has none.
 		res = resource.NewSchemaless(attrs...)
 	}
-	tp := newTracerProvider(sharedExporter{t.exporter}, res, t.cfg.sampler, t.cfg.batch)
-	t.providers[serviceName] = tp
-	return tp
+	return res
 }
 
 // NewTracerProvider is the SDK provider osmo uses: sampler (nil means
@@ -206,8 +270,11 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	t.shutdown = true
-	providers := make([]*sdktrace.TracerProvider, 0, len(t.providers))
+	providers := make([]interface{ Shutdown(context.Context) error }, 0, len(t.providers)+len(t.directs))
 	for _, tp := range t.providers {
+		providers = append(providers, tp)
+	}
+	for _, tp := range t.directs {
 		providers = append(providers, tp)
 	}
 	t.mu.Unlock()
@@ -219,6 +286,11 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	if err := t.exporter.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
+	}
+	if t.direct != nil {
+		if err := t.direct.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("telemetry: shutdown: %w", err)

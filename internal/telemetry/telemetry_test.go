@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +31,7 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 )
 
 func testContext(t *testing.T) context.Context {
@@ -95,6 +102,10 @@ func TestSetupRejectsBadSettings(t *testing.T) {
 		{"OSMO_TRACE_CONTENT", "yes please"},
 		{"OTEL_BSP_MAX_QUEUE_SIZE", "-1"},
 		{"OTEL_BSP_SCHEDULE_DELAY", "5s"},
+		{"OSMO_TRACE_PIPELINE", "fast"},
+		{"OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"},
+		{"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/nonexistent/ca.pem"},
+		{"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/nonexistent/client.pem"}, // without a key
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{tc.name: tc.value}
@@ -191,6 +202,12 @@ func TestSetupExports(t *testing.T) {
 			span.End()
 			_, span = tel.ServiceTracerProvider("osmo-other").Tracer("test").Start(rctx, "second")
 			span.End()
+			direct := tel.DirectTracerProvider("osmo-proxy")
+			if _, ok := direct.(*otlpdirect.TracerProvider); !ok {
+				t.Errorf("DirectTracerProvider is a %T, want the direct pipeline's", direct)
+			}
+			_, span = direct.Tracer("test").Start(rctx, "third")
+			span.End()
 			if s.count() != 0 {
 				t.Errorf("spans were exported before the batch delay or a flush")
 			}
@@ -198,10 +215,10 @@ func TestSetupExports(t *testing.T) {
 				t.Fatalf("Shutdown: %v", err)
 			}
 			got := map[string]exported{}
-			for _, e := range s.wait(t, 2) {
+			for _, e := range s.wait(t, 3) {
 				got[e.name] = e
 			}
-			for name, service := range map[string]string{"first": "osmo-test", "second": "osmo-other"} {
+			for name, service := range map[string]string{"first": "osmo-test", "second": "osmo-other", "third": "osmo-proxy"} {
 				e, ok := got[name]
 				switch {
 				case !ok:
@@ -219,7 +236,7 @@ func TestSetupExports(t *testing.T) {
 			if err := tel.Shutdown(ctx); err != nil {
 				t.Errorf("second Shutdown: %v", err)
 			}
-			if tel.TracerProvider() != nil {
+			if tel.TracerProvider() != nil || tel.DirectTracerProvider("osmo-proxy") != nil {
 				t.Error("a provider is handed out after Shutdown")
 			}
 		})
@@ -427,5 +444,49 @@ func TestGRPCOptions(t *testing.T) {
 		if name != "osmo.grader.v1.GraderService/Grade" {
 			t.Errorf("unexpected span %q (health checks and the grade stream are not traced)", name)
 		}
+	}
+}
+
+// TestDirectPipelineCanBeTurnedOff: OSMO_TRACE_PIPELINE=sdk gives the hot
+// paths the SDK's provider, as every other component.
+func TestDirectPipelineCanBeTurnedOff(t *testing.T) {
+	ctx := testContext(t)
+	tel, err := telemetry.Setup(ctx, "osmo-test", getenv(map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OSMO_TRACE_PIPELINE": "sdk"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(ctx)
+	if tp := tel.DirectTracerProvider("osmo-proxy"); tp != tel.ServiceTracerProvider("osmo-proxy") {
+		t.Errorf("DirectTracerProvider is a %T, want the SDK provider of the service", tp)
+	}
+}
+
+// TestDirectPipelineTLS exports to an https collector whose certificate is
+// trusted through OTEL_EXPORTER_OTLP_CERTIFICATE.
+func TestDirectPipelineTLS(t *testing.T) {
+	ctx := testContext(t)
+	var got atomic.Int64
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/traces" {
+			got.Add(1)
+		}
+	}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(ctx, "osmo-test", getenv(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL, "OTEL_EXPORTER_OTLP_CERTIFICATE": ca}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tel.DirectTracerProvider("osmo-proxy").Tracer("test").Start(ctx, "over tls")
+	span.End()
+	if err := tel.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if got.Load() != 1 {
+		t.Errorf("%d exports reached the https collector, want 1", got.Load())
 	}
 }
