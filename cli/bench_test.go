@@ -68,14 +68,14 @@ func TestMeasureOneCore(t *testing.T) {
 	if err != nil {
 		t.Fatalf("MeasureOneCore: %v", err)
 	}
-	assertReaped(t, rep.Off.PID, rep.Tracing.PID)
+	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
 	if after := affinity(t); after != before {
 		t.Errorf("this process's CPU affinity is %v after the measurement, want %v restored", after, before)
 	}
 	if rep.Skipped != "" {
 		t.Fatalf("skipped: %s", rep.Skipped)
 	}
-	for _, s := range []llmproxy.OneCoreSetup{rep.Off, rep.Tracing} {
+	for _, s := range []llmproxy.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK} {
 		if s.Requests != requests || s.Warmup <= 0 || s.Wall <= 0 || s.PID <= 0 {
 			t.Errorf("%s: %+v, want %d timed requests, a warm-up, a wall time and a pid", s.Name, s, requests)
 		}
@@ -83,25 +83,28 @@ func TestMeasureOneCore(t *testing.T) {
 			t.Errorf("%s: CPU per request %.1fµs, capacity %.0f, throughput %.0f: want all positive", s.Name, s.CPUPerRequest(), s.Capacity(), s.Throughput())
 		}
 	}
-	if rep.Off.PID == rep.Tracing.PID {
-		t.Errorf("both setups ran in process %d", rep.Off.PID)
+	if rep.Off.PID == rep.Tracing.PID || rep.Tracing.PID == rep.SDK.PID || rep.Off.PID == rep.SDK.PID {
+		t.Errorf("setups shared a process: %d %d %d", rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
 	}
-	// Every call is a span, flushed when the proxy stops.
-	if calls := int64(rep.Tracing.Requests + rep.Tracing.Warmup); rep.Tracing.Spans < calls {
-		t.Errorf("the sink received %d spans from the tracing proxy, want at least one per call (%d)", rep.Tracing.Spans, calls)
+	// Every call is a span, flushed when the proxy stops, whichever the
+	// pipeline.
+	for _, s := range []llmproxy.OneCoreSetup{rep.Tracing, rep.SDK} {
+		if calls := int64(s.Requests + s.Warmup); s.Spans < calls {
+			t.Errorf("the sink received %d spans from the %s proxy, want at least one per call (%d)", s.Spans, s.Name, calls)
+		}
 	}
 	if rep.Off.Spans != 0 || leaked.Load() != 0 {
 		t.Errorf("the untraced proxy exported: %d spans to the sink, %d requests to the environment's endpoint", rep.Off.Spans, leaked.Load())
 	}
-	if rep.TracingCPURatio() <= 0 || rep.TracingThroughputRatio() <= 0 {
-		t.Errorf("tracing ratios %v %v, want positive", rep.TracingCPURatio(), rep.TracingThroughputRatio())
+	if rep.TracingCPURatio() <= 0 || rep.TracingThroughputRatio() <= 0 || rep.SDKCPURatio() <= 0 || rep.SDKThroughputRatio() <= 0 {
+		t.Errorf("tracing ratios %v %v, SDK %v %v, want positive", rep.TracingCPURatio(), rep.TracingThroughputRatio(), rep.SDKCPURatio(), rep.SDKThroughputRatio())
 	}
 	if len(rep.Warnings) > 0 {
 		t.Errorf("warnings: %q", rep.Warnings)
 	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"proxy process on one core", "off", "tracing", "CPU/req", "capacity on one core", "tracing/off"} {
+	for _, s := range []string{"proxy process on one core", "off", "tracing", "tracing-sdk", "CPU/req", "capacity on one core", "tracing/off", "tracing-sdk/off"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}
@@ -125,7 +128,7 @@ func TestMeasureOneCoreCancel(t *testing.T) {
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("returned %s after the start, long after the cancellation", d)
 	}
-	assertReaped(t, rep.Off.PID, rep.Tracing.PID)
+	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
 }
 
 // TestBench runs `osmo bench` whole, the one-core section with this test

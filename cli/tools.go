@@ -18,7 +18,7 @@ import (
 
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/server"
-	"github.com/osmo-rl/osmo/internal/telemetry"
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -131,10 +131,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if n < 100 {
 		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
 	}
-	// The traced setup runs the production span pipeline, sampling every
-	// call, in front of an exporter that drops the batches: the cost
-	// measured is the proxy's, not a collector's.
-	tp := telemetry.NewTracerProvider(telemetry.DiscardExporter(), nil, sdktrace.AlwaysSample())
+	// The traced setup runs the proxy's span pipeline, sampling every call,
+	// in front of an exporter that drops the batches: the cost measured is
+	// the proxy's, not a collector's.
+	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
 	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
 	rep, err := llmproxy.MeasureOverhead(ctx, n, tp)
 	if err != nil {

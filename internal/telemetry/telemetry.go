@@ -303,13 +303,3 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 type sharedExporter struct{ sdktrace.SpanExporter }
 
 func (sharedExporter) Shutdown(context.Context) error { return nil }
-
-// DiscardExporter drops every batch it is given. Benchmarks put it behind
-// the real span pipeline to measure what tracing costs the traced process,
-// without a collector's cost mixed in.
-func DiscardExporter() sdktrace.SpanExporter { return discardExporter{} }
-
-type discardExporter struct{}
-
-func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (discardExporter) Shutdown(context.Context) error                             { return nil }

@@ -19,9 +19,12 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo/internal/telemetry"
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -135,30 +138,52 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
-// benchTracerProvider is the production span pipeline (every span sampled,
-// the baggage processor, a batch processor) in front of an exporter that
-// drops the batches, so the benchmark measures the proxy's side of tracing.
-func benchTracerProvider(tb testing.TB) *sdktrace.TracerProvider {
-	tp := telemetry.NewTracerProvider(telemetry.DiscardExporter(), nil, sdktrace.AlwaysSample())
+// benchTracerProvider is the proxy's span pipeline (every span sampled,
+// the baggage ids, batches) in front of an exporter that drops the
+// batches, so the benchmark measures the proxy's side of tracing.
+func benchTracerProvider(tb testing.TB) trace.TracerProvider {
+	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
 	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return tp
 }
 
+// exportingTracerProvider is a span pipeline exporting every span over
+// OTLP/HTTP to a loopback collector that drops them: the direct pipeline
+// or the OpenTelemetry SDK's (the SDK's OTLP exporter included, which
+// encodes the spans).
+func exportingTracerProvider(tb testing.TB, pipeline string) trace.TracerProvider {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	tb.Cleanup(sink.Close)
+	ctx := context.Background()
+	if pipeline == telemetry.PipelineSDK {
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(sink.URL+"/v1/traces"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tp := telemetry.NewTracerProvider(exp, nil, sdktrace.AlwaysSample())
+		tb.Cleanup(func() { _ = tp.Shutdown(ctx) })
+		return tp
+	}
+	exp := otlpdirect.NewHTTPExporter(otlpdirect.HTTPConfig{URL: sink.URL + "/v1/traces"})
+	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: exp, Sampler: sdktrace.AlwaysSample()})
+	tb.Cleanup(func() { _ = tp.Shutdown(ctx); _ = exp.Shutdown(ctx) })
+	return tp
+}
+
 // BenchmarkProxyTracing drives llmproxy with parallel clients with tracing
-// off and on; compare their req/s (osmo bench prints the ratio from
-// alternating runs).
+// off, on through the direct span pipeline and on through the SDK's, both
+// exporting to a loopback collector; compare their req/s (osmo bench
+// prints the ratios for the proxy process alone on one core).
 func BenchmarkProxyTracing(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		okJSON(w, r)
 	}))
 	b.Cleanup(up.Close)
-	for _, traced := range []bool{false, true} {
-		name := "off"
-		if traced {
-			name = "on"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, pipeline := range []string{"off", telemetry.PipelineDirect, telemetry.PipelineSDK} {
+		b.Run(pipeline, func(b *testing.B) {
 			tr := &http.Transport{MaxIdleConnsPerHost: 100}
 			b.Cleanup(tr.CloseIdleConnections)
 			cfg := llmproxy.Config{
@@ -166,8 +191,8 @@ func BenchmarkProxyTracing(b *testing.B) {
 				Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
 				Transport: tr,
 			}
-			if traced {
-				cfg.TracerProvider = benchTracerProvider(b)
+			if pipeline != "off" {
+				cfg.TracerProvider = exportingTracerProvider(b, pipeline)
 			}
 			p, err := llmproxy.New(cfg)
 			if err != nil {

@@ -27,8 +27,8 @@ type OneCoreConfig struct {
 	// llmproxy`) with args, its flags, appended: for example
 	// exec.Command(osmo, append([]string{"llmproxy"}, args...)...). Its Env,
 	// when set, is the environment to start from (nil: this process's);
-	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT and GOMAXPROCS
-	// variable from it and adds its own. It sets Stdout and Stderr. Nil
+	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT,
+	// OSMO_TRACE_PIPELINE and GOMAXPROCS variable from it and adds its own. It sets Stdout and Stderr. Nil
 	// skips the measurement.
 	Command func(args []string) *exec.Cmd
 	// Requests is the number of timed requests per setup, sent in Rounds
@@ -40,7 +40,7 @@ type OneCoreConfig struct {
 
 // OneCoreSetup is one proxy process's measurement.
 type OneCoreSetup struct {
-	// Name is "off" or "tracing".
+	// Name is "off", "tracing" or "tracing-sdk".
 	Name string
 	// PID is the proxy process's id (it has exited when MeasureOneCore
 	// returns).
@@ -97,8 +97,12 @@ type OneCoreReport struct {
 	// Skipped says why nothing was measured; it is empty when the setups
 	// were.
 	Skipped string
+	// Off runs without tracing; Tracing exports every call's span through
+	// the proxy's span pipeline (the direct one), SDK through the
+	// OpenTelemetry SDK's (OSMO_TRACE_PIPELINE=sdk), for comparison.
 	Off     OneCoreSetup
 	Tracing OneCoreSetup
+	SDK     OneCoreSetup
 	Clients int
 	Rounds  int
 	// ProxyCPU is the CPU the proxy processes were pinned to; BenchCPUs
@@ -115,20 +119,30 @@ type OneCoreReport struct {
 // TracingCPURatio is the tracing setup's CPU per request over the off
 // setup's: 1.10 means tracing costs 10% more CPU per call (and 1/1.10 of
 // the capacity on one core). It is 0 when nothing was measured.
-func (r OneCoreReport) TracingCPURatio() float64 {
+func (r OneCoreReport) TracingCPURatio() float64 { return r.cpuRatio(r.Tracing) }
+
+// SDKCPURatio is TracingCPURatio of the SDK's span pipeline.
+func (r OneCoreReport) SDKCPURatio() float64 { return r.cpuRatio(r.SDK) }
+
+func (r OneCoreReport) cpuRatio(s OneCoreSetup) float64 {
 	if r.Skipped != "" || r.Off.CPUPerRequest() == 0 {
 		return 0
 	}
-	return r.Tracing.CPUPerRequest() / r.Off.CPUPerRequest()
+	return s.CPUPerRequest() / r.Off.CPUPerRequest()
 }
 
 // TracingThroughputRatio is the tracing setup's wall-clock requests per
 // second over the off setup's. It is 0 when nothing was measured.
-func (r OneCoreReport) TracingThroughputRatio() float64 {
+func (r OneCoreReport) TracingThroughputRatio() float64 { return r.throughputRatio(r.Tracing) }
+
+// SDKThroughputRatio is TracingThroughputRatio of the SDK's span pipeline.
+func (r OneCoreReport) SDKThroughputRatio() float64 { return r.throughputRatio(r.SDK) }
+
+func (r OneCoreReport) throughputRatio(s OneCoreSetup) float64 {
 	if r.Skipped != "" || r.Off.Throughput() == 0 {
 		return 0
 	}
-	return r.Tracing.Throughput() / r.Off.Throughput()
+	return s.Throughput() / r.Off.Throughput()
 }
 
 // WriteTable prints the report as a table, or the reason it was skipped.
@@ -140,15 +154,20 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "proxy process on one core: osmo llmproxy as a child process, GOMAXPROCS=1, pinned to CPU %d\n\n", r.ProxyCPU)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "setup\trequests\treq/s\tCPU/req\tbusy\tcapacity on one core\t\n")
-	for _, s := range []OneCoreSetup{r.Off, r.Tracing} {
+	for _, s := range []OneCoreSetup{r.Off, r.Tracing, r.SDK} {
 		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1fµs\t%.0f%%\t%.0f req/s\t\n",
 			s.Name, s.Requests, s.Throughput(), s.CPUPerRequest(), 100*s.Busy(), s.Capacity())
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "tracing/off: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
-		r.TracingCPURatio(), 100*(r.TracingCPURatio()-1), 100/r.TracingCPURatio(), 100*r.TracingThroughputRatio())
-	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d for %d calls (warm-up included; the readiness probe's 404 is one more), off %d\n",
-		r.Tracing.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
+	for _, c := range []struct {
+		name     string
+		cpu, thr float64
+	}{{"tracing/off", r.TracingCPURatio(), r.TracingThroughputRatio()}, {"tracing-sdk/off", r.SDKCPURatio(), r.SDKThroughputRatio()}} {
+		fmt.Fprintf(w, "%s: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
+			c.name, c.cpu, 100*(c.cpu-1), 100/c.cpu, 100*c.thr)
+	}
+	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d and tracing-sdk %d for %d calls each (warm-up included; the readiness probe's 404 is one more), off %d\n",
+		r.Tracing.Spans, r.SDK.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
 	gogc := "unset"
 	if r.GOGC != "" {
 		gogc = r.GOGC
@@ -161,12 +180,13 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	if len(r.BenchCPUs) == 1 && r.BenchCPUs[0] == r.ProxyCPU {
 		where += ", shared with the proxy (this process may use no other)"
 	}
-	fmt.Fprintf(w, "\n%d rounds per setup alternating off and tracing, %d concurrent clients; proxy GOGC=%s\n", r.Rounds, r.Clients, gogc)
+	fmt.Fprintf(w, "\n%d rounds per setup, the setups taking turns in rotating order, %d concurrent clients; proxy GOGC=%s\n", r.Rounds, r.Clients, gogc)
 	fmt.Fprintf(w, "clients, upstream and OTLP sink run in this process on %s\n", where)
 	fmt.Fprintln(w, "CPU/req: the proxy process's user+system time (/proc/PID/stat) over the timed requests;")
 	fmt.Fprintln(w, "capacity: 1e6 / CPU/req, the rate the proxy would serve with its core saturated;")
 	fmt.Fprintln(w, "req/s: what this load generator reached (busy < 100%: the proxy was not the limit);")
-	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200")
+	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200,")
+	fmt.Fprintln(w, "  through osmo's direct span pipeline; tracing-sdk: the same through the OpenTelemetry SDK's")
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
@@ -184,18 +204,19 @@ func cpuList(cpus []int) string {
 // its own (cfg.Command), with GOMAXPROCS=1 and, on Linux, pinned to one CPU,
 // in front of an upstream in this process, which moves to the remaining
 // CPUs for the time of the measurement (its affinity is restored after).
-// Two proxy processes run side by side: "off" without tracing and "tracing"
-// exporting every call's span over OTLP/HTTP to a sink in this process.
-// They serve cfg.Requests requests each in cfg.Rounds alternating rounds,
-// each setup going first in turn; the proxy's CPU time over the rounds is
-// read from /proc.
+// Three proxy processes run side by side: "off" without tracing, and
+// "tracing" and "tracing-sdk" exporting every call's span over OTLP/HTTP to
+// a sink in this process, through the direct span pipeline and the SDK's.
+// They serve cfg.Requests requests each in cfg.Rounds rounds, taking turns
+// in an order that rotates each round; the proxy's CPU time over the rounds
+// is read from /proc.
 //
 // When the measurement cannot run (not Linux, no command, a proxy that does
 // not start), the report says why in Skipped and the error is nil. The
 // proxy processes are stopped and waited for before MeasureOneCore returns.
 func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, error) {
 	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
-		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}}
+		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}, SDK: OneCoreSetup{Name: "tracing-sdk"}}
 	if cfg.Requests <= 0 || cfg.Rounds <= 0 || cfg.Clients <= 0 || cfg.Requests < cfg.Rounds {
 		return rep, fmt.Errorf("llmproxy.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
 	}
@@ -228,7 +249,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", err)
 	}
 
-	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing}
+	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing, &rep.SDK}
 	children := make([]*proxyChild, len(setups))
 	defer func() {
 		for _, c := range children {
@@ -239,12 +260,16 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	}()
 	for i, s := range setups {
 		extra := []string(nil)
-		if s.Name == "tracing" {
+		if s != &rep.Off {
 			extra = []string{
 				"OTEL_EXPORTER_OTLP_ENDPOINT=" + sinkURL,
 				"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
 				"OTEL_TRACES_SAMPLER=always_on",
 				"OTEL_SERVICE_NAME=osmo-llmproxy-bench",
+				"OSMO_TRACE_PIPELINE=direct",
+			}
+			if s == &rep.SDK {
+				extra[len(extra)-1] = "OSMO_TRACE_PIPELINE=sdk"
 			}
 		}
 		c, err := startProxyChild(ctx, cfg.Command, upstream+"/v1", extra, pin)
@@ -281,11 +306,8 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		if round < cfg.Requests%cfg.Rounds {
 			n++
 		}
-		order := []int{0, 1}
-		if round%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, i := range order {
+		for k := range setups {
+			i := (round + k) % len(setups)
 			s, c := setups[i], children[i]
 			before, err := procCPU(c.pid())
 			if err != nil {
@@ -430,7 +452,7 @@ func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, upst
 	gogc := ""
 	for _, kv := range base {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "GOMAXPROCS" {
+		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "OSMO_TRACE_PIPELINE" || k == "GOMAXPROCS" {
 			continue
 		}
 		if k == "GOGC" {

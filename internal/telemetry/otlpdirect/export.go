@@ -267,3 +267,13 @@ func (e *HTTPExporter) Shutdown(context.Context) error {
 }
 
 const userAgent = "osmo-otlpdirect"
+
+// Discard is an Exporter that drops every request. Benchmarks put it
+// behind the pipeline to measure what tracing costs the traced process,
+// without a collector's cost mixed in.
+func Discard() Exporter { return discard{} }
+
+type discard struct{}
+
+func (discard) Export(context.Context, []byte) error { return nil }
+func (discard) Shutdown(context.Context) error       { return nil }
