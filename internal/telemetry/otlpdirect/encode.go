@@ -95,11 +95,28 @@ type encoder struct {
 	valueLimit int
 }
 
+// appendTag and appendVarint are protowire's, with the one-byte cases
+// inlined: every field osmo writes but one has a one-byte tag, and most
+// lengths are under 128.
+func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	if num < 16 {
+		return append(b, byte(num)<<3|byte(typ))
+	}
+	return protowire.AppendTag(b, num, typ)
+}
+
+func appendVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
 // appendLen appends a length-delimited field holding size bytes that the
 // caller appends next.
 func appendLen(b []byte, num protowire.Number, size int) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(size))
+	b = appendTag(b, num, protowire.BytesType)
+	return appendVarint(b, uint64(size))
 }
 
 func sizeLen(num protowire.Number, size int) int {
@@ -111,7 +128,7 @@ func sizeLen(num protowire.Number, size int) int {
 // bytes start, for endLen. Messages are encoded in one pass this way; the
 // few longer than 127 bytes are moved to make room for their length.
 func beginLen(b []byte, num protowire.Number) ([]byte, int) {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = appendTag(b, num, protowire.BytesType)
 	return append(b, 0), len(b) + 1
 }
 
@@ -136,23 +153,28 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, validUTF8(s))
+	b = appendTag(b, num, protowire.BytesType)
+	return appendBytes(b, validUTF8(s))
+}
+
+// appendBytes appends a length-prefixed string.
+func appendBytes(b []byte, s string) []byte {
+	return append(appendVarint(b, uint64(len(s))), s...)
 }
 
 func appendUint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	b = appendTag(b, num, protowire.VarintType)
+	return appendVarint(b, v)
 }
 
 func appendFixed64(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
+	b = appendTag(b, num, protowire.Fixed64Type)
 	return protowire.AppendFixed64(b, v)
 }
 
@@ -196,7 +218,7 @@ func (e encoder) appendValue(b []byte, v attribute.Value) []byte {
 		if e.valueLimit >= 0 && len(p) > e.valueLimit {
 			p = p[:e.valueLimit]
 		}
-		b = protowire.AppendTag(b, fieldAnyBytes, protowire.BytesType)
+		b = appendTag(b, fieldAnyBytes, protowire.BytesType)
 		return protowire.AppendBytes(b, p)
 	case attribute.EMPTY:
 		return b
@@ -215,28 +237,28 @@ func (e encoder) appendValue(b []byte, v attribute.Value) []byte {
 	case attribute.SLICE:
 		return appendArray(b, v.AsSlice(), e.appendValue)
 	}
-	b = protowire.AppendTag(b, fieldAnyString, protowire.BytesType)
-	return protowire.AppendString(b, "INVALID")
+	b = appendTag(b, fieldAnyString, protowire.BytesType)
+	return appendBytes(b, "INVALID")
 }
 
 func appendBool(b []byte, v bool) []byte {
-	b = protowire.AppendTag(b, fieldAnyBool, protowire.VarintType)
-	return protowire.AppendVarint(b, protowire.EncodeBool(v))
+	b = appendTag(b, fieldAnyBool, protowire.VarintType)
+	return appendVarint(b, protowire.EncodeBool(v))
 }
 
 func appendInt(b []byte, v int64) []byte {
-	b = protowire.AppendTag(b, fieldAnyInt, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(v))
+	b = appendTag(b, fieldAnyInt, protowire.VarintType)
+	return appendVarint(b, uint64(v))
 }
 
 func appendDouble(b []byte, v float64) []byte {
-	b = protowire.AppendTag(b, fieldAnyDouble, protowire.Fixed64Type)
+	b = appendTag(b, fieldAnyDouble, protowire.Fixed64Type)
 	return protowire.AppendFixed64(b, math.Float64bits(v))
 }
 
 func (e encoder) appendStringValue(b []byte, s string) []byte {
-	b = protowire.AppendTag(b, fieldAnyString, protowire.BytesType)
-	return protowire.AppendString(b, validUTF8(e.truncate(s)))
+	b = appendTag(b, fieldAnyString, protowire.BytesType)
+	return appendBytes(b, validUTF8(e.truncate(s)))
 }
 
 // appendArray appends an ArrayValue of the elements, each an AnyValue
@@ -257,8 +279,8 @@ func (e encoder) appendKeyValues(b []byte, num protowire.Number, kvs []attribute
 	for _, kv := range kvs {
 		var kvStart, vStart int
 		b, kvStart = beginLen(b, num)
-		b = protowire.AppendTag(b, fieldKeyValueKey, protowire.BytesType)
-		b = protowire.AppendString(b, validUTF8(string(kv.Key)))
+		b = appendTag(b, fieldKeyValueKey, protowire.BytesType)
+		b = appendBytes(b, validUTF8(string(kv.Key)))
 		b, vStart = beginLen(b, fieldKeyValueValue)
 		b = e.appendValue(b, kv.Value)
 		b = endLen(b, vStart)
@@ -278,15 +300,15 @@ func spanFlags(tf trace.TraceFlags, parentRemote bool) uint32 {
 // appendSpan appends the fields of s's Span message.
 func (e encoder) appendSpan(b []byte, s *span) []byte {
 	tid, sid := s.sc.TraceID(), s.sc.SpanID()
-	b = protowire.AppendTag(b, fieldSpanTraceID, protowire.BytesType)
+	b = appendTag(b, fieldSpanTraceID, protowire.BytesType)
 	b = protowire.AppendBytes(b, tid[:])
-	b = protowire.AppendTag(b, fieldSpanSpanID, protowire.BytesType)
+	b = appendTag(b, fieldSpanSpanID, protowire.BytesType)
 	b = protowire.AppendBytes(b, sid[:])
 	if ts := s.sc.TraceState(); ts.Len() > 0 {
 		b = appendString(b, fieldSpanTraceState, ts.String())
 	}
 	if psid := s.parent.SpanID(); psid.IsValid() {
-		b = protowire.AppendTag(b, fieldSpanParentSpanID, protowire.BytesType)
+		b = appendTag(b, fieldSpanParentSpanID, protowire.BytesType)
 		b = protowire.AppendBytes(b, psid[:])
 	}
 	b = appendString(b, fieldSpanName, s.name)
@@ -331,22 +353,22 @@ func (e encoder) appendSpan(b []byte, s *span) []byte {
 	}
 	b = appendUint(b, fieldStatusCode, code)
 	b = endLen(b, start)
-	b = protowire.AppendTag(b, fieldSpanFlags, protowire.Fixed32Type)
+	b = appendTag(b, fieldSpanFlags, protowire.Fixed32Type)
 	return protowire.AppendFixed32(b, spanFlags(s.sc.TraceFlags(), s.parent.IsRemote()))
 }
 
 func (e encoder) appendLink(b []byte, l *link) []byte {
 	tid, sid := l.sc.TraceID(), l.sc.SpanID()
-	b = protowire.AppendTag(b, fieldLinkTraceID, protowire.BytesType)
+	b = appendTag(b, fieldLinkTraceID, protowire.BytesType)
 	b = protowire.AppendBytes(b, tid[:])
-	b = protowire.AppendTag(b, fieldLinkSpanID, protowire.BytesType)
+	b = appendTag(b, fieldLinkSpanID, protowire.BytesType)
 	b = protowire.AppendBytes(b, sid[:])
 	if ts := l.sc.TraceState(); ts.Len() > 0 {
 		b = appendString(b, fieldLinkTraceState, ts.String())
 	}
 	b = e.appendKeyValues(b, fieldLinkAttributes, l.attrs)
 	b = appendUint(b, fieldLinkDroppedAttributesCount, uint64(l.dropped))
-	b = protowire.AppendTag(b, fieldLinkFlags, protowire.Fixed32Type)
+	b = appendTag(b, fieldLinkFlags, protowire.Fixed32Type)
 	return protowire.AppendFixed32(b, spanFlags(l.sc.TraceFlags(), l.sc.IsRemote()))
 }
 

@@ -198,7 +198,9 @@ func (tp *TracerProvider) putAttrs(p *[]attribute.KeyValue) {
 	if cap(*p) > 256 {
 		return
 	}
-	clear((*p)[:cap(*p)]) // drop references to strings
+	// Drop references to strings. Past the length the array is zero
+	// already: append zeroes what it grows, and dedupe what it drops.
+	clear(*p)
 	*p = (*p)[:0]
 	tp.attrPool.Put(p)
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -22,8 +23,10 @@ type span struct {
 	embedded.Span
 	tracer *tracer
 
-	mu            sync.Mutex
-	ended         bool
+	mu sync.Mutex
+	// ended is set under mu, and read without it by IsRecording: the proxy
+	// asks before building the attributes of every call.
+	ended         atomic.Bool
 	sc, parent    trace.SpanContext
 	name          string
 	kind          trace.SpanKind
@@ -53,18 +56,14 @@ type link struct {
 
 func (s *span) SpanContext() trace.SpanContext { return s.sc }
 
-func (s *span) IsRecording() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.ended
-}
+func (s *span) IsRecording() bool { return !s.ended.Load() }
 
 func (s *span) TracerProvider() trace.TracerProvider { return s.tracer.tp }
 
 func (s *span) SetName(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	if !s.ended.Load() {
 		s.name = name
 	}
 }
@@ -74,7 +73,7 @@ func (s *span) SetName(name string) {
 func (s *span) SetStatus(code codes.Code, description string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended || s.status.Code > code {
+	if s.ended.Load() || s.status.Code > code {
 		return
 	}
 	s.status = sdktrace.Status{Code: code}
@@ -89,7 +88,7 @@ func (s *span) SetAttributes(kvs ...attribute.KeyValue) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	if !s.ended.Load() {
 		s.setAttributes(kvs)
 	}
 }
@@ -178,7 +177,7 @@ func (s *span) AddEvent(name string, opts ...trace.EventOption) {
 	ev.attrs, ev.dropped = s.limitAttrs(c.Attributes(), s.tracer.tp.limits.AttributePerEventCountLimit)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended {
+	if s.ended.Load() {
 		return
 	}
 	// Over the limit, the oldest events go.
@@ -235,7 +234,7 @@ func typeString(v any) string {
 func (s *span) AddLink(l trace.Link) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	if !s.ended.Load() {
 		s.addLink(l)
 	}
 }
@@ -271,11 +270,11 @@ func (s *span) End(opts ...trace.SpanEndOption) {
 		}
 	}
 	s.mu.Lock()
-	if s.ended {
+	if s.ended.Load() {
 		s.mu.Unlock()
 		return
 	}
-	s.ended = true
+	s.ended.Store(true)
 	s.end = end
 	s.attrs = dedupe(s.attrs)
 	tp := s.tracer.tp
