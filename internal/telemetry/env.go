@@ -182,15 +182,15 @@ func readConfig(defaultServiceName string, getenv func(string) string) (*config,
 // variables (the signal's own winning): a CA bundle to trust, and a client
 // certificate and key for mutual TLS. Nil when none is set.
 func readTLS(getenv func(string) string) (*tls.Config, error) {
-	get := func(name string) (string, string) {
-		if v := strings.TrimSpace(getenv("OTEL_EXPORTER_OTLP_TRACES_" + name)); v != "" {
-			return "OTEL_EXPORTER_OTLP_TRACES_" + name, v
+	get := func(traces, base string) (string, string) {
+		if v := strings.TrimSpace(getenv(traces)); v != "" {
+			return traces, v
 		}
-		return "OTEL_EXPORTER_OTLP_" + name, strings.TrimSpace(getenv("OTEL_EXPORTER_OTLP_" + name))
+		return base, strings.TrimSpace(getenv(base))
 	}
-	caVar, ca := get("CERTIFICATE")
-	certVar, cert := get("CLIENT_CERTIFICATE")
-	keyVar, key := get("CLIENT_KEY")
+	caVar, ca := get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+	certVar, cert := get("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")
+	keyVar, key := get("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY")
 	if ca == "" && cert == "" && key == "" {
 		return nil, nil
 	}
