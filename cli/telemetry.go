@@ -25,9 +25,6 @@ const (
 // shutdownTelemetryTimeout bounds flushing the last spans at exit.
 const shutdownTelemetryTimeout = 10 * time.Second
 
-// setupTelemetry configures tracing from the environment for a command
-// whose service is named service. The returned func flushes and stops it;
-// call it once everything that makes spans has stopped.
 // start builds a command's logger and its telemetry for service; the
 // returned func flushes traces and must run before the command returns.
 func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Logger, *telemetry.Telemetry, func(), error) {
@@ -42,6 +39,10 @@ func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Log
 	return log, tel, stop, nil
 }
 
+// setupTelemetry configures tracing from the environment for a command
+// whose service is named service; failed exports are logged to log. The
+// returned func flushes and stops it; call it once everything that makes
+// spans has stopped.
 func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
 	tel, err := telemetry.Setup(ctx, service, e.getenv)
 	if err != nil {
@@ -50,6 +51,7 @@ func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service strin
 		}
 		return nil, nil, err
 	}
+	tel.LogErrorsTo(log)
 	if tel.Enabled() {
 		log.Info("tracing on", "service", tel.ServiceName(), "exporter", tel.Endpoint(), "capture_content", tel.CaptureContent())
 	}

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -29,8 +28,9 @@ func defaultBatchConfig() batchConfig {
 // runs). Here ending a span is an append under a mutex, and the goroutine
 // wakes once per batch or per schedule delay.
 type batcher struct {
-	exp sdktrace.SpanExporter
-	cfg batchConfig
+	exp     sdktrace.SpanExporter
+	cfg     batchConfig
+	onError func(error) // failed exports and dropped spans
 
 	mu      sync.Mutex
 	queue   []sdktrace.ReadOnlySpan
@@ -43,14 +43,15 @@ type batcher struct {
 	done     chan struct{}
 }
 
-func newBatcher(exp sdktrace.SpanExporter, cfg batchConfig) *batcher {
+func newBatcher(exp sdktrace.SpanExporter, cfg batchConfig, onError func(error)) *batcher {
 	b := &batcher{
-		exp:   exp,
-		cfg:   cfg,
-		queue: make([]sdktrace.ReadOnlySpan, 0, cfg.maxBatch),
-		kick:  make(chan struct{}, 1),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		exp:     exp,
+		cfg:     cfg,
+		onError: onError,
+		queue:   make([]sdktrace.ReadOnlySpan, 0, cfg.maxBatch),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	go b.run()
 	return b
@@ -95,7 +96,7 @@ func (b *batcher) run() {
 		case <-t.C:
 		}
 		if err := b.export(context.Background()); err != nil {
-			otel.Handle(err)
+			b.onError(err)
 		}
 		t.Reset(b.cfg.delay)
 	}

@@ -53,7 +53,7 @@ func TestBatcher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	exp := &countingExporter{}
-	b := newBatcher(exp, batchConfig{delay: time.Hour, timeout: time.Second, maxQueue: 3, maxBatch: 2})
+	b := newBatcher(exp, batchConfig{delay: time.Hour, timeout: time.Second, maxQueue: 3, maxBatch: 2}, func(error) {})
 
 	b.OnEnd(span(false)) // not sampled: not exported
 	for range 5 {

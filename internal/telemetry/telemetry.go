@@ -14,7 +14,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -47,6 +49,10 @@ type Telemetry struct {
 	// pipeline's, nil as well when OSMO_TRACE_PIPELINE=sdk.
 	exporter sdktrace.SpanExporter
 	direct   otlpdirect.Exporter
+
+	// errorLog, when set, is where failed exports are reported; otherwise
+	// the OpenTelemetry error handler.
+	errorLog atomic.Pointer[slog.Logger]
 
 	mu        sync.Mutex
 	providers map[string]*sdktrace.TracerProvider
@@ -140,6 +146,19 @@ func newExporter(ctx context.Context, cfg *config) (sdktrace.SpanExporter, error
 	}
 }
 
+// LogErrorsTo reports failed exports and dropped spans to log, as
+// warnings, instead of the OpenTelemetry error handler (which prints to
+// stderr).
+func (t *Telemetry) LogErrorsTo(log *slog.Logger) { t.errorLog.Store(log) }
+
+func (t *Telemetry) exportFailed(err error) {
+	if log := t.errorLog.Load(); log != nil {
+		log.Warn("tracing: spans were not exported", "error", err)
+		return
+	}
+	otel.Handle(err)
+}
+
 // Enabled reports whether spans are exported.
 func (t *Telemetry) Enabled() bool { return t.exporter != nil }
 
@@ -184,7 +203,7 @@ func (t *Telemetry) ServiceTracerProvider(serviceName string) trace.TracerProvid
 	if tp, ok := t.providers[serviceName]; ok {
 		return tp
 	}
-	tp := newTracerProvider(sharedExporter{t.exporter}, t.resource(serviceName), t.cfg.sampler, t.cfg.batch)
+	tp := newTracerProvider(sharedExporter{t.exporter}, t.resource(serviceName), t.cfg.sampler, t.cfg.batch, t.exportFailed)
 	t.providers[serviceName] = tp
 	return tp
 }
@@ -218,7 +237,7 @@ func (t *Telemetry) DirectTracerProvider(serviceName string) trace.TracerProvide
 			MaxQueue: t.cfg.batch.maxQueue, MaxBatch: t.cfg.batch.maxBatch,
 		},
 		StartAttributes: baggageIDs,
-		OnError:         otel.Handle,
+		OnError:         t.exportFailed,
 	})
 	t.directs[serviceName] = tp
 	return tp
@@ -240,17 +259,17 @@ func (t *Telemetry) resource(serviceName string) *resource.Resource {
 // processor (default OTEL_BSP_* settings) in front of exporter. Setup
 // builds its providers the same way; tests and benchmarks may use it too.
 func NewTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler) *sdktrace.TracerProvider {
-	return newTracerProvider(exporter, res, sampler, defaultBatchConfig())
+	return newTracerProvider(exporter, res, sampler, defaultBatchConfig(), otel.Handle)
 }
 
-func newTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler, bc batchConfig) *sdktrace.TracerProvider {
+func newTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler, bc batchConfig, onError func(error)) *sdktrace.TracerProvider {
 	if sampler == nil {
 		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
 	}
 	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithSampler(sampler),
 		sdktrace.WithSpanProcessor(BaggageAttributes()),
-		sdktrace.WithSpanProcessor(newBatcher(exporter, bc)),
+		sdktrace.WithSpanProcessor(newBatcher(exporter, bc, onError)),
 	}
 	if res != nil {
 		opts = append(opts, sdktrace.WithResource(res))

@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -488,5 +490,57 @@ func TestDirectPipelineTLS(t *testing.T) {
 	}
 	if got.Load() != 1 {
 		t.Errorf("%d exports reached the https collector, want 1", got.Load())
+	}
+}
+
+// lockedBuffer is a log destination safe for the exporting goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestExportErrorsAreLogged: an export the collector refuses is a warning
+// in the command's log, from either span pipeline.
+func TestExportErrorsAreLogged(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no such tenant", http.StatusBadRequest)
+	}))
+	defer srv.Close()
+	for _, pipeline := range []string{"direct", "sdk"} {
+		t.Run(pipeline, func(t *testing.T) {
+			ctx := testContext(t)
+			tel, err := telemetry.Setup(ctx, "osmo-test", getenv(map[string]string{
+				"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL, "OTEL_BSP_SCHEDULE_DELAY": "10", "OSMO_TRACE_PIPELINE": pipeline}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tel.Shutdown(ctx)
+			var out lockedBuffer
+			tel.LogErrorsTo(slog.New(slog.NewJSONHandler(&out, nil)))
+			_, span := tel.DirectTracerProvider("osmo-proxy").Tracer("test").Start(ctx, "refused")
+			span.End()
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(out.String(), "spans were not exported") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no warning logged; log: %s", out.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if !strings.Contains(out.String(), `"level":"WARN"`) || !strings.Contains(out.String(), "400") {
+				t.Errorf("log %s: want a warning naming the collector's status", out.String())
+			}
+		})
 	}
 }
