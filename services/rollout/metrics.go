@@ -20,7 +20,7 @@ type metrics struct {
 	rewards       prometheus.Histogram
 	callbacks     *prometheus.CounterVec
 	callbackFails prometheus.Counter
-	rejected      prometheus.Counter
+	rejected      *prometheus.CounterVec
 	llmDuration   *prometheus.HistogramVec
 	llmTTFT       prometheus.Histogram
 	tokens        *prometheus.CounterVec
@@ -61,9 +61,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		callbackFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osmo_callback_failures_total", Help: "Callbacks that could not be delivered after every retry.",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "osmo_rollouts_rejected_total", Help: "G2 rollouts refused with 429 because the server was at capacity.",
-		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_rollouts_rejected_total", Help: "Rollout starts refused, by reason: invalid (the request failed validation, G1 or G2), capacity (G2, 429 at capacity).",
+		}, []string{"reason"}),
 		llmDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_llm_call_duration_seconds", Help: "LLM calls through the proxy, by HTTP status answered.",
 			Buckets: latencyBuckets,
@@ -76,12 +76,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "osmo_llm_tokens_total", Help: "Tokens reported by the policy, by direction (input, output).",
 		}, []string{"direction"}),
 	}
+	// Both reasons show from the start, at zero, for alerts on their rate.
+	for _, reason := range []string{rejectInvalid, rejectCapacity} {
+		m.rejected.WithLabelValues(reason)
+	}
 	if reg != nil {
 		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
 			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens)
 	}
 	return m
 }
+
+// Reasons of osmo_rollouts_rejected_total.
+const (
+	rejectInvalid  = "invalid"
+	rejectCapacity = "capacity"
+)
 
 func (m *metrics) llmCall(c *llmproxy.Call) {
 	m.llmDuration.WithLabelValues(strconv.Itoa(c.StatusCode)).Observe(c.Latency.Seconds())

@@ -232,6 +232,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the AgentWorkflow %q: start rollouts with POST /rollout (G2), not /v1/rollout/init", s.cfg.Workflow.Name())
 	}
 	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
+		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
 		return nil, err
 	}
 	key := req.GetRolloutId()

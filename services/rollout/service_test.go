@@ -746,6 +746,9 @@ func TestMetrics(t *testing.T) {
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "m-1", 4, 5, "20")); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := h.client.InitRollout(context.Background(), &rolloutv1.InitRolloutRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("empty init: %v, want InvalidArgument", err)
+	}
 	h.wait(t, "m-1")
 	h.waitFinished(t, "m-1")
 	for _, tc := range []struct {
@@ -759,6 +762,8 @@ func TestMetrics(t *testing.T) {
 		{"osmo_callback_attempts_total", []string{"ok"}, 1},
 		{"osmo_rollouts_running", nil, 0},
 		{"osmo_rollouts_queued", nil, 0},
+		{"osmo_rollouts_rejected_total", []string{"invalid"}, 1},
+		{"osmo_rollouts_rejected_total", []string{"capacity"}, 0},
 	} {
 		got, err := gatherValue(reg, tc.name, tc.labels...)
 		if err != nil || got != tc.want {

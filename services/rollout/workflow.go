@@ -50,6 +50,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the agent loop %q: start rollouts with POST /v1/rollout/init (G1), not /rollout", s.cfg.AgentLoop.Name())
 	}
 	if err := validateStart(req, s.cfg.MaxMetadataBytes); err != nil {
+		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
 		s.reportRejected(ctx, req, err)
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	s.admitMu.Lock()
 	if s.queuedG2.Load() >= int64(s.cfg.MaxQueued) && s.store.get(rec.id) == nil {
 		s.admitMu.Unlock()
-		s.metrics.rejected.Inc()
+		s.metrics.rejected.WithLabelValues(rejectCapacity).Inc()
 		st, _ := status.New(codes.ResourceExhausted, fmt.Sprintf("at capacity: %d rollouts running and %d queued; retry later", s.runningG2.Load(), s.queuedG2.Load())).
 			WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 		return nil, st.Err()

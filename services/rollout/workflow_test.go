@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -862,7 +863,8 @@ func TestG2CallbackDelivery(t *testing.T) {
 
 func TestG2Capacity(t *testing.T) {
 	b := newBlockingWorkflow()
-	h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued = 1, 1 }})
+	reg := prometheus.NewRegistry()
+	h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued, c.Metrics = 1, 1, reg }})
 	ctx := context.Background()
 	h.start(t, h.startReq(t, "cap-a"))
 	b.waitStarted(t, "cap-a")
@@ -882,6 +884,11 @@ func TestG2Capacity(t *testing.T) {
 	}
 	if retry == nil || retry.GetRetryDelay().AsDuration() != 5*time.Second {
 		t.Fatalf("RetryInfo = %v, want a 5s retry delay", retry)
+	}
+	for reason, want := range map[string]float64{"capacity": 1, "invalid": 0} {
+		if got, err := gatherValue(reg, "osmo_rollouts_rejected_total", reason); err != nil || got != want {
+			t.Errorf("osmo_rollouts_rejected_total{reason=%q} = %v (%v), want %v", reason, got, err, want)
+		}
 	}
 	if s := h.status(t, "cap-c"); s.GetStatus() != "unknown" {
 		t.Errorf("a refused start was admitted: %v", s)

@@ -25,6 +25,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -69,6 +70,8 @@ type TracerProvider struct {
 	startFn  func(context.Context) []attribute.KeyValue
 	batch    *batcher
 	attrPool sync.Pool // *[]attribute.KeyValue
+	// stopped is set by Shutdown; spans started afterwards do not record.
+	stopped atomic.Bool
 
 	mu      sync.Mutex
 	tracers map[tracerKey]*tracer
@@ -121,7 +124,10 @@ func (tp *TracerProvider) ForceFlush(ctx context.Context) error { return tp.batc
 
 // Shutdown exports what is pending and stops the pipeline; spans that end
 // afterwards are dropped. It does not shut the exporter down.
-func (tp *TracerProvider) Shutdown(ctx context.Context) error { return tp.batch.shutdown(ctx) }
+func (tp *TracerProvider) Shutdown(ctx context.Context) error {
+	tp.stopped.Store(true)
+	return tp.batch.shutdown(ctx)
+}
 
 type tracer struct {
 	embedded.Tracer
@@ -142,6 +148,12 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 	} else {
 		parent = trace.SpanContextFromContext(ctx)
 	}
+	tp := t.tp
+	if tp.stopped.Load() {
+		// As the SDK's after shutdown: the parent's context, not recorded.
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	var tid trace.TraceID
 	if parent.IsValid() {
 		tid = parent.TraceID()
@@ -149,7 +161,6 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 		tid = newTraceID()
 	}
 	kind := trace.ValidateSpanKind(cfg.SpanKind())
-	tp := t.tp
 	res := tp.sampler.ShouldSample(sdktrace.SamplingParameters{
 		ParentContext: ctx, TraceID: tid, Name: name, Kind: kind,
 		Attributes: cfg.Attributes(), Links: cfg.Links(),

@@ -216,6 +216,9 @@ func TestBatching(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, late := tr.Start(ctx, "late")
+		if late.IsRecording() {
+			t.Error("a span started after Shutdown records")
+		}
 		late.End()
 		if err := tp.ForceFlush(ctx); err != nil {
 			t.Fatal(err)
