@@ -495,6 +495,7 @@ func TestValidation(t *testing.T) {
 		{"no completion_params", func(r *rolloutv1.InitRolloutRequest) { r.CompletionParams = nil }, "completion_params"},
 		{"zero max_turns", func(r *rolloutv1.InitRolloutRequest) { r.MaxTurns = proto.Int32(0) }, "max_turns"},
 		{"negative max_tokens_total", func(r *rolloutv1.InitRolloutRequest) { r.MaxTokensTotal = proto.Int32(-1) }, "max_tokens_total"},
+		{"api_key with a line break", func(r *rolloutv1.InitRolloutRequest) { r.ApiKey = proto.String("k\nX-Injected: 1") }, "api_key"},
 		{"metadata too large", func(r *rolloutv1.InitRolloutRequest) {
 			r.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{"blob": structpb.NewStringValue(big)}}
 		}, "metadata"},

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"golang.org/x/net/http/httpguts"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -50,7 +51,20 @@ func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int) error
 			return err
 		}
 	}
+	if err := validateHeaderValue("api_key", req.GetApiKey()); err != nil {
+		return err
+	}
 	return validateMetadata(req.Metadata, maxMetadataBytes)
+}
+
+// validateHeaderValue checks a key that goes out as an Authorization
+// header, on the callbacks and to the policy: one that cannot be a header
+// value would fail every delivery, after the rollout ran.
+func validateHeaderValue(field, v string) error {
+	if !httpguts.ValidHeaderFieldValue(v) {
+		return badField(field, "must be usable as an HTTP header value: no control characters such as CR or LF")
+	}
+	return nil
 }
 
 func validateID(field, v string) error {
@@ -105,6 +119,9 @@ func validateStart(req *rolloutv1.StartRolloutRequest, maxMetadataBytes int) err
 	}
 	if req.ControllerApiKey != nil && strings.TrimSpace(req.GetControllerApiKey()) == "" {
 		return badField("controller_api_key", "must not be blank: omit it (or send null) for no key")
+	}
+	if err := validateHeaderValue("controller_api_key", req.GetControllerApiKey()); err != nil {
+		return err
 	}
 	for _, t := range []struct {
 		field string

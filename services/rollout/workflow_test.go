@@ -425,6 +425,7 @@ func TestG2StartValidation(t *testing.T) {
 		{"long id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = strings.Repeat("a", 257) }, "rollout_id"},
 		{"empty controller_api_key", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String("") }, "controller_api_key"},
 		{"blank controller_api_key", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String(" ") }, "controller_api_key"},
+		{"controller_api_key with a line break", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String("k\r\nX-Injected: 1") }, "controller_api_key"},
 		{"negative agent_timeout_sec", func(r *rolloutv1.StartRolloutRequest) { r.AgentTimeoutSec = proto.Float64(-1) }, "agent_timeout_sec"},
 		{"zero agent_timeout_sec", func(r *rolloutv1.StartRolloutRequest) { r.AgentTimeoutSec = proto.Float64(0) }, "agent_timeout_sec"},
 		{"NaN grader_timeout_sec", func(r *rolloutv1.StartRolloutRequest) { r.GraderTimeoutSec = proto.Float64(math.NaN()) }, "grader_timeout_sec"},
