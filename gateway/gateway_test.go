@@ -1,13 +1,10 @@
 package gateway_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -18,6 +15,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
+	"github.com/osmo-rl/osmo/internal/logtest"
 )
 
 func TestNewValidatesConfig(t *testing.T) {
@@ -39,37 +37,8 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// records returns the JSON log records written so far.
-func (b *syncBuffer) records(t *testing.T) []map[string]any {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	dec := json.NewDecoder(bytes.NewReader(b.buf.Bytes()))
-	for dec.More() {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			t.Fatalf("log record: %v", err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
 func TestFailuresAreLoggedWithRolloutID(t *testing.T) {
-	var logs syncBuffer
+	var logs logtest.Buffer
 	fake := &fakeRollout{errs: map[string]error{"broken": status.Error(codes.Internal, "disk full")}}
 	h := newHarness(t, fake, withLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 
@@ -85,7 +54,11 @@ func TestFailuresAreLoggedWithRolloutID(t *testing.T) {
 	}
 
 	want := map[string]bool{"r-rest": false, "r-connect": false}
-	for _, rec := range logs.records(t) {
+	recs, err := logs.Records()
+	if err != nil {
+		t.Fatalf("log records: %v", err)
+	}
+	for _, rec := range recs {
 		id, _ := rec["rollout_id"].(string)
 		if _, ok := want[id]; !ok {
 			continue

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
@@ -493,24 +493,6 @@ func TestDirectPipelineTLS(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination safe for the exporting goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestExportErrorsAreLogged: an export the collector refuses is a warning
 // in the command's log, from either span pipeline.
 func TestExportErrorsAreLogged(t *testing.T) {
@@ -527,7 +509,7 @@ func TestExportErrorsAreLogged(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tel.Shutdown(ctx)
-			var out lockedBuffer
+			var out logtest.Buffer
 			tel.LogErrorsTo(slog.New(slog.NewJSONHandler(&out, nil)))
 			_, span := tel.DirectTracerProvider("osmo-proxy").Tracer("test").Start(ctx, "refused")
 			span.End()

@@ -11,11 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -682,27 +682,9 @@ func TestUpstreamResponseLimitAndBadRoute(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink safe for the proxy's handler goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestLogsCarryIDs(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", 503) })
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	h := newProxy(t, llmproxy.Config{
 		Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base}),
 		Retry:  llmproxy.RetryPolicy{MaxRetries: 1, BaseDelay: time.Millisecond},

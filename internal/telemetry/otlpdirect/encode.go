@@ -54,9 +54,6 @@ const (
 	fieldEventAttributes             = 3
 	fieldEventDroppedAttributesCount = 4
 
-	fieldLinkTraceID                = 1
-	fieldLinkSpanID                 = 2
-	fieldLinkTraceState             = 3
 	fieldLinkAttributes             = 4
 	fieldLinkDroppedAttributesCount = 5
 	fieldLinkFlags                  = 6
@@ -297,16 +294,23 @@ func spanFlags(tf trace.TraceFlags, parentRemote bool) uint32 {
 	return f
 }
 
-// appendSpan appends the fields of s's Span message.
-func (e encoder) appendSpan(b []byte, s *span) []byte {
-	tid, sid := s.sc.TraceID(), s.sc.SpanID()
+// appendIDs appends trace_id, span_id and trace_state, which Span and
+// Span.Link number alike.
+func appendIDs(b []byte, sc trace.SpanContext) []byte {
+	tid, sid := sc.TraceID(), sc.SpanID()
 	b = appendTag(b, fieldSpanTraceID, protowire.BytesType)
 	b = protowire.AppendBytes(b, tid[:])
 	b = appendTag(b, fieldSpanSpanID, protowire.BytesType)
 	b = protowire.AppendBytes(b, sid[:])
-	if ts := s.sc.TraceState(); ts.Len() > 0 {
+	if ts := sc.TraceState(); ts.Len() > 0 {
 		b = appendString(b, fieldSpanTraceState, ts.String())
 	}
+	return b
+}
+
+// appendSpan appends the fields of s's Span message.
+func (e encoder) appendSpan(b []byte, s *span) []byte {
+	b = appendIDs(b, s.sc)
 	if psid := s.parent.SpanID(); psid.IsValid() {
 		b = appendTag(b, fieldSpanParentSpanID, protowire.BytesType)
 		b = protowire.AppendBytes(b, psid[:])
@@ -358,14 +362,7 @@ func (e encoder) appendSpan(b []byte, s *span) []byte {
 }
 
 func (e encoder) appendLink(b []byte, l *link) []byte {
-	tid, sid := l.sc.TraceID(), l.sc.SpanID()
-	b = appendTag(b, fieldLinkTraceID, protowire.BytesType)
-	b = protowire.AppendBytes(b, tid[:])
-	b = appendTag(b, fieldLinkSpanID, protowire.BytesType)
-	b = protowire.AppendBytes(b, sid[:])
-	if ts := l.sc.TraceState(); ts.Len() > 0 {
-		b = appendString(b, fieldLinkTraceState, ts.String())
-	}
+	b = appendIDs(b, l.sc)
 	b = e.appendKeyValues(b, fieldLinkAttributes, l.attrs)
 	b = appendUint(b, fieldLinkDroppedAttributesCount, uint64(l.dropped))
 	b = appendTag(b, fieldLinkFlags, protowire.Fixed32Type)

@@ -180,18 +180,22 @@ func (s *span) AddEvent(name string, opts ...trace.EventOption) {
 	if s.ended.Load() {
 		return
 	}
-	// Over the limit, the oldest events go.
-	limit := s.tracer.tp.limits.EventCountLimit
+	s.events = appendEvicting(s.events, ev, s.tracer.tp.limits.EventCountLimit, &s.droppedEvents)
+}
+
+// appendEvicting appends x to q, which holds limit items at most (-1: no
+// limit): over it, the oldest goes, and dropped counts it.
+func appendEvicting[T any](q []T, x T, limit int, dropped *int) []T {
 	if limit == 0 {
-		s.droppedEvents++
-		return
+		*dropped++
+		return q
 	}
-	if limit > 0 && len(s.events) >= limit {
-		copy(s.events, s.events[1:])
-		s.events = s.events[:len(s.events)-1]
-		s.droppedEvents++
+	if limit > 0 && len(q) >= limit {
+		copy(q, q[1:])
+		q = q[:len(q)-1]
+		*dropped++
 	}
-	s.events = append(s.events, ev)
+	return append(q, x)
 }
 
 // limitAttrs keeps the first limit attributes of an event or a link. Like
@@ -245,17 +249,7 @@ func (s *span) addLink(l trace.Link) {
 	}
 	lk := link{sc: l.SpanContext}
 	lk.attrs, lk.dropped = s.limitAttrs(l.Attributes, s.tracer.tp.limits.AttributePerLinkCountLimit)
-	limit := s.tracer.tp.limits.LinkCountLimit
-	if limit == 0 {
-		s.droppedLinks++
-		return
-	}
-	if limit > 0 && len(s.links) >= limit {
-		copy(s.links, s.links[1:])
-		s.links = s.links[:len(s.links)-1]
-		s.droppedLinks++
-	}
-	s.links = append(s.links, lk)
+	s.links = appendEvicting(s.links, lk, s.tracer.tp.limits.LinkCountLimit, &s.droppedLinks)
 }
 
 // End ends the span and, when it is sampled, encodes it for export. Only
