@@ -107,7 +107,7 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 // while Run is running.
 //
 // Unless req has a trace_context already, the trace context of ctx (its
-// span and baggage) is sent in it.
+// span and baggage) is sent in it. The client sets request_id itself.
 func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
@@ -120,6 +120,7 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 		// A copy: the caller may reuse req once Grade returns, while the
 		// request may still be resent.
 		sent := proto.Clone(req).(*graderv1.GradeRequest)
+		sent.RequestId = c.seq
 		if len(sent.GetTraceContext()) == 0 {
 			carrier := propagation.MapCarrier{}
 			c.prop.Inject(ctx, carrier)
@@ -278,14 +279,17 @@ func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	}
 }
 
-// deliver hands resp to the call pending for its rollout.
+// deliver hands resp to the call pending for its rollout, if it answers
+// that call's request: the answer to a request abandoned since may arrive
+// while a newer one for the same rollout id waits. An answer without a
+// request id (a grader that does not echo it) goes by rollout id alone.
 func (c *Client) deliver(resp *graderv1.GradeResponse) {
 	rid := resp.GetRolloutId()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cl := c.pending[rid]
-	if cl == nil {
-		c.log.Debug("grade answer for no pending request", "rollout_id", rid)
+	if cl == nil || (resp.GetRequestId() != 0 && resp.GetRequestId() != cl.req.GetRequestId()) {
+		c.log.Debug("grade answer for no pending request", "rollout_id", rid, "request_id", resp.GetRequestId())
 		return
 	}
 	c.finish(cl, resp, nil)

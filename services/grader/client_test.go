@@ -373,3 +373,65 @@ func freeAddr(t *testing.T) string {
 	ln.Close()
 	return addr
 }
+
+// TestClientIgnoresTheAnswerOfAnAbandonedRequest: a caller gives up on a
+// rollout's grading, a newer request for the same rollout id follows (a
+// rollout reusing the id), and the first request's answer arrives while
+// the newer one waits. It must not be taken for the newer one's.
+func TestClientIgnoresTheAnswerOfAnAbandonedRequest(t *testing.T) {
+	releaseOld, releaseNew := make(chan struct{}), make(chan struct{})
+	oldGraded := make(chan struct{})
+	c := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
+		label := ""
+		if gc.Label != nil {
+			label = *gc.Label
+		}
+		reward := 2.0
+		if label == "old" {
+			<-releaseOld
+			reward = 1
+			defer close(oldGraded)
+		} else {
+			<-releaseNew
+		}
+		for id := range gc.Samples {
+			if err := gc.SetSampleReward(id, reward); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	client := startClient(t, dial(t, ts.addr))
+
+	short, cancel := context.WithCancel(testContext(t))
+	abandoned := make(chan error, 1)
+	go func() {
+		_, err := client.Grade(short, gradeReq(t, "r1", "old", "a"))
+		abandoned <- err
+	}()
+	waitFor(t, "the old request being graded", func() bool { return c.count() == 1 })
+	cancel()
+	if err := <-abandoned; err == nil {
+		t.Fatal("the abandoned Grade returned no error")
+	}
+
+	answer := make(chan result, 1)
+	go func() {
+		resp, err := client.Grade(testContext(t), gradeReq(t, "r1", "new", "a"))
+		answer <- result{0, resp, err}
+	}()
+	waitFor(t, "the new request waiting", func() bool { return grader.PendingWaiters(client, "r1") == 1 })
+	close(releaseOld) // the old answer arrives first
+	<-oldGraded
+	select {
+	case r := <-answer:
+		t.Fatalf("the new request took an answer before its own was graded: %v %v", r.resp, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(releaseNew)
+	r := <-answer
+	if r.err != nil || r.resp.GetGrades()[0].GetReward() != 2 {
+		t.Fatalf("the new request's answer: %v %v, want reward 2", r.resp, r.err)
+	}
+}

@@ -216,7 +216,8 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 				switch st.Code() {
 				case codes.InvalidArgument:
 					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
-					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(), Error: "invalid request: " + st.Message(), ErrorCategory: categoryValidation}
+					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
+						Error: "invalid request: " + st.Message(), ErrorCategory: categoryValidation}
 				case codes.Unavailable:
 					// Closing: end the stream so the client reconnects and resends.
 					cancel(err)
@@ -314,7 +315,9 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 			s.metrics.cached.Inc()
 		}
 	}
-	return respond(rid, ids, found), nil
+	resp := respond(rid, ids, found)
+	resp.RequestId = req.GetRequestId()
+	return resp, nil
 }
 
 // flightResult is what one grading pass of a rollout offers its waiters:

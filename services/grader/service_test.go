@@ -187,9 +187,14 @@ func TestGraderContextFromRequest(t *testing.T) {
 			Id: "agent", Messages: []*structpb.Struct{msg}, ExtraFields: extra,
 			AgentReward: proto.Float64(0.5), FinishReason: "stop",
 		}},
+		RequestId: 77,
 	}
-	if _, err := stub(t, ts).Grade(testContext(t), req); err != nil {
+	resp, err := stub(t, ts).Grade(testContext(t), req)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if resp.GetRequestId() != 77 {
+		t.Errorf("answer's request_id %d, want the request's 77", resp.GetRequestId())
 	}
 	if seen == nil || seen.RolloutID != "r1" || seen.Label == nil || *seen.Label != "42" || seen.Metadata["difficulty"] != "hard" {
 		t.Fatalf("context: %+v", seen)

@@ -44,7 +44,13 @@ type GradeRequest struct {
 	TraceContext map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Deadline of this grading when shorter than the service's own (the G2
 	// grader_timeout_sec); unset or 0: the service's.
-	Timeout       *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Set by a GradeStream client to tell its requests apart: the answer
+	// carries it back. A request abandoned by its caller may still be
+	// answered after a newer one for the same rollout id was sent; the id
+	// keeps that late answer from being taken for the newer one's. 0: the
+	// answer is matched by rollout id alone. It plays no part in idempotency.
+	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -128,6 +134,13 @@ func (x *GradeRequest) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *GradeRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
 type GradeResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RolloutId string                 `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
@@ -141,6 +154,8 @@ type GradeResponse struct {
 	// set a non-finite reward or left a sample without one, or the request was
 	// invalid) or agent_error (it failed or panicked).
 	ErrorCategory string `protobuf:"bytes,5,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
+	// The request_id of the request this answers.
+	RequestId     uint64 `protobuf:"varint,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +223,13 @@ func (x *GradeResponse) GetErrorCategory() string {
 		return x.ErrorCategory
 	}
 	return ""
+}
+
+func (x *GradeResponse) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
 }
 
 type SampleGrade struct {
@@ -283,7 +305,7 @@ var File_osmo_grader_v1_grader_proto protoreflect.FileDescriptor
 
 const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\n" +
-	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xa4\x03\n" +
+	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xc3\x03\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x128\n" +
@@ -292,18 +314,22 @@ const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\x12\x16\n" +
 	"\x06grader\x18\x05 \x01(\tR\x06grader\x12S\n" +
 	"\rtrace_context\x18\x06 \x03(\v2..osmo.grader.v1.GradeRequest.TraceContextEntryR\ftraceContext\x123\n" +
-	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a?\n" +
+	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06_label\"\xb8\x01\n" +
+	"\x06_label\"\xd7\x01\n" +
 	"\rGradeResponse\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x123\n" +
 	"\x06grades\x18\x02 \x03(\v2\x1b.osmo.grader.v1.SampleGradeR\x06grades\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
 	"\x06grader\x18\x04 \x01(\tR\x06grader\x12%\n" +
-	"\x0eerror_category\x18\x05 \x01(\tR\rerrorCategory\"\x8f\x01\n" +
+	"\x0eerror_category\x18\x05 \x01(\tR\rerrorCategory\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\x04R\trequestId\"\x8f\x01\n" +
 	"\vSampleGrade\x12\x1b\n" +
 	"\tsample_id\x18\x01 \x01(\tR\bsampleId\x12\x1b\n" +
 	"\x06reward\x18\x02 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12#\n" +
