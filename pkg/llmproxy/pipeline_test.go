@@ -154,4 +154,3 @@ func zeroAttr(kvs []*commonpb.KeyValue, key string) {
 		}
 	}
 }
-
