@@ -7,19 +7,9 @@ import (
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 )
-
-// batchConfig are the OTEL_BSP_* settings, with the specification's defaults.
-type batchConfig struct {
-	delay    time.Duration // OTEL_BSP_SCHEDULE_DELAY: longest a span waits for export
-	timeout  time.Duration // OTEL_BSP_EXPORT_TIMEOUT: bound of one export
-	maxQueue int           // OTEL_BSP_MAX_QUEUE_SIZE: spans held; more are dropped
-	maxBatch int           // OTEL_BSP_MAX_EXPORT_BATCH_SIZE: spans per export
-}
-
-func defaultBatchConfig() batchConfig {
-	return batchConfig{delay: 5 * time.Second, timeout: 30 * time.Second, maxQueue: 2048, maxBatch: 512}
-}
 
 // batcher is a batching span processor. The SDK's own hands every ended
 // span to its export goroutine over a channel, waking that goroutine once
@@ -29,8 +19,8 @@ func defaultBatchConfig() batchConfig {
 // wakes once per batch or per schedule delay.
 type batcher struct {
 	exp     sdktrace.SpanExporter
-	cfg     batchConfig
-	onError func(error) // failed exports and dropped spans
+	cfg     otlpdirect.BatchConfig // with defaults
+	onError func(error)            // failed exports and dropped spans
 
 	mu      sync.Mutex
 	queue   []sdktrace.ReadOnlySpan
@@ -43,12 +33,13 @@ type batcher struct {
 	done     chan struct{}
 }
 
-func newBatcher(exp sdktrace.SpanExporter, cfg batchConfig, onError func(error)) *batcher {
+func newBatcher(exp sdktrace.SpanExporter, cfg otlpdirect.BatchConfig, onError func(error)) *batcher {
+	cfg = cfg.WithDefaults()
 	b := &batcher{
 		exp:     exp,
 		cfg:     cfg,
 		onError: onError,
-		queue:   make([]sdktrace.ReadOnlySpan, 0, cfg.maxBatch),
+		queue:   make([]sdktrace.ReadOnlySpan, 0, cfg.MaxBatch),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -68,13 +59,13 @@ func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
 		b.mu.Unlock()
 		return
 	}
-	if len(b.queue) >= b.cfg.maxQueue {
+	if len(b.queue) >= b.cfg.MaxQueue {
 		b.dropped++
 		b.mu.Unlock()
 		return
 	}
 	b.queue = append(b.queue, s)
-	full := len(b.queue) == b.cfg.maxBatch
+	full := len(b.queue) == b.cfg.MaxBatch
 	b.mu.Unlock()
 	if full {
 		select {
@@ -86,7 +77,7 @@ func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
 
 func (b *batcher) run() {
 	defer close(b.done)
-	t := time.NewTimer(b.cfg.delay)
+	t := time.NewTimer(b.cfg.Delay)
 	defer t.Stop()
 	for {
 		select {
@@ -98,7 +89,7 @@ func (b *batcher) run() {
 		if err := b.export(context.Background()); err != nil {
 			b.onError(err)
 		}
-		t.Reset(b.cfg.delay)
+		t.Reset(b.cfg.Delay)
 	}
 }
 
@@ -108,7 +99,7 @@ func (b *batcher) export(ctx context.Context) error {
 	defer b.exportMu.Unlock()
 	b.mu.Lock()
 	spans := b.queue
-	b.queue = make([]sdktrace.ReadOnlySpan, 0, b.cfg.maxBatch)
+	b.queue = make([]sdktrace.ReadOnlySpan, 0, b.cfg.MaxBatch)
 	dropped := b.dropped
 	b.dropped = 0
 	b.mu.Unlock()
@@ -117,8 +108,8 @@ func (b *batcher) export(ctx context.Context) error {
 		errs = append(errs, errors.New("telemetry: span queue full (OTEL_BSP_MAX_QUEUE_SIZE): spans dropped"))
 	}
 	for len(spans) > 0 {
-		n := min(len(spans), b.cfg.maxBatch)
-		ectx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
+		n := min(len(spans), b.cfg.MaxBatch)
+		ectx, cancel := context.WithTimeout(ctx, b.cfg.ExportTimeout)
 		err := b.exp.ExportSpans(ectx, spans[:n])
 		cancel()
 		if err != nil {

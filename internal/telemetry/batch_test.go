@@ -10,6 +10,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 )
 
 // countingExporter remembers the batches it was given.
@@ -53,7 +55,7 @@ func TestBatcher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	exp := &countingExporter{}
-	b := newBatcher(exp, batchConfig{delay: time.Hour, timeout: time.Second, maxQueue: 3, maxBatch: 2}, func(error) {})
+	b := newBatcher(exp, otlpdirect.BatchConfig{Delay: time.Hour, ExportTimeout: time.Second, MaxQueue: 3, MaxBatch: 2}, func(error) {})
 
 	b.OnEnd(span(false)) // not sampled: not exported
 	for range 5 {

@@ -12,6 +12,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 )
 
 // Protocols of the OTLP exporter.
@@ -41,7 +43,7 @@ type config struct {
 	serviceName    string
 	resource       []attribute.KeyValue // OTEL_RESOURCE_ATTRIBUTES, service.name excluded
 	sampler        sdktrace.Sampler
-	batch          batchConfig
+	batch          otlpdirect.BatchConfig // OTEL_BSP_*, defaults included
 	captureContent bool
 	// gzip, tls: OTEL_EXPORTER_OTLP_COMPRESSION and the certificate
 	// variables, for the direct span pipeline (the SDK's exporters read
@@ -218,17 +220,17 @@ func readTLS(getenv func(string) string) (*tls.Config, error) {
 	return tc, nil
 }
 
-func readBatchConfig(getenv func(string) string) (batchConfig, error) {
-	bc := defaultBatchConfig()
+func readBatchConfig(getenv func(string) string) (otlpdirect.BatchConfig, error) {
+	var bc otlpdirect.BatchConfig
 	for _, v := range []struct {
 		name string
 		ms   *time.Duration
 		n    *int
 	}{
-		{name: "OTEL_BSP_SCHEDULE_DELAY", ms: &bc.delay},
-		{name: "OTEL_BSP_EXPORT_TIMEOUT", ms: &bc.timeout},
-		{name: "OTEL_BSP_MAX_QUEUE_SIZE", n: &bc.maxQueue},
-		{name: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", n: &bc.maxBatch},
+		{name: "OTEL_BSP_SCHEDULE_DELAY", ms: &bc.Delay},
+		{name: "OTEL_BSP_EXPORT_TIMEOUT", ms: &bc.ExportTimeout},
+		{name: "OTEL_BSP_MAX_QUEUE_SIZE", n: &bc.MaxQueue},
+		{name: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", n: &bc.MaxBatch},
 	} {
 		s := strings.TrimSpace(getenv(v.name))
 		if s == "" {
@@ -244,9 +246,7 @@ func readBatchConfig(getenv func(string) string) (batchConfig, error) {
 			*v.n = n
 		}
 	}
-	// A batch cannot be larger than the queue, as in the specification.
-	bc.maxBatch = min(bc.maxBatch, bc.maxQueue)
-	return bc, nil
+	return bc.WithDefaults(), nil
 }
 
 // readResource reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, which

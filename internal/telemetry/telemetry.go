@@ -229,13 +229,10 @@ func (t *Telemetry) DirectTracerProvider(serviceName string) trace.TracerProvide
 		return tp
 	}
 	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{
-		Exporter: t.direct,
-		Resource: t.resource(serviceName),
-		Sampler:  t.cfg.sampler,
-		Batch: otlpdirect.BatchConfig{
-			Delay: t.cfg.batch.delay, ExportTimeout: t.cfg.batch.timeout,
-			MaxQueue: t.cfg.batch.maxQueue, MaxBatch: t.cfg.batch.maxBatch,
-		},
+		Exporter:        t.direct,
+		Resource:        t.resource(serviceName),
+		Sampler:         t.cfg.sampler,
+		Batch:           t.cfg.batch,
 		StartAttributes: baggageIDs,
 		OnError:         t.exportFailed,
 	})
@@ -259,10 +256,10 @@ func (t *Telemetry) resource(serviceName string) *resource.Resource {
 // processor (default OTEL_BSP_* settings) in front of exporter. Setup
 // builds its providers the same way; tests and benchmarks may use it too.
 func NewTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler) *sdktrace.TracerProvider {
-	return newTracerProvider(exporter, res, sampler, defaultBatchConfig(), otel.Handle)
+	return newTracerProvider(exporter, res, sampler, otlpdirect.BatchConfig{}, otel.Handle)
 }
 
-func newTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler, bc batchConfig, onError func(error)) *sdktrace.TracerProvider {
+func newTracerProvider(exporter sdktrace.SpanExporter, res *resource.Resource, sampler sdktrace.Sampler, bc otlpdirect.BatchConfig, onError func(error)) *sdktrace.TracerProvider {
 	if sampler == nil {
 		sampler = sdktrace.ParentBased(sdktrace.AlwaysSample())
 	}

@@ -30,7 +30,9 @@ type BatchConfig struct {
 	MaxBatch int
 }
 
-func (c BatchConfig) withDefaults() BatchConfig {
+// WithDefaults is c with the specification's defaults in its zero fields
+// and MaxBatch at most MaxQueue, as the specification has it.
+func (c BatchConfig) WithDefaults() BatchConfig {
 	if c.Delay <= 0 {
 		c.Delay = 5 * time.Second
 	}

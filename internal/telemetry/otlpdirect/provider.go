@@ -99,7 +99,7 @@ func NewTracerProvider(cfg Config) *TracerProvider {
 	if cfg.Resource != nil {
 		schemaURL = cfg.Resource.SchemaURL()
 	}
-	tp.batch = newBatcher(cfg.Exporter, cfg.Batch.withDefaults(), encodeResource(cfg.Resource), schemaURL, cfg.OnError)
+	tp.batch = newBatcher(cfg.Exporter, cfg.Batch.WithDefaults(), encodeResource(cfg.Resource), schemaURL, cfg.OnError)
 	return tp
 }
 
