@@ -61,6 +61,12 @@ type member struct {
 	key                string
 }
 
+// invalidJSON is the error of a body that is not JSON; err is the
+// decoder's, which says where the mistake is.
+func invalidJSON(err error) *requestError {
+	return &requestError{code: "invalid_json", msg: fmt.Sprintf("llmproxy: request body is not valid JSON: %v", err)}
+}
+
 // parse checks the body and locates the members the proxy reads or
 // rewrites. It does not decode values it does not need, so numbers and
 // everything else pass through byte for byte.
@@ -68,8 +74,7 @@ func (req *chatRequest) parse(body []byte) *requestError {
 	if !json.Valid(body) {
 		// Decode only to obtain a message with the offset of the mistake.
 		var v any
-		err := json.Unmarshal(body, &v)
-		return &requestError{code: "invalid_json", msg: fmt.Sprintf("llmproxy: request body is not valid JSON: %v", err)}
+		return invalidJSON(json.Unmarshal(body, &v))
 	}
 	i := skipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {

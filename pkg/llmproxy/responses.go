@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -37,15 +38,15 @@ type responsesCall struct {
 	id        string // resp_…, fixed when the first upstream answer arrives
 
 	// Stream progress: the next sequence number and output index, and the
-	// items open for deltas (index -1 when none).
-	seq                  int
-	nextIndex            int
-	reasoningIndex       int
-	messageIndex         int
-	reasoningText        strings.Builder
-	messageText          strings.Builder
-	reasoningOpened      bool
-	messageOpened, ended bool
+	// output index of the reasoning item while it is open and of the
+	// message once it opened (-1 otherwise).
+	seq            int
+	nextIndex      int
+	reasoningIndex int
+	messageIndex   int
+	reasoningText  strings.Builder
+	messageText    strings.Builder
+	ended          bool
 }
 
 // responsesError is a Responses request the proxy cannot serve.
@@ -74,13 +75,13 @@ var translatedResponsesKeys = map[string]bool{
 // translateResponsesRequest turns a Responses API request body into a chat
 // completions request body.
 func translateResponsesRequest(body []byte) ([]byte, *responsesCall, *requestError) {
-	if !json.Valid(body) {
-		var v any
-		err := json.Unmarshal(body, &v)
-		return nil, nil, &requestError{code: "invalid_json", msg: fmt.Sprintf("llmproxy: request body is not valid JSON: %v", err)}
-	}
 	var in map[string]json.RawMessage
 	if err := json.Unmarshal(body, &in); err != nil {
+		// Unmarshal checks the whole body is JSON before it decodes: a
+		// syntax error is the body's, any other that it is not an object.
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return nil, nil, invalidJSON(err)
+		}
 		return nil, nil, &requestError{code: "invalid_request_body", msg: "llmproxy: request body must be a JSON object"}
 	}
 	rc := &responsesCall{createdAt: time.Now().Unix(), reasoningIndex: -1, messageIndex: -1}
@@ -548,11 +549,17 @@ func (rc *responsesCall) itemID(prefix string) string {
 	return prefix + strings.TrimPrefix(rc.id, "resp_")
 }
 
-// outputItems builds the output of a finished call: reasoning, then the
-// message, then the function calls, the order in which a stream opens them.
-func (rc *responsesCall) outputItems(c *Call) []responseItem {
+// turnOf is the assistant message a finished call recorded.
+func turnOf(c *Call) assistantTurn {
 	var turn assistantTurn
 	_ = json.Unmarshal(c.ResponseMessage, &turn)
+	return turn
+}
+
+// outputItems builds the output of a finished call from its turn:
+// reasoning, then the message, then the function calls, the order in which
+// a stream opens them.
+func (rc *responsesCall) outputItems(turn assistantTurn) []responseItem {
 	items := []responseItem{}
 	if r := turn.reasoning(); r != "" {
 		items = append(items, reasoningItem(rc.itemID("rs_"), "completed", r))
@@ -596,9 +603,9 @@ func functionCallItem(id, callID, name, args, status string) responseItem {
 	return responseItem{Type: "function_call", ID: id, Status: status, CallID: callID, Name: name, Arguments: &args}
 }
 
-// response builds the Response object. c is nil for the in-progress object
-// that opens a stream.
-func (rc *responsesCall) response(c *Call, status string) map[string]any {
+// response builds the Response object with output (nil: none). c is nil
+// for the in-progress object that opens a stream.
+func (rc *responsesCall) response(c *Call, status string, output []responseItem) map[string]any {
 	r := map[string]any{
 		"id": rc.id, "object": "response", "created_at": rc.createdAt, "status": status,
 		"error": nil, "incomplete_details": nil,
@@ -621,11 +628,13 @@ func (rc *responsesCall) response(c *Call, status string) map[string]any {
 	if len(rc.parallelToolCalls) > 0 {
 		r["parallel_tool_calls"] = rc.parallelToolCalls
 	}
+	if output != nil {
+		r["output"] = output
+	}
 	if c == nil {
 		return r
 	}
 	r["model"] = c.Model
-	r["output"] = rc.outputItems(c)
 	u := c.Usage
 	r["usage"] = map[string]any{
 		"input_tokens":          u.PromptTokens,
@@ -648,7 +657,7 @@ func (rc *responsesCall) response(c *Call, status string) map[string]any {
 // complete is the Response object of a finished non-stream call.
 func (rc *responsesCall) complete(c *Call) []byte {
 	rc.setID(c.ID)
-	return mustJSON(rc.response(c, "completed"))
+	return mustJSON(rc.response(c, "completed", rc.outputItems(turnOf(c))))
 }
 
 // Stream events. Text and reasoning are streamed as they arrive; function
@@ -658,16 +667,16 @@ func (rc *responsesCall) complete(c *Call) []byte {
 // streamStart appends the events that open a stream.
 func (rc *responsesCall) streamStart(dst []byte, chatID string) []byte {
 	rc.setID(chatID)
-	r := rc.response(nil, "in_progress")
+	r := rc.response(nil, "in_progress", nil)
 	dst = rc.appendEvent(dst, "response.created", map[string]any{"response": r})
 	return rc.appendEvent(dst, "response.in_progress", map[string]any{"response": r})
 }
 
 // streamDelta appends the events of one upstream chunk's deltas.
 func (rc *responsesCall) streamDelta(dst []byte, d chunkDelta) []byte {
-	if d.reasoning != "" && !rc.messageOpened {
-		if !rc.reasoningOpened {
-			rc.reasoningOpened, rc.reasoningIndex = true, rc.nextIndex
+	if d.reasoning != "" && rc.messageIndex < 0 {
+		if rc.reasoningIndex < 0 {
+			rc.reasoningIndex = rc.nextIndex
 			rc.nextIndex++
 			dst = rc.appendEvent(dst, "response.output_item.added", map[string]any{
 				"output_index": rc.reasoningIndex, "item": reasoningItem(rc.itemID("rs_"), "in_progress", ""),
@@ -680,8 +689,8 @@ func (rc *responsesCall) streamDelta(dst []byte, d chunkDelta) []byte {
 	}
 	if d.content != "" {
 		dst = rc.closeReasoning(dst)
-		if !rc.messageOpened {
-			rc.messageOpened, rc.messageIndex = true, rc.nextIndex
+		if rc.messageIndex < 0 {
+			rc.messageIndex = rc.nextIndex
 			rc.nextIndex++
 			dst = rc.appendEvent(dst, "response.output_item.added", map[string]any{
 				"output_index": rc.messageIndex,
@@ -701,7 +710,7 @@ func (rc *responsesCall) streamDelta(dst []byte, d chunkDelta) []byte {
 }
 
 func (rc *responsesCall) closeReasoning(dst []byte) []byte {
-	if !rc.reasoningOpened || rc.reasoningIndex < 0 {
+	if rc.reasoningIndex < 0 {
 		return dst
 	}
 	text := rc.reasoningText.String()
@@ -723,7 +732,7 @@ func (rc *responsesCall) streamEnd(dst []byte, c *Call) []byte {
 	}
 	rc.ended = true
 	dst = rc.closeReasoning(dst)
-	if rc.messageOpened {
+	if rc.messageIndex >= 0 {
 		text := rc.messageText.String()
 		part := outputText(text)
 		dst = rc.appendEvent(dst, "response.output_text.done", map[string]any{
@@ -737,8 +746,7 @@ func (rc *responsesCall) streamEnd(dst []byte, c *Call) []byte {
 			"item":         responseItem{Type: "message", ID: rc.itemID("msg_"), Status: "completed", Role: "assistant", Content: []responsePart{part}},
 		})
 	}
-	var turn assistantTurn
-	_ = json.Unmarshal(c.ResponseMessage, &turn)
+	turn := turnOf(c)
 	for i, tc := range turn.ToolCalls {
 		id := rc.functionCallID(tc.ID, i)
 		idx := rc.nextIndex
@@ -756,7 +764,7 @@ func (rc *responsesCall) streamEnd(dst []byte, c *Call) []byte {
 			"output_index": idx, "item": functionCallItem(id, tc.ID, tc.Function.Name, tc.Function.Arguments, "completed"),
 		})
 	}
-	r := rc.response(c, "completed")
+	r := rc.response(c, "completed", rc.outputItems(turn))
 	typ := "response.completed"
 	if r["status"] == "incomplete" {
 		typ = "response.incomplete"
@@ -771,8 +779,7 @@ func (rc *responsesCall) streamFail(dst []byte, c *Call, code string) []byte {
 		return dst
 	}
 	rc.ended = true
-	r := rc.response(c, "failed")
-	r["output"] = []responseItem{}
+	r := rc.response(c, "failed", nil)
 	r["error"] = map[string]any{"code": code, "message": c.Err}
 	return rc.appendEvent(dst, "response.failed", map[string]any{"response": r})
 }

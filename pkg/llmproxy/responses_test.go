@@ -321,6 +321,7 @@ func TestResponsesBadInput(t *testing.T) {
 		name, body, param, code string
 	}{
 		{"not JSON", `{"input":`, "", "invalid_json"},
+		{"not an object", `["hi"]`, "", "invalid_request_body"},
 		{"no input", `{"model":"m"}`, "input", "missing_input"},
 		{"input not text or items", `{"input":42}`, "input", "invalid_type"},
 		{"previous response", `{"input":"hi","previous_response_id":"resp_1"}`, "previous_response_id", "unsupported_parameter"},

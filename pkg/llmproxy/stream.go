@@ -40,6 +40,16 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	)
 	// out holds the translated events of a Responses call.
 	var out []byte
+	// send writes b to the client and flushes it.
+	send := func(b []byte) error {
+		if _, err := x.w.Write(b); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
 	// dispatch sends the buffered event to the client.
 	dispatch := func() bool {
 		d := acc.event(ev.Bytes(), time.Now())
@@ -71,11 +81,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 			rc = http.NewResponseController(x.w)
 		}
 		if len(data) > 0 {
-			if _, err := x.w.Write(data); err != nil {
-				clientErr = err
-				return false
-			}
-			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			if err := send(data); err != nil {
 				clientErr = err
 				return false
 			}
@@ -122,8 +128,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	c := x.call
 	switch {
 	case clientErr != nil:
-		c.Err = "llmproxy: client went away mid-stream: " + clientErr.Error()
-		x.errType = "client_closed"
+		c.Err, x.errType = clientWentAway(clientErr)
 	case !started && readErr == errStreamTooLarge:
 		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream event exceeds the limit of %d bytes", x.p.maxResp)}
 	case !started && readErr != nil:
@@ -164,18 +169,20 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		} else {
 			out = x.resp.streamFail(out[:0], c, x.errType)
 		}
-		if _, err := x.w.Write(out); err != nil {
-			c.Err = "llmproxy: client went away mid-stream: " + err.Error()
-			x.errType = "client_closed"
-		} else if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			c.Err = "llmproxy: client went away mid-stream: " + err.Error()
-			x.errType = "client_closed"
+		if err := send(out); err != nil {
+			c.Err, x.errType = clientWentAway(err)
 		}
 	}
 	return nil
 }
 
 var errStreamTooLarge = errors.New("stream too large")
+
+// clientWentAway is the call's error and error type when writing to the
+// client failed mid-stream.
+func clientWentAway(err error) (msg, errType string) {
+	return "llmproxy: client went away mid-stream: " + err.Error(), "client_closed"
+}
 
 // streamChunk is the part of a chat.completion.chunk the record needs.
 type streamChunk struct {
