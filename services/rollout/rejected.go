@@ -19,7 +19,7 @@ const maxRejectedDeliveries = 64
 // forever for a rollout that never started. The caller answers the request
 // (422) at once; the callbacks follow in the background, under the G2
 // retry policy, one per usable URL (an http(s) URL with a host), with the
-// request's controller_api_key as the bearer when it has one.
+// request's controller_api_key as the bearer when it has a usable one.
 //
 // Nothing is posted for a caller without the server's API key (the
 // interceptor refuses it before this runs; the check here keeps it so when
@@ -27,10 +27,7 @@ const maxRejectedDeliveries = 64
 // rollout this server holds: that rollout posts its own callbacks, once.
 func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, cause error) {
 	completionURL := usableURL(req.GetCompletionCallbackUrl())
-	graderURL := ""
-	if req.GraderCallbackUrl != nil {
-		graderURL = usableURL(req.GetGraderCallbackUrl())
-	}
+	graderURL := usableURL(req.GetGraderCallbackUrl())
 	if completionURL == "" && graderURL == "" {
 		return
 	}
@@ -52,8 +49,10 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	}
 	out := &wfOutcome{}
 	out.failed(categoryValidation, "%s", msg)
+	// A key that was itself the refused field (blank, or not a header
+	// value) is not sent: the transport would refuse it on every retry.
 	bearer := req.GetControllerApiKey()
-	if strings.TrimSpace(bearer) == "" {
+	if strings.TrimSpace(bearer) == "" || validateHeaderValue("controller_api_key", bearer) != nil {
 		bearer = ""
 	}
 	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)

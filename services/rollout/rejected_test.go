@@ -155,14 +155,18 @@ func TestG2RejectedStartCallbacks(t *testing.T) {
 		name  string
 		edit  func(*rolloutv1.StartRolloutRequest)
 		field string
+		// keyNotSent: the key was the refused field and cannot be a
+		// header value; the callbacks go without it.
+		keyNotSent bool
 	}{
-		{"blank-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "  " }, "rollout_id"},
-		{"empty-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "" }, "rollout_id"},
-		{"slash-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "a/b" }, "rollout_id"},
-		{"dotdot-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = ".." }, "rollout_id"},
-		{"empty-key", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String("") }, "controller_api_key"},
-		{"negative-agent-timeout", func(r *rolloutv1.StartRolloutRequest) { r.AgentTimeoutSec = proto.Float64(-1) }, "agent_timeout_sec"},
-		{"negative-grader-timeout", func(r *rolloutv1.StartRolloutRequest) { r.GraderTimeoutSec = proto.Float64(-3) }, "grader_timeout_sec"},
+		{"blank-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "  " }, "rollout_id", false},
+		{"empty-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "" }, "rollout_id", false},
+		{"slash-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = "a/b" }, "rollout_id", false},
+		{"dotdot-id", func(r *rolloutv1.StartRolloutRequest) { r.RolloutId = ".." }, "rollout_id", false},
+		{"empty-key", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String("") }, "controller_api_key", false},
+		{"newline-key", func(r *rolloutv1.StartRolloutRequest) { r.ControllerApiKey = proto.String("k\r\nX-Injected: 1") }, "controller_api_key", true},
+		{"negative-agent-timeout", func(r *rolloutv1.StartRolloutRequest) { r.AgentTimeoutSec = proto.Float64(-1) }, "agent_timeout_sec", false},
+		{"negative-grader-timeout", func(r *rolloutv1.StartRolloutRequest) { r.GraderTimeoutSec = proto.Float64(-3) }, "grader_timeout_sec", false},
 	} {
 		req := h.startReq(t, "rej-"+tc.name)
 		req.CompletionCallbackUrl = sink.url("/c/" + tc.name)
@@ -173,7 +177,11 @@ func TestG2RejectedStartCallbacks(t *testing.T) {
 		if st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tc.field+":") {
 			t.Fatalf("%s: got %v, want InvalidArgument naming %s", tc.name, err, tc.field)
 		}
-		sent = append(sent, rejected{name: tc.name, id: req.GetRolloutId(), field: tc.field, bearer: req.GetControllerApiKey(), msg: st.Message()})
+		bearer := req.GetControllerApiKey()
+		if tc.keyNotSent {
+			bearer = ""
+		}
+		sent = append(sent, rejected{name: tc.name, id: req.GetRolloutId(), field: tc.field, bearer: bearer, msg: st.Message()})
 	}
 	for _, r := range sent {
 		checkRejection(t, r.name+" completion", sink.wait(t, "/c/"+r.name, 1)[0], r.id, r.msg, false, r.bearer)
