@@ -63,7 +63,6 @@ type Client struct {
 // call is one rollout's request waiting for its answer.
 type call struct {
 	req     *graderv1.GradeRequest
-	seq     uint64 // creation order, kept when resending
 	waiters int
 	done    chan struct{} // closed when resp or err is set
 	resp    *graderv1.GradeResponse
@@ -128,7 +127,7 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 				sent.TraceContext = carrier
 			}
 		}
-		cl = &call{req: sent, seq: c.seq, done: make(chan struct{})}
+		cl = &call{req: sent, done: make(chan struct{})}
 		c.pending[rid] = cl
 		c.unsent = append(c.unsent, cl)
 		c.signal()
@@ -250,7 +249,8 @@ func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	for _, cl := range c.pending {
 		c.unsent = append(c.unsent, cl)
 	}
-	sort.Slice(c.unsent, func(i, j int) bool { return c.unsent[i].seq < c.unsent[j].seq })
+	// Request ids number the calls in the order they were made.
+	sort.Slice(c.unsent, func(i, j int) bool { return c.unsent[i].req.GetRequestId() < c.unsent[j].req.GetRequestId() })
 	resent := len(c.unsent)
 	c.signal()
 	c.mu.Unlock()

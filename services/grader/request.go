@@ -72,10 +72,7 @@ func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext
 	for _, id := range ids {
 		want[id] = true
 	}
-	label := req.Label
-	if label == nil {
-		label = commonLabel(req.GetSamples())
-	}
+	label := rowLabel(req)
 	var metadata map[string]any
 	if req.GetMetadata() != nil {
 		metadata = req.GetMetadata().AsMap()
@@ -102,10 +99,7 @@ func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext
 // upgrade ever to change that encoding, stored gradings would merely be
 // graded once more.
 func fingerprints(name string, req *graderv1.GradeRequest) map[string]string {
-	label := req.Label
-	if label == nil {
-		label = commonLabel(req.GetSamples())
-	}
+	label := rowLabel(req)
 	out := make(map[string]string, len(req.GetSamples()))
 	opts := proto.MarshalOptions{Deterministic: true}
 	for _, rs := range req.GetSamples() {
@@ -161,6 +155,15 @@ func gradedFields(rs *rolloutv1.RolloutSample) *rolloutv1.RolloutSample {
 		})
 	}
 	return v
+}
+
+// rowLabel is the label of the request's row: its own, or the one all
+// its samples share.
+func rowLabel(req *graderv1.GradeRequest) *string {
+	if req.Label != nil {
+		return req.Label
+	}
+	return commonLabel(req.GetSamples())
 }
 
 func commonLabel(samples []*rolloutv1.RolloutSample) *string {

@@ -127,14 +127,11 @@ func (r *record) startRunning() bool {
 	return true
 }
 
-// stateOrder sorts queued rollouts before the others.
-func (r *record) stateOrder() int {
+// isQueued reports whether the rollout waits for a slot.
+func (r *record) isQueued() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.state == rolloutv1.State_STATE_QUEUED {
-		return 0
-	}
-	return 1
+	return r.state == rolloutv1.State_STATE_QUEUED
 }
 
 func (r *record) setState(s rolloutv1.State) {

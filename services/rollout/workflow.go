@@ -1,7 +1,6 @@
 package rollout
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -140,9 +138,16 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 	}
 	// Queued rollouts go first: cancelling a running one frees a slot that
 	// a queued one about to be cancelled would otherwise take.
-	slices.SortStableFunc(recs, func(a, b *record) int {
-		return cmp.Compare(a.stateOrder(), b.stateOrder())
-	})
+	queued := make([]*record, 0, len(recs))
+	var others []*record
+	for _, rec := range recs {
+		if rec.isQueued() {
+			queued = append(queued, rec)
+		} else {
+			others = append(others, rec)
+		}
+	}
+	recs = append(queued, others...)
 	for _, rec := range recs {
 		d := rec.cancel()
 		if d == dispositionNotFound && len(req.GetIds()) == 0 {
