@@ -43,12 +43,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // observe records one finished grading.
 func (m *metrics) observe(gr *grading, elapsed time.Duration) {
-	outcome := "ok"
+	result := "ok"
 	if gr.Error != "" {
-		outcome = "error"
+		result = "error"
 	}
-	m.gradings.WithLabelValues(gr.Grader, outcome).Inc()
-	m.duration.WithLabelValues(gr.Grader, outcome).Observe(elapsed.Seconds())
+	m.gradings.WithLabelValues(gr.Grader, result).Inc()
+	m.duration.WithLabelValues(gr.Grader, result).Observe(elapsed.Seconds())
 	for _, r := range gr.Samples {
 		if r.Reward != nil {
 			m.rewards.WithLabelValues(gr.Grader).Observe(*r.Reward)

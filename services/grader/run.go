@@ -12,19 +12,13 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
 // errShutdown marks a grading cut short by Close: it is not the grader's
 // verdict, so it is neither stored nor answered, and the sample is graded
 // by whichever service the client reaches next.
 var errShutdown = errors.New("grader service is shutting down")
-
-// Error categories of a failed grading, as the G2 wire names them.
-const (
-	categoryTimeout    = "timeout"
-	categoryValidation = "validation_error"
-	categoryAgent      = "agent_error"
-)
 
 // panicError is a grader panic turned into an error.
 type panicError struct {
@@ -85,13 +79,14 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *gra
 	switch {
 	case err == nil:
 		if err = collect(gc, ids, gr); err != nil {
-			gr.Category = categoryValidation
+			gr.Category = outcome.Validation
 		}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		err = fmt.Errorf("timed out after %s", timeout)
-		gr.Category = categoryTimeout
+		gr.Category = outcome.Timeout
 	default:
-		gr.Category = categoryAgent
+		// A grader is user code: its failure is the agent's kind.
+		gr.Category = outcome.Agent
 	}
 	if err != nil {
 		var p *panicError

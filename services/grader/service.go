@@ -19,6 +19,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
 // Service is the grader service. Create it with New and release it with
@@ -217,7 +218,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 				case codes.InvalidArgument:
 					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
 					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
-						Error: "invalid request: " + st.Message(), ErrorCategory: categoryValidation}
+						Error: "invalid request: " + st.Message(), ErrorCategory: string(outcome.Validation)}
 				case codes.Unavailable:
 					// Closing: end the stream so the client reconnects and resends.
 					cancel(err)
@@ -301,7 +302,7 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 		fr := res.Val.(*flightResult)
 		missing = nil
 		for _, id := range want {
-			o, ok := fr.outcome(id, fps[id])
+			o, ok := fr.answerFor(id, fps[id])
 			if !ok {
 				missing = append(missing, id)
 				continue
@@ -329,13 +330,13 @@ type flightResult struct {
 	fresh    *grading // graded in this pass; nil if all were stored already
 }
 
-func (f *flightResult) outcome(id, fp string) (outcome, bool) {
+func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 	for _, g := range f.gradings {
 		if r, ok := g.sample(id); ok && r.answers(fp) {
-			return outcome{g: g, r: r}, true
+			return answer{g: g, r: r}, true
 		}
 	}
-	return outcome{}, false
+	return answer{}, false
 }
 
 // gradeMissing is one grading pass: it looks in the store again (a pass
@@ -407,7 +408,7 @@ func (s *Service) commit(gr *grading, log *slog.Logger) {
 
 // respond builds the answer for ids from their outcomes. Any failed grading
 // makes the whole answer that error, without rewards.
-func respond(rolloutID string, ids []string, found map[string]outcome) *graderv1.GradeResponse {
+func respond(rolloutID string, ids []string, found map[string]answer) *graderv1.GradeResponse {
 	resp := &graderv1.GradeResponse{RolloutId: rolloutID}
 	var errs []string
 	for _, id := range ids {
@@ -420,7 +421,7 @@ func respond(rolloutID string, ids []string, found map[string]outcome) *graderv1
 				errs = append(errs, o.g.Error)
 			}
 			if resp.ErrorCategory == "" {
-				resp.ErrorCategory = o.g.Category
+				resp.ErrorCategory = string(o.g.Category)
 			}
 			continue
 		}

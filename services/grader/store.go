@@ -4,6 +4,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
 // grading is one run of a grader over samples of one rollout: an outcome per
@@ -14,8 +16,8 @@ type grading struct {
 	GradedAt  time.Time `json:"graded_at"`
 	Error     string    `json:"error,omitempty"`
 	// Category classifies Error: timeout, validation_error or agent_error.
-	Category string         `json:"category,omitempty"`
-	Samples  []sampleResult `json:"samples"`
+	Category outcome.Category `json:"category,omitempty"`
+	Samples  []sampleResult   `json:"samples"`
 }
 
 // sampleResult is one sample's outcome. Reward is nil when the sample was
@@ -65,8 +67,8 @@ func (g *grading) without(ids map[string]bool) *grading {
 	return &c
 }
 
-// outcome is what answers one sample: the grading that covered it.
-type outcome struct {
+// answer is what answers one sample: the grading that covered it.
+type answer struct {
 	g     *grading
 	r     sampleResult
 	fresh bool // graded for this very request
@@ -116,10 +118,10 @@ func (s *store) add(g *grading) {
 // in fps; missing lists, in order, the ids no live grading answers, and
 // changed counts those of them that a live grading holds with another
 // fingerprint (or none).
-func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, now time.Time) (found map[string]outcome, missing []string, changed int) {
+func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, now time.Time) (found map[string]answer, missing []string, changed int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	found = make(map[string]outcome, len(ids))
+	found = make(map[string]answer, len(ids))
 	gs := s.byRollout[rolloutID]
 	for _, id := range ids {
 		hit, held := false, false
@@ -130,7 +132,7 @@ func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, no
 			if r, ok := g.sample(id); ok {
 				held = true
 				if r.answers(fps[id]) {
-					found[id] = outcome{g: g, r: r}
+					found[id] = answer{g: g, r: r}
 					hit = true
 				}
 				break
