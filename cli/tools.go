@@ -97,7 +97,7 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.Model, "model", "mock-policy", "model name reported by /v1/models")
 	fs.DurationVar(&o.Latency, "latency", 0, "delay before each response")
 	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "delay between SSE chunks")
-	fs.StringVar(&o.FailMode, "fail-mode", "", "injected failure: 500, 503, 429, hang or malformed")
+	fs.StringVar(&o.FailMode, "fail-mode", "", "injected failure: 500, 503, 429, 400 (context length exceeded), hang or malformed")
 	fs.IntVar(&o.FailEvery, "fail-every", 0, "fail every Nth request with --fail-mode")
 	fs.IntVar(&o.FailFirst, "fail-first", 0, "fail the first N requests with --fail-mode")
 	lf.register(fs)

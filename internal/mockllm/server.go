@@ -28,6 +28,7 @@ const (
 	Fail500       = "500"
 	Fail503       = "503"
 	Fail429       = "429"
+	Fail400       = "400"
 	FailHang      = "hang"
 	FailMalformed = "malformed"
 )
@@ -50,8 +51,9 @@ type Options struct {
 	Latency time.Duration
 	// ChunkDelay is waited between SSE chunks.
 	ChunkDelay time.Duration
-	// FailMode is how injected failures fail: "500", "503", "429", "hang" or
-	// "malformed". It needs FailEvery or FailFirst to say which requests.
+	// FailMode is how injected failures fail: "500", "503", "429", "400"
+	// (the prompt is over the context length, as OpenAI answers it), "hang"
+	// or "malformed". It needs FailEvery or FailFirst to say which requests.
 	FailMode string
 	// FailEvery makes every Nth chat request fail (0: never).
 	FailEvery int
@@ -83,7 +85,7 @@ func New(opts Options) (*Server, error) {
 	}
 	switch {
 	case !validFailMode(opts.FailMode):
-		return nil, fmt.Errorf("mockllm: unknown FailMode %q (want 500, 503, 429, hang or malformed)", opts.FailMode)
+		return nil, fmt.Errorf("mockllm: unknown FailMode %q (want 500, 503, 429, 400, hang or malformed)", opts.FailMode)
 	case opts.Latency < 0:
 		return nil, fmt.Errorf("mockllm: Latency must not be negative, got %v", opts.Latency)
 	case opts.ChunkDelay < 0:
@@ -109,7 +111,7 @@ func New(opts Options) (*Server, error) {
 
 func validFailMode(m string) bool {
 	switch m {
-	case "", Fail500, Fail503, Fail429, FailHang, FailMalformed:
+	case "", Fail500, Fail503, Fail429, Fail400, FailHang, FailMalformed:
 		return true
 	}
 	return false
@@ -177,7 +179,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	}
 	if !validFailMode(mode) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", FailHeader, "invalid_value",
-			fmt.Sprintf("%s: unknown failure mode %q (want 500, 503, 429, hang or malformed)", FailHeader, mode))
+			fmt.Sprintf("%s: unknown failure mode %q (want 500, 503, 429, 400, hang or malformed)", FailHeader, mode))
 		return
 	}
 	if !sleep(ctx, s.opts.Latency) {
@@ -230,6 +232,11 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, mode string, b
 	case Fail429:
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, "requests", "", "rate_limit_exceeded", "Rate limit reached for requests. Please try again in 1s.")
+	case Fail400:
+		// A client error no retry fixes: the conversation outgrew the
+		// model's context window.
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "messages", "context_length_exceeded",
+			fmt.Sprintf("This model's maximum context length is 4096 tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.", 4096+len(body)))
 	case FailHang:
 		// Hold the request open until the client gives up or the server
 		// shuts down (which cancels the request context).

@@ -166,6 +166,7 @@ func TestInjectedFailures(t *testing.T) {
 		{"500", 500, "server_error"},
 		{"503", 503, "server_error"},
 		{"429", 429, "requests"},
+		{"400", 400, "invalid_request_error"},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			rep := do(t, http.MethodPost, base+"/v1/chat/completions", validChat, map[string]string{"X-Mock-Fail": tc.mode})
