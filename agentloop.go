@@ -76,7 +76,9 @@ func NewRolloutContext(req *RolloutRequest, tools []Tool, rt Runtime) *RolloutCo
 // the request's completion_params (pass nil to use them as they are). The
 // tools GetTools returned are offered on every call unless params set "tools".
 // Chat returns the whole completion, so it asks for one: "stream" and
-// "stream_options" are left out whatever completion_params say.
+// "stream_options" are left out whatever completion_params say. It asks for
+// "logprobs" unless the params say otherwise, as the Osmosis SDK's client
+// does: a trainer needs the policy's log probabilities without asking.
 func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error) {
 	if c.rt == nil {
 		return nil, errors.New("osmo: RolloutContext has no runtime")
@@ -90,6 +92,9 @@ func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params ma
 	}
 	delete(merged, "stream")
 	delete(merged, "stream_options")
+	if _, ok := merged["logprobs"]; !ok {
+		merged["logprobs"] = true
+	}
 	if _, ok := merged["tools"]; !ok && len(c.Tools) > 0 {
 		merged["tools"] = c.Tools
 	}

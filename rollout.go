@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"sync"
+	"time"
 )
 
 // Errors of the rollout binding. The rollout service maps them to the G2
@@ -146,6 +147,21 @@ func (r *Rollout) Endpoint(sampleID string) Endpoint {
 		return Endpoint{}
 	}
 	return r.rt.Endpoint(sampleID)
+}
+
+// ToolRecorder is implemented by runtimes that count the tool calls an
+// agent runs itself (the rollout service does): they appear in the sample's
+// and the rollout's metrics (num_tool_calls, tool_latency_ms).
+type ToolRecorder interface {
+	RecordToolCall(sampleID string, latency time.Duration)
+}
+
+// RecordToolCall records one tool execution of sampleID and its latency
+// when the runtime counts them (ToolRecorder); otherwise it does nothing.
+func (r *Rollout) RecordToolCall(sampleID string, latency time.Duration) {
+	if tr, ok := r.rt.(ToolRecorder); ok {
+		tr.RecordToolCall(sampleID, latency)
+	}
 }
 
 // Logger is the rollout's logger, carrying rollout_id.

@@ -74,6 +74,11 @@ type WorkflowInput struct {
 	RolloutID string
 	Prompt    []Message
 	Metadata  map[string]any
+	// Request is the remote-rollout (G1) request the input came from, and
+	// Tools what the workflow offered for it (ToolsFor); both nil for
+	// rollouts started otherwise. AgentLoopWorkflow hands them to its loop.
+	Request *RolloutRequest
+	Tools   []Tool
 }
 
 // ToolProvider is implemented by workflows (or their configs) that declare
@@ -100,6 +105,10 @@ type Workflow struct {
 	validate    func() error
 	run         func(ctx context.Context, r *Rollout, in *WorkflowInput) error
 	rebind      func(data []byte) (*Workflow, error)
+	// loop is the agent loop behind an AgentLoopWorkflow, and loopSample
+	// the id of its one sample; nil and "" otherwise.
+	loop       RolloutAgentLoop
+	loopSample string
 }
 
 // NewWorkflow binds w to config (nil for none). The name, description and
@@ -207,6 +216,30 @@ func (w *Workflow) MaxConcurrent() int { return w.concurrency }
 // Tools are the tools the workflow declares (ToolProvider), for validation.
 func (w *Workflow) Tools() []Tool { return w.tools }
 
+// ToolsFor is what the workflow offers a remote-rollout (G1) trainer for
+// req, in the init's answer: an agent loop's GetTools (a panic becomes an
+// error), or the tools the workflow declares.
+func (w *Workflow) ToolsFor(req *RolloutRequest) (tools []Tool, err error) {
+	if w.loop == nil {
+		return w.tools, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			tools, err = nil, fmt.Errorf("get_tools panicked: %v", p)
+		}
+	}()
+	tools, err = w.loop.GetTools(req)
+	if err != nil {
+		return nil, fmt.Errorf("get_tools failed: %w", err)
+	}
+	return tools, nil
+}
+
+// LoopSampleID is the id of the one sample an AgentLoopWorkflow registers,
+// known before it runs; "" for other workflows, whose samples are named as
+// they run.
+func (w *Workflow) LoopSampleID() string { return w.loopSample }
+
 // Config is the bound config (a *T), or nil.
 func (w *Workflow) Config() any { return w.config }
 
@@ -279,10 +312,18 @@ func (w *Workflow) Run(ctx context.Context, r *Rollout, in *WorkflowInput) (err 
 	return nil
 }
 
-// PanicError is a workflow panic turned into an error.
+// PanicError is a workflow (or agent loop) panic turned into an error.
 type PanicError struct {
 	Value any
 	Stack []byte
+	// what panicked, for the message: "workflow" when empty.
+	what string
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("workflow panicked: %v", e.Value) }
+func (e *PanicError) Error() string {
+	what := e.what
+	if what == "" {
+		what = "workflow"
+	}
+	return fmt.Sprintf("%s panicked: %v", what, e.Value)
+}
