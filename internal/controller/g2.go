@@ -359,9 +359,10 @@ func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
 var g2Categories = map[string]bool{"timeout": true, "validation_error": true, "http_error": true, "agent_error": true}
 
 // parseCallback decodes a callback body and checks it against PROTOCOL.md:
-// every field present (null where it has no value), a known status, an
-// error only on failure, and for grader callbacks samples keyed by their
-// ids whose rewards are set only when grading succeeded. The returned
+// every field present (null where it has no value), a known status (a
+// grader callback's success or failure), an error message exactly when it
+// did not succeed, and for grader callbacks samples keyed by their ids
+// whose rewards are set only when grading succeeded. The returned
 // callback carries the rollout id whenever it could be read, for logs.
 func parseCallback(body []byte, kind string) (G2Callback, error) {
 	var cb G2Callback
@@ -392,10 +393,17 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 			return cb, errors.New("err_message, err_category: must be null on success")
 		}
 	case "failure":
-		if cb.ErrMessage == nil || cb.ErrCategory == nil {
-			return cb, errors.New("err_message, err_category: required on failure")
+		// err_category may be null (the SDK's model makes it optional): a
+		// cancelled rollout's grader callback is a failure without one.
+		if cb.ErrMessage == nil {
+			return cb, errors.New("err_message: required on failure")
 		}
 	case "cancelled":
+		// Only the completion may say it (a G3 addition); the grader
+		// status of both SDK generations is pending, success or failure.
+		if kind == kindGrader {
+			return cb, errors.New(`status: "cancelled" is not a grader status (success or failure)`)
+		}
 	default:
 		return cb, fmt.Errorf("status: %q is not success, failure or cancelled", cb.Status)
 	}

@@ -1,0 +1,719 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// V03Options configure a V03 controller.
+type V03Options struct {
+	// PolicyURL is the OpenAI base URL (ending in /v1) the model bridge
+	// forwards LLM calls to. Required.
+	PolicyURL string
+	// UpstreamKey is the bearer sent to PolicyURL (none when empty).
+	UpstreamKey string
+	// Model, when set, replaces the "model" of every bridged call: the
+	// placeholder model goes to the configured one, as a local eval routes
+	// it to its TOML's model.
+	Model string
+	// CallbackKey is the controller_api_key, the bearer the rollout server
+	// must present on both callbacks. Required and not blank: with an empty
+	// one the server's callbacks would fail as a hang, not an error.
+	CallbackKey string
+	// LLMKey is the model bridge's own bearer, sent as llm_api_key. Empty
+	// means one shared secret: llm_api_key is left out of the start and the
+	// bridge takes CallbackKey.
+	LLMKey string
+	// CallbackTimeout bounds how long Run waits for the terminal callback
+	// (0: no bound). When it runs out the rollout ends as a failure,
+	// "callback_timeout", and POST /rollout/cancel is sent for it.
+	CallbackTimeout time.Duration
+	// OnTerminal, when set, is called with the result before the terminal
+	// (grader) callback is acknowledged. An error answers the callback 500
+	// and keeps the rollout open, so the server's retry can commit it: a
+	// local eval journals here before acknowledging.
+	OnTerminal func(ctx context.Context, r V03Result) error
+	// FailCallbacks makes the first N well-formed callback posts for known
+	// rollouts answer FailStatus (default 503), to exercise a server's
+	// retries.
+	FailCallbacks int
+	FailStatus    int
+	Logger        *slog.Logger
+}
+
+// V03RunRequest is one rollout as Run posts it.
+type V03RunRequest struct {
+	// RolloutID is required: one safe path segment.
+	RolloutID        string
+	Messages         []map[string]any
+	Label            *string
+	Metadata         map[string]any
+	AgentTimeoutSec  *float64
+	GraderTimeoutSec *float64
+	ExtraFields      map[string]any
+}
+
+// V03Sample is the sample of a grader callback, as the v0.3 model reads it.
+// Fields the model does not know (a server's id or llm_calls) are kept in
+// Raw only.
+type V03Sample struct {
+	Messages     []map[string]any `json:"messages"`
+	Label        *string          `json:"label"`
+	Reward       *float64         `json:"reward"`
+	RemoveSample bool             `json:"remove_sample"`
+	Metrics      map[string]any   `json:"metrics"`
+	ExtraFields  map[string]any   `json:"extra_fields"`
+	Raw          json.RawMessage  `json:"-"`
+}
+
+// V03Callback is an accepted completion or grader callback.
+type V03Callback struct {
+	Status      string         `json:"status"`
+	RolloutID   *string        `json:"rollout_id"`
+	ErrMessage  *string        `json:"err_message"`
+	ErrCategory *string        `json:"err_category"`
+	ExtraFields map[string]any `json:"extra_fields"`
+	// Sample is set on grader callbacks only, when the body has one.
+	Sample *V03Sample `json:"-"`
+	// Raw is the body as received and Header the request's headers.
+	Raw    json.RawMessage `json:"-"`
+	Header http.Header     `json:"-"`
+}
+
+// V03Result is how a rollout ended for the controller.
+type V03Result struct {
+	RolloutID string
+	// Source is what ended it: "grader" (its grader callback), "timeout"
+	// (CallbackTimeout ran out) or "cancelled" (Run's context ended).
+	Source string
+	// Status is success or failure (the grader callback's; failure after a
+	// timeout), or cancelled.
+	Status string
+	// Sample is the grader callback's sample: nil on failure.
+	Sample      *V03Sample
+	ErrMessage  *string
+	ErrCategory *string
+	// Completion is the completion callback received before the end, if
+	// any.
+	Completion *V03Callback
+}
+
+// V03ProtocolError is an answer to POST /rollout outside the v0.3
+// admission contract (only 202 and 429 are).
+type V03ProtocolError struct {
+	StatusCode int
+	Body       string
+}
+
+func (e *V03ProtocolError) Error() string {
+	return fmt.Sprintf("POST /rollout answered %d (only 202 and 429 are accepted): %s", e.StatusCode, strings.TrimSpace(e.Body))
+}
+
+// V03 is the trainer's side of the v0.3 wire (PROTOCOL.md, "G3 as today's
+// SDK speaks it"), as strict as the SDK's own controller: it posts
+// rollouts, serves their LLM calls through a model bridge under its own
+// bearer, and receives the callbacks on the URLs it hands out, refusing
+// what the SDK's listener refuses. A rollout ends with its grader callback.
+// It is safe for concurrent use: each Run drives one rollout.
+type V03 struct {
+	opts   V03Options
+	ln     net.Listener
+	srv    *http.Server
+	client *http.Client
+
+	mu       sync.Mutex
+	live     map[string]*v03Session
+	finished map[string]V03Result // ended rollouts: late callbacks are acknowledged
+	comps    map[string][]V03Callback
+	grades   map[string][]V03Callback
+	chats    []ChatCall
+	tokens   map[string]int
+	failed   int
+	rejected []string
+}
+
+// v03Session is a rollout Run waits for.
+type v03Session struct {
+	completion *V03Callback
+	done       chan V03Result // receives the terminal result once
+	committing bool           // OnTerminal runs for a grader callback
+}
+
+// Terminal sources of a V03Result.
+const (
+	SourceGrader    = "grader"
+	SourceTimeout   = "timeout"
+	SourceCancelled = "cancelled"
+)
+
+// NewV03 opens the controller's listener on addr (use 127.0.0.1:0).
+func NewV03(addr string, o V03Options) (*V03, error) {
+	switch {
+	case o.PolicyURL == "":
+		return nil, errors.New("controller.NewV03: PolicyURL is required")
+	case strings.TrimSpace(o.CallbackKey) == "":
+		return nil, errors.New("controller.NewV03: CallbackKey must be a non-blank string")
+	case o.FailCallbacks < 0:
+		return nil, fmt.Errorf("controller.NewV03: FailCallbacks must not be negative, got %d", o.FailCallbacks)
+	}
+	if o.FailStatus == 0 {
+		o.FailStatus = http.StatusServiceUnavailable
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("controller.NewV03: %w", err)
+	}
+	c := &V03{
+		opts: o,
+		ln:   ln,
+		// No client timeout: the caller's contexts bound every call.
+		client:   &http.Client{},
+		live:     map[string]*v03Session{},
+		finished: map[string]V03Result{},
+		comps:    map[string][]V03Callback{},
+		grades:   map[string][]V03Callback{},
+		tokens:   map[string]int{},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/rollouts/{id}/chat/completions", c.bridge)
+	mux.HandleFunc("POST /v1/rollouts/{id}/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
+	mux.HandleFunc("POST /v1/rollouts/{id}/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
+	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return c, nil
+}
+
+// URL is the controller's base URL (http://host:port).
+func (c *V03) URL() string { return "http://" + c.ln.Addr().String() }
+
+// ChatCompletionsURL is the chat_completions_url of id: clients append
+// /chat/completions.
+func (c *V03) ChatCompletionsURL(id string) string {
+	return c.URL() + "/v1/rollouts/" + url.PathEscape(id)
+}
+
+// CompletionURL is the completion_callback_url of id.
+func (c *V03) CompletionURL(id string) string { return c.ChatCompletionsURL(id) + "/completion" }
+
+// GraderURL is the grader_callback_url of id.
+func (c *V03) GraderURL(id string) string { return c.ChatCompletionsURL(id) + "/grader" }
+
+// Serve runs until ctx ends, then shuts down (waiting up to 5s for calls in
+// progress).
+func (c *V03) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.srv.Shutdown(sctx)
+	})
+	defer stop()
+	if err := c.srv.Serve(c.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("controller: serve: %w", err)
+	}
+	return nil
+}
+
+// singleSegment reports whether id can be one URL path segment, as the
+// SDK requires of rollout ids.
+func singleSegment(id string) bool {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
+		return false
+	}
+	return true
+}
+
+// Run drives one rollout: it registers the id, posts POST
+// {serverURL}/rollout (bearing serverKey when not empty), retrying a 429
+// after its Retry-After, and waits for the terminal callback. Any other
+// answer than 202 and 429 is a *V03ProtocolError. When ctx ends first the
+// rollout ends as cancelled, POST /rollout/cancel is sent for it, and the
+// result comes with ctx's error.
+func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequest) (V03Result, error) {
+	id := r.RolloutID
+	if !singleSegment(id) {
+		return V03Result{}, fmt.Errorf("controller: rollout id %q is not one path segment", id)
+	}
+	sess := &v03Session{done: make(chan V03Result, 1)}
+	c.mu.Lock()
+	if _, dup := c.live[id]; dup {
+		c.mu.Unlock()
+		return V03Result{}, fmt.Errorf("controller: rollout %q is already running", id)
+	}
+	delete(c.finished, id)
+	c.live[id] = sess
+	c.mu.Unlock()
+
+	body := map[string]any{
+		"rollout_id":              id,
+		"initial_messages":        nonNil(r.Messages),
+		"label":                   r.Label,
+		"metadata":                r.Metadata,
+		"chat_completions_url":    c.ChatCompletionsURL(id),
+		"controller_api_key":      c.opts.CallbackKey,
+		"completion_callback_url": c.CompletionURL(id),
+		"grader_callback_url":     c.GraderURL(id),
+		"agent_timeout_sec":       r.AgentTimeoutSec,
+		"grader_timeout_sec":      r.GraderTimeoutSec,
+		"extra_fields":            r.ExtraFields,
+	}
+	if c.opts.LLMKey != "" {
+		body["llm_api_key"] = c.opts.LLMKey
+	}
+	if err := c.admit(ctx, serverURL, serverKey, body); err != nil {
+		if ctx.Err() != nil {
+			// The server may have taken it before the answer was lost.
+			c.end(id, V03Result{RolloutID: id, Source: SourceCancelled, Status: "cancelled"})
+			c.cancelOne(serverURL, serverKey, id)
+		} else {
+			// Refused: it never started, and its id is unknown again.
+			c.mu.Lock()
+			delete(c.live, id)
+			c.mu.Unlock()
+		}
+		return V03Result{RolloutID: id}, err
+	}
+	var timeout <-chan time.Time
+	if c.opts.CallbackTimeout > 0 {
+		t := time.NewTimer(c.opts.CallbackTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case res := <-sess.done:
+		return res, nil
+	case <-timeout:
+		msg := "callback_timeout"
+		if c.end(id, V03Result{RolloutID: id, Source: SourceTimeout, Status: "failure", ErrMessage: &msg}) {
+			c.cancelOne(serverURL, serverKey, id)
+			return c.result(id), nil
+		}
+	case <-ctx.Done():
+		if c.end(id, V03Result{RolloutID: id, Source: SourceCancelled, Status: "cancelled"}) {
+			c.cancelOne(serverURL, serverKey, id)
+			return c.result(id), ctx.Err()
+		}
+	}
+	// A grader callback is being committed: its result is the one.
+	select {
+	case res := <-sess.done:
+		return res, nil
+	case <-ctx.Done():
+		return V03Result{RolloutID: id}, ctx.Err()
+	}
+}
+
+func nonNil(msgs []map[string]any) []map[string]any {
+	if msgs == nil {
+		return []map[string]any{}
+	}
+	return msgs
+}
+
+// Retry-After bounds, as the SDK's driver has them: a floor so "0" does
+// not spin, a ceiling so an outsized header does not park a rollout.
+const (
+	retryAfterFloor   = 50 * time.Millisecond
+	retryAfterCeiling = 60 * time.Second
+	retryAfterDefault = time.Second
+)
+
+// admit posts the start until the server takes it (202) or refuses it.
+func (c *V03) admit(ctx context.Context, serverURL, serverKey string, body map[string]any) error {
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("controller: encode start: %w", err)
+	}
+	for {
+		code, header, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, payload)
+		if err != nil {
+			return fmt.Errorf("controller: POST /rollout: %w", err)
+		}
+		switch code {
+		case http.StatusAccepted:
+			return nil
+		case http.StatusTooManyRequests:
+			t := time.NewTimer(retryAfter(header.Get("Retry-After")))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		default:
+			return &V03ProtocolError{StatusCode: code, Body: string(answer)}
+		}
+	}
+}
+
+// retryAfter reads a Retry-After in seconds, bounded; a missing or bad one
+// is retryAfterDefault.
+func retryAfter(v string) time.Duration {
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return retryAfterDefault
+	}
+	return min(max(time.Duration(f*float64(time.Second)), retryAfterFloor), retryAfterCeiling)
+}
+
+func (c *V03) post(ctx context.Context, url, bearer string, payload []byte) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	return resp.StatusCode, resp.Header, data, err
+}
+
+// Cancel posts POST {serverURL}/rollout/cancel {"ids": ids} and returns the
+// dispositions.
+func (c *V03) Cancel(ctx context.Context, serverURL, serverKey string, ids []string) (map[string]string, error) {
+	payload, _ := json.Marshal(map[string]any{"ids": ids})
+	code, _, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout/cancel", serverKey, payload)
+	if err != nil {
+		return nil, fmt.Errorf("controller: cancel: %w", err)
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("controller: cancel: HTTP %d: %s", code, bytes.TrimSpace(data))
+	}
+	var out struct {
+		Dispositions map[string]string `json:"dispositions"`
+	}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("controller: cancel: malformed answer: %w", err)
+	}
+	return out.Dispositions, nil
+}
+
+// cancelOne is the best-effort teardown after a timeout or cancellation.
+func (c *V03) cancelOne(serverURL, serverKey, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Cancel(ctx, serverURL, serverKey, []string{id}); err != nil {
+		c.opts.Logger.Warn("controller: cancel after the rollout ended here", "rollout_id", id, "error", err)
+	}
+}
+
+// end makes res the result of id unless a grader callback ended it or is
+// committing it; it reports whether res won.
+func (c *V03) end(id string, res V03Result) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sess := c.live[id]
+	if sess == nil || sess.committing {
+		return false
+	}
+	res.Completion = sess.completion
+	delete(c.live, id)
+	c.finished[id] = res
+	return true
+}
+
+func (c *V03) result(id string) V03Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.finished[id]
+}
+
+// bridge serves a rollout's LLM calls: it checks the bearer and forwards
+// the whole body (logprobs, token ids and all) to the policy, relaying the
+// answer as it arrives so streams stay streams.
+func (c *V03) bridge(w http.ResponseWriter, r *http.Request) {
+	key := c.opts.LLMKey
+	if key == "" {
+		key = c.opts.CallbackKey
+	}
+	if !bearerIs(r, key) {
+		writeDetail(w, http.StatusUnauthorized, "Unauthorized")
+		return
+	}
+	id := r.PathValue("id")
+	if !singleSegment(id) {
+		writeDetail(w, http.StatusUnprocessableEntity, "invalid rollout_id")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	var parsed map[string]any
+	if err != nil || json.Unmarshal(body, &parsed) != nil || parsed == nil {
+		writeDetail(w, http.StatusBadRequest, "invalid body")
+		return
+	}
+	c.mu.Lock()
+	c.chats = append(c.chats, ChatCall{Header: r.Header.Clone(), Body: parsed})
+	c.mu.Unlock()
+	if c.opts.Model != "" {
+		parsed["model"] = c.opts.Model
+		body, _ = json.Marshal(parsed)
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimRight(c.opts.PolicyURL, "/")+"/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		writeDetail(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.opts.UpstreamKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.opts.UpstreamKey)
+	}
+	for _, h := range forwardHeaders {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	if v := r.Header.Get("Baggage"); v != "" {
+		req.Header.Set("Baggage", v)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		writeDetail(w, http.StatusBadGateway, "policy: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range [...]string{"Content-Type", "Cache-Control", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") || resp.StatusCode != http.StatusOK {
+		_ = copyFlushing(w, resp.Body)
+		return
+	}
+	// A whole answer is read to count its tokens.
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	_, _ = w.Write(answer)
+	var usage struct {
+		Usage struct {
+			TotalTokens int `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(answer, &usage) == nil && usage.Usage.TotalTokens > 0 {
+		c.mu.Lock()
+		c.tokens[id] += usage.Usage.TotalTokens
+		c.mu.Unlock()
+	}
+}
+
+func bearerIs(r *http.Request, key string) bool {
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	return strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(token), []byte(key)) == 1
+}
+
+// The v0.3 model's enums.
+var (
+	v03Statuses       = map[string]bool{"queued": true, "running": true, "grading": true, "success": true, "failure": true, "cancelled": true, "unknown": true}
+	v03GraderStatuses = map[string]bool{"pending": true, "success": true, "failure": true}
+	terminalStatus    = map[string]map[string]bool{
+		kindCompletion: {"success": true, "failure": true, "cancelled": true},
+		kindGrader:     {"success": true, "failure": true},
+	}
+)
+
+// callback receives a completion or grader callback, checking in the order
+// the SDK's listener does: the bearer (401), the path id (422), the body
+// against the model (422), the body's id against the path's (422), a
+// terminal status (422), a known rollout (404).
+func (c *V03) callback(w http.ResponseWriter, r *http.Request, kind string) {
+	if !bearerIs(r, c.opts.CallbackKey) {
+		writeDetail(w, http.StatusUnauthorized, "Unauthorized")
+		return
+	}
+	id := r.PathValue("id")
+	if !singleSegment(id) {
+		writeDetail(w, http.StatusUnprocessableEntity, "invalid rollout_id")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	cb, err := parseV03Callback(body, kind)
+	if err == nil && cb.RolloutID != nil && *cb.RolloutID != id {
+		err = errors.New("rollout_id mismatch")
+	}
+	if err == nil && !terminalStatus[kind][cb.Status] {
+		err = fmt.Errorf("%s callback status must be terminal", kind)
+	}
+	if err != nil {
+		c.opts.Logger.WarnContext(r.Context(), "controller: callback refused", "kind", kind, "rollout_id", id, "error", err)
+		c.mu.Lock()
+		c.rejected = append(c.rejected, fmt.Sprintf("%s callback for %q: %v", kind, id, err))
+		c.mu.Unlock()
+		writeDetail(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
+	cb.Raw, cb.Header = body, r.Header.Clone()
+
+	c.mu.Lock()
+	sess, known := c.live[id], false
+	if sess != nil {
+		known = true
+	} else {
+		_, known = c.finished[id]
+	}
+	if !known {
+		c.mu.Unlock()
+		writeDetail(w, http.StatusNotFound, "unknown rollout_id")
+		return
+	}
+	if c.failed < c.opts.FailCallbacks {
+		c.failed++
+		c.mu.Unlock()
+		writeDetail(w, c.opts.FailStatus, "injected failure")
+		return
+	}
+	if kind == kindCompletion {
+		c.comps[id] = append(c.comps[id], cb)
+		if sess != nil && sess.completion == nil {
+			first := cb
+			sess.completion = &first
+		}
+		c.mu.Unlock()
+		writeOK(w)
+		return
+	}
+	c.grades[id] = append(c.grades[id], cb)
+	if sess == nil || sess.committing {
+		// Ended already (or ending): a duplicate is acknowledged, as the
+		// SDK's store acknowledges callbacks for a finalized rollout.
+		c.mu.Unlock()
+		writeOK(w)
+		return
+	}
+	res := V03Result{RolloutID: id, Source: SourceGrader, Status: cb.Status, Sample: cb.Sample,
+		ErrMessage: cb.ErrMessage, ErrCategory: cb.ErrCategory, Completion: sess.completion}
+	sess.committing = true
+	c.mu.Unlock()
+
+	if c.opts.OnTerminal != nil {
+		if err := c.opts.OnTerminal(r.Context(), res); err != nil {
+			// Not durable: the rollout stays open for the server's retry.
+			c.mu.Lock()
+			sess.committing = false
+			c.grades[id] = c.grades[id][:len(c.grades[id])-1]
+			c.mu.Unlock()
+			c.opts.Logger.ErrorContext(r.Context(), "controller: committing the result failed", "rollout_id", id, "error", err)
+			writeDetail(w, http.StatusInternalServerError, "commit failed: "+err.Error())
+			return
+		}
+	}
+	c.mu.Lock()
+	delete(c.live, id)
+	c.finished[id] = res
+	c.mu.Unlock()
+	sess.done <- res
+	writeOK(w)
+}
+
+func writeOK(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"ok":true}`))
+}
+
+// parseV03Callback decodes a callback body as the v0.3 pydantic models do:
+// known enums, optional fields typed when present, unknown fields ignored.
+func parseV03Callback(body []byte, kind string) (V03Callback, error) {
+	var cb V03Callback
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		return cb, errors.New("body must be a JSON object")
+	}
+	if err := json.Unmarshal(body, &cb); err != nil {
+		return cb, fmt.Errorf("body does not match the model: %v", err)
+	}
+	statuses := v03Statuses
+	if kind == kindGrader {
+		statuses = v03GraderStatuses
+	}
+	if !statuses[cb.Status] {
+		return cb, fmt.Errorf("status: %q is not a valid %s status", cb.Status, kind)
+	}
+	if cb.ErrCategory != nil && !g2Categories[*cb.ErrCategory] {
+		return cb, fmt.Errorf("err_category: %q is not timeout, validation_error, http_error or agent_error", *cb.ErrCategory)
+	}
+	raw, ok := fields["sample"]
+	if kind != kindGrader || !ok || string(raw) == "null" {
+		return cb, nil
+	}
+	var s V03Sample
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return cb, fmt.Errorf("sample: does not match the model: %v", err)
+	}
+	if s.Reward != nil && (math.IsNaN(*s.Reward) || math.IsInf(*s.Reward, 0)) {
+		return cb, errors.New("sample.reward: must be finite")
+	}
+	if s.Messages == nil {
+		s.Messages = []map[string]any{}
+	}
+	s.Raw = raw
+	cb.Sample = &s
+	return cb, nil
+}
+
+// Completions returns every completion callback accepted for id
+// (duplicates included: a correct server posts exactly one).
+func (c *V03) Completions(id string) []V03Callback {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]V03Callback(nil), c.comps[id]...)
+}
+
+// GraderCallbacks returns every grader callback accepted for id.
+func (c *V03) GraderCallbacks(id string) []V03Callback {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]V03Callback(nil), c.grades[id]...)
+}
+
+// Chats returns the LLM calls the bridge accepted so far.
+func (c *V03) Chats() []ChatCall {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]ChatCall(nil), c.chats...)
+}
+
+// Tokens is the total_tokens the policy reported for id's unstreamed calls.
+func (c *V03) Tokens(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tokens[id]
+}
+
+// Rejected describes the callbacks refused as malformed (answered 422).
+func (c *V03) Rejected() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.rejected...)
+}
+
+// FailedCallbacks is how many callback posts were answered with an
+// injected failure.
+func (c *V03) FailedCallbacks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failed
+}
