@@ -15,7 +15,9 @@ import (
 // Option adds user code to the binary built around Main.
 type Option func(*registry)
 
-// WithAgentLoop registers a remote-rollout (G1) agent loop under its Name.
+// WithAgentLoop registers an agent loop (the remote-rollout RolloutAgentLoop)
+// under its Name. It serves every wire, as osmo.AgentLoopWorkflow makes it a
+// workflow.
 // defaultGrader is the grader spec used when --grader is not given ("" or
 // "none" for no grading: the loop's own reward stands).
 func WithAgentLoop(loop osmo.RolloutAgentLoop, defaultGrader string) Option {
@@ -24,8 +26,9 @@ func WithAgentLoop(loop osmo.RolloutAgentLoop, defaultGrader string) Option {
 	}
 }
 
-// WithWorkflow registers a G2 AgentWorkflow under its Name (build it with
-// osmo.NewWorkflow). defaultGrader is as for WithAgentLoop.
+// WithWorkflow registers an AgentWorkflow under its Name (build it with
+// osmo.NewWorkflow). It serves every wire too. defaultGrader is as for
+// WithAgentLoop.
 func WithWorkflow(wf *osmo.Workflow, defaultGrader string) Option {
 	return func(r *registry) {
 		if wf == nil {
@@ -41,7 +44,7 @@ func WithGrader(name string, g osmo.Grader) Option {
 	return func(r *registry) { r.graders[name] = g }
 }
 
-// entry is one registered entrypoint: a G1 loop or a G2 workflow.
+// entry is one registered entrypoint: an agent loop or a workflow.
 type entry struct {
 	name     string
 	loop     osmo.RolloutAgentLoop
@@ -51,9 +54,9 @@ type entry struct {
 
 func (e entry) kind() string {
 	if e.workflow != nil {
-		return "G2 AgentWorkflow"
+		return "AgentWorkflow"
 	}
-	return "G1 agent loop"
+	return "agent loop"
 }
 
 // registry is what one binary can run: built-ins plus the user's.

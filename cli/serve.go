@@ -60,12 +60,12 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 		return usageError{err.Error()}
 	}
 	f.env = oe
-	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow to run: a G1 agent loop or a G2 AgentWorkflow by name, or "exec"`)
+	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow every rollout runs (G1, G2 and v0.3 alike): an agent loop or an AgentWorkflow by name, or "exec"`)
 	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config (laid over its defaults); for exec: {\"name\", \"command\": [...], \"samples\", \"settings\", ...}")
 	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language; see docs/workflows.md); implies --workflow exec`)
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
-	fs.IntVar(&f.maxQueued, "max-queued", 0, "G2 rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent)")
+	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; G1 inits queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
 	fs.StringVar(&f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every request but /health (env OSMO_API_KEY)")
 	fs.StringVar(&f.logDir, "log", "", "write one JSONL event file per rollout under `DIR`/<unix-time>/")

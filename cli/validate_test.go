@@ -74,8 +74,8 @@ func TestValidate(t *testing.T) {
 			name: "every built-in",
 			args: func(*testing.T) []string { return nil },
 			wantLines: []string{
-				"ok   calculator (G1 agent loop)",
-				"ok   multiply (G2 AgentWorkflow, tools: 1)",
+				"ok   calculator (agent loop)",
+				"ok   multiply (AgentWorkflow, tools: 1)",
 			},
 			wantNot: []string{"FAIL"},
 		},
@@ -84,9 +84,9 @@ func TestValidate(t *testing.T) {
 			args: func(*testing.T) []string { return nil },
 			opts: []cli.Option{withStub("lookup-agent", goodTool)},
 			wantLines: []string{
-				"ok   calculator (G1 agent loop)",
-				"ok   multiply (G2 AgentWorkflow, tools: 1)",
-				"ok   lookup-agent (G2 AgentWorkflow, tools: 1)",
+				"ok   calculator (agent loop)",
+				"ok   multiply (AgentWorkflow, tools: 1)",
+				"ok   lookup-agent (AgentWorkflow, tools: 1)",
 			},
 			wantNot: []string{"FAIL"},
 		},
@@ -109,8 +109,8 @@ func TestValidate(t *testing.T) {
 			name:      "an invalid tool schema",
 			args:      func(*testing.T) []string { return nil },
 			opts:      []cli.Option{withStub("badtools", goodTool, brokenTool)},
-			want:      []string{"FAIL badtools (G2 AgentWorkflow)", `tool "broken"`, `parameters.type must be "object"`},
-			wantLines: []string{"ok   calculator (G1 agent loop)", "ok   multiply (G2 AgentWorkflow, tools: 1)"},
+			want:      []string{"FAIL badtools (AgentWorkflow)", `tool "broken"`, `parameters.type must be "object"`},
+			wantLines: []string{"ok   calculator (agent loop)", "ok   multiply (AgentWorkflow, tools: 1)"},
 			wantErr:   true,
 		},
 		{
@@ -124,7 +124,7 @@ func TestValidate(t *testing.T) {
 		{
 			name:      "one workflow by name",
 			args:      func(*testing.T) []string { return []string{"--workflow", "multiply"} },
-			wantLines: []string{"ok   multiply (G2 AgentWorkflow, tools: 1)"},
+			wantLines: []string{"ok   multiply (AgentWorkflow, tools: 1)"},
 			wantNot:   []string{"calculator"},
 		},
 		{
@@ -133,7 +133,7 @@ func TestValidate(t *testing.T) {
 				return []string{"--workflow", "multiply", "--workflow-config",
 					writeFile(t, "cfg.json", `{"temperature": 0.5, "max_turns": 3, "concurrency": {"max_concurrent": 4}}`)}
 			},
-			wantLines: []string{"ok   multiply (G2 AgentWorkflow, tools: 1, max_concurrent 4)"},
+			wantLines: []string{"ok   multiply (AgentWorkflow, tools: 1, max_concurrent 4)"},
 		},
 		{
 			name: "a config override out of range",
@@ -177,11 +177,11 @@ func TestValidate(t *testing.T) {
 			wantErr: true,
 		},
 		{
-			name: "a config for a G1 agent loop",
+			name: "a config for an agent loop",
 			args: func(t *testing.T) []string {
 				return []string{"--workflow", "calculator", "--workflow-config", writeFile(t, "cfg.json", `{}`)}
 			},
-			want:    []string{"FAIL calculator", "G1 agent loop, which takes no config"},
+			want:    []string{"FAIL calculator", "an agent loop, which takes no config"},
 			wantErr: true,
 		},
 		{
@@ -194,7 +194,7 @@ func TestValidate(t *testing.T) {
 		{
 			name:      "an exec command that resolves",
 			args:      func(*testing.T) []string { return []string{"--exec", "sh -c 'exit 0'"} },
-			wantLines: []string{"ok   exec (G2 AgentWorkflow, tools: 0)"},
+			wantLines: []string{"ok   exec (AgentWorkflow, tools: 0)"},
 			wantNot:   []string{"calculator", "multiply"},
 		},
 		{

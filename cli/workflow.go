@@ -47,7 +47,7 @@ func (f *rolloutFlags) resolve(e *env) (entry, error) {
 	}
 	if config != nil {
 		if ent.workflow == nil {
-			return entry{}, usagef("--workflow-config: %q is a G1 agent loop, which takes no config", ent.name)
+			return entry{}, usagef("--workflow-config: %q is an agent loop, which takes no config", ent.name)
 		}
 		if ent.workflow, err = ent.workflow.WithConfigJSON(config); err != nil {
 			return entry{}, usagef("--workflow-config: %v", err)

@@ -85,8 +85,10 @@ func TestDocsEnvironment(t *testing.T) {
 
 // TestDocsEventLog checks that docs/observability.md lists every event the
 // Go code writes to the --log event files: rollout service events
-// (log.write), the callbacks (post(rec, KIND, ...) writes KIND_callback) and
-// the LogEvent calls of the built-in workflows and integrations.
+// (log.write), the admission events (s.start(ctx, rec, EVENT, ...)), the
+// deliveries (a delivery's event, set as `event: EVENT` or by
+// w.callback(EVENT, ...)) and the LogEvent calls of the built-in workflows
+// and integrations.
 func TestDocsEventLog(t *testing.T) {
 	b, err := os.ReadFile("../docs/observability.md")
 	if err != nil {
@@ -94,17 +96,17 @@ func TestDocsEventLog(t *testing.T) {
 	}
 	doc := string(b)
 	eventRE := regexp.MustCompile(`(?:\blog\.write|\.LogEvent)\("([A-Za-z0-9_]+)"`)
-	callbackRE := regexp.MustCompile(`\bs\.post\(rec, "([a-z]+)"`)
+	otherRE := regexp.MustCompile(`(?:\bs\.start\(ctx, rec, |\bevent:\s*|\.callback\()"([a-z_]+)"`)
 	found := map[string]string{}
 	walkSources(t, []string{"deploy", "e2e", "third_party", "gen"}, func(path, src string) {
 		for _, m := range eventRE.FindAllStringSubmatch(src, -1) {
 			found[m[1]] = path
 		}
-		for _, m := range callbackRE.FindAllStringSubmatch(src, -1) {
-			found[m[1]+"_callback"] = path
+		for _, m := range otherRE.FindAllStringSubmatch(src, -1) {
+			found[m[1]] = path
 		}
 	})
-	for _, want := range []string{"init", "start_request", "completion_callback", "pre_llm"} {
+	for _, want := range []string{"init", "start_request", "completion", "completion_callback", "grader_callback", "pre_llm"} {
 		if found[want] == "" {
 			t.Fatalf("found no %q event in the sources (found %v): the patterns are stale", want, found)
 		}

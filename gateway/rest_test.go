@@ -189,7 +189,7 @@ func TestRolloutJSONUsesProtoNamesAndOmitsUnsetOptionals(t *testing.T) {
 		wantKeys := []string{
 			"callback_error", "created_at", "error_category", "error_message", "finish_reason",
 			"finished_at", "metadata", "metrics", "rollout_id", "samples", "sequence",
-			"started_at", "state", "workflow",
+			"started_at", "state", "wire", "workflow",
 		}
 		if keys := sortedKeys(got); !slices.Equal(keys, wantKeys) {
 			t.Errorf("keys = %v\nwant %v", keys, wantKeys)

@@ -38,7 +38,7 @@ func DefaultClientSettings() ClientSettings {
 	}
 }
 
-// CallbackSettings is the G2 callback delivery policy: Attempts tries, the
+// CallbackSettings is the G2 and v0.3 callback delivery policy: Attempts tries, the
 // delay between them BaseDelay doubling up to MaxDelay, each bounded by
 // Timeout; transport errors and HTTP 429/500/502/503/504 are retried, any
 // other non-2xx fails at once. Defaults: 5, 0.5s, 8s, 10s (the Osmosis SDK's).
@@ -51,16 +51,18 @@ type CallbackSettings struct {
 
 // Config configures a Service. Zero values take the documented defaults.
 type Config struct {
-	// AgentLoop runs every G1 rollout (POST /v1/rollout/init).
-	AgentLoop osmo.RolloutAgentLoop
-	// Workflow runs every G2 rollout (POST /rollout). At least one of
-	// AgentLoop and Workflow is required.
+	// Workflow runs every rollout, whatever wire started it (G1's
+	// /v1/rollout/init, G2's and v0.3's POST /rollout).
 	Workflow *osmo.Workflow
-	// MaxQueued G2 rollouts may wait for a slot; beyond that StartRollout
-	// answers ResourceExhausted (HTTP 429 with Retry-After). Default:
-	// MaxConcurrent.
+	// AgentLoop, instead of Workflow, runs every rollout as
+	// osmo.AgentLoopWorkflow makes it one; /health then answers G1's body.
+	// Exactly one of Workflow and AgentLoop is required.
+	AgentLoop osmo.RolloutAgentLoop
+	// MaxQueued rollouts may wait for a slot; beyond that StartRollout
+	// answers ResourceExhausted (HTTP 429 with Retry-After). G1 inits, whose
+	// protocol has no 429, queue without this bound. Default: MaxConcurrent.
 	MaxQueued int
-	// Callbacks is the G2 callback delivery policy.
+	// Callbacks is the G2 and v0.3 callback delivery policy.
 	Callbacks CallbackSettings
 	// Grader grades finished samples; nil disables grading (the agent's own
 	// reward, if any, is final).
@@ -76,9 +78,12 @@ type Config struct {
 	RecordTTL time.Duration
 	// CleanupInterval is how often expired records are pruned (60s).
 	CleanupInterval time.Duration
-	// RolloutTimeout bounds one agent run (600s).
+	// RolloutTimeout bounds one workflow run (600s): a G1 rollout's from
+	// when it starts running, a G2 or v0.3 rollout's from its acceptance
+	// unless agent_timeout_sec says otherwise.
 	RolloutTimeout time.Duration
-	// GradeTimeout bounds waiting for the grader, resends included (150s).
+	// GradeTimeout bounds waiting for the grader, resends included, unless
+	// grader_timeout_sec says otherwise (150s).
 	GradeTimeout time.Duration
 	// DrainTimeout is how long shutdown waits for running rollouts before
 	// cancelling them (10s).
@@ -120,70 +125,32 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.AgentLoop == nil && c.Workflow == nil {
-		return errors.New("rollout: Config needs an AgentLoop (G1) or a Workflow (G2)")
+	if (c.AgentLoop == nil) == (c.Workflow == nil) {
+		return errors.New("rollout: Config needs a Workflow or an AgentLoop, one of them")
 	}
-	if c.MaxConcurrent <= 0 {
-		c.MaxConcurrent = 100
-	}
-	if c.MaxQueued <= 0 {
-		c.MaxQueued = c.MaxConcurrent
-	}
-	if c.Callbacks.Attempts <= 0 {
-		c.Callbacks.Attempts = 5
-	}
-	if c.Callbacks.BaseDelay <= 0 {
-		c.Callbacks.BaseDelay = 500 * time.Millisecond
-	}
-	if c.Callbacks.MaxDelay <= 0 {
-		c.Callbacks.MaxDelay = 8 * time.Second
-	}
-	if c.Callbacks.Timeout <= 0 {
-		c.Callbacks.Timeout = 10 * time.Second
-	}
-	if c.RecordTTL <= 0 {
-		c.RecordTTL = time.Hour
-	}
-	if c.CleanupInterval <= 0 {
-		c.CleanupInterval = time.Minute
-	}
-	if c.RolloutTimeout <= 0 {
-		c.RolloutTimeout = 600 * time.Second
-	}
-	if c.GradeTimeout <= 0 {
-		c.GradeTimeout = 150 * time.Second
-	}
-	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 10 * time.Second
-	}
-	if c.MaxMetadataBytes <= 0 {
-		c.MaxMetadataBytes = 1 << 20
-	}
+	orDefault(&c.MaxConcurrent, 100)
+	orDefault(&c.MaxQueued, c.MaxConcurrent)
+	orDefault(&c.Callbacks.Attempts, 5)
+	orDefault(&c.Callbacks.BaseDelay, 500*time.Millisecond)
+	orDefault(&c.Callbacks.MaxDelay, 8*time.Second)
+	orDefault(&c.Callbacks.Timeout, 10*time.Second)
+	orDefault(&c.RecordTTL, time.Hour)
+	orDefault(&c.CleanupInterval, time.Minute)
+	orDefault(&c.RolloutTimeout, 600*time.Second)
+	orDefault(&c.GradeTimeout, 150*time.Second)
+	orDefault(&c.DrainTimeout, 10*time.Second)
+	orDefault(&c.MaxMetadataBytes, 1<<20)
 	d := DefaultClientSettings()
 	if c.Client == (ClientSettings{}) {
 		c.Client = d
 	}
-	if c.Client.Timeout <= 0 {
-		c.Client.Timeout = d.Timeout
-	}
-	if c.Client.MaxRetries < 0 {
-		c.Client.MaxRetries = 0
-	}
-	if c.Client.CompleteRolloutRetries < 0 {
-		c.Client.CompleteRolloutRetries = 0
-	}
-	if c.Client.RetryBaseDelay <= 0 {
-		c.Client.RetryBaseDelay = d.RetryBaseDelay
-	}
-	if c.Client.RetryMaxDelay <= 0 {
-		c.Client.RetryMaxDelay = d.RetryMaxDelay
-	}
-	if c.Client.MaxConnections <= 0 {
-		c.Client.MaxConnections = d.MaxConnections
-	}
-	if c.Client.MaxKeepaliveConnections <= 0 {
-		c.Client.MaxKeepaliveConnections = d.MaxKeepaliveConnections
-	}
+	orDefault(&c.Client.Timeout, d.Timeout)
+	c.Client.MaxRetries = max(c.Client.MaxRetries, 0)
+	c.Client.CompleteRolloutRetries = max(c.Client.CompleteRolloutRetries, 0)
+	orDefault(&c.Client.RetryBaseDelay, d.RetryBaseDelay)
+	orDefault(&c.Client.RetryMaxDelay, d.RetryMaxDelay)
+	orDefault(&c.Client.MaxConnections, d.MaxConnections)
+	orDefault(&c.Client.MaxKeepaliveConnections, d.MaxKeepaliveConnections)
 	if c.ProxyAddr == "" {
 		c.ProxyAddr = "127.0.0.1:0"
 	}
@@ -197,4 +164,11 @@ func (c *Config) setDefaults() error {
 		c.ProxyTracerProvider = c.TracerProvider
 	}
 	return nil
+}
+
+// orDefault sets *v to d unless it is positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_rollouts_finished_total",
-			Help: "Rollouts finished, by status (G1: COMPLETED, ERROR; G2: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled; empty on success).",
+			Help: "Rollouts finished, by status in the words of the wire that started them (G1: COMPLETED, ERROR; G2 and v0.3: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled; empty on success).",
 		}, []string{"status", "error_category"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",
@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "osmo_callback_failures_total", Help: "Callbacks that could not be delivered after every retry.",
 		}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "osmo_rollouts_rejected_total", Help: "Rollout starts refused, by reason: invalid (the request failed validation, G1 or G2), capacity (G2, 429 at capacity).",
+			Name: "osmo_rollouts_rejected_total", Help: "Rollout starts refused, by reason: invalid (the request failed validation), capacity (POST /rollout answered 429 at capacity).",
 		}, []string{"reason"}),
 		llmDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_llm_call_duration_seconds", Help: "LLM calls through the proxy, by HTTP status answered.",

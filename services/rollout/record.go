@@ -2,100 +2,126 @@ package rollout
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// record is one rollout's state. Immutable fields are set before the record
-// is shared; the rest is guarded by mu.
+// record is one rollout, whatever wire started it. The fields above mu are
+// set at admission, before the record is shared; the rest is guarded by mu.
 type record struct {
-	id  string
-	key string
-	// sampleID is the G1 rollout's one sample; empty for G2 rollouts, whose
-	// samples are the sources their workflow registers.
-	sampleID string
+	id string
+	// workflow is the name of what runs.
 	workflow string
-	req      *rolloutv1.InitRolloutRequest  // G1; nil for G2
-	g2       *rolloutv1.StartRolloutRequest // G2; nil for G1
-	metadata *structpb.Struct
+	// key makes admission idempotent: G1's idempotency_key, else the id.
+	key string
+	// wire is the protocol that started the rollout, holding its request:
+	// it says what the callbacks are.
+	wire wire
+	// in is what the workflow runs on: the prompt, the metadata and, for
+	// G1, the request and the tools offered for it.
+	in *osmo.WorkflowInput
+	// label is the row's ground truth (only the grader sees it) and
+	// metadata the row's metadata as the trainer sent it.
 	label    *string
+	metadata *structpb.Struct
+	// extra is passed through to every sample's extra_fields.
+	extra *structpb.Struct
+	// gradable: the row has what grading needs (the wire's rule).
+	gradable bool
+	// upstream is where the rollout's LLM calls go (base URL, key, the
+	// wire's request rewrites); the route adds the model and the client
+	// token.
+	upstream llmproxy.Route
 	// token is the bearer the rollout's clients present to the embedded
-	// proxy (G2); the trainer's key never leaves the server.
+	// proxy: the trainer's keys never leave the server.
 	token string
-	log   *eventLog
+	// budget bounds the workflow (and, when fromAdmission, the time queued
+	// too); budgetName says where it came from in messages.
+	budget        time.Duration
+	budgetName    string
+	fromAdmission bool
+	// gradeBudget bounds grading, resends included.
+	gradeBudget time.Duration
+	created     time.Time
+	log         *eventLog
 
-	// runCtx bounds the queue wait and the agent; gradeCtx the grading.
-	// Cancel ends both; shutdown only runCtx (grading finished work
+	// runCtx bounds the queue wait and the workflow; gradeCtx the grading.
+	// A cancel ends both; shutdown only runCtx (grading finished work
 	// survives it).
 	runCtx      context.Context
 	runCancel   context.CancelCauseFunc
 	gradeCtx    context.Context
 	gradeCancel context.CancelCauseFunc
 	// span is the rollout's span and bag the baggage carrying its ids; nil
-	// and empty when not tracing. Both are set before the run starts.
+	// and empty when not tracing.
 	span trace.Span
 	bag  baggage.Baggage
 
-	// ready is closed once init finished (tools computed or failed); initResp
-	// and initErr are set before.
-	ready    chan struct{}
-	initResp *rolloutv1.InitRolloutResponse
-	initErr  error
-
-	mu          sync.Mutex
-	state       rolloutv1.State
-	created     time.Time
-	started     time.Time
-	finished    time.Time
-	calls       []*llmproxy.Call
-	toolCalls   int
-	toolLatency time.Duration
-	samples     []*rolloutv1.RolloutSample
-	cancelled   bool
+	mu        sync.Mutex
+	state     rolloutv1.State
+	started   time.Time
+	finished  time.Time
+	calls     []*llmproxy.Call
+	tools     map[string]toolStats // by sample id
+	samples   []*rolloutv1.RolloutSample
+	cancelled bool
+	// out is set when the outcome is known (at the latest when grading
+	// ended); final says it is.
+	out         outcome.Outcome
+	final       bool
 	reward      *float64
-	finish      string
-	errMsg      string
-	errCategory string
 	callbackErr string
 	seq         int64
+}
+
+// toolStats are the tool calls a sample's agent recorded itself.
+type toolStats struct {
+	n       int
+	latency time.Duration
 }
 
 // errCancelled is the cause of a rollout cancelled through CancelRollouts.
 var errCancelled = errors.New("cancelled by request")
 
-// newRecordContexts gives rec its run and grade contexts; parent is the
+// initContexts gives the record its run and grade contexts; parent is the
 // service's rollouts context (cancelled at shutdown).
 func (r *record) initContexts(parent context.Context) {
 	r.runCtx, r.runCancel = context.WithCancelCause(parent)
 	r.gradeCtx, r.gradeCancel = context.WithCancelCause(context.WithoutCancel(parent))
 }
 
+// Cancel dispositions of the G3 cancel endpoint.
+const (
+	dispositionQueued   = "cancelled_queued"
+	dispositionRunning  = "cancelled_running"
+	dispositionNotFound = "not_found"
+)
+
 // cancel cancels the rollout on request and reports what it stopped:
-// "cancelled_queued", "cancelled_running" or "not_found" when it had
-// already finished (or was cancelled before).
+// cancelled_queued, cancelled_running, or not_found when its outcome is
+// already final (it is only delivering callbacks) or it was cancelled
+// before.
 func (r *record) cancel() string {
 	r.mu.Lock()
 	st := r.state
-	done := r.cancelled || !r.finished.IsZero() || r.runCancel == nil ||
-		st == rolloutv1.State_STATE_SUCCEEDED || st == rolloutv1.State_STATE_FAILED || st == rolloutv1.State_STATE_CANCELLED
+	done := r.cancelled || r.final
 	if !done {
 		r.cancelled = true
 	}
 	r.mu.Unlock()
 	if done {
-		// Already over (only delivering its callbacks), or cancelled before.
 		return dispositionNotFound
 	}
 	r.runCancel(errCancelled)
@@ -105,13 +131,6 @@ func (r *record) cancel() string {
 	}
 	return dispositionRunning
 }
-
-// Cancel dispositions of the G3 cancel endpoint.
-const (
-	dispositionQueued   = "cancelled_queued"
-	dispositionRunning  = "cancelled_running"
-	dispositionNotFound = "not_found"
-)
 
 // startRunning moves a queued rollout to running unless it was cancelled;
 // it reports whether it did. Cancel reads the state under the same lock, so
@@ -127,7 +146,6 @@ func (r *record) startRunning() bool {
 	return true
 }
 
-// isQueued reports whether the rollout waits for a slot.
 func (r *record) isQueued() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -138,9 +156,45 @@ func (r *record) setState(s rolloutv1.State) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.state = s
-	if s == rolloutv1.State_STATE_RUNNING {
-		r.started = time.Now()
+}
+
+// settle records the rollout's final outcome: its state and what status
+// and GetRollout report; finished (what watchers wait for) comes with the
+// last callback.
+func (r *record) settle(o outcome.Outcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.out, r.final, r.state = o, true, o.State
+	r.reward = nil
+	if o.OK() {
+		r.reward = meanReward(r.samples)
 	}
+}
+
+// meanReward is a rollout's reward: the mean over its samples that were
+// not removed of each one's reward (the grader's, else the agent's own);
+// nil when none has one.
+func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
+	var sum float64
+	n := 0
+	for _, sm := range samples {
+		if sm.GetRemoveSample() {
+			continue
+		}
+		r := sm.Reward
+		if r == nil {
+			r = sm.AgentReward
+		}
+		if r != nil {
+			sum += *r
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	mean := sum / float64(n)
+	return &mean
 }
 
 func (r *record) addCall(c *llmproxy.Call) {
@@ -149,11 +203,25 @@ func (r *record) addCall(c *llmproxy.Call) {
 	r.calls = append(r.calls, c)
 }
 
-func (r *record) addToolCall(d time.Duration) {
+func (r *record) addToolCall(sampleID string, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.toolCalls++
-	r.toolLatency += d
+	if r.tools == nil {
+		r.tools = map[string]toolStats{}
+	}
+	ts := r.tools[sampleID]
+	ts.n++
+	ts.latency += d
+	r.tools[sampleID] = ts
+}
+
+func (r *record) addCallbackError(kind string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.callbackErr != "" {
+		r.callbackErr += "; "
+	}
+	r.callbackErr += kind + ": " + err.Error()
 }
 
 func (r *record) setSeq(seq int64) {
@@ -174,17 +242,45 @@ func (r *record) finishedAt() time.Time {
 	return r.finished
 }
 
-// metrics computes the G1 metrics from what was recorded. Caller holds mu.
+// snapshot copies the samples: grading sets rewards on the originals while
+// callers read the copies without the lock.
+func (r *record) snapshot() []*rolloutv1.RolloutSample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*rolloutv1.RolloutSample, len(r.samples))
+	for i, s := range r.samples {
+		out[i] = proto.Clone(s).(*rolloutv1.RolloutSample)
+	}
+	return out
+}
+
+// primary is the rollout's first registered sample (a copy), the one the
+// single-sample bodies carry (G1's completion, v0.3's grader callback);
+// nil when there is none.
+func (r *record) primary() *rolloutv1.RolloutSample {
+	if samples := r.snapshot(); len(samples) > 0 {
+		return samples[0]
+	}
+	return nil
+}
+
+// metrics sums what was recorded over the whole rollout. Caller holds mu.
 func (r *record) metricsLocked(end time.Time) *rolloutv1.RolloutMetrics {
-	m := &rolloutv1.RolloutMetrics{
-		NumLlmCalls:   int32(len(r.calls)),
-		NumToolCalls:  int32(r.toolCalls),
-		ToolLatencyMs: ms(r.toolLatency),
+	m := callMetrics(r.calls, r.started, end)
+	for _, ts := range r.tools {
+		m.NumToolCalls += int32(ts.n)
+		m.ToolLatencyMs += ms(ts.latency)
 	}
-	if !r.started.IsZero() {
-		m.TotalLatencyMs = ms(end.Sub(r.started))
+	return m
+}
+
+// callMetrics sums LLM calls; the latency is the run's so far.
+func callMetrics(calls []*llmproxy.Call, started, end time.Time) *rolloutv1.RolloutMetrics {
+	m := &rolloutv1.RolloutMetrics{NumLlmCalls: int32(len(calls))}
+	if !started.IsZero() {
+		m.TotalLatencyMs = ms(end.Sub(started))
 	}
-	for _, c := range r.calls {
+	for _, c := range calls {
 		m.LlmLatencyMs += ms(c.Latency)
 		m.PromptTokens += int32(c.Usage.PromptTokens)
 		m.ResponseTokens += int32(c.Usage.CompletionTokens)
@@ -201,6 +297,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // proto renders the record for GetRollout and WatchRollouts.
 func (r *record) proto() *rolloutv1.Rollout {
+	samples := r.snapshot()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	end := r.finished
@@ -210,15 +307,20 @@ func (r *record) proto() *rolloutv1.Rollout {
 	out := &rolloutv1.Rollout{
 		RolloutId:     r.id,
 		State:         r.state,
+		Workflow:      r.workflow,
+		Samples:       samples,
 		Reward:        r.reward,
-		FinishReason:  r.finish,
-		ErrorMessage:  r.errMsg,
-		ErrorCategory: r.errCategory,
+		ErrorMessage:  r.out.Message,
+		ErrorCategory: string(r.out.Category),
 		Metrics:       r.metricsLocked(end),
 		Metadata:      r.metadata,
 		CreatedAt:     timestamppb.New(r.created),
 		Sequence:      r.seq,
 		CallbackError: r.callbackErr,
+		Wire:          r.wire.name(),
+	}
+	if len(samples) > 0 {
+		out.FinishReason = samples[0].GetFinishReason()
 	}
 	if !r.started.IsZero() {
 		out.StartedAt = timestamppb.New(r.started)
@@ -226,150 +328,21 @@ func (r *record) proto() *rolloutv1.Rollout {
 	if !r.finished.IsZero() {
 		out.FinishedAt = timestamppb.New(r.finished)
 	}
-	out.Workflow = r.workflow
-	// Copies: the caller (a gRPC encoder) reads them after mu is released,
-	// while grading may still set rewards on the originals.
-	out.Samples = make([]*rolloutv1.RolloutSample, len(r.samples))
-	for i, s := range r.samples {
-		out.Samples[i] = proto.Clone(s).(*rolloutv1.RolloutSample)
-	}
 	return out
 }
 
-// callProto converts a proxy record to its wire form.
-func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
-	out := &rolloutv1.LLMCall{
-		Id:                 c.ID,
-		RequestedModel:     c.RequestedModel,
-		Api:                c.API,
-		Model:              c.Model,
-		RequestMessages:    rawStructs(c.RequestMessages),
-		FinishReason:       c.FinishReason,
-		LatencyMs:          ms(c.Latency),
-		TimeToFirstTokenMs: ms(c.TimeToFirstToken),
-		Stream:             c.Stream,
-		PromptTokenIds:     c.PromptTokenIDs,
-		CompletionTokenIds: c.CompletionTokenIDs,
-		Logprobs:           c.Logprobs,
-		StatusCode:         int32(c.StatusCode),
-		Error:              c.Err,
-		Attempts:           int32(c.Attempts),
-		Usage: &rolloutv1.Usage{
-			PromptTokens:     int32(c.Usage.PromptTokens),
-			CompletionTokens: int32(c.Usage.CompletionTokens),
-			TotalTokens:      int32(c.Usage.TotalTokens),
-			CachedTokens:     int32(c.Usage.CachedTokens),
-		},
-		// The G3 names of the same facts.
-		PromptTokens:     int32(c.Usage.PromptTokens),
-		CompletionTokens: int32(c.Usage.CompletionTokens),
-		CachedTokens:     int32(c.Usage.CachedTokens),
-		ModelName:        c.Model,
-	}
-	if !c.StartedAt.IsZero() {
-		out.StartedAt = timestamppb.New(c.StartedAt)
-	}
-	if len(c.ResponseMessage) > 0 {
-		s := &structpb.Struct{}
-		if protojson.Unmarshal(c.ResponseMessage, s) == nil {
-			out.ResponseMessage = s
+// status renders the G3 status body: the state in the G3 vocabulary, the
+// reward once graded, and the error in the wire's categories.
+func (r *record) status() *rolloutv1.RolloutStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := &rolloutv1.RolloutStatus{RolloutId: r.id, Status: outcome.StatusWord(r.state), Reward: r.reward}
+	if r.final && !r.out.OK() {
+		msg := r.out.Message
+		out.ErrMessage = &msg
+		if cat := r.out.Category.Wire(); cat != "" {
+			out.ErrCategory = &cat
 		}
 	}
 	return out
-}
-
-// rawStructs decodes a JSON array of objects; elements that are not objects
-// are dropped (the proxy already refused requests whose messages are not).
-func rawStructs(raw json.RawMessage) []*structpb.Struct {
-	if len(raw) == 0 {
-		return nil
-	}
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil {
-		return nil
-	}
-	out := make([]*structpb.Struct, 0, len(items))
-	for _, it := range items {
-		s := &structpb.Struct{}
-		if protojson.Unmarshal(it, s) == nil {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// toStructs converts Go JSON-shaped messages to Structs through JSON, which
-// accepts every shape encoding/json does (typed slices, nested structs).
-func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {
-	out := make([]*structpb.Struct, 0, len(msgs))
-	for _, m := range msgs {
-		b, err := json.Marshal(m)
-		if err != nil {
-			return nil, err
-		}
-		s := &structpb.Struct{}
-		if err := protojson.Unmarshal(b, s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
-
-// fromStructs is the inverse of toStructs.
-func fromStructs(in []*structpb.Struct) []map[string]any {
-	out := make([]map[string]any, 0, len(in))
-	for _, s := range in {
-		out = append(out, s.AsMap())
-	}
-	return out
-}
-
-// callsOf returns the calls recorded for sampleID. Caller holds mu.
-func (r *record) callsOf(sampleID string) []*llmproxy.Call {
-	var out []*llmproxy.Call
-	for _, c := range r.calls {
-		if c.SampleID == sampleID {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// fromRaw decodes a JSON array of objects (elements that are not objects
-// are dropped).
-func fromRaw(raw json.RawMessage) []map[string]any {
-	var items []json.RawMessage
-	if len(raw) == 0 || json.Unmarshal(raw, &items) != nil {
-		return nil
-	}
-	out := make([]map[string]any, 0, len(items))
-	for _, it := range items {
-		if m := fromRawObject(it); m != nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// fromRawObject decodes a JSON object, or returns nil.
-func fromRawObject(raw json.RawMessage) map[string]any {
-	var m map[string]any
-	if json.Unmarshal(raw, &m) != nil {
-		return nil
-	}
-	return m
-}
-
-// protoMap renders a message as a JSON object with the proto field names,
-// the shape of the callbacks.
-func protoMap(m proto.Message) map[string]any {
-	if m == nil || !m.ProtoReflect().IsValid() {
-		return nil
-	}
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
-	if err != nil {
-		return nil
-	}
-	return fromRawObject(b)
 }

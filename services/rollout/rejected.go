@@ -7,35 +7,49 @@ import (
 	"google.golang.org/grpc/status"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
 // maxRejectedDeliveries bounds the refused starts whose callbacks are being
 // delivered at once; past it a refused start gets its 422 only.
 const maxRejectedDeliveries = 64
 
-// reportRejected tells the controller of a G2 start refused as bad input
+// reportRejected tells the controller of a start refused as bad input
 // through the callbacks too, as a failure with err_category
 // validation_error: a trainer that only watches its callbacks must not wait
 // forever for a rollout that never started. The caller answers the request
 // (422) at once; the callbacks follow in the background, under the G2
-// retry policy, one per usable URL (an http(s) URL with a host), with the
-// request's controller_api_key as the bearer when it has a usable one.
+// callback retry policy, one per usable URL (an http(s) URL with a host),
+// with the
+// request's controller_api_key as the bearer when it has a usable one. id
+// is the rollout id the request names (in its body or its completion URL),
+// possibly empty.
 //
 // Nothing is posted for a caller without the server's API key (the
 // interceptor refuses it before this runs; the check here keeps it so when
 // the service is called directly), nor for a refused start that names a
 // rollout this server holds: that rollout posts its own callbacks, once.
-func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, cause error) {
-	completionURL := usableURL(req.GetCompletionCallbackUrl())
-	graderURL := usableURL(req.GetGraderCallbackUrl())
-	if completionURL == "" && graderURL == "" {
-		return
-	}
-	if s.auth.Authorize(ctx, rolloutv1.RolloutService_StartRollout_FullMethodName) != nil {
-		return
-	}
-	id := req.GetRolloutId()
+func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, id string, cause error) {
 	msg := status.Convert(cause).Message()
+	// The failure a rollout would report, sent only to the usable URLs.
+	// A key that was itself the refused field (blank, or not a header
+	// value) is not sent: the transport would refuse it on every retry.
+	bearer := req.GetControllerApiKey()
+	if strings.TrimSpace(bearer) == "" || validateHeaderValue("controller_api_key", bearer) != nil {
+		bearer = ""
+	}
+	o := outcome.Failed(outcome.Validation, "%s", msg)
+	w := &g2Wire{req: req, id: id, policy: s.g2Policy}
+	var ds []delivery
+	for _, d := range append(w.ran(nil, o), w.finished(&record{}, o, o)...) {
+		if validateHTTPURL("url", d.url, true) == nil {
+			d.bearer = bearer
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 || s.auth.Authorize(ctx, rolloutv1.RolloutService_StartRollout_FullMethodName) != nil {
+		return
+	}
 	log := s.log.With("rollout_id", id)
 	if id != "" && s.store.get(id) != nil {
 		log.InfoContext(ctx, "refused start names a rollout held here: no callbacks for the refusal", "error", msg)
@@ -47,14 +61,6 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		log.WarnContext(ctx, "refused start not reported through callbacks: too many refusals being delivered", "error", msg, "limit", maxRejectedDeliveries)
 		return
 	}
-	out := &wfOutcome{}
-	out.failed(categoryValidation, "%s", msg)
-	// A key that was itself the refused field (blank, or not a header
-	// value) is not sent: the transport would refuse it on every retry.
-	bearer := req.GetControllerApiKey()
-	if strings.TrimSpace(bearer) == "" || validateHeaderValue("controller_api_key", bearer) != nil {
-		bearer = ""
-	}
 	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)
 	// The request's trace, not its cancellation: the callbacks outlive the
 	// answer.
@@ -63,20 +69,8 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.rejectSem }()
-		if completionURL != "" {
-			_, _ = s.deliver(dctx, "completion", completionURL, bearer, out.body(id), out.status, log)
-		}
-		if graderURL != "" {
-			body := g2GraderCallback{g2Completion: out.body(id), Samples: map[string]*g2Sample{}}
-			_, _ = s.deliver(dctx, "grader", graderURL, bearer, body, out.status, log)
+		for _, d := range ds {
+			_, _ = s.post(dctx, d, log)
 		}
 	}()
-}
-
-// usableURL returns raw when a callback can be posted to it, else "".
-func usableURL(raw string) string {
-	if validateHTTPURL("url", raw, true) != nil {
-		return ""
-	}
-	return raw
 }

@@ -124,7 +124,7 @@ func checkRejection(t *testing.T, what string, post sinkPost, id, msg string, gr
 	}
 	want := map[string]any{"status": "failure", "rollout_id": id, "err_message": msg, "err_category": "validation_error"}
 	if grader {
-		want["samples"] = map[string]any{}
+		want["samples"], want["sample"] = map[string]any{}, nil
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s: body %s\nwant %v", what, post.body, want)
@@ -145,7 +145,7 @@ func checkRejection(t *testing.T, what string, post sinkPost, id, msg string, gr
 // message.
 func TestG2RejectedStartCallbacks(t *testing.T) {
 	sink := newCallbackSink(t)
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 	type rejected struct {
 		name, id, field, bearer string
 		msg                     string
@@ -194,7 +194,7 @@ func TestG2RejectedStartCallbacks(t *testing.T) {
 		}
 	}
 	// Nothing ran, nothing was kept.
-	if n := len(h.ctl.Chats()); n != 0 {
+	if n := len(h.g2.Chats()); n != 0 {
 		t.Errorf("refused starts made %d LLM calls", n)
 	}
 	if hr := h.health(t); hr.GetActiveRollouts() != 0 || hr.GetCompletedRollouts() != 0 || hr.GetConcurrency().GetQueued() != 0 {
@@ -212,7 +212,7 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 
 	t.Run("only to usable URLs", func(t *testing.T) {
 		sink := newCallbackSink(t)
-		h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+		h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 		for _, tc := range []struct {
 			name, completion string
 			grader           *string
@@ -243,7 +243,7 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 		sink := newCallbackSink(t)
 		release := make(chan struct{})
 		sink.hold["/c/slow"] = release
-		h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+		h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 		req := h.startReq(t, "slow-1")
 		req.CompletionCallbackUrl, req.GraderCallbackUrl = sink.url("/c/slow"), nil
 		badTimeout(req)
@@ -260,7 +260,7 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 		sink := newCallbackSink(t)
 		sink.answers["/c/retry"] = []int{503, 503}
 		sink.answers["/g/retry"] = []int{400}
-		h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+		h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 		req := h.startReq(t, "retry-1")
 		req.CompletionCallbackUrl, req.GraderCallbackUrl = sink.url("/c/retry"), proto.String(sink.url("/g/retry"))
 		badTimeout(req)
@@ -280,7 +280,7 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 
 	t.Run("not for an unauthenticated caller", func(t *testing.T) {
 		sink := newCallbackSink(t)
-		h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil), cfg: func(c *rollout.Config) { c.APIKey = "server-key" }})
+		h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil), cfg: func(c *rollout.Config) { c.APIKey = "server-key" }})
 		req := h.startReq(t, "auth-1")
 		req.CompletionCallbackUrl, req.GraderCallbackUrl = sink.url("/c/noauth"), proto.String(sink.url("/g/noauth"))
 		badTimeout(req)
@@ -312,7 +312,7 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 	t.Run("not at capacity, nor for a rollout held here", func(t *testing.T) {
 		sink := newCallbackSink(t)
 		b := newBlockingWorkflow()
-		h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued = 1, 1 }})
+		h := newHarness(t, harnessOpts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued = 1, 1 }})
 		h.start(t, h.startReq(t, "held"))
 		b.waitStarted(t, "held")
 		h.start(t, h.startReq(t, "queued"))
@@ -340,8 +340,8 @@ func TestG2RejectedStartCallbackRules(t *testing.T) {
 		}
 		for _, id := range []string{"held", "queued"} {
 			h.waitDone(t, id)
-			if n := len(h.ctl.Completions(id)); n != 1 || h.ctl.Completions(id)[0].Status != "cancelled" {
-				t.Errorf("%s: completions %v, want its one cancelled", id, h.ctl.Completions(id))
+			if n := len(h.g2.Completions(id)); n != 1 || h.g2.Completions(id)[0].Status != "cancelled" {
+				t.Errorf("%s: completions %v, want its one cancelled", id, h.g2.Completions(id))
 			}
 		}
 	})

@@ -15,9 +15,8 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/server"
@@ -34,31 +33,41 @@ type Grader interface {
 type Service struct {
 	rolloutv1.UnimplementedRolloutServiceServer
 
-	cfg        Config
-	auth       *server.BearerAuth
-	log        *slog.Logger
-	store      *store
-	logs       *eventLogs
-	sem        chan struct{}
-	routes     *llmproxy.RouteTable
-	proxySrv   *http.Server
-	proxyLn    net.Listener
-	proxyURL   string
-	llmClient  *http.Client
-	httpClient *http.Client
-	completed  atomic.Int64
-	metrics    *metrics
-	// g2Client posts the G2 callbacks; per-attempt timeouts come from the
-	// policy.
-	g2Client *http.Client
+	cfg Config
+	// workflow is what every rollout runs, whatever wire started it: the
+	// configured Workflow, or the AgentLoop made one.
+	workflow *osmo.Workflow
+	auth     *server.BearerAuth
+	log      *slog.Logger
+	store    *store
+	logs     *eventLogs
+	metrics  *metrics
+	tracer   trace.Tracer // nil when not tracing
 
-	// G2 admission: admitMu makes the capacity check and the admission one
-	// step; wfSem is the workflow's own limit (nil when it has none).
+	// Admission: admitMu makes the capacity check and the admission one
+	// step. queued and running count the rollouts waiting for a slot and
+	// those whose workflow runs.
 	admitMu   sync.Mutex
-	queuedG2  atomic.Int64
-	runningG2 atomic.Int64
-	wfSem     chan struct{}
-	tracer    trace.Tracer // nil when not tracing
+	queued    atomic.Int64
+	running   atomic.Int64
+	completed atomic.Int64
+	// sem is the server's concurrency limit, wfSem the workflow's own (nil
+	// when it has none).
+	sem   chan struct{}
+	wfSem chan struct{}
+
+	// The embedded LLM proxy every rollout's calls go through, and the
+	// client workflows reach it with.
+	routes    *llmproxy.RouteTable
+	proxySrv  *http.Server
+	proxyLn   net.Listener
+	proxyURL  string
+	llmClient *http.Client
+	// callbackClient posts the callbacks; each wire's retry policy sets the
+	// per-attempt timeouts.
+	callbackClient *http.Client
+	g1Policy       callbackPolicy
+	g2Policy       callbackPolicy
 	// rejectSem bounds the refused starts reported through callbacks at
 	// once (reportRejected).
 	rejectSem chan struct{}
@@ -75,30 +84,49 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	wf := cfg.Workflow
+	if wf == nil {
+		var err error
+		if wf, err = osmo.AgentLoopWorkflow(cfg.AgentLoop); err != nil {
+			return nil, fmt.Errorf("rollout.New: %w", err)
+		}
+	}
 	logs, err := newEventLogs(cfg.LogDir, time.Now())
 	if err != nil {
 		return nil, err
 	}
 	s := &Service{
-		cfg: cfg,
+		cfg:      cfg,
+		workflow: wf,
 		// All RPCs need the key but Health (the Osmosis /health) and the
 		// standard health and reflection services.
-		auth:    server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
-		log:     cfg.Logger.With("service", "rollout"),
-		store:   newStore(),
-		logs:    logs,
-		sem:     make(chan struct{}, cfg.MaxConcurrent),
-		routes:  llmproxy.NewRouteTable(),
-		metrics: newMetrics(cfg.Metrics),
-
+		auth:      server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
+		log:       cfg.Logger.With("service", "rollout"),
+		store:     newStore(),
+		logs:      logs,
+		metrics:   newMetrics(cfg.Metrics),
+		sem:       make(chan struct{}, cfg.MaxConcurrent),
+		routes:    llmproxy.NewRouteTable(),
 		rejectSem: make(chan struct{}, maxRejectedDeliveries),
+		g1Policy: callbackPolicy{
+			Retries:   cfg.Client.CompleteRolloutRetries,
+			BaseDelay: cfg.Client.RetryBaseDelay,
+			MaxDelay:  cfg.Client.RetryMaxDelay,
+			Timeout:   cfg.Client.Timeout,
+			Delivered: g1Delivered,
+			Retryable: g1Retryable,
+		},
+		g2Policy: callbackPolicy{
+			Retries:   cfg.Callbacks.Attempts - 1,
+			BaseDelay: cfg.Callbacks.BaseDelay,
+			MaxDelay:  cfg.Callbacks.MaxDelay,
+			Timeout:   cfg.Callbacks.Timeout,
+			Delivered: g2Delivered,
+			Retryable: g2Retryable,
+		},
 	}
-	upstream := &http.Transport{
-		Proxy:               nil,
-		MaxConnsPerHost:     cfg.Client.MaxConnections,
-		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
-		MaxIdleConns:        cfg.Client.MaxConnections,
-		IdleConnTimeout:     90 * time.Second,
+	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
+		s.wfSem = make(chan struct{}, n)
 	}
 	proxy, err := llmproxy.New(llmproxy.Config{
 		Router:   s.routes,
@@ -108,8 +136,14 @@ func New(cfg Config) (*Service, error) {
 			BaseDelay:  cfg.Client.RetryBaseDelay,
 			MaxDelay:   cfg.Client.RetryMaxDelay,
 		},
-		Timeout:         cfg.Client.Timeout,
-		Transport:       upstream,
+		Timeout: cfg.Client.Timeout,
+		Transport: &http.Transport{
+			Proxy:               nil,
+			MaxConnsPerHost:     cfg.Client.MaxConnections,
+			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+			MaxIdleConns:        cfg.Client.MaxConnections,
+			IdleConnTimeout:     90 * time.Second,
+		},
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
 		Metrics:         cfg.Metrics,
@@ -130,34 +164,30 @@ func New(cfg Config) (*Service, error) {
 	// Workflows reach the proxy over loopback; no client timeout here because
 	// the proxy enforces per-attempt timeouts and the rollout context the rest.
 	s.llmClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
-	s.httpClient = cfg.HTTPClient
-	if s.httpClient == nil {
-		s.httpClient = &http.Client{Transport: &http.Transport{
+	s.callbackClient = cfg.HTTPClient
+	if s.callbackClient == nil {
+		s.callbackClient = &http.Client{Transport: &http.Transport{
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	s.g2Client = s.httpClient
 	if tp := cfg.TracerProvider; tp != nil {
-		s.g2Client = tracedClient(s.httpClient, tp, cfg, "POST callback")
 		s.tracer = tp.Tracer(tracerName)
 		// Each LLM call and each callback attempt is a client span whose
 		// trace context (and the ids' baggage) goes out in its headers.
-		s.llmClient = tracedClient(s.llmClient, tp, cfg, "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions")
-		s.httpClient = tracedClient(s.httpClient, tp, cfg, "POST /v1/rollout/completed")
-	}
-	if cfg.Workflow != nil {
-		if n := cfg.Workflow.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
-			s.wfSem = make(chan struct{}, n)
-		}
+		s.llmClient = tracedClient(s.llmClient, tp, cfg, func(*http.Request) string {
+			return "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions"
+		})
+		s.callbackClient = tracedClient(s.callbackClient, tp, cfg, attemptSpanName)
 	}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	return s, nil
 }
 
-// tracedClient is a copy of c whose requests are client spans named name.
-func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name string) *http.Client {
+// tracedClient is a copy of c whose requests are client spans named by
+// name.
+func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name func(*http.Request) string) *http.Client {
 	base := c.Transport
 	if base == nil {
 		base = http.DefaultTransport
@@ -167,7 +197,7 @@ func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name stri
 		otelhttp.WithTracerProvider(tp),
 		otelhttp.WithPropagators(cfg.Propagator),
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
-		otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return name }))
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return name(r) }))
 	return &traced
 }
 
@@ -180,7 +210,7 @@ func (s *Service) ProxyURL() string { return s.proxyURL }
 
 // Serve runs the embedded proxy and record pruning until ctx ends, then
 // drains: running rollouts get DrainTimeout to finish, are then cancelled
-// (and still deliver their completion), and Serve returns when all are done.
+// (and still deliver their callbacks), and Serve returns when all are done.
 func (s *Service) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -224,161 +254,6 @@ func (s *Service) drain() {
 	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
 	s.cancelRollouts()
 	<-done
-}
-
-// InitRollout implements the G1 init.
-func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
-	if s.cfg.AgentLoop == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "this server runs the AgentWorkflow %q: start rollouts with POST /rollout (G2), not /v1/rollout/init", s.cfg.Workflow.Name())
-	}
-	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
-		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
-		return nil, err
-	}
-	key := req.GetRolloutId()
-	if req.IdempotencyKey != nil {
-		key = req.GetIdempotencyKey()
-	}
-	rec := &record{
-		id:       req.GetRolloutId(),
-		key:      key,
-		sampleID: s.cfg.AgentLoop.Name(),
-		workflow: s.cfg.AgentLoop.Name(),
-		req:      req,
-		metadata: req.GetMetadata(),
-		label:    label(req),
-		ready:    make(chan struct{}),
-		state:    rolloutv1.State_STATE_QUEUED,
-		created:  time.Now(),
-	}
-	existing, dup, ok := s.store.admit(rec)
-	if !ok {
-		return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use under another idempotency key", rec.id)
-	}
-	if dup {
-		select {
-		case <-existing.ready:
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		if existing.initErr != nil {
-			// The first init failed and cleared its record; this one may retry.
-			return s.InitRollout(ctx, req)
-		}
-		return existing.initResp, nil
-	}
-	log := s.log.With("rollout_id", rec.id, "sample_id", rec.sampleID)
-	rec.log = s.logs.open(rec.id)
-	rec.initContexts(s.rolloutsCtx)
-
-	resp, err := s.initTools(rec)
-	if err != nil {
-		rec.initErr = err
-		s.store.forget(rec)
-		close(rec.ready)
-		_ = rec.log.close()
-		log.ErrorContext(ctx, "init failed", "error", err)
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	rec.initResp = resp
-	s.startRollout(ctx, rec)
-	close(rec.ready)
-	rec.log.write("init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(resp.GetTools())})
-	log.InfoContext(ctx, "rollout accepted", "tools", len(resp.GetTools()))
-	s.metrics.started.Inc()
-	s.metrics.queued.Inc()
-
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.run(rec)
-	}()
-	return resp, nil
-}
-
-// GetRollout returns a rollout's current record.
-func (s *Service) GetRollout(_ context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
-	if req.GetRolloutId() == "" {
-		return nil, badField("rollout_id", "required")
-	}
-	rec := s.store.get(req.GetRolloutId())
-	if rec == nil {
-		return nil, status.Errorf(codes.NotFound, "rollout %q not found", req.GetRolloutId())
-	}
-	return rec.proto(), nil
-}
-
-// watchBuffer is how many finished rollouts a watcher may lag behind.
-const watchBuffer = 1024
-
-// WatchRollouts streams finished rollouts.
-func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
-	if req.GetAfterSequence() < -1 {
-		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
-	}
-	replay, sub := s.store.subscribe(req.GetAfterSequence(), watchBuffer)
-	defer s.store.unsubscribe(sub)
-	last := req.GetAfterSequence()
-	for _, rec := range replay {
-		if err := stream.Send(rec.proto()); err != nil {
-			return err
-		}
-		last = rec.sequence()
-	}
-	for {
-		select {
-		case <-stream.Context().Done():
-			return nil
-		case rec, ok := <-sub.ch:
-			if !ok {
-				return status.Errorf(codes.ResourceExhausted, "watcher fell behind; reconnect with after_sequence=%d", last)
-			}
-			if rec.sequence() <= last {
-				continue // already replayed
-			}
-			if err := stream.Send(rec.proto()); err != nil {
-				return err
-			}
-			last = rec.sequence()
-		}
-	}
-}
-
-// Health answers the Osmosis health body.
-func (s *Service) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
-	resp := &rolloutv1.HealthResponse{
-		Status:            "healthy",
-		ActiveRollouts:    int32(s.store.counts()),
-		CompletedRollouts: int32(s.completed.Load()),
-	}
-	if s.cfg.AgentLoop != nil {
-		resp.AgentLoop = s.cfg.AgentLoop.Name()
-	}
-	if wf := s.cfg.Workflow; wf != nil {
-		// The G3 body: a G2 server answers "ok" with its concurrency.
-		limit := s.cfg.MaxConcurrent
-		if n := wf.MaxConcurrent(); n > 0 && n < limit {
-			limit = n
-		}
-		if resp.AgentLoop == "" {
-			resp.Status, resp.AgentLoop = "ok", wf.Name()
-		}
-		resp.Concurrency = &rolloutv1.Concurrency{
-			MaxConcurrent: int32(limit),
-			Queued:        int32(s.queuedG2.Load()),
-			Running:       int32(s.runningG2.Load()),
-		}
-	}
-	return resp, nil
-}
-
-// PlatformHealth is Health behind the API key (checked by the interceptor);
-// without a configured key the route does not exist.
-func (s *Service) PlatformHealth(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
-	if s.cfg.APIKey == "" {
-		return nil, status.Error(codes.NotFound, "Not Found")
-	}
-	return s.Health(ctx, req)
 }
 
 // UnaryInterceptor enforces the API key on unary RPCs.

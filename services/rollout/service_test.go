@@ -51,7 +51,7 @@ func TestCalculatorRolloutEndToEnd(t *testing.T) {
 	g := &fakeGrader{fn: rewardByCalculator}
 	h := newHarness(t, harnessOpts{
 		cfg: func(c *rollout.Config) { c.Grader = g; c.GraderName = "calculator" },
-		ctl: controller.Options{APIKey: "ctl-key"},
+		g1:  controller.Options{APIKey: "ctl-key"},
 	})
 	ctx := context.Background()
 	req := h.initReq(t, "calc-1", 6, 7, "42")
@@ -64,7 +64,7 @@ func TestCalculatorRolloutEndToEnd(t *testing.T) {
 	if resp.GetRolloutId() != "calc-1" || len(resp.GetTools()) != 2 {
 		t.Fatalf("init response = %v", resp)
 	}
-	comp := h.wait(t, "calc-1")
+	comp := h.waitG1(t, "calc-1")
 	if comp.Status != "COMPLETED" || comp.Reward == nil || *comp.Reward != 1.0 {
 		t.Fatalf("completion = %s", comp.Raw)
 	}
@@ -76,7 +76,7 @@ func TestCalculatorRolloutEndToEnd(t *testing.T) {
 	}
 
 	// Every LLM call reached the controller with the G1 body and headers.
-	calls := h.ctl.ChatCalls()
+	calls := h.g1.ChatCalls()
 	if len(calls) != 2 {
 		t.Fatalf("controller saw %d LLM calls, want 2", len(calls))
 	}
@@ -100,7 +100,7 @@ func TestCalculatorRolloutEndToEnd(t *testing.T) {
 	}
 
 	// The sample holds the recorded calls with exact tokens.
-	r := h.waitFinished(t, "calc-1")
+	r := h.waitDone(t, "calc-1")
 	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || r.GetReward() != 1 {
 		t.Fatalf("rollout = %v", r)
 	}
@@ -147,7 +147,7 @@ func TestInitIsIdempotent(t *testing.T) {
 			t.Fatalf("duplicate init answered differently: %v vs %v", r, resps[0])
 		}
 	}
-	h.wait(t, "idem-1")
+	h.waitG1(t, "idem-1")
 	// After completion a duplicate still answers the same and starts nothing.
 	r, err := h.client.InitRollout(ctx, req)
 	if err != nil || !proto.Equal(r, resps[0]) {
@@ -157,7 +157,7 @@ func TestInitIsIdempotent(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("agent ran %d times, want 1", runs.Load())
 	}
-	if n := len(h.ctl.Completions("idem-1")); n != 1 {
+	if n := len(h.g1.Completions("idem-1")); n != 1 {
 		t.Fatalf("%d completions, want 1", n)
 	}
 
@@ -213,7 +213,7 @@ func TestFailedInitClearsRecord(t *testing.T) {
 	if err != nil || len(resp.GetTools()) != 1 {
 		t.Fatalf("retry: %v %v", resp, err)
 	}
-	if c := h.wait(t, "flaky-1"); c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 0.5 {
+	if c := h.waitG1(t, "flaky-1"); c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 0.5 {
 		t.Fatalf("completion %s", c.Raw)
 	}
 }
@@ -275,7 +275,7 @@ func TestConcurrencyLimitQueues(t *testing.T) {
 	}
 	close(loop.release)
 	for i := range 5 {
-		h.wait(t, "q-"+string(rune('a'+i)))
+		h.waitG1(t, "q-"+string(rune('a'+i)))
 	}
 	if p := loop.peak.Load(); p != 2 {
 		t.Fatalf("peak concurrency %d, want 2", p)
@@ -284,36 +284,36 @@ func TestConcurrencyLimitQueues(t *testing.T) {
 
 func TestCompletionCallbackRetries(t *testing.T) {
 	t.Run("5xx retried until 200", func(t *testing.T) {
-		h := newHarness(t, harnessOpts{ctl: controller.Options{FailCompletions: 2, FailStatus: 503}})
+		h := newHarness(t, harnessOpts{g1: controller.Options{FailCompletions: 2, FailStatus: 503}})
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "cb-1", 3, 4, nil)); err != nil {
 			t.Fatal(err)
 		}
-		c := h.wait(t, "cb-1")
-		if c.Status != "COMPLETED" || h.ctl.FailedCompletions() != 2 || len(h.ctl.Completions("cb-1")) != 1 {
-			t.Fatalf("status %s failed=%d completions=%d", c.Status, h.ctl.FailedCompletions(), len(h.ctl.Completions("cb-1")))
+		c := h.waitG1(t, "cb-1")
+		if c.Status != "COMPLETED" || h.g1.FailedCompletions() != 2 || len(h.g1.Completions("cb-1")) != 1 {
+			t.Fatalf("status %s failed=%d completions=%d", c.Status, h.g1.FailedCompletions(), len(h.g1.Completions("cb-1")))
 		}
-		if r := h.waitFinished(t, "cb-1"); r.GetCallbackError() != "" {
+		if r := h.waitDone(t, "cb-1"); r.GetCallbackError() != "" {
 			t.Fatalf("callback error %q", r.GetCallbackError())
 		}
 	})
 	t.Run("5xx beyond the retry budget gives up", func(t *testing.T) {
-		h := newHarness(t, harnessOpts{ctl: controller.Options{FailCompletions: 10, FailStatus: 500}})
+		h := newHarness(t, harnessOpts{g1: controller.Options{FailCompletions: 10, FailStatus: 500}})
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "cb-2", 3, 4, nil)); err != nil {
 			t.Fatal(err)
 		}
-		r := h.waitFinished(t, "cb-2")
-		if h.ctl.FailedCompletions() != 3 || !strings.Contains(r.GetCallbackError(), "after 3 attempts") {
-			t.Fatalf("failed=%d callback_error=%q", h.ctl.FailedCompletions(), r.GetCallbackError())
+		r := h.waitDone(t, "cb-2")
+		if h.g1.FailedCompletions() != 3 || !strings.Contains(r.GetCallbackError(), "after 3 attempts") {
+			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCompletions(), r.GetCallbackError())
 		}
 	})
 	t.Run("4xx is not retried", func(t *testing.T) {
-		h := newHarness(t, harnessOpts{ctl: controller.Options{FailCompletions: 10, FailStatus: 409}})
+		h := newHarness(t, harnessOpts{g1: controller.Options{FailCompletions: 10, FailStatus: 409}})
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "cb-3", 3, 4, nil)); err != nil {
 			t.Fatal(err)
 		}
-		r := h.waitFinished(t, "cb-3")
-		if h.ctl.FailedCompletions() != 1 || !strings.Contains(r.GetCallbackError(), "HTTP 409") {
-			t.Fatalf("failed=%d callback_error=%q", h.ctl.FailedCompletions(), r.GetCallbackError())
+		r := h.waitDone(t, "cb-3")
+		if h.g1.FailedCompletions() != 1 || !strings.Contains(r.GetCallbackError(), "HTTP 409") {
+			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCompletions(), r.GetCallbackError())
 		}
 	})
 	t.Run("a refusing callback URL fails without hurting other rollouts", func(t *testing.T) {
@@ -326,10 +326,10 @@ func TestCompletionCallbackRetries(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "cb-ok", 3, 4, nil)); err != nil {
 			t.Fatal(err)
 		}
-		if c := h.wait(t, "cb-ok"); c.Status != "COMPLETED" {
+		if c := h.waitG1(t, "cb-ok"); c.Status != "COMPLETED" {
 			t.Fatalf("healthy rollout: %s", c.Raw)
 		}
-		r := h.waitFinished(t, "cb-refused")
+		r := h.waitDone(t, "cb-refused")
 		if r.GetState() != rolloutv1.State_STATE_FAILED || r.GetCallbackError() == "" {
 			t.Fatalf("refused rollout = %v", r)
 		}
@@ -376,7 +376,7 @@ func TestAgentFailuresBecomeErrorCompletions(t *testing.T) {
 			if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "e-1", 1, 1, "1")); err != nil {
 				t.Fatal(err)
 			}
-			c := h.wait(t, "e-1")
+			c := h.waitG1(t, "e-1")
 			if c.Status != "ERROR" || c.FinishReason != "error" || !strings.Contains(c.ErrorMessage, tc.want) {
 				t.Fatalf("completion = %s", c.Raw)
 			}
@@ -409,7 +409,7 @@ func TestUpstreamFailuresNameTheCause(t *testing.T) {
 			if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "up-1", 2, 2, "4")); err != nil {
 				t.Fatal(err)
 			}
-			c := h.wait(t, "up-1")
+			c := h.waitG1(t, "up-1")
 			if c.Status != "ERROR" || !strings.Contains(c.ErrorMessage, tc.want) {
 				t.Fatalf("completion = %s", c.Raw)
 			}
@@ -424,7 +424,7 @@ func TestGrading(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "g-1", 5, 5, nil)); err != nil {
 			t.Fatal(err)
 		}
-		c := h.wait(t, "g-1")
+		c := h.waitG1(t, "g-1")
 		if c.Status != "COMPLETED" || c.Reward != nil || strings.Contains(string(c.Raw), `"reward"`) || g.count() != 0 {
 			t.Fatalf("completion %s, grader calls %d", c.Raw, g.count())
 		}
@@ -435,7 +435,7 @@ func TestGrading(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "g-2", 5, 5, 25)); err != nil {
 			t.Fatal(err)
 		}
-		if c := h.wait(t, "g-2"); c.Reward == nil || *c.Reward != 1 {
+		if c := h.waitG1(t, "g-2"); c.Reward == nil || *c.Reward != 1 {
 			t.Fatalf("completion %s", c.Raw)
 		}
 	})
@@ -445,7 +445,7 @@ func TestGrading(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "g-3", 5, 5, "26")); err != nil {
 			t.Fatal(err)
 		}
-		if c := h.wait(t, "g-3"); c.Reward == nil || *c.Reward != 0 {
+		if c := h.waitG1(t, "g-3"); c.Reward == nil || *c.Reward != 0 {
 			t.Fatalf("completion %s", c.Raw)
 		}
 	})
@@ -457,11 +457,11 @@ func TestGrading(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "g-4", 5, 5, "25")); err != nil {
 			t.Fatal(err)
 		}
-		c := h.wait(t, "g-4")
+		c := h.waitG1(t, "g-4")
 		if c.Status != "ERROR" || c.Reward != nil || !strings.Contains(c.ErrorMessage, "NaN") || len(c.FinalMessages) == 0 {
 			t.Fatalf("completion %s", c.Raw)
 		}
-		if r := h.waitFinished(t, "g-4"); r.GetErrorCategory() != "grader_error" {
+		if r := h.waitDone(t, "g-4"); r.GetErrorCategory() != "grader_error" {
 			t.Fatalf("category %q", r.GetErrorCategory())
 		}
 	})
@@ -473,7 +473,7 @@ func TestGrading(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "g-5", 5, 5, "25")); err != nil {
 			t.Fatal(err)
 		}
-		if c := h.wait(t, "g-5"); c.Status != "ERROR" || !strings.Contains(c.ErrorMessage, "grading failed") {
+		if c := h.waitG1(t, "g-5"); c.Status != "ERROR" || !strings.Contains(c.ErrorMessage, "grading failed") {
 			t.Fatalf("completion %s", c.Raw)
 		}
 	})
@@ -514,7 +514,7 @@ func TestValidation(t *testing.T) {
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "v-ok", 1, 1, nil)); err != nil {
 		t.Fatal(err)
 	}
-	h.wait(t, "v-ok")
+	h.waitG1(t, "v-ok")
 }
 
 func TestAPIKey(t *testing.T) {
@@ -564,7 +564,7 @@ func TestWatchReplaysAndStreams(t *testing.T) {
 		if _, err := h.client.InitRollout(ctx, h.initReq(t, id, 2, 2, nil)); err != nil {
 			t.Fatal(err)
 		}
-		h.waitFinished(t, id)
+		h.waitDone(t, id)
 	}
 	stream, err := h.client.WatchRollouts(ctx, &rolloutv1.WatchRolloutsRequest{AfterSequence: 0})
 	if err != nil {
@@ -611,7 +611,7 @@ func TestRecordTTLPrunes(t *testing.T) {
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "ttl-1", 1, 1, nil)); err != nil {
 		t.Fatal(err)
 	}
-	h.wait(t, "ttl-1")
+	h.waitG1(t, "ttl-1")
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		_, err := h.client.GetRollout(context.Background(), &rolloutv1.GetRolloutRequest{RolloutId: "ttl-1"})
@@ -629,8 +629,8 @@ func TestEventLog(t *testing.T) {
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "log-1.a_B", 3, 3, nil)); err != nil {
 		t.Fatal(err)
 	}
-	h.wait(t, "log-1.a_B")
-	h.waitFinished(t, "log-1.a_B")
+	h.waitG1(t, "log-1.a_B")
+	h.waitDone(t, "log-1.a_B")
 	files, err := filepath.Glob(filepath.Join(dir, "*", "rollout-*.jsonl"))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("log files %v %v", files, err)
@@ -670,8 +670,8 @@ func TestEventLogFileNames(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		h.wait(t, id)
-		h.waitFinished(t, id)
+		h.waitG1(t, id)
+		h.waitDone(t, id)
 	}
 	files, err := filepath.Glob(filepath.Join(dir, "*", "rollout-*.jsonl"))
 	if err != nil {
@@ -731,7 +731,7 @@ func TestShutdownCancelsStuckRolloutsAndStillCompletes(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	h.stop(t)
-	comps := h.ctl.Completions("sd-1")
+	comps := h.g1.Completions("sd-1")
 	if len(comps) != 1 || comps[0].Status != "ERROR" || !strings.Contains(comps[0].ErrorMessage, "cancelled") {
 		t.Fatalf("completions = %+v", comps)
 	}
@@ -742,7 +742,7 @@ func TestMetrics(t *testing.T) {
 	g := &fakeGrader{fn: rewardByCalculator}
 	h := newHarness(t, harnessOpts{
 		cfg: func(c *rollout.Config) { c.Metrics = reg; c.Grader = g },
-		ctl: controller.Options{FailCompletions: 1, FailStatus: 503},
+		g1:  controller.Options{FailCompletions: 1, FailStatus: 503},
 	})
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "m-1", 4, 5, "20")); err != nil {
 		t.Fatal(err)
@@ -750,8 +750,8 @@ func TestMetrics(t *testing.T) {
 	if _, err := h.client.InitRollout(context.Background(), &rolloutv1.InitRolloutRequest{}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("empty init: %v, want InvalidArgument", err)
 	}
-	h.wait(t, "m-1")
-	h.waitFinished(t, "m-1")
+	h.waitG1(t, "m-1")
+	h.waitDone(t, "m-1")
 	for _, tc := range []struct {
 		name   string
 		labels []string

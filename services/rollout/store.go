@@ -43,13 +43,19 @@ func (s *store) admit(rec *record) (existing *record, dup, ok bool) {
 func (s *store) forget(rec *record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.drop(rec)
+	s.active--
+}
+
+// drop removes rec from the indexes where it is still the record. Caller
+// holds mu.
+func (s *store) drop(rec *record) {
 	if s.byKey[rec.key] == rec {
 		delete(s.byKey, rec.key)
 	}
 	if s.byID[rec.id] == rec {
 		delete(s.byID, rec.id)
 	}
-	s.active--
 }
 
 func (s *store) get(id string) *record {
@@ -96,12 +102,7 @@ func (s *store) prune(now time.Time, ttl time.Duration) int {
 			keep = append(keep, rec)
 			continue
 		}
-		if s.byKey[rec.key] == rec {
-			delete(s.byKey, rec.key)
-		}
-		if s.byID[rec.id] == rec {
-			delete(s.byID, rec.id)
-		}
+		s.drop(rec)
 		n++
 	}
 	for i := len(keep); i < len(s.finished); i++ {

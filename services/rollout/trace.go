@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"math"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
@@ -9,7 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -18,10 +19,11 @@ const tracerName = "github.com/osmo-rl/osmo/services/rollout"
 // noSpan stands in for spans when tracing is off.
 var noSpan = trace.SpanFromContext(context.Background())
 
-// startRollout starts the rollout's span under the InitRollout call's span
-// in ctx. The run happens after InitRollout returns, so the span and the
-// baggage carrying the ids are kept on the record (see traced).
-func (s *Service) startRollout(ctx context.Context, rec *record) {
+// traceRollout starts the rollout's span under the span of the request
+// that started it, in ctx. The rollout runs after that request returned,
+// so the span and the baggage carrying its id are kept on the record (see
+// traced).
+func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	if s.tracer == nil {
 		return
 	}
@@ -30,14 +32,18 @@ func (s *Service) startRollout(ctx context.Context, rec *record) {
 	if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
 		trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
 	}
-	ctx = osmoattr.ContextWithIDs(ctx, rec.id, rec.sampleID)
+	// An agent loop's one sample is named before it runs: its id goes into
+	// the baggage too.
+	sampleID := s.workflow.LoopSampleID()
+	ctx = osmoattr.ContextWithIDs(ctx, rec.id, sampleID)
 	rec.bag = baggage.FromContext(ctx)
 	_, rec.span = s.tracer.Start(ctx, "rollout", trace.WithAttributes(
 		osmoattr.RolloutID.String(rec.id),
 		osmoattr.Workflow.String(rec.workflow),
+		osmoattr.Wire.String(rec.wire.name()),
 	))
-	if rec.sampleID != "" {
-		rec.span.SetAttributes(osmoattr.SampleID.String(rec.sampleID))
+	if sampleID != "" {
+		rec.span.SetAttributes(osmoattr.SampleID.String(sampleID))
 	}
 }
 
@@ -73,44 +79,36 @@ func fail(span trace.Span, typ, msg string) {
 	span.SetStatus(otelcodes.Error, msg)
 }
 
-// endRollout records the outcome on the rollout's span and ends it.
-func endRollout(span trace.Span, out *outcome, m *completionStats) {
-	if !span.IsRecording() {
-		return
-	}
-	attrs := []attribute.KeyValue{osmoattr.RolloutStatus.String(out.status)}
-	if out.finish != "" {
-		attrs = append(attrs, osmoattr.FinishReason.String(out.finish))
-	}
-	if out.reward != nil {
-		attrs = append(attrs, osmoattr.Reward.Float64(*out.reward))
-	}
-	if m != nil {
-		attrs = append(attrs,
-			attribute.Int("osmo.rollout.llm_calls", m.NumLLMCalls),
-			attribute.Int("osmo.rollout.tool_calls", m.NumToolCalls),
-			semconv.GenAIUsageInputTokens(m.PromptTokens),
-			semconv.GenAIUsageOutputTokens(m.ResponseTokens),
-		)
-	}
-	span.SetAttributes(attrs...)
-	if out.status == osmo.StatusError {
-		span.SetAttributes(osmoattr.ErrorCategory.String(out.category))
-		fail(span, out.category, out.errMsg)
-	}
-	span.End()
-}
-
-// endWorkflowSpan records a G2 outcome on the rollout's span and ends it.
-func endWorkflowSpan(span trace.Span, out *wfOutcome, reward *float64) {
+// endRolloutSpan records the outcome on the rollout's span and ends it:
+// the wire's status word, the finish reason, the reward, the totals, and
+// the error.
+func endRolloutSpan(rec *record, status string, o outcome.Outcome) {
+	span := rec.rolloutSpan()
 	if span.IsRecording() {
-		span.SetAttributes(osmoattr.RolloutStatus.String(out.status))
-		if reward != nil {
-			span.SetAttributes(osmoattr.Reward.Float64(*reward))
+		rec.mu.Lock()
+		reward, m := rec.reward, rec.metricsLocked(rec.finished)
+		finish := ""
+		if len(rec.samples) > 0 {
+			finish = rec.samples[0].GetFinishReason()
 		}
-		if out.status != "success" {
-			span.SetAttributes(osmoattr.ErrorCategory.String(out.category))
-			fail(span, out.category, out.errMsg)
+		rec.mu.Unlock()
+		attrs := []attribute.KeyValue{
+			osmoattr.RolloutStatus.String(status),
+			attribute.Int("osmo.rollout.llm_calls", int(m.GetNumLlmCalls())),
+			attribute.Int("osmo.rollout.tool_calls", int(m.GetNumToolCalls())),
+			semconv.GenAIUsageInputTokens(int(m.GetPromptTokens())),
+			semconv.GenAIUsageOutputTokens(int(m.GetResponseTokens())),
+		}
+		if finish != "" {
+			attrs = append(attrs, osmoattr.FinishReason.String(finish))
+		}
+		if reward != nil && !math.IsNaN(*reward) {
+			attrs = append(attrs, osmoattr.Reward.Float64(*reward))
+		}
+		span.SetAttributes(attrs...)
+		if !o.OK() {
+			span.SetAttributes(osmoattr.ErrorCategory.String(string(o.Category)))
+			fail(span, string(o.Category), o.Message)
 		}
 	}
 	span.End()

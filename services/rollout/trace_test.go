@@ -121,7 +121,7 @@ func TestRolloutTrace(t *testing.T) {
 	}}}
 	h, exp, tp := traced(t, harnessOpts{
 		cfg: func(c *rollout.Config) { c.Grader = g; c.GraderName = "calculator" },
-		ctl: controller.Options{FailCompletions: 1},
+		g1:  controller.Options{FailCompletions: 1},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -130,7 +130,7 @@ func TestRolloutTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	trainer.End()
-	if c := h.wait(t, "t1"); c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 1 {
+	if c := h.waitG1(t, "t1"); c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != 1 {
 		t.Fatalf("completion %s", c.Raw)
 	}
 	tr := waitSpan(t, exp, "rollout")
@@ -221,12 +221,13 @@ func TestRolloutTraceFailures(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "f1", 2, 3, "6")); err != nil {
 			t.Fatal(err)
 		}
-		h.wait(t, "f1")
+		h.waitG1(t, "f1")
 		tr := waitSpan(t, exp, "rollout")
 		for _, name := range []string{"rollout", "invoke_agent calculator"} {
 			s := tr.one(name)
-			if s.Status.Code != codes.Error || attrMap(s)["error.type"].AsString() != "agent_error" {
-				t.Errorf("%s: status %v error.type %v, want agent_error", name, s.Status, attrMap(s)["error.type"])
+			// The policy's answer is the failure's cause: http_error.
+			if s.Status.Code != codes.Error || attrMap(s)["error.type"].AsString() != "http_error" {
+				t.Errorf("%s: status %v error.type %v, want http_error", name, s.Status, attrMap(s)["error.type"])
 			}
 		}
 		chat := tr.named("chat openai/osmosis-rollout")
@@ -242,7 +243,7 @@ func TestRolloutTraceFailures(t *testing.T) {
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "f2", 2, 3, "6")); err != nil {
 			t.Fatal(err)
 		}
-		h.wait(t, "f2")
+		h.waitG1(t, "f2")
 		tr := waitSpan(t, exp, "rollout")
 		grade := tr.one("grade")
 		if grade.Status.Code != codes.Error || attrMap(grade)["error.type"].AsString() != "grader_error" || !strings.Contains(grade.Status.Description, "grader exploded") {
@@ -283,7 +284,7 @@ func TestG2WorkflowTrace(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	h := newG2Harness(t, g2Opts{wf: multiply.New(), cfg: func(c *rollout.Config) { c.TracerProvider = tp }})
+	h := newHarness(t, harnessOpts{wf: multiply.New(), cfg: func(c *rollout.Config) { c.TracerProvider = tp }})
 	h.start(t, h.startReq(t, "g2-trace"))
 	if c := h.waitCompletion(t, "g2-trace"); c.Status != "success" {
 		t.Fatalf("completion %s", c.Raw)

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -21,40 +22,47 @@ func badField(field, format string, args ...any) error {
 	return fielderr.New(field, format, args...)
 }
 
+// firstError is the first of errs that is not nil: a request's checks in
+// the order its problems are reported.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// want is nil when ok, else the bad-input error naming field.
+func want(ok bool, field, format string, args ...any) error {
+	if ok {
+		return nil
+	}
+	return badField(field, format, args...)
+}
+
 // validateInit checks a G1 init request against PROTOCOL.md.
 func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int) error {
-	if err := validateID("rollout_id", req.GetRolloutId()); err != nil {
-		return err
+	return firstError(
+		validateID("rollout_id", req.GetRolloutId()),
+		validateHTTPURL("server_url", req.GetServerUrl(), true),
+		want(len(req.GetMessages()) > 0, "messages", "required: at least one chat message"),
+		want(req.CompletionParams != nil, "completion_params", "required: a JSON object of sampling parameters"),
+		validateHTTPURL("tool_server_url", req.GetToolServerUrl(), false),
+		want(req.MaxTurns == nil || req.GetMaxTurns() > 0, "max_turns", "must be positive, got %d", req.GetMaxTurns()),
+		want(req.MaxTokensTotal == nil || req.GetMaxTokensTotal() > 0, "max_tokens_total", "must be positive, got %d", req.GetMaxTokensTotal()),
+		optional(req.IdempotencyKey != nil, func() error { return validateID("idempotency_key", req.GetIdempotencyKey()) }),
+		validateHeaderValue("api_key", req.GetApiKey()),
+		validateMetadata(req.Metadata, maxMetadataBytes),
+	)
+}
+
+// optional runs check only for a field that is set.
+func optional(set bool, check func() error) error {
+	if !set {
+		return nil
 	}
-	if err := validateHTTPURL("server_url", req.GetServerUrl(), true); err != nil {
-		return err
-	}
-	if len(req.GetMessages()) == 0 {
-		return badField("messages", "required: at least one chat message")
-	}
-	if req.CompletionParams == nil {
-		return badField("completion_params", "required: a JSON object of sampling parameters")
-	}
-	if req.ToolServerUrl != nil {
-		if err := validateHTTPURL("tool_server_url", req.GetToolServerUrl(), false); err != nil {
-			return err
-		}
-	}
-	if req.MaxTurns != nil && req.GetMaxTurns() <= 0 {
-		return badField("max_turns", "must be positive, got %d", req.GetMaxTurns())
-	}
-	if req.MaxTokensTotal != nil && req.GetMaxTokensTotal() <= 0 {
-		return badField("max_tokens_total", "must be positive, got %d", req.GetMaxTokensTotal())
-	}
-	if req.IdempotencyKey != nil {
-		if err := validateID("idempotency_key", req.GetIdempotencyKey()); err != nil {
-			return err
-		}
-	}
-	if err := validateHeaderValue("api_key", req.GetApiKey()); err != nil {
-		return err
-	}
-	return validateMetadata(req.Metadata, maxMetadataBytes)
+	return check()
 }
 
 // validateHeaderValue checks a key that goes out as an Authorization
@@ -94,58 +102,50 @@ func validateHTTPURL(field, raw string, required bool) error {
 	return nil
 }
 
-// maxTimeoutSec bounds the G2 budgets: a day is longer than any rollout.
+// maxTimeoutSec bounds the G2 and v0.3 budgets, which must be finite: a
+// day is longer than any rollout.
 const maxTimeoutSec = 24 * 60 * 60
 
-// validateStart checks a G2 start request against PROTOCOL.md (with the G3
-// rule that a rollout id is one safe path segment).
-func validateStart(req *rolloutv1.StartRolloutRequest, maxMetadataBytes int) error {
-	if err := validateID("rollout_id", req.GetRolloutId()); err != nil {
-		return err
-	}
-	if err := validatePathSegment("rollout_id", req.GetRolloutId()); err != nil {
-		return err
-	}
-	if err := validateHTTPURL("chat_completions_url", req.GetChatCompletionsUrl(), true); err != nil {
-		return err
-	}
-	if err := validateHTTPURL("completion_callback_url", req.GetCompletionCallbackUrl(), true); err != nil {
-		return err
-	}
-	if req.GraderCallbackUrl != nil {
-		if err := validateHTTPURL("grader_callback_url", req.GetGraderCallbackUrl(), true); err != nil {
-			return err
-		}
-	}
-	if req.ControllerApiKey != nil && strings.TrimSpace(req.GetControllerApiKey()) == "" {
-		return badField("controller_api_key", "must not be blank: omit it (or send null) for no key")
-	}
-	if err := validateHeaderValue("controller_api_key", req.GetControllerApiKey()); err != nil {
-		return err
-	}
-	for _, t := range []struct {
-		field string
-		v     *float64
-	}{{"agent_timeout_sec", req.AgentTimeoutSec}, {"grader_timeout_sec", req.GraderTimeoutSec}} {
-		if t.v == nil {
-			continue
-		}
-		if v := *t.v; !(v > 0) || v > maxTimeoutSec {
-			return badField(t.field, "must be a positive number of seconds up to %d, got %v", maxTimeoutSec, v)
-		}
-	}
+// validateStart checks a POST /rollout request against PROTOCOL.md's G2
+// and v0.3 rules (with the G3 rule that a rollout id is one safe path
+// segment); id is the request's rollout_id, or the one its completion URL
+// names when it has none.
+func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int) error {
+	labelKind := "" // what a label must not be
 	switch req.GetLabel().GetKind().(type) {
-	case *structpb.Value_StructValue, *structpb.Value_ListValue:
-		return badField("label", "must be a string (or a number), got a JSON %s", kindName(req.GetLabel()))
+	case *structpb.Value_StructValue:
+		labelKind = "object"
+	case *structpb.Value_ListValue:
+		labelKind = "array"
 	}
-	return validateMetadata(req.Metadata, maxMetadataBytes)
+	return firstError(
+		want(id != "", "rollout_id", "required (unless completion_callback_url ends in /rollouts/{rollout_id}/completion, which then names it)"),
+		validateID("rollout_id", id),
+		validatePathSegment("rollout_id", id),
+		validateHTTPURL("chat_completions_url", req.GetChatCompletionsUrl(), true),
+		validateHTTPURL("completion_callback_url", req.GetCompletionCallbackUrl(), true),
+		optional(req.GraderCallbackUrl != nil, func() error {
+			return validateHTTPURL("grader_callback_url", req.GetGraderCallbackUrl(), true)
+		}),
+		want(req.ControllerApiKey == nil || strings.TrimSpace(req.GetControllerApiKey()) != "",
+			"controller_api_key", "must not be blank: omit it (or send null) for no key"),
+		validateHeaderValue("controller_api_key", req.GetControllerApiKey()),
+		want(req.LlmApiKey == nil || req.GetLlmApiKey() != "",
+			"llm_api_key", "must not be empty: omit it (or send null) to use controller_api_key"),
+		validateHeaderValue("llm_api_key", req.GetLlmApiKey()),
+		validateTimeout("agent_timeout_sec", req.AgentTimeoutSec),
+		validateTimeout("grader_timeout_sec", req.GraderTimeoutSec),
+		want(labelKind == "", "label", "must be a string (or a number), got a JSON %s", labelKind),
+		validateMetadata(req.Metadata, maxMetadataBytes),
+	)
 }
 
-func kindName(v *structpb.Value) string {
-	if _, ok := v.GetKind().(*structpb.Value_ListValue); ok {
-		return "array"
+// validateTimeout checks a budget in seconds: finite and positive, if set.
+func validateTimeout(field string, v *float64) error {
+	if v == nil || (*v > 0 && *v <= maxTimeoutSec) {
+		return nil
 	}
-	return "object"
+	return badField(field, "must be a positive number of seconds up to %d, got %v", maxTimeoutSec, *v)
 }
 
 // validatePathSegment refuses ids that are not one safe URL path segment:
@@ -168,27 +168,17 @@ func validatePathSegment(field, v string) error {
 // validateCancel checks that exactly one selector is given.
 func validateCancel(req *rolloutv1.CancelRolloutsRequest) error {
 	n := 0
-	if len(req.GetIds()) > 0 {
-		n++
-	}
-	if req.Prefix != nil {
-		n++
-		if req.GetPrefix() == "" {
-			return badField("prefix", `must not be empty (use {"all": true} to cancel everything)`)
+	for _, set := range []bool{len(req.GetIds()) > 0, req.Prefix != nil, req.GetAll()} {
+		if set {
+			n++
 		}
 	}
-	if req.GetAll() {
-		n++
-	}
-	if n != 1 {
-		return badField("ids", `give exactly one of "ids" (non-empty), "prefix" or "all": true`)
-	}
-	for i, id := range req.GetIds() {
-		if id == "" {
-			return badField("ids", "element %d is empty", i)
-		}
-	}
-	return nil
+	empty := slices.Index(req.GetIds(), "")
+	return firstError(
+		want(req.Prefix == nil || req.GetPrefix() != "", "prefix", `must not be empty (use {"all": true} to cancel everything)`),
+		want(n == 1, "ids", `give exactly one of "ids" (non-empty), "prefix" or "all": true`),
+		want(empty < 0, "ids", "element %d is empty", empty),
+	)
 }
 
 // validateMetadata bounds the encoded size of a request's metadata.

@@ -74,7 +74,7 @@ func TestG2HappyPath(t *testing.T) {
 	var mu sync.Mutex
 	var gradeReqs []*graderv1.GradeRequest
 	g := &fakeGrader{fn: gradeLabelled(&gradeReqs, &mu)}
-	h := newG2Harness(t, g2Opts{
+	h := newHarness(t, harnessOpts{
 		wf:  multiplyWorkflow(t, "solver", false, seen),
 		cfg: func(c *rollout.Config) { c.Grader = g },
 	})
@@ -142,7 +142,7 @@ func TestG2HappyPath(t *testing.T) {
 	}
 
 	// The LLM calls reached the controller as the G2 wire has them.
-	chats := h.ctl.Chats()
+	chats := h.g2.Chats()
 	if len(chats) != 2 {
 		t.Fatalf("controller saw %d LLM calls, want 2", len(chats))
 	}
@@ -183,13 +183,13 @@ func TestG2HappyPath(t *testing.T) {
 	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || r.GetCallbackError() != "" || r.GetWorkflow() != "multiply-test" {
 		t.Errorf("rollout = %v", r)
 	}
-	if n, m := len(h.ctl.Completions("happy-1")), len(h.ctl.GraderCallbacks("happy-1")); n != 1 || m != 1 {
+	if n, m := len(h.g2.Completions("happy-1")), len(h.g2.GraderCallbacks("happy-1")); n != 1 || m != 1 {
 		t.Errorf("%d completion and %d grader callbacks, want 1 each", n, m)
 	}
 }
 
 func TestG2RecordedConversationIsTheSample(t *testing.T) {
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", true, nil)})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", true, nil)})
 	h.start(t, h.startReq(t, "rec-1"))
 	gcb := h.waitGrader(t, "rec-1")
 	s := gcb.Samples["solver"]
@@ -227,7 +227,7 @@ func TestG2LLMCallRecords(t *testing.T) {
 		}
 		return nil
 	})
-	h := newG2Harness(t, g2Opts{wf: wf})
+	h := newHarness(t, harnessOpts{wf: wf})
 	h.start(t, h.startReq(t, "calls-1"))
 	gcb := h.waitGrader(t, "calls-1")
 	if gcb.Status != "success" {
@@ -311,7 +311,7 @@ func TestG2GradingGates(t *testing.T) {
 			var reqs []*graderv1.GradeRequest
 			g := &fakeGrader{fn: gradeLabelled(&reqs, &mu)}
 			logDir := t.TempDir()
-			h := newG2Harness(t, g2Opts{
+			h := newHarness(t, harnessOpts{
 				wf: multiplyWorkflow(t, "solver", false, nil),
 				cfg: func(c *rollout.Config) {
 					c.LogDir = logDir
@@ -333,7 +333,7 @@ func TestG2GradingGates(t *testing.T) {
 			if g.count() != tc.wantGrades {
 				t.Errorf("grader ran %d times, want %d", g.count(), tc.wantGrades)
 			}
-			cbs := h.ctl.GraderCallbacks("gate-1")
+			cbs := h.g2.GraderCallbacks("gate-1")
 			if !tc.graderCB {
 				if len(cbs) != 0 {
 					t.Fatalf("grader callback posted without a grader_callback_url: %s", cbs[0].Raw)
@@ -350,7 +350,7 @@ func TestG2GradingGates(t *testing.T) {
 					t.Errorf("reward on the wire = %s, want %s", got, ptrOr(tc.wantReward))
 				}
 			}
-			if n := len(h.ctl.Completions("gate-1")); n != 1 {
+			if n := len(h.g2.Completions("gate-1")); n != 1 {
 				t.Errorf("%d completions, want 1", n)
 			}
 			st := h.status(t, "gate-1")
@@ -407,7 +407,7 @@ func ptrOr(p *float64) string {
 }
 
 func TestG2StartValidation(t *testing.T) {
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 	big := strings.Repeat("x", 2<<20)
 	for _, tc := range []struct {
 		name  string
@@ -467,7 +467,7 @@ func TestG2StartValidation(t *testing.T) {
 	if hr := h.health(t); hr.GetActiveRollouts() != 0 || hr.GetConcurrency().GetQueued() != 0 {
 		t.Errorf("health after refused starts = %v", hr)
 	}
-	if n := len(h.ctl.Chats()); n != 0 {
+	if n := len(h.g2.Chats()); n != 0 {
 		t.Errorf("refused starts made %d LLM calls", n)
 	}
 	// Numeric labels are fine (taken as text), and the service still serves.
@@ -483,7 +483,7 @@ func TestG2StartValidation(t *testing.T) {
 }
 
 func TestG2CancelAndStatusValidation(t *testing.T) {
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil)})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil)})
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
@@ -510,18 +510,13 @@ func TestG2CancelAndStatusValidation(t *testing.T) {
 	if st := h.status(t, "never-seen"); st.GetStatus() != "unknown" || st.GetRolloutId() != "never-seen" || st.Reward != nil {
 		t.Errorf("status of an unknown id = %v", st)
 	}
-	// A G2 server refuses G1 inits with a pointer to the right endpoint.
-	_, err := h.client.InitRollout(ctx, &rolloutv1.InitRolloutRequest{RolloutId: "g1"})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "/rollout") {
-		t.Errorf("G1 init on a G2 server: %v", err)
-	}
 }
 
 // failureCase is a workflow (or policy) that fails one way.
 type failureCase struct {
 	name     string
 	wf       func(t *testing.T) *osmo.Workflow
-	opts     func(*g2Opts)
+	opts     func(*harnessOpts)
 	edit     func(*rolloutv1.StartRolloutRequest)
 	category string
 	contains string
@@ -602,7 +597,7 @@ func TestG2WorkflowFailures(t *testing.T) {
 		{
 			name:     "policy always 500",
 			wf:       func(t *testing.T) *osmo.Workflow { return multiplyWorkflow(t, "solver", false, nil) },
-			opts:     func(o *g2Opts) { o.mock = mockOpts("500") },
+			opts:     func(o *harnessOpts) { o.mock = mockOpts("500") },
 			category: "http_error", contains: "HTTP 502",
 		},
 	} {
@@ -610,11 +605,11 @@ func TestG2WorkflowFailures(t *testing.T) {
 			g := &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 				return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Error: "must not be asked"}, nil
 			}}
-			o := g2Opts{wf: tc.wf(t), cfg: func(c *rollout.Config) { c.Grader = g }}
+			o := harnessOpts{wf: tc.wf(t), cfg: func(c *rollout.Config) { c.Grader = g }}
 			if tc.opts != nil {
 				tc.opts(&o)
 			}
-			h := newG2Harness(t, o)
+			h := newHarness(t, o)
 			req := h.startReq(t, "f-1")
 			if tc.edit != nil {
 				tc.edit(req)
@@ -640,7 +635,7 @@ func TestG2WorkflowFailures(t *testing.T) {
 			if st.GetStatus() != "failure" || st.GetErrCategory() != tc.category || !strings.Contains(st.GetErrMessage(), tc.contains) || st.Reward != nil {
 				t.Errorf("status = %v", st)
 			}
-			if n, m := len(h.ctl.Completions("f-1")), len(h.ctl.GraderCallbacks("f-1")); n != 1 || m != 1 {
+			if n, m := len(h.g2.Completions("f-1")), len(h.g2.GraderCallbacks("f-1")); n != 1 || m != 1 {
 				t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
 			}
 			if tc.category == "timeout" && (elapsed < 300*time.Millisecond || elapsed > 3*time.Second) {
@@ -667,14 +662,14 @@ func TestG2TimeoutWithWorkflowIgnoringContext(t *testing.T) {
 		<-release
 		return errors.New("released")
 	})
-	h := newG2Harness(t, g2Opts{wf: wf})
+	h := newHarness(t, harnessOpts{wf: wf})
 	t.Cleanup(func() { close(release) }) // runs before the harness stops
 	req := h.startReq(t, "stuck-1")
 	req.AgentTimeoutSec = proto.Float64(0.3)
 	h.start(t, req)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	comp, err := h.ctl.WaitCompletion(ctx, "stuck-1")
+	comp, err := h.g2.WaitCompletion(ctx, "stuck-1")
 	if err != nil {
 		t.Fatalf("no completion 3s after a 0.3s agent_timeout_sec: %v", err)
 	}
@@ -737,7 +732,7 @@ func TestG2GraderFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gr := tc.grader(t)
-			h := newG2Harness(t, g2Opts{
+			h := newHarness(t, harnessOpts{
 				wf:  multiplyWorkflow(t, "solver", false, nil),
 				cfg: func(c *rollout.Config) { c.Grader = gr },
 			})
@@ -748,7 +743,7 @@ func TestG2GraderFailures(t *testing.T) {
 			}
 			// Once the rollout is done its callbacks were posted (or given up on).
 			r := h.waitDone(t, "gf-1")
-			cbs := h.ctl.GraderCallbacks("gf-1")
+			cbs := h.g2.GraderCallbacks("gf-1")
 			if len(cbs) != 1 {
 				t.Fatalf("%d grader callbacks (callback_error %q), want 1", len(cbs), r.GetCallbackError())
 			}
@@ -761,7 +756,7 @@ func TestG2GraderFailures(t *testing.T) {
 			if st.GetStatus() != "failure" || st.GetErrCategory() != "validation_error" || st.Reward != nil {
 				t.Errorf("status = %v", st)
 			}
-			if n, m := len(h.ctl.Completions("gf-1")), len(h.ctl.GraderCallbacks("gf-1")); n != 1 || m != 1 {
+			if n, m := len(h.g2.Completions("gf-1")), len(h.g2.GraderCallbacks("gf-1")); n != 1 || m != 1 {
 				t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
 			}
 		})
@@ -783,7 +778,7 @@ func TestG2GetRolloutWhileGrading(t *testing.T) {
 		<-proceed
 		return grade(req)
 	}}
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil), cfg: func(c *rollout.Config) { c.Grader = g }})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil), cfg: func(c *rollout.Config) { c.Grader = g }})
 	h.start(t, h.startReq(t, "wg-1"))
 	select {
 	case <-grading:
@@ -827,18 +822,18 @@ func TestG2CallbackDelivery(t *testing.T) {
 		{"gives up after 5 attempts", 10, 503, 5, false, "after 5 attempts"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newG2Harness(t, g2Opts{
-				wf:  multiplyWorkflow(t, "solver", false, nil),
-				ctl: controller.G2Options{FailCallbacks: tc.fail, FailStatus: tc.status},
+			h := newHarness(t, harnessOpts{
+				wf: multiplyWorkflow(t, "solver", false, nil),
+				g2: controller.G2Options{FailCallbacks: tc.fail, FailStatus: tc.status},
 			})
 			req := h.startReq(t, "cb-1")
 			req.GraderCallbackUrl = nil // only the completion is posted
 			h.start(t, req)
 			r := h.waitDone(t, "cb-1")
-			if got := h.ctl.FailedCallbacks(); got != tc.wantFailed {
+			if got := h.g2.FailedCallbacks(); got != tc.wantFailed {
 				t.Errorf("%d failed attempts, want %d", got, tc.wantFailed)
 			}
-			comps := h.ctl.Completions("cb-1")
+			comps := h.g2.Completions("cb-1")
 			if tc.delivered {
 				if len(comps) != 1 || comps[0].Status != "success" {
 					t.Fatalf("completions = %v", comps)
@@ -865,7 +860,7 @@ func TestG2CallbackDelivery(t *testing.T) {
 func TestG2Capacity(t *testing.T) {
 	b := newBlockingWorkflow()
 	reg := prometheus.NewRegistry()
-	h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued, c.Metrics = 1, 1, reg }})
+	h := newHarness(t, harnessOpts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued, c.Metrics = 1, 1, reg }})
 	ctx := context.Background()
 	h.start(t, h.startReq(t, "cap-a"))
 	b.waitStarted(t, "cap-a")
@@ -930,7 +925,7 @@ func TestG2Cancel(t *testing.T) {
 	ctx := context.Background()
 	t.Run("running and unknown by ids", func(t *testing.T) {
 		b := newBlockingWorkflow()
-		h := newG2Harness(t, g2Opts{wf: b.workflow(t)})
+		h := newHarness(t, harnessOpts{wf: b.workflow(t)})
 		h.start(t, h.startReq(t, "run-1"))
 		b.waitStarted(t, "run-1")
 		if s := h.status(t, "run-1"); s.GetStatus() != "running" {
@@ -954,7 +949,10 @@ func TestG2Cancel(t *testing.T) {
 		if _, ok := body["err_category"]; !ok {
 			t.Errorf("completion lacks err_category: %s", comp.Raw)
 		}
-		if gcb.Status != "cancelled" || gcb.Samples["blocker"].Reward != nil {
+		// Neither SDK generation's grader status has "cancelled": the
+		// grader callback is a failure saying so, without a category.
+		if gcb.Status != "failure" || gcb.ErrCategory != nil || gcb.ErrMessage == nil || !strings.Contains(*gcb.ErrMessage, "cancelled by request") ||
+			gcb.Samples["blocker"].Reward != nil || !strings.Contains(string(gcb.Raw), `"sample":null`) {
 			t.Errorf("grader callback = %s", gcb.Raw)
 		}
 		if cause := b.cause("run-1"); cause == nil || !strings.Contains(cause.Error(), "cancelled") {
@@ -968,14 +966,14 @@ func TestG2Cancel(t *testing.T) {
 		if err != nil || resp.GetDispositions()["run-1"] != "not_found" {
 			t.Errorf("second cancel = %v %v", resp, err)
 		}
-		if n, m := len(h.ctl.Completions("run-1")), len(h.ctl.GraderCallbacks("run-1")); n != 1 || m != 1 {
+		if n, m := len(h.g2.Completions("run-1")), len(h.g2.GraderCallbacks("run-1")); n != 1 || m != 1 {
 			t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
 		}
 	})
 
 	t.Run("queued never runs", func(t *testing.T) {
 		b := newBlockingWorkflow()
-		h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent = 1 }})
+		h := newHarness(t, harnessOpts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent = 1 }})
 		h.start(t, h.startReq(t, "q-a"))
 		b.waitStarted(t, "q-a")
 		h.start(t, h.startReq(t, "q-b"))
@@ -1004,7 +1002,7 @@ func TestG2Cancel(t *testing.T) {
 
 	t.Run("prefix then all", func(t *testing.T) {
 		b := newBlockingWorkflow()
-		h := newG2Harness(t, g2Opts{wf: b.workflow(t)})
+		h := newHarness(t, harnessOpts{wf: b.workflow(t)})
 		for _, id := range []string{"p-1", "p-2", "q-1"} {
 			h.start(t, h.startReq(t, id))
 			b.waitStarted(t, id)
@@ -1026,7 +1024,7 @@ func TestG2Cancel(t *testing.T) {
 		}
 		for _, id := range []string{"p-1", "p-2", "q-1"} {
 			h.waitDone(t, id)
-			if comps := h.ctl.Completions(id); len(comps) != 1 || comps[0].Status != "cancelled" {
+			if comps := h.g2.Completions(id); len(comps) != 1 || comps[0].Status != "cancelled" {
 				t.Errorf("%s completions = %v", id, comps)
 			}
 		}
@@ -1045,7 +1043,7 @@ func TestG2Cancel(t *testing.T) {
 				http.Error(w, "not aborted", http.StatusInternalServerError)
 			}
 		})
-		h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, nil), policy: policy})
+		h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, nil), policy: policy})
 		h.start(t, h.startReq(t, "llm-1"))
 		select {
 		case <-arrived:
@@ -1065,7 +1063,7 @@ func TestG2Cancel(t *testing.T) {
 			t.Errorf("completion = %s", c.Raw)
 		}
 		h.waitDone(t, "llm-1")
-		if n := len(h.ctl.Completions("llm-1")); n != 1 {
+		if n := len(h.g2.Completions("llm-1")); n != 1 {
 			t.Errorf("%d completions, want 1", n)
 		}
 		if s := h.status(t, "llm-1"); s.GetStatus() != "cancelled" {
@@ -1076,7 +1074,7 @@ func TestG2Cancel(t *testing.T) {
 
 func TestG2DuplicateStartRunsOnce(t *testing.T) {
 	seen := &seenInput{}
-	h := newG2Harness(t, g2Opts{wf: multiplyWorkflow(t, "solver", false, seen)})
+	h := newHarness(t, harnessOpts{wf: multiplyWorkflow(t, "solver", false, seen)})
 	req := h.startReq(t, "dup-1")
 	var wg sync.WaitGroup
 	var failed atomic.Int32
@@ -1101,10 +1099,10 @@ func TestG2DuplicateStartRunsOnce(t *testing.T) {
 	if n := seen.count(); n != 1 {
 		t.Errorf("workflow ran %d times, want 1", n)
 	}
-	if n, m := len(h.ctl.Completions("dup-1")), len(h.ctl.GraderCallbacks("dup-1")); n != 1 || m != 1 {
+	if n, m := len(h.g2.Completions("dup-1")), len(h.g2.GraderCallbacks("dup-1")); n != 1 || m != 1 {
 		t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
 	}
-	if n := len(h.ctl.Chats()); n != 2 {
+	if n := len(h.g2.Chats()); n != 2 {
 		t.Errorf("%d LLM calls, want the 2 of one run", n)
 	}
 }
@@ -1112,7 +1110,7 @@ func TestG2DuplicateStartRunsOnce(t *testing.T) {
 func TestG2Health(t *testing.T) {
 	t.Run("server limit", func(t *testing.T) {
 		b := newBlockingWorkflow()
-		h := newG2Harness(t, g2Opts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued = 2, 3 }})
+		h := newHarness(t, harnessOpts{wf: b.workflow(t), cfg: func(c *rollout.Config) { c.MaxConcurrent, c.MaxQueued = 2, 3 }})
 		hr := h.health(t)
 		want := &rolloutv1.Concurrency{MaxConcurrent: 2}
 		if hr.GetStatus() != "ok" || hr.GetAgentLoop() != "blocking" || !proto.Equal(hr.GetConcurrency(), want) {
@@ -1145,7 +1143,7 @@ func TestG2Health(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := newG2Harness(t, g2Opts{wf: wf, cfg: func(c *rollout.Config) { c.MaxConcurrent = 4 }})
+		h := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) { c.MaxConcurrent = 4 }})
 		if hr := h.health(t); hr.GetConcurrency().GetMaxConcurrent() != 1 || hr.GetAgentLoop() != "narrow" {
 			t.Errorf("health = %v, want the workflow's own limit of 1", hr)
 		}
@@ -1177,7 +1175,7 @@ func TestG2WorkflowConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newG2Harness(t, g2Opts{wf: wf, cfg: func(c *rollout.Config) { c.MaxConcurrent = 8 }})
+	h := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) { c.MaxConcurrent = 8 }})
 	for i := range rollouts {
 		h.start(t, h.startReq(t, fmt.Sprintf("lim-%d", i)))
 	}
@@ -1250,7 +1248,7 @@ func TestG2GraderTimeout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gr := tc.grader(t)
-			h := newG2Harness(t, g2Opts{
+			h := newHarness(t, harnessOpts{
 				wf:  multiplyWorkflow(t, "solver", false, nil),
 				cfg: func(c *rollout.Config) { c.Grader, c.GradeTimeout = gr, 30*time.Second },
 			})
@@ -1284,7 +1282,7 @@ func TestG2GraderTimeout(t *testing.T) {
 				t.Errorf("status = %v", st)
 			}
 			time.Sleep(100 * time.Millisecond)
-			if n, m := len(h.ctl.Completions("gto-1")), len(h.ctl.GraderCallbacks("gto-1")); n != 1 || m != 1 {
+			if n, m := len(h.g2.Completions("gto-1")), len(h.g2.GraderCallbacks("gto-1")); n != 1 || m != 1 {
 				t.Errorf("%d completions and %d grader callbacks, want 1 each", n, m)
 			}
 		})

@@ -19,14 +19,18 @@ const (
 	RolloutID = attribute.Key("osmo.rollout.id")
 	SampleID  = attribute.Key("osmo.sample.id")
 
-	// Workflow is the agent loop that ran the rollout.
+	// Workflow is the workflow (or agent loop) that ran the rollout.
 	Workflow = attribute.Key("osmo.workflow")
-	// RolloutStatus is the completion's status (COMPLETED or ERROR).
+	// Wire is the protocol generation that started the rollout (g1, g2,
+	// v0.3).
+	Wire = attribute.Key("osmo.wire")
+	// RolloutStatus is the outcome in the wire's words (G1: COMPLETED or
+	// ERROR; G2 and v0.3: success, failure, cancelled).
 	RolloutStatus = attribute.Key("osmo.rollout.status")
 	// FinishReason is why the agent stopped (stop, max_turns, error, ...).
 	FinishReason = attribute.Key("osmo.rollout.finish_reason")
-	// ErrorCategory is the rollout's error category (timeout, agent_error,
-	// grader_error, cancelled).
+	// ErrorCategory is the rollout's error category (timeout,
+	// validation_error, http_error, agent_error, grader_error, cancelled).
 	ErrorCategory = attribute.Key("osmo.error.category")
 	// QueueWait is how long a rollout waited for a concurrency slot (ms).
 	QueueWait = attribute.Key("osmo.rollout.queue_wait_ms")

@@ -365,11 +365,14 @@ type Rollout struct {
 	State     State                  `protobuf:"varint,2,opt,name=state,proto3,enum=osmo.rollout.v1.State" json:"state,omitempty"`
 	Workflow  string                 `protobuf:"bytes,3,opt,name=workflow,proto3" json:"workflow,omitempty"`
 	Samples   []*RolloutSample       `protobuf:"bytes,4,rep,name=samples,proto3" json:"samples,omitempty"`
-	// The rollout's reward (its single sample's, for G1). Unset if ungraded.
+	// The rollout's reward: the mean over its samples that were not removed
+	// of each one's reward (the grader's, else the agent's own). Unset when
+	// none has one.
 	Reward       *float64 `protobuf:"fixed64,5,opt,name=reward,proto3,oneof" json:"reward,omitempty"`
 	FinishReason string   `protobuf:"bytes,6,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	ErrorMessage string   `protobuf:"bytes,7,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
-	// timeout, validation_error, http_error, agent_error, grader_error.
+	// timeout, validation_error, http_error, agent_error, grader_error or
+	// cancelled; empty on success.
 	ErrorCategory string                 `protobuf:"bytes,8,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
 	Metrics       *RolloutMetrics        `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	Metadata      *structpb.Struct       `protobuf:"bytes,10,opt,name=metadata,proto3" json:"metadata,omitempty"`
@@ -380,6 +383,8 @@ type Rollout struct {
 	Sequence int64 `protobuf:"varint,14,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// Non-empty when the completion callback could not be delivered.
 	CallbackError string `protobuf:"bytes,15,opt,name=callback_error,json=callbackError,proto3" json:"callback_error,omitempty"`
+	// The protocol generation that started the rollout: g1, g2 or v0.3.
+	Wire          string `protobuf:"bytes,16,opt,name=wire,proto3" json:"wire,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,11 +524,21 @@ func (x *Rollout) GetCallbackError() string {
 	return ""
 }
 
-// StartRolloutRequest is the G2 body of POST /rollout, field for field.
+func (x *Rollout) GetWire() string {
+	if x != nil {
+		return x.Wire
+	}
+	return ""
+}
+
+// StartRolloutRequest is the body of POST /rollout, field for field: G2's
+// (SDK v0.2) and v0.3's, which adds llm_api_key.
 type StartRolloutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Required: 1..256 characters, one safe path segment (no "/", "\\", NUL,
-	// and not "." or "..").
+	// 1..256 characters, one safe path segment (no "/", "\\", NUL, and not
+	// "." or ".."). Required unless completion_callback_url ends in
+	// /rollouts/{id}/completion (the v0.3 controller's shape), which then
+	// names it.
 	RolloutId string `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	// The dataset row's input messages: the workflow's prompt.
 	InitialMessages []*structpb.Struct `protobuf:"bytes,2,rep,name=initial_messages,json=initialMessages,proto3" json:"initial_messages,omitempty"`
@@ -539,15 +554,19 @@ type StartRolloutRequest struct {
 	Label *structpb.Value `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
 	// The row's metadata column: the workflow and the grader both see it.
 	Metadata *structpb.Struct `protobuf:"bytes,7,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	// Bearer on the callbacks and the LLM calls. Unset for none; when set it
-	// must not be blank.
+	// Bearer on the callbacks, and on the LLM calls unless llm_api_key is
+	// set. Unset for none; when set it must not be blank.
 	ControllerApiKey *string `protobuf:"bytes,8,opt,name=controller_api_key,json=controllerApiKey,proto3,oneof" json:"controller_api_key,omitempty"`
 	// Budgets in seconds, counted from acceptance (time queued included);
 	// unset: the server's defaults. Must be positive.
 	AgentTimeoutSec  *float64 `protobuf:"fixed64,9,opt,name=agent_timeout_sec,json=agentTimeoutSec,proto3,oneof" json:"agent_timeout_sec,omitempty"`
 	GraderTimeoutSec *float64 `protobuf:"fixed64,10,opt,name=grader_timeout_sec,json=graderTimeoutSec,proto3,oneof" json:"grader_timeout_sec,omitempty"`
 	// Passed through to the samples.
-	ExtraFields   *structpb.Struct `protobuf:"bytes,11,opt,name=extra_fields,json=extraFields,proto3" json:"extra_fields,omitempty"`
+	ExtraFields *structpb.Struct `protobuf:"bytes,11,opt,name=extra_fields,json=extraFields,proto3" json:"extra_fields,omitempty"`
+	// v0.3: the bearer of the LLM calls to chat_completions_url, a different
+	// secret from controller_api_key. Unset (or null): controller_api_key is
+	// used. An empty string is invalid.
+	LlmApiKey     *string `protobuf:"bytes,12,opt,name=llm_api_key,json=llmApiKey,proto3,oneof" json:"llm_api_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -657,6 +676,13 @@ func (x *StartRolloutRequest) GetExtraFields() *structpb.Struct {
 		return x.ExtraFields
 	}
 	return nil
+}
+
+func (x *StartRolloutRequest) GetLlmApiKey() string {
+	if x != nil && x.LlmApiKey != nil {
+		return *x.LlmApiKey
+	}
+	return ""
 }
 
 // StartRolloutResponse is the empty 202 body.
@@ -1141,7 +1167,7 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\"=\n" +
 	"\x14WatchRolloutsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\xab\x05\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\xbf\x05\n" +
 	"\aRollout\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12,\n" +
@@ -1162,8 +1188,9 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\vfinished_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x1a\n" +
 	"\bsequence\x18\x0e \x01(\x03R\bsequence\x12%\n" +
-	"\x0ecallback_error\x18\x0f \x01(\tR\rcallbackErrorB\t\n" +
-	"\a_reward\"\xa9\x05\n" +
+	"\x0ecallback_error\x18\x0f \x01(\tR\rcallbackError\x12\x12\n" +
+	"\x04wire\x18\x10 \x01(\tR\x04wireB\t\n" +
+	"\a_reward\"\xde\x05\n" +
 	"\x13StartRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12B\n" +
@@ -1177,11 +1204,13 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x11agent_timeout_sec\x18\t \x01(\x01H\x02R\x0fagentTimeoutSec\x88\x01\x01\x121\n" +
 	"\x12grader_timeout_sec\x18\n" +
 	" \x01(\x01H\x03R\x10graderTimeoutSec\x88\x01\x01\x12:\n" +
-	"\fextra_fields\x18\v \x01(\v2\x17.google.protobuf.StructR\vextraFieldsB\x16\n" +
+	"\fextra_fields\x18\v \x01(\v2\x17.google.protobuf.StructR\vextraFields\x12#\n" +
+	"\vllm_api_key\x18\f \x01(\tH\x04R\tllmApiKey\x88\x01\x01B\x16\n" +
 	"\x14_grader_callback_urlB\x15\n" +
 	"\x13_controller_api_keyB\x14\n" +
 	"\x12_agent_timeout_secB\x15\n" +
-	"\x13_grader_timeout_sec\"\x16\n" +
+	"\x13_grader_timeout_secB\x0e\n" +
+	"\f_llm_api_key\"\x16\n" +
 	"\x14StartRolloutResponse\"8\n" +
 	"\x17GetRolloutStatusRequest\x12\x1d\n" +
 	"\n" +

@@ -34,11 +34,13 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // RolloutService runs agent workflows for a trainer. Its REST mapping is the
-// Osmosis remote-rollout protocol (G1), so an Osmosis training cluster can use
-// it unchanged.
+// Osmosis rollout protocols (G1's remote rollout, G2 and v0.3's POST
+// /rollout), so an Osmosis training cluster of any generation can use it
+// unchanged. Every rollout, whatever started it, runs the server's one
+// workflow.
 type RolloutServiceClient interface {
 	// InitRollout accepts a G1 rollout (REST: POST /v1/rollout/init, answering
-	// 202) and returns the tools the agent offers. Idempotent on
+	// 202) and returns the tools the workflow offers. Idempotent on
 	// idempotency_key, else rollout_id.
 	InitRollout(ctx context.Context, in *InitRolloutRequest, opts ...grpc.CallOption) (*InitRolloutResponse, error)
 	// GetRollout returns a rollout's state, samples, reward and metrics.
@@ -46,11 +48,12 @@ type RolloutServiceClient interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(ctx context.Context, in *WatchRolloutsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Rollout], error)
-	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
-	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// StartRollout accepts a G2 or v0.3 rollout (REST: POST /rollout,
+	// answering 202 {}): the workflow runs with initial_messages as its
 	// prompt, and the completion (and grader) callbacks report the outcome,
-	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
-	// with Retry-After). A rollout id already known is not started again.
+	// each posted once, in bodies both generations read. At capacity it fails
+	// with ResourceExhausted (HTTP 429 with Retry-After). A rollout id already
+	// known is not started again.
 	StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*StartRolloutResponse, error)
 	// GetRolloutStatus is the G3 status of a rollout; an id the server does
 	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
@@ -170,11 +173,13 @@ func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, in *HealthReq
 // for forward compatibility.
 //
 // RolloutService runs agent workflows for a trainer. Its REST mapping is the
-// Osmosis remote-rollout protocol (G1), so an Osmosis training cluster can use
-// it unchanged.
+// Osmosis rollout protocols (G1's remote rollout, G2 and v0.3's POST
+// /rollout), so an Osmosis training cluster of any generation can use it
+// unchanged. Every rollout, whatever started it, runs the server's one
+// workflow.
 type RolloutServiceServer interface {
 	// InitRollout accepts a G1 rollout (REST: POST /v1/rollout/init, answering
-	// 202) and returns the tools the agent offers. Idempotent on
+	// 202) and returns the tools the workflow offers. Idempotent on
 	// idempotency_key, else rollout_id.
 	InitRollout(context.Context, *InitRolloutRequest) (*InitRolloutResponse, error)
 	// GetRollout returns a rollout's state, samples, reward and metrics.
@@ -182,11 +187,12 @@ type RolloutServiceServer interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(*WatchRolloutsRequest, grpc.ServerStreamingServer[Rollout]) error
-	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
-	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// StartRollout accepts a G2 or v0.3 rollout (REST: POST /rollout,
+	// answering 202 {}): the workflow runs with initial_messages as its
 	// prompt, and the completion (and grader) callbacks report the outcome,
-	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
-	// with Retry-After). A rollout id already known is not started again.
+	// each posted once, in bodies both generations read. At capacity it fails
+	// with ResourceExhausted (HTTP 429 with Retry-After). A rollout id already
+	// known is not started again.
 	StartRollout(context.Context, *StartRolloutRequest) (*StartRolloutResponse, error)
 	// GetRolloutStatus is the G3 status of a rollout; an id the server does
 	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)

@@ -61,7 +61,7 @@ const (
 // RolloutServiceClient is a client for the osmo.rollout.v1.RolloutService service.
 type RolloutServiceClient interface {
 	// InitRollout accepts a G1 rollout (REST: POST /v1/rollout/init, answering
-	// 202) and returns the tools the agent offers. Idempotent on
+	// 202) and returns the tools the workflow offers. Idempotent on
 	// idempotency_key, else rollout_id.
 	InitRollout(context.Context, *v1.InitRolloutRequest) (*v1.InitRolloutResponse, error)
 	// GetRollout returns a rollout's state, samples, reward and metrics.
@@ -69,11 +69,12 @@ type RolloutServiceClient interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(context.Context, *v1.WatchRolloutsRequest) (*connect.ServerStreamForClient[v1.Rollout], error)
-	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
-	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// StartRollout accepts a G2 or v0.3 rollout (REST: POST /rollout,
+	// answering 202 {}): the workflow runs with initial_messages as its
 	// prompt, and the completion (and grader) callbacks report the outcome,
-	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
-	// with Retry-After). A rollout id already known is not started again.
+	// each posted once, in bodies both generations read. At capacity it fails
+	// with ResourceExhausted (HTTP 429 with Retry-After). A rollout id already
+	// known is not started again.
 	StartRollout(context.Context, *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error)
 	// GetRolloutStatus is the G3 status of a rollout; an id the server does
 	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)
@@ -236,7 +237,7 @@ func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, req *v1.Healt
 // RolloutServiceHandler is an implementation of the osmo.rollout.v1.RolloutService service.
 type RolloutServiceHandler interface {
 	// InitRollout accepts a G1 rollout (REST: POST /v1/rollout/init, answering
-	// 202) and returns the tools the agent offers. Idempotent on
+	// 202) and returns the tools the workflow offers. Idempotent on
 	// idempotency_key, else rollout_id.
 	InitRollout(context.Context, *v1.InitRolloutRequest) (*v1.InitRolloutResponse, error)
 	// GetRollout returns a rollout's state, samples, reward and metrics.
@@ -244,11 +245,12 @@ type RolloutServiceHandler interface {
 	// WatchRollouts streams rollouts as they finish (graded or failed). A client
 	// that reconnects with the last sequence it saw misses nothing still held.
 	WatchRollouts(context.Context, *v1.WatchRolloutsRequest, *connect.ServerStream[v1.Rollout]) error
-	// StartRollout accepts a G2 rollout (REST: POST /rollout, answering 202
-	// {}): the configured AgentWorkflow runs with initial_messages as its
+	// StartRollout accepts a G2 or v0.3 rollout (REST: POST /rollout,
+	// answering 202 {}): the workflow runs with initial_messages as its
 	// prompt, and the completion (and grader) callbacks report the outcome,
-	// each posted once. At capacity it fails with ResourceExhausted (HTTP 429
-	// with Retry-After). A rollout id already known is not started again.
+	// each posted once, in bodies both generations read. At capacity it fails
+	// with ResourceExhausted (HTTP 429 with Retry-After). A rollout id already
+	// known is not started again.
 	StartRollout(context.Context, *v1.StartRolloutRequest) (*v1.StartRolloutResponse, error)
 	// GetRolloutStatus is the G3 status of a rollout; an id the server does
 	// not hold has status "unknown". (REST: GET /rollout/{rollout_id}/status)

@@ -1,0 +1,261 @@
+package rollout
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/osmo-rl/osmo"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// collect asks every sample source the workflow registered for its sample
+// and keeps them on rec, in registration order, each with the LLM calls the
+// proxy recorded for it. A source that fails (or has no messages) still
+// leaves its sample; the errors are returned together.
+func (s *Service) collect(rec *record, r *osmo.Rollout) error {
+	var errs []error
+	var samples []*rolloutv1.RolloutSample
+	for _, src := range r.Sources() {
+		got, err := readSource(src.Source)
+		msgs := got.msgs
+		rec.mu.Lock()
+		calls, started := rec.callsOf(src.ID), rec.started
+		tools, recorded := rec.tools[src.ID]
+		rec.mu.Unlock()
+		if err == nil && msgs == nil {
+			msgs = recordedConversation(calls)
+		}
+		if err == nil && len(msgs) == 0 {
+			err = errors.New("no messages: the source returned none and no LLM call was recorded for it")
+		}
+		sample := &rolloutv1.RolloutSample{
+			RolloutId: rec.id,
+			Id:        src.ID,
+			Label:     rec.label,
+			Metadata:  rec.metadata,
+			Workflow:  rec.workflow,
+			Metrics:   sampleMetrics(calls, tools, recorded, started),
+			LlmCalls:  make([]*rolloutv1.LLMCall, 0, len(calls)),
+		}
+		for _, c := range calls {
+			sample.LlmCalls = append(sample.LlmCalls, callProto(c))
+		}
+		if err == nil {
+			structs, cerr := toStructs(msgs)
+			if cerr != nil {
+				err = fmt.Errorf("messages are not JSON objects: %w", cerr)
+			}
+			sample.Messages = structs
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sample %q: %w", src.ID, err))
+		}
+		if fields := mergeExtra(rec.extra, got.extra); len(fields) > 0 {
+			sample.ExtraFields, _ = toStruct(fields)
+		}
+		sample.FinishReason = got.finish
+		if got.reward != nil {
+			sample.AgentReward = proto.Float64(*got.reward)
+		}
+		samples = append(samples, sample)
+	}
+	rec.mu.Lock()
+	rec.samples = samples
+	rec.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// sourced is what a sample source says of its sample.
+type sourced struct {
+	msgs   []osmo.Message
+	extra  map[string]any
+	finish string
+	reward *float64
+}
+
+// readSource asks a source for its sample, turning a panic into an error:
+// sources are user code.
+func readSource(src osmo.SampleSource) (out sourced, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("sample source panicked: %v", p)
+		}
+	}()
+	if out.msgs, err = src.SampleMessages(); err != nil {
+		return out, err
+	}
+	if x, ok := src.(osmo.SampleExtras); ok {
+		out.extra = x.SampleExtraFields()
+	}
+	if r, ok := src.(osmo.SampleResult); ok {
+		out.finish, out.reward = r.SampleFinishReason(), r.SampleAgentReward()
+	}
+	return out, nil
+}
+
+// callsOf returns the calls recorded for sampleID. Caller holds mu.
+func (r *record) callsOf(sampleID string) []*llmproxy.Call {
+	var out []*llmproxy.Call
+	for _, c := range r.calls {
+		if c.SampleID == sampleID {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// mergeExtra lays a source's extra fields over the request's.
+func mergeExtra(base *structpb.Struct, extra map[string]any) map[string]any {
+	out := base.AsMap()
+	maps.Copy(out, extra)
+	return out
+}
+
+// recordedConversation is the conversation the proxy saw for a sample: the
+// last successful call's request messages and its answer.
+func recordedConversation(calls []*llmproxy.Call) []osmo.Message {
+	for i := len(calls) - 1; i >= 0; i-- {
+		c := calls[i]
+		if c.Err != "" || len(c.ResponseMessage) == 0 {
+			continue
+		}
+		var msgs []osmo.Message
+		var answer osmo.Message
+		_ = json.Unmarshal(c.RequestMessages, &msgs)
+		if json.Unmarshal(c.ResponseMessage, &answer) == nil && answer != nil {
+			msgs = append(msgs, answer)
+		}
+		return msgs
+	}
+	return nil
+}
+
+// sampleMetrics sums a sample's calls. Its tool calls are those its agent
+// recorded (Rollout.RecordToolCall), or else the ones the policy asked for;
+// its latency is the workflow's run so far.
+func sampleMetrics(calls []*llmproxy.Call, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
+	m := callMetrics(calls, started, time.Now())
+	if recorded {
+		m.NumToolCalls, m.ToolLatencyMs = int32(tools.n), ms(tools.latency)
+		return m
+	}
+	for _, c := range calls {
+		var resp struct {
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		}
+		if len(c.ResponseMessage) > 0 && json.Unmarshal(c.ResponseMessage, &resp) == nil {
+			m.NumToolCalls += int32(len(resp.ToolCalls))
+		}
+	}
+	return m
+}
+
+// callProto converts a proxy record to its wire form.
+func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
+	out := &rolloutv1.LLMCall{
+		Id:                 c.ID,
+		RequestedModel:     c.RequestedModel,
+		Api:                c.API,
+		Model:              c.Model,
+		RequestMessages:    rawStructs(c.RequestMessages),
+		FinishReason:       c.FinishReason,
+		LatencyMs:          ms(c.Latency),
+		TimeToFirstTokenMs: ms(c.TimeToFirstToken),
+		Stream:             c.Stream,
+		PromptTokenIds:     c.PromptTokenIDs,
+		CompletionTokenIds: c.CompletionTokenIDs,
+		Logprobs:           c.Logprobs,
+		StatusCode:         int32(c.StatusCode),
+		Error:              c.Err,
+		Attempts:           int32(c.Attempts),
+		Usage: &rolloutv1.Usage{
+			PromptTokens:     int32(c.Usage.PromptTokens),
+			CompletionTokens: int32(c.Usage.CompletionTokens),
+			TotalTokens:      int32(c.Usage.TotalTokens),
+			CachedTokens:     int32(c.Usage.CachedTokens),
+		},
+		// The G3 names of the same facts.
+		PromptTokens:     int32(c.Usage.PromptTokens),
+		CompletionTokens: int32(c.Usage.CompletionTokens),
+		CachedTokens:     int32(c.Usage.CachedTokens),
+		ModelName:        c.Model,
+	}
+	if !c.StartedAt.IsZero() {
+		out.StartedAt = timestamppb.New(c.StartedAt)
+	}
+	if len(c.ResponseMessage) > 0 {
+		s := &structpb.Struct{}
+		if protojson.Unmarshal(c.ResponseMessage, s) == nil {
+			out.ResponseMessage = s
+		}
+	}
+	return out
+}
+
+// rawStructs decodes a JSON array of objects (the proxy refused requests
+// whose messages are not).
+func rawStructs(raw json.RawMessage) []*structpb.Struct {
+	var list structpb.ListValue
+	if len(raw) == 0 || protojson.Unmarshal(raw, &list) != nil {
+		return nil
+	}
+	out := make([]*structpb.Struct, 0, len(list.GetValues()))
+	for _, v := range list.GetValues() {
+		if s := v.GetStructValue(); s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// toStruct converts a Go JSON-shaped object to a Struct through JSON, which
+// accepts every shape encoding/json does (typed slices, nested structs).
+func toStruct(m map[string]any) (*structpb.Struct, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	s := &structpb.Struct{}
+	return s, protojson.Unmarshal(b, s)
+}
+
+func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {
+	out := make([]*structpb.Struct, 0, len(msgs))
+	for _, m := range msgs {
+		s, err := toStruct(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// fromStructs is the inverse of toStructs.
+func fromStructs(in []*structpb.Struct) []map[string]any {
+	out := make([]map[string]any, 0, len(in))
+	for _, s := range in {
+		out = append(out, s.AsMap())
+	}
+	return out
+}
+
+// protoMap renders a message as a JSON object with the proto field names,
+// the shape of the callbacks.
+func protoMap(m proto.Message) map[string]any {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	var out map[string]any
+	if err != nil || json.Unmarshal(b, &out) != nil {
+		return nil
+	}
+	return out
+}

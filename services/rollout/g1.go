@@ -1,0 +1,220 @@
+package rollout
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/osmo-rl/osmo"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// g1Wire is the Osmosis remote rollout (G1, seed 004): POST
+// /v1/rollout/init answers with the tools, the LLM calls go to
+// {server_url}/v1/chat/completions with the rollout id in the body, and
+// one completion, after grading, goes to {server_url}/v1/rollout/completed.
+type g1Wire struct {
+	req    *rolloutv1.InitRolloutRequest
+	policy callbackPolicy
+
+	// ready is closed once the tools are known (resp) or could not be
+	// (err): a duplicate init waits for it and answers the same.
+	ready chan struct{}
+	resp  *rolloutv1.InitRolloutResponse
+	err   error
+}
+
+// InitRollout implements the G1 init. It is idempotent on the idempotency
+// key (idempotency_key, else rollout_id): a duplicate waits for the first
+// init and returns its answer, and a failed one (its tools could not be
+// computed) is forgotten so that a retry starts afresh.
+func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
+	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
+		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
+		return nil, err
+	}
+	key := req.GetRolloutId()
+	if req.IdempotencyKey != nil {
+		key = req.GetIdempotencyKey()
+	}
+	w := &g1Wire{req: req, policy: s.g1Policy, ready: make(chan struct{})}
+	rec := s.newRecord(req.GetRolloutId(), key, w)
+	g1req := sdkRequest(req)
+	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Request: g1req}
+	rec.label = g1Label(req)
+	rec.metadata = req.GetMetadata()
+	rec.gradable = rec.label != nil
+	rec.upstream = llmproxy.Route{
+		BaseURL:         strings.TrimRight(req.GetServerUrl(), "/") + "/v1",
+		APIKey:          req.GetApiKey(),
+		InjectRolloutID: true,
+	}
+	rec.budget, rec.budgetName = s.cfg.RolloutTimeout, "the rollout timeout"
+	rec.gradeBudget = s.cfg.GradeTimeout
+
+	existing, dup, err := s.admit(rec, false)
+	if errors.Is(err, errIDInUse) {
+		return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use under another idempotency key", rec.id)
+	}
+	if dup {
+		first, ok := existing.wire.(*g1Wire)
+		if !ok {
+			return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use by a rollout started with POST /rollout", rec.id)
+		}
+		select {
+		case <-first.ready:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if first.err != nil {
+			// The first init failed and cleared its record; this one may retry.
+			return s.InitRollout(ctx, req)
+		}
+		return first.resp, nil
+	}
+
+	tools, err := s.workflow.ToolsFor(rec.in.Request)
+	var structs []*structpb.Struct
+	if err == nil {
+		if structs, err = toStructs(tools); err != nil {
+			err = errors.New("get_tools returned a tool that is not a JSON object: " + err.Error())
+		}
+	}
+	if err != nil {
+		w.err = err
+		s.forget(rec)
+		close(w.ready)
+		s.log.ErrorContext(ctx, "init failed", "rollout_id", rec.id, "error", err)
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	rec.in.Tools = tools
+	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
+	s.start(ctx, rec, "init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(tools)})
+	close(w.ready)
+	return w.resp, nil
+}
+
+// sdkRequest is the init as the SDK's RolloutRequest. The budgets left
+// out take their defaults (validation refused those not positive).
+func sdkRequest(req *rolloutv1.InitRolloutRequest) *osmo.RolloutRequest {
+	return &osmo.RolloutRequest{
+		RolloutID:        req.GetRolloutId(),
+		ServerURL:        req.GetServerUrl(),
+		Messages:         fromStructs(req.GetMessages()),
+		CompletionParams: req.GetCompletionParams().AsMap(),
+		ToolServerURL:    req.GetToolServerUrl(),
+		MaxTurns:         cmp.Or(int(req.GetMaxTurns()), osmo.DefaultMaxTurns),
+		MaxTokensTotal:   cmp.Or(int(req.GetMaxTokensTotal()), osmo.DefaultMaxTokensTotal),
+		Metadata:         req.GetMetadata().AsMap(),
+		IdempotencyKey:   req.GetIdempotencyKey(),
+	}
+}
+
+func metadataMap(s *structpb.Struct) map[string]any {
+	if s == nil {
+		return nil
+	}
+	return s.AsMap()
+}
+
+// g1Label is the G1 ground truth: metadata.ground_truth as text.
+func g1Label(req *rolloutv1.InitRolloutRequest) *string {
+	v, ok := req.GetMetadata().GetFields()["ground_truth"]
+	if !ok {
+		return nil
+	}
+	return labelText(v)
+}
+
+// labelText is a label as text: strings as they are, numbers and booleans
+// as JSON; null or unset is no label.
+func labelText(v *structpb.Value) *string {
+	switch k := v.GetKind().(type) {
+	case nil, *structpb.Value_NullValue:
+		return nil
+	case *structpb.Value_StringValue:
+		return &k.StringValue
+	default:
+		text := osmo.SerializeToolResult(v.AsInterface())
+		return &text
+	}
+}
+
+func (*g1Wire) name() string { return wireG1 }
+
+// G1 completion statuses.
+const (
+	g1Completed = "COMPLETED"
+	g1Error     = "ERROR"
+)
+
+func (*g1Wire) statusWord(o outcome.Outcome) string {
+	if o.OK() {
+		return g1Completed
+	}
+	return g1Error
+}
+
+// ran owes nothing: G1 reports once, after grading.
+func (*g1Wire) ran(*record, outcome.Outcome) []delivery { return nil }
+
+func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
+	body := &g1Completion{
+		RolloutID:     rec.id,
+		Status:        w.statusWord(final),
+		FinishReason:  "error",
+		ErrorMessage:  final.Message,
+		FinalMessages: []map[string]any{}, // Osmosis sends [] with an ERROR, never null.
+	}
+	sample := rec.primary()
+	if run.OK() && sample != nil {
+		// A run that succeeded keeps its conversation and extra fields, even
+		// when grading then failed.
+		body.FinalMessages = fromStructs(sample.GetMessages())
+		body.ExtraFields = sample.GetExtraFields().AsMap()
+		if len(body.ExtraFields) == 0 {
+			body.ExtraFields = nil
+		}
+	}
+	rec.mu.Lock()
+	if final.OK() {
+		body.FinishReason = "stop"
+		if sample != nil && sample.GetFinishReason() != "" {
+			body.FinishReason = sample.GetFinishReason()
+		}
+		body.Reward = rec.reward
+	}
+	// The rollout's metrics carry G1's names already.
+	body.Metrics = protoMap(rec.metricsLocked(time.Now()))
+	rec.mu.Unlock()
+	return []delivery{{
+		event:  "completion",
+		route:  "/v1/rollout/completed",
+		url:    strings.TrimRight(w.req.GetServerUrl(), "/") + "/v1/rollout/completed",
+		bearer: w.req.GetApiKey(),
+		body:   body,
+		status: body.Status,
+		policy: w.policy,
+	}}
+}
+
+// g1Completion is the body of POST {server_url}/v1/rollout/completed.
+// Fields that are None in the Osmosis server are omitted.
+type g1Completion struct {
+	RolloutID     string           `json:"rollout_id"`
+	Status        string           `json:"status"`
+	FinalMessages []map[string]any `json:"final_messages"`
+	FinishReason  string           `json:"finish_reason,omitempty"`
+	ErrorMessage  string           `json:"error_message,omitempty"`
+	Reward        *float64         `json:"reward,omitempty"`
+	ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
+	Metrics       map[string]any   `json:"metrics,omitempty"`
+}

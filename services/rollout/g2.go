@@ -1,0 +1,228 @@
+package rollout
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/osmo-rl/osmo"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// g2Wire is POST /rollout as the Osmosis SDK v0.2 speaks it (G2, seeds
+// 000-003, with the G3 additions): the LLM calls go to
+// {chat_completions_url}/chat/completions under controller_api_key, the
+// completion callback follows the run and the grader callback the grading.
+//
+// Nothing in a request says whether a v0.2 or a v0.3 controller sent it,
+// so every body is one both read: the grader callback carries the v0.2
+// samples map and v0.3's single sample, and only statuses and categories
+// in both vocabularies are sent. v0.3's additions to admission are in
+// v03.go.
+type g2Wire struct {
+	req    *rolloutv1.StartRolloutRequest
+	id     string
+	policy callbackPolicy
+}
+
+// StartRollout implements POST /rollout for G2 and v0.3 controllers. A
+// request is v0.3's when it has llm_api_key or leaves rollout_id out (G2
+// requires it); the rest is served the same way. At capacity it answers
+// ResourceExhausted (429 with Retry-After); an id the server holds is
+// accepted again without starting anything (a trainer retrying a POST
+// whose answer it lost).
+func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutRequest) (*rolloutv1.StartRolloutResponse, error) {
+	id := req.GetRolloutId()
+	if id == "" {
+		id = idFromCompletionURL(req.GetCompletionCallbackUrl())
+	}
+	if err := validateStart(req, id, s.cfg.MaxMetadataBytes); err != nil {
+		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
+		s.reportRejected(ctx, req, id, err)
+		return nil, err
+	}
+	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
+	var w wire = g2
+	if req.LlmApiKey != nil || req.GetRolloutId() == "" {
+		w = &v03Wire{g2}
+	}
+	rec := s.newRecord(id, id, w)
+	rec.in = &osmo.WorkflowInput{
+		RolloutID: id,
+		Prompt:    fromStructs(req.GetInitialMessages()),
+		Metadata:  metadataMap(req.GetMetadata()),
+	}
+	rec.label = labelText(req.GetLabel())
+	rec.metadata = req.GetMetadata()
+	rec.extra = req.GetExtraFields()
+	// PROTOCOL.md's gate: a row is graded when it has a label or metadata.
+	rec.gradable = rec.label != nil || rec.metadata != nil
+	rec.upstream = llmproxy.Route{
+		BaseURL: strings.TrimRight(req.GetChatCompletionsUrl(), "/"),
+		APIKey:  llmKey(req),
+		// Agents not written for osmo name models of their own; every call
+		// must still reach the policy.
+		PinModel: true,
+	}
+	rec.budget, rec.budgetName, rec.fromAdmission = s.cfg.RolloutTimeout, "agent_timeout_sec", true
+	if req.AgentTimeoutSec != nil {
+		rec.budget = seconds(req.GetAgentTimeoutSec())
+	}
+	rec.gradeBudget = s.cfg.GradeTimeout
+	if req.GraderTimeoutSec != nil {
+		rec.gradeBudget = seconds(req.GetGraderTimeoutSec())
+	}
+
+	if _, dup, err := s.admit(rec, true); err != nil || dup {
+		if err == nil || err == errIDInUse {
+			s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
+			return &rolloutv1.StartRolloutResponse{}, nil
+		}
+		return nil, err
+	}
+	s.start(ctx, rec, "start_request", map[string]any{
+		"num_messages": len(req.GetInitialMessages()), "has_label": rec.label != nil,
+		"has_metadata": req.Metadata != nil, "grader_callback": req.GraderCallbackUrl != nil,
+	})
+	return &rolloutv1.StartRolloutResponse{}, nil
+}
+
+func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+
+func (*g2Wire) name() string { return wireG2 }
+
+// statusWord is the completion callback's status: success, failure or
+// cancelled (the trainer asked for it: only a v0.3 controller cancels).
+func (*g2Wire) statusWord(o outcome.Outcome) string { return o.Status() }
+
+// ran owes the completion callback: the run's outcome.
+func (w *g2Wire) ran(rec *record, run outcome.Outcome) []delivery {
+	return []delivery{w.callback("completion_callback", w.req.GetCompletionCallbackUrl(), completionBody(w.id, run), run.Status())}
+}
+
+// finished owes the grader callback, when the trainer asked for one: the
+// samples with their rewards, or the failure.
+func (w *g2Wire) finished(rec *record, _, final outcome.Outcome) []delivery {
+	if w.req.GraderCallbackUrl == nil {
+		return nil
+	}
+	body := graderBody(w.id, final, rec.snapshot())
+	return []delivery{w.callback("grader_callback", w.req.GetGraderCallbackUrl(), body, body.Status)}
+}
+
+func (w *g2Wire) callback(event, url string, body any, status string) delivery {
+	return delivery{
+		event:  event,
+		route:  "callback",
+		url:    url,
+		bearer: w.req.GetControllerApiKey(),
+		body:   body,
+		status: status,
+		policy: w.policy,
+	}
+}
+
+// g2Completion is the completion callback body, and the head of the grader
+// callback's.
+type g2Completion struct {
+	Status      string  `json:"status"`
+	RolloutID   string  `json:"rollout_id"`
+	ErrMessage  *string `json:"err_message"`
+	ErrCategory *string `json:"err_category"`
+}
+
+// completionBody reports o: err_category in the wires' four values, null
+// for a cancellation, which the status says.
+func completionBody(id string, o outcome.Outcome) g2Completion {
+	c := g2Completion{Status: o.Status(), RolloutID: id}
+	if !o.OK() {
+		msg := o.Message
+		c.ErrMessage = &msg
+		if cat := o.Category.Wire(); cat != "" {
+			c.ErrCategory = &cat
+		}
+	}
+	return c
+}
+
+// g2GraderCallback is the grader callback body of both generations:
+// samples (v0.2: every sample by id) and sample (v0.3: one).
+type g2GraderCallback struct {
+	g2Completion
+	Samples map[string]*wireSample `json:"samples"`
+	Sample  *wireSample            `json:"sample"`
+}
+
+// graderBody reports the final outcome with the samples. Its status is
+// success or failure: neither generation's grader status has
+// "cancelled", so a cancelled rollout's grader callback is a failure
+// saying so. Rewards are sent only for a success, as v0.3 requires (a
+// reward anywhere else would be trained on), and sample, v0.3's single
+// one, is the first the workflow registered, null unless the rollout
+// succeeded. A rollout with several samples thus reaches a v0.3
+// controller as its first; the samples map carries them all.
+func graderBody(id string, o outcome.Outcome, samples []*rolloutv1.RolloutSample) *g2GraderCallback {
+	body := &g2GraderCallback{g2Completion: completionBody(id, o), Samples: map[string]*wireSample{}}
+	if o.State == rolloutv1.State_STATE_CANCELLED {
+		body.Status = outcome.StatusWord(rolloutv1.State_STATE_FAILED)
+	}
+	for _, sm := range samples {
+		ws := newWireSample(sm, o.OK())
+		body.Samples[sm.GetId()] = ws
+		if body.Sample == nil && o.OK() {
+			body.Sample = ws
+		}
+	}
+	return body
+}
+
+// wireSample is one sample of the grader callback: the fields of both
+// generations' RolloutSample, and llm_calls, the per-call records (token
+// ids, logprobs, usage) of the G3 wire.
+type wireSample struct {
+	ID           string           `json:"id"`
+	Messages     []map[string]any `json:"messages"`
+	Label        *string          `json:"label"`
+	Reward       *float64         `json:"reward"`
+	RemoveSample bool             `json:"remove_sample"`
+	Metrics      map[string]any   `json:"metrics"`
+	ExtraFields  map[string]any   `json:"extra_fields"`
+	LLMCalls     []map[string]any `json:"llm_calls,omitempty"`
+}
+
+// newWireSample renders sm; its reward only when the rollout succeeded and
+// the grader kept the sample.
+func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
+	out := &wireSample{
+		ID:           sm.GetId(),
+		Messages:     fromStructs(sm.GetMessages()),
+		Label:        sm.Label,
+		RemoveSample: sm.GetRemoveSample(),
+		Metrics:      protoMap(sm.GetMetrics()),
+		ExtraFields:  sm.GetExtraFields().AsMap(),
+	}
+	if ok && !sm.GetRemoveSample() {
+		out.Reward = sm.Reward
+	}
+	for _, c := range sm.GetLlmCalls() {
+		out.LLMCalls = append(out.LLMCalls, wireCall(c))
+	}
+	return out
+}
+
+// wireCall is one record of a sample's llm_calls: the LLMCall with its
+// proto field names, which include the G3 names (prompt_tokens,
+// completion_tokens, cached_tokens, model_name) beside usage and model.
+// Token ids and logprobs the upstream did not return are left out rather
+// than sent as empty arrays, which would read as "no tokens".
+func wireCall(c *rolloutv1.LLMCall) map[string]any {
+	m := protoMap(c)
+	for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
+		if v, ok := m[k].([]any); ok && len(v) == 0 {
+			delete(m, k)
+		}
+	}
+	return m
+}

@@ -1,0 +1,162 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
+)
+
+// workflowGrace is how long a workflow may take to return once its
+// context ended before the rollout is reported without it.
+const workflowGrace = time.Second
+
+// run waits for a concurrency slot, runs the workflow and collects its
+// samples into rec; it returns how the run ended.
+func (s *Service) run(rec *record, log *slog.Logger) outcome.Outcome {
+	ctx, cancel := context.WithCancel(rec.traced(rec.runCtx))
+	defer cancel()
+	if rec.fromAdmission {
+		// The budget counts from acceptance: time queued comes out of it.
+		ctx, cancel = context.WithDeadline(ctx, rec.created.Add(rec.budget))
+		defer cancel()
+	}
+
+	queued := time.Now()
+	release, err := s.acquire(ctx)
+	s.queued.Add(-1)
+	s.metrics.queued.Dec()
+	if err != nil {
+		return s.interrupted(rec, ctx, "while the rollout was queued")
+	}
+	if !rec.startRunning() {
+		// Cancelled while the slot was being handed over.
+		release()
+		return outcome.CancelledBy("cancelled by request while queued")
+	}
+	rec.rolloutSpan().AddEvent("started", trace.WithAttributes(osmoattr.QueueWait.Float64(ms(time.Since(queued)))))
+	rec.log.write("start", map[string]any{"queued_ms": ms(time.Since(queued))})
+	s.running.Add(1)
+	s.metrics.running.Inc()
+	if !rec.fromAdmission {
+		ctx, cancel = context.WithTimeout(ctx, rec.budget)
+		defer cancel()
+	}
+
+	route := rec.upstream
+	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
+	s.routes.Set(rec.id, route)
+	r := osmo.NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
+	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
+		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
+	done := make(chan error, 1)
+	go func() { done <- s.workflow.Run(agentCtx, r, rec.in) }()
+	var runErr error
+	abandoned := false
+	select {
+	case runErr = <-done:
+	case <-agentCtx.Done():
+		t := time.NewTimer(workflowGrace)
+		select {
+		case runErr = <-done:
+		case <-t.C:
+			abandoned = true
+			runErr = fmt.Errorf("workflow did not return within %s of its context ending (abandoned): %w", workflowGrace, context.Cause(agentCtx))
+		}
+		t.Stop()
+	}
+	s.routes.Delete(rec.id)
+	finish := func() {
+		release()
+		s.running.Add(-1)
+		s.metrics.running.Dec()
+	}
+	if abandoned {
+		// The slot stays taken until the workflow really returns, so the
+		// limit bounds what actually runs.
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			<-done
+			finish()
+		}()
+		log.Error("workflow ignores its context; abandoned it", "grace", workflowGrace)
+	} else {
+		finish()
+	}
+
+	o := outcome.Success()
+	switch {
+	case runErr != nil:
+		o = s.classify(rec, ctx, runErr)
+		var p *osmo.PanicError
+		if errors.As(runErr, &p) {
+			log.Error("workflow panicked", "panic", p.Value, "stack", string(p.Stack))
+		}
+	case errors.Is(context.Cause(rec.runCtx), errCancelled):
+		// It returned after being cancelled: the trainer was told
+		// cancelled_running, and the result is not waited for.
+		o = outcome.CancelledBy("cancelled by request")
+	}
+	// Samples are collected even from a failed run: whatever the agent
+	// recorded is kept and reported.
+	if err := s.collect(rec, r); err != nil && o.OK() {
+		o = outcome.Failed(outcome.Agent, "%v", err)
+	}
+	if !o.OK() {
+		fail(span, string(o.Category), o.Message)
+		log.WarnContext(agentCtx, "workflow failed", "category", o.Category, "error", o.Message)
+	}
+	span.End()
+	return o
+}
+
+// interrupted is the outcome of a rollout whose run context ended before
+// its workflow could run or finish: cancelled by request, out of time, or
+// cut short by the server shutting down. The last is a failure
+// (agent_error) on every wire: the v0.2 controller's status vocabulary has
+// no "cancelled", and the trainer did not ask for it.
+func (s *Service) interrupted(rec *record, ctx context.Context, when string) outcome.Outcome {
+	switch {
+	case errors.Is(context.Cause(rec.runCtx), errCancelled):
+		return outcome.CancelledBy("cancelled by request %s", when)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return outcome.Failed(outcome.Timeout, "timed out: %s (%s) ran out %s", rec.budgetName, rec.budget, when)
+	}
+	return outcome.Failed(outcome.Agent, "cancelled by the server shutting down %s", when)
+}
+
+// classify names a workflow's error: when the rollout's context ended it
+// was interrupted; otherwise bad input is validation_error, a failed LLM
+// call http_error, anything else agent_error.
+func (s *Service) classify(rec *record, ctx context.Context, err error) outcome.Outcome {
+	switch {
+	case ctx.Err() != nil:
+		return s.interrupted(rec, ctx, "while the workflow ran: "+err.Error())
+	case errors.Is(err, osmo.ErrInvalidInput):
+		return outcome.Failed(outcome.Validation, "%v", err)
+	case rec.lastCallFailedUpstream():
+		return outcome.Failed(outcome.HTTP, "%v", err)
+	}
+	return outcome.Failed(outcome.Agent, "%v", err)
+}
+
+// lastCallFailedUpstream reports whether the rollout's last LLM call failed
+// with an HTTP error from the policy: the likely cause of the failure.
+func (r *record) lastCallFailedUpstream() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.calls) == 0 {
+		return false
+	}
+	c := r.calls[len(r.calls)-1]
+	return c.Err != "" && c.StatusCode >= 400
+}

@@ -1,0 +1,47 @@
+package rollout
+
+import (
+	"net/url"
+	"strings"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// v03Wire is POST /rollout as today's Osmosis SDK (v0.3) speaks it: the
+// G2 body plus llm_api_key, the bearer of the LLM calls (a secret apart
+// from controller_api_key, which stays the callbacks'), and rollout_id
+// optional because the controller's URLs name the rollout. Its callbacks
+// are G2's, whose bodies v0.3 reads too: the grader callback's sample is
+// what a v0.3 controller takes its reward from.
+type v03Wire struct{ *g2Wire }
+
+func (v03Wire) name() string { return wireV03 }
+
+// llmKey is the bearer of a POST /rollout rollout's LLM calls: v0.3's
+// llm_api_key, or controller_api_key when it is left out (or null), as
+// G2's single secret and single-secret v0.3 controllers have it.
+func llmKey(req *rolloutv1.StartRolloutRequest) string {
+	if req.LlmApiKey != nil {
+		return req.GetLlmApiKey()
+	}
+	return req.GetControllerApiKey()
+}
+
+// idFromCompletionURL is the rollout id a v0.3 controller puts in its
+// completion callback URL, {base}/v1/rollouts/{id}/completion, or "".
+func idFromCompletionURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	segs := strings.Split(strings.TrimSuffix(u.EscapedPath(), "/"), "/")
+	n := len(segs)
+	if n < 3 || segs[n-1] != "completion" || segs[n-3] != "rollouts" {
+		return ""
+	}
+	id, err := url.PathUnescape(segs[n-2])
+	if err != nil {
+		return ""
+	}
+	return id
+}
