@@ -36,8 +36,10 @@ type Completion struct {
 
 // ChatCall is one LLM call the rollout server made to the controller.
 type ChatCall struct {
-	Header http.Header
-	Body   map[string]any
+	// RolloutID is the rollout the call's URL names (v0.3's bridge), else "".
+	RolloutID string
+	Header    http.Header
+	Body      map[string]any
 }
 
 // Options configure a Controller.

@@ -47,6 +47,11 @@ type V03Options struct {
 	// and keeps the rollout open, so the server's retry can commit it: a
 	// local eval journals here before acknowledging.
 	OnTerminal func(ctx context.Context, r V03Result) error
+	// BeforeCall, when set, is called before the bridge forwards a call of
+	// rolloutID; the call waits for it, and is refused (503) when it returns
+	// an error. An interactive stepper holds a rollout between its turns
+	// here.
+	BeforeCall func(ctx context.Context, rolloutID string, body map[string]any) error
 	// FailCallbacks makes the first N well-formed callback posts for known
 	// rollouts answer FailStatus (default 503), to exercise a server's
 	// retries.
@@ -65,6 +70,9 @@ type V03RunRequest struct {
 	AgentTimeoutSec  *float64
 	GraderTimeoutSec *float64
 	ExtraFields      map[string]any
+	// Header is sent with the start (a traceparent that makes the rollout
+	// part of the caller's trace, say).
+	Header http.Header
 }
 
 // V03Sample is the sample of a grader callback, as the v0.3 model reads it.
@@ -275,7 +283,7 @@ func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequ
 	if c.opts.LLMKey != "" {
 		body["llm_api_key"] = c.opts.LLMKey
 	}
-	if err := c.admit(ctx, serverURL, serverKey, body); err != nil {
+	if err := c.admit(ctx, serverURL, serverKey, r.Header, body); err != nil {
 		if ctx.Err() != nil {
 			// The server may have taken it before the answer was lost.
 			c.end(id, V03Result{RolloutID: id, Source: SourceCancelled, Status: "cancelled"})
@@ -334,13 +342,13 @@ const (
 )
 
 // admit posts the start until the server takes it (202) or refuses it.
-func (c *V03) admit(ctx context.Context, serverURL, serverKey string, body map[string]any) error {
+func (c *V03) admit(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) error {
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("controller: encode start: %w", err)
 	}
 	for {
-		code, header, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, payload)
+		code, answerHeader, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
 		if err != nil {
 			return fmt.Errorf("controller: POST /rollout: %w", err)
 		}
@@ -348,7 +356,7 @@ func (c *V03) admit(ctx context.Context, serverURL, serverKey string, body map[s
 		case http.StatusAccepted:
 			return nil
 		case http.StatusTooManyRequests:
-			t := time.NewTimer(retryAfter(header.Get("Retry-After")))
+			t := time.NewTimer(retryAfter(answerHeader.Get("Retry-After")))
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -371,10 +379,13 @@ func retryAfter(v string) time.Duration {
 	return min(max(time.Duration(f*float64(time.Second)), retryAfterFloor), retryAfterCeiling)
 }
 
-func (c *V03) post(ctx context.Context, url, bearer string, payload []byte) (int, http.Header, []byte, error) {
+func (c *V03) post(ctx context.Context, url, bearer string, header http.Header, payload []byte) (int, http.Header, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
 		return 0, nil, nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if bearer != "" {
@@ -393,7 +404,7 @@ func (c *V03) post(ctx context.Context, url, bearer string, payload []byte) (int
 // dispositions.
 func (c *V03) Cancel(ctx context.Context, serverURL, serverKey string, ids []string) (map[string]string, error) {
 	payload, _ := json.Marshal(map[string]any{"ids": ids})
-	code, _, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout/cancel", serverKey, payload)
+	code, _, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout/cancel", serverKey, nil, payload)
 	if err != nil {
 		return nil, fmt.Errorf("controller: cancel: %w", err)
 	}
@@ -463,8 +474,14 @@ func (c *V03) bridge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.mu.Lock()
-	c.chats = append(c.chats, ChatCall{Header: r.Header.Clone(), Body: parsed})
+	c.chats = append(c.chats, ChatCall{RolloutID: id, Header: r.Header.Clone(), Body: parsed})
 	c.mu.Unlock()
+	if c.opts.BeforeCall != nil {
+		if err := c.opts.BeforeCall(r.Context(), id, parsed); err != nil {
+			writeDetail(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
 	if c.opts.Model != "" {
 		parsed["model"] = c.opts.Model
 		body, _ = json.Marshal(parsed)
