@@ -1,0 +1,485 @@
+package eval
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/osmo-rl/osmo/internal/controller"
+)
+
+// Plan is one invocation of an eval: what runs, where, and how.
+type Plan struct {
+	Rows []Row
+	// N is how many times each row runs.
+	N int
+	// BatchSize bounds the rollouts in flight.
+	BatchSize int
+	// Budgets of each rollout, in seconds.
+	AgentTimeoutS, GraderTimeoutS float64
+	PassThreshold                 float64
+
+	// Output is the directory of results.jsonl, summary.json and
+	// report.html; "" keeps nothing (osmo test).
+	Output string
+	// Fresh starts over; RetryFailed runs the failed attempts again.
+	Fresh, RetryFailed bool
+	// SkipChecks leaves out the model and server checks before running
+	// (a caller that made them already).
+	SkipChecks bool
+
+	// ServerURL is the rollout server (bearing ServerKey when not empty).
+	ServerURL, ServerKey string
+	// PolicyURL is the model's OpenAI base URL, Model the model calls go
+	// to, UpstreamKey its bearer.
+	PolicyURL, Model, UpstreamKey string
+	// JaegerURL, when set, links each result's trace in the report.
+	JaegerURL string
+	// Title names the run in the report.
+	Title string
+
+	// Progress receives the progress display; Live draws it in place (a
+	// terminal), otherwise a line every few seconds.
+	Progress io.Writer
+	Live     bool
+	// OnResult, when set, sees every result as it is journaled.
+	OnResult func(Result, *controller.V03Result)
+	// BeforeCall, when set, holds each LLM call (the interactive stepper).
+	BeforeCall func(ctx context.Context, rolloutID string, body map[string]any) error
+	Logger     *slog.Logger
+}
+
+// ErrInterrupted is returned when the run's context ended before every
+// attempt ran: what finished is kept, and a rerun runs the rest.
+var ErrInterrupted = errors.New("eval interrupted")
+
+// Report is what a finished (or interrupted) invocation leaves.
+type Report struct {
+	Summary Summary
+	// Results are every planned attempt's result, old and new, in row and
+	// run order.
+	Results []Result
+	// Ran is how many attempts this invocation ran.
+	Ran int
+}
+
+// Output file names.
+const (
+	ResultsFile = "results.jsonl"
+	SummaryFile = "summary.json"
+	ReportFile  = "report.html"
+)
+
+// Run runs the plan's attempts that have no result yet (and, with
+// RetryFailed, the failed ones), journaling each result before it is
+// acknowledged, then writes the summary and the report of every planned
+// attempt. Before running anything it checks that the model answers and
+// the rollout server is healthy; with nothing to run it makes no call at
+// all. When ctx ends it stops starting rollouts, cancels the ones in
+// flight on the server, keeps what finished and returns ErrInterrupted.
+func Run(ctx context.Context, p Plan) (*Report, error) {
+	start := time.Now()
+	if p.Logger == nil {
+		p.Logger = slog.New(slog.DiscardHandler)
+	}
+	var journal *Journal
+	done := map[Key]Result{}
+	if p.Output != "" {
+		if err := os.MkdirAll(p.Output, 0o755); err != nil {
+			return nil, fmt.Errorf("eval: output: %w", err)
+		}
+		if p.Fresh {
+			for _, f := range []string{ResultsFile, SummaryFile, ReportFile} {
+				if err := os.Remove(filepath.Join(p.Output, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return nil, fmt.Errorf("eval: --fresh: %w", err)
+				}
+			}
+		}
+		var err error
+		if journal, done, err = OpenJournal(filepath.Join(p.Output, ResultsFile)); err != nil {
+			return nil, err
+		}
+		defer journal.Close()
+	}
+	var todo []Key
+	byRow := map[int]Row{}
+	for _, row := range p.Rows {
+		byRow[row.Index] = row
+		for run := range p.N {
+			k := Key{row.Index, run}
+			if r, ok := done[k]; !ok || (p.RetryFailed && r.Status == StatusFailure) {
+				todo = append(todo, k)
+			}
+		}
+	}
+
+	ran := 0
+	var runErr error
+	if len(todo) > 0 && !p.SkipChecks {
+		if err := Preflight(ctx, p.PolicyURL, p.UpstreamKey, p.Model); err != nil {
+			return nil, err
+		}
+		if err := CheckServer(ctx, p.ServerURL); err != nil {
+			return nil, err
+		}
+	}
+	if len(todo) > 0 {
+		r := &runner{plan: p, journal: journal, done: done, byRow: byRow, starts: map[string]attempt{}}
+		ran, runErr = r.run(ctx, todo)
+	}
+
+	rep := &Report{Ran: ran}
+	for _, row := range p.Rows {
+		for run := range p.N {
+			if r, ok := done[Key{row.Index, run}]; ok {
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	}
+	rep.Summary = Summarize(rep.Results, p.N, p.PassThreshold, time.Since(start).Seconds())
+	if p.Output != "" {
+		if err := writeOutputs(p, rep); err != nil {
+			return rep, errors.Join(runErr, err)
+		}
+	}
+	return rep, runErr
+}
+
+// attempt is a rollout in flight.
+type attempt struct {
+	key     Key
+	started time.Time
+	traceID string
+}
+
+// runner drives one invocation's attempts.
+type runner struct {
+	plan    Plan
+	journal *Journal
+	ctl     *controller.V03
+
+	mu       sync.Mutex
+	done     map[Key]Result
+	byRow    map[int]Row
+	starts   map[string]attempt
+	progress *progress
+}
+
+func (r *runner) run(ctx context.Context, todo []Key) (int, error) {
+	p := r.plan
+	secret := func() string { return "osmo-eval-" + randomHex(16) }
+	ctl, err := controller.NewV03("127.0.0.1:0", controller.V03Options{
+		PolicyURL:   p.PolicyURL,
+		UpstreamKey: p.UpstreamKey,
+		Model:       p.Model,
+		CallbackKey: secret(),
+		LLMKey:      secret(),
+		OnTerminal:  r.commit,
+		BeforeCall:  p.BeforeCall,
+		Logger:      p.Logger,
+		// A rollout whose callbacks never come ends as a failure once
+		// both budgets and a margin are past.
+		CallbackTimeout: time.Duration((p.AgentTimeoutS+p.GraderTimeoutS)*float64(time.Second)) + time.Minute,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("eval: controller: %w", err)
+	}
+	r.ctl = ctl
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- ctl.Serve(srvCtx) }()
+	defer func() { stopSrv(); <-srvDone }()
+
+	r.progress = newProgress(p.Progress, p.Live, len(todo), p.PassThreshold)
+	defer r.progress.finish()
+	// One nonce per invocation: a rerun never reuses a rollout id that a
+	// long-lived server may still hold.
+	nonce := randomHex(4)
+	sem := make(chan struct{}, p.BatchSize)
+	var wg sync.WaitGroup
+	var fatal error
+	var fatalOnce sync.Once
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := 0
+	for _, k := range todo {
+		select {
+		case sem <- struct{}{}:
+		case <-runCtx.Done():
+		}
+		if runCtx.Err() != nil {
+			break
+		}
+		ran++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.one(runCtx, nonce, k); err != nil {
+				fatalOnce.Do(func() { fatal = err; stop() })
+			}
+		}()
+	}
+	wg.Wait()
+	switch {
+	case fatal != nil:
+		return ran, fatal
+	case ctx.Err() != nil:
+		r.awaitCancelled()
+		return ran, ErrInterrupted
+	}
+	return ran, nil
+}
+
+// cancelGrace is how long an interrupted run keeps its listener for the
+// callbacks of the rollouts it cancelled: the server owes them, and a
+// closed listener would make it retry them for nothing.
+const cancelGrace = 5 * time.Second
+
+// awaitCancelled waits (bounded) until every rollout this run cancelled
+// has posted its grader callback.
+func (r *runner) awaitCancelled() {
+	deadline := time.Now().Add(cancelGrace)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		pending := 0
+		for id, a := range r.starts {
+			if _, ok := r.done[a.key]; !ok && len(r.ctl.GraderCallbacks(id)) == 0 {
+				pending++
+			}
+		}
+		r.mu.Unlock()
+		if pending == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// one runs attempt k; only an error that must stop the whole run (the
+// journal failing, the server gone) is returned.
+func (r *runner) one(ctx context.Context, nonce string, k Key) error {
+	row := r.byRow[k.Row]
+	id := fmt.Sprintf("eval-%s-r%d-n%d", nonce, k.Row, k.Run)
+	traceID, spanID := randomHex(16), randomHex(8)
+	r.mu.Lock()
+	r.starts[id] = attempt{key: k, started: time.Now(), traceID: traceID}
+	r.mu.Unlock()
+	agent, grader := r.plan.AgentTimeoutS, r.plan.GraderTimeoutS
+	res, err := r.ctl.Run(ctx, r.plan.ServerURL, r.plan.ServerKey, controller.V03RunRequest{
+		RolloutID:        id,
+		Messages:         row.Messages,
+		Label:            row.Label,
+		Metadata:         row.Metadata,
+		AgentTimeoutSec:  &agent,
+		GraderTimeoutSec: &grader,
+		Header:           http.Header{"Traceparent": {"00-" + traceID + "-" + spanID + "-01"}},
+	})
+	var protoErr *controller.V03ProtocolError
+	switch {
+	case ctx.Err() != nil:
+		return nil // interrupted: no result, a rerun runs it again
+	case errors.As(err, &protoErr):
+		// The server refused this row (422 naming the field, say): that is
+		// the row's result.
+		return r.commitResult(ctx, id, Result{Status: StatusFailure, ErrCategory: "validation_error", ErrMessage: protoErr.Error()}, nil)
+	case err != nil:
+		return fmt.Errorf("eval: rollout %s: %w", id, err)
+	case res.Source == controller.SourceTimeout:
+		return r.commitResult(ctx, id, Result{Status: StatusFailure, ErrCategory: "timeout", ErrMessage: "callback_timeout: the rollout server sent no grader callback in time"}, &res)
+	}
+	return nil // journaled by commit before the callback was acknowledged
+}
+
+// commit is the controller's OnTerminal: the grader callback's result is
+// journaled before the callback is acknowledged.
+func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
+	out := Result{Status: StatusSuccess}
+	switch {
+	case res.Status != "success":
+		out.Status = StatusFailure
+	case res.Sample != nil && res.Sample.RemoveSample:
+		out.Status = StatusSkipped
+	case res.Completion != nil && res.Completion.Status != "success":
+		out.Status = StatusFailure
+	}
+	if res.ErrMessage != nil {
+		out.ErrMessage = *res.ErrMessage
+	}
+	if res.ErrCategory != nil {
+		out.ErrCategory = *res.ErrCategory
+	}
+	if out.Status == StatusFailure && out.ErrCategory == "" && res.Completion != nil && res.Completion.ErrCategory != nil {
+		out.ErrCategory = *res.Completion.ErrCategory
+	}
+	if res.Sample != nil && out.Status == StatusSuccess {
+		out.Reward = res.Sample.Reward
+		out.Messages = res.Sample.Messages
+	}
+	return r.commitResult(ctx, res.RolloutID, out, &res)
+}
+
+// commitResult completes out with what the runner knows of the attempt,
+// journals it and counts it.
+func (r *runner) commitResult(_ context.Context, id string, out Result, res *controller.V03Result) error {
+	r.mu.Lock()
+	a, ok := r.starts[id]
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("eval: a result for rollout %q, which this run did not start", id)
+	}
+	out.RowIndex, out.RunIndex, out.RolloutID, out.TraceID = a.key.Row, a.key.Run, id, a.traceID
+	out.LatencyMS = float64(time.Since(a.started)) / float64(time.Millisecond)
+	out.Tokens = r.ctl.Tokens(id)
+	if out.Messages == nil {
+		// A failed rollout's sample is not sent: keep the conversation its
+		// last LLM call carried, for reading.
+		out.Messages = r.lastConversation(id)
+	}
+	if r.journal != nil {
+		if err := r.journal.Append(out); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	r.done[a.key] = out
+	r.mu.Unlock()
+	r.progress.add(out)
+	if r.plan.OnResult != nil {
+		r.plan.OnResult(out, res)
+	}
+	return nil
+}
+
+// lastConversation is the messages of id's last LLM call, or an empty list.
+func (r *runner) lastConversation(id string) []map[string]any {
+	calls := r.ctl.Chats()
+	for i := len(calls) - 1; i >= 0; i-- {
+		if calls[i].RolloutID != id {
+			continue
+		}
+		var msgs []map[string]any
+		if b, err := json.Marshal(calls[i].Body["messages"]); err == nil && json.Unmarshal(b, &msgs) == nil {
+			return msgs
+		}
+	}
+	return []map[string]any{}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Preflight checks that the model answers one tiny call: a run against a
+// model that cannot answer fails here, with the URL and the answer, and
+// not once per row.
+func Preflight(ctx context.Context, baseURL, key, model string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	url := strings.TrimRight(baseURL, "/") + "/chat/completions"
+	body, _ := json.Marshal(map[string]any{
+		"model":      model,
+		"messages":   []map[string]string{{"role": "user", "content": "Reply with OK."}},
+		"max_tokens": 8,
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return &PreflightError{URL: url, Msg: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return &PreflightError{URL: url, Msg: err.Error()}
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: strings.TrimSpace(string(answer))}
+	}
+	var parsed struct {
+		Choices []json.RawMessage `json:"choices"`
+	}
+	if json.Unmarshal(answer, &parsed) != nil || len(parsed.Choices) == 0 {
+		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: "the answer is not a chat completion"}
+	}
+	return nil
+}
+
+// PreflightError is a model or server that failed the checks before a run.
+type PreflightError struct {
+	URL    string
+	Status int // 0 when no answer came
+	Msg    string
+}
+
+func (e *PreflightError) Error() string {
+	if e.Status == 0 {
+		return fmt.Sprintf("%s did not answer: %s", e.URL, e.Msg)
+	}
+	return fmt.Sprintf("%s answered %d: %s", e.URL, e.Status, e.Msg)
+}
+
+// CheckServer checks that the rollout server answers GET /health.
+func CheckServer(ctx context.Context, serverURL string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	url := strings.TrimRight(serverURL, "/") + "/health"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return &PreflightError{URL: url, Msg: err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return &PreflightError{URL: url, Msg: "the rollout server is not reachable: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: "the rollout server is not healthy: " + strings.TrimSpace(string(answer))}
+	}
+	return nil
+}
+
+// writeOutputs writes summary.json and report.html, each atomically.
+func writeOutputs(p Plan, rep *Report) error {
+	summary, err := json.MarshalIndent(rep.Summary, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(p.Output, SummaryFile), append(summary, '\n')); err != nil {
+		return err
+	}
+	var page bytes.Buffer
+	if err := renderReport(&page, p, rep); err != nil {
+		return fmt.Errorf("eval: report: %w", err)
+	}
+	return writeAtomic(filepath.Join(p.Output, ReportFile), page.Bytes())
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("eval: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("eval: %w", err)
+	}
+	return nil
+}
