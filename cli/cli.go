@@ -26,7 +26,8 @@ import (
 )
 
 // Main runs the command line with os.Args and exits: 0 on success, 2 on a
-// usage error, 1 on any other failure.
+// usage error (bad input, found before anything ran), 130 when an eval was
+// interrupted, 1 on any other failure.
 //
 // Main runs the garbage collector at DefaultGCPercent unless GOGC is set.
 func Main(opts ...Option) {
@@ -41,6 +42,10 @@ func Main(opts ...Option) {
 	case errors.As(err, new(usageError)):
 		fmt.Fprintln(os.Stderr, "osmo:", err)
 		os.Exit(2)
+	case errors.As(err, new(exitError)):
+		fmt.Fprintln(os.Stderr, "osmo:", err)
+		ee, _ := errors.AsType[exitError](err)
+		os.Exit(ee.code)
 	default:
 		fmt.Fprintln(os.Stderr, "osmo:", err)
 		os.Exit(1)
@@ -56,6 +61,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 
 // env bundles what commands read from the outside world.
 type env struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	reg            *registry
@@ -77,6 +83,8 @@ func commands() map[string]command {
 		"llmproxy": {"run the LLM proxy alone in front of one upstream", runLLMProxy},
 		"mockllm":  {"run the deterministic OpenAI-compatible policy double", runMockLLM},
 		"demo":     {"run calculator rollouts end to end against the built-in mock policy", runDemo},
+		"eval":     {"evaluate a workflow over a dataset against a model: eval run FILE.toml", runEval},
+		"test":     {"run dataset rows through a workflow and print each conversation and reward (-i: step through turns)", runTest},
 		"bench":    {"measure the LLM proxy's added latency and throughput", runBench},
 		"validate": {"check the registered workflows (or the one named): unique names, tool schemas, config", runValidate},
 		"health":   {"check a service's health (gRPC address or http URL); exit 1 if unhealthy", runHealth},
@@ -86,7 +94,7 @@ func commands() map[string]command {
 
 // Run executes one command line. It is Main without the process exit, for tests.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) error {
-	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv, reg: newRegistry(opts)}
+	e := &env{stdin: os.Stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, reg: newRegistry(opts)}
 	cmds := commands()
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		printUsage(stdout, cmds)
