@@ -51,13 +51,16 @@ func readOsmosisEnv(getenv func(string) string) (osmosisEnv, error) {
 		}
 		*s.dst = time.Duration(f * float64(time.Second))
 	}
+	// COMPLETE_ROLLOUT_RETRIES is checked but has no effect: callbacks are
+	// retried until --delivery-deadline, not a number of times.
+	var completeRolloutRetries int
 	ints := []struct {
 		name string
 		dst  *int
 		min  int
 	}{
 		{"OSMOSIS_ROLLOUT_CLIENT_MAX_RETRIES", &e.client.MaxRetries, 0},
-		{"OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES", &e.client.CompleteRolloutRetries, 0},
+		{"OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES", &completeRolloutRetries, 0},
 		{"OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS", &e.client.MaxConnections, 1},
 		{"OSMOSIS_ROLLOUT_CLIENT_MAX_KEEPALIVE_CONNECTIONS", &e.client.MaxKeepaliveConnections, 1},
 		{"OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS", &e.maxConcurrent, 1},

@@ -36,22 +36,23 @@ const defaultMaxMessageBytes = 64 << 20
 
 // rolloutFlags configure the rollout service.
 type rolloutFlags struct {
-	workflow       string
-	workflowConfig string
-	exec           string
-	execSamples    int
-	noValidate     bool
-	maxQueued      int
-	grader         string
-	apiKey         string
-	logDir         string
-	model          string
-	maxConcurrent  int
-	recordTTL      time.Duration
-	rolloutTimeout time.Duration
-	gradeTimeout   time.Duration
-	drainTimeout   time.Duration
-	env            osmosisEnv
+	workflow         string
+	workflowConfig   string
+	exec             string
+	execSamples      int
+	noValidate       bool
+	maxQueued        int
+	grader           string
+	apiKey           string
+	logDir           string
+	model            string
+	maxConcurrent    int
+	recordTTL        time.Duration
+	rolloutTimeout   time.Duration
+	gradeTimeout     time.Duration
+	drainTimeout     time.Duration
+	deliveryDeadline time.Duration
+	env              osmosisEnv
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -74,7 +75,8 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.DurationVar(&f.recordTTL, "record-ttl", oe.recordTTL, "keep finished rollouts this long (env OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS)")
 	fs.DurationVar(&f.rolloutTimeout, "rollout-timeout", oe.requestTimeout, "deadline of one agent run (env OSMOSIS_ROLLOUT_SERVER_REQUEST_TIMEOUT_SECONDS)")
 	fs.DurationVar(&f.gradeTimeout, "grade-timeout", 150*time.Second, "how long a finished rollout waits for the grader, resends included")
-	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them, and as long again for their callbacks")
+	fs.DurationVar(&f.deliveryDeadline, "delivery-deadline", rollout.DefaultDeliveryDeadline, "retry a callback that fails transiently (transport errors, 429, 5xx) for this long before giving up on it")
 	return nil
 }
 
@@ -110,6 +112,9 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	if f.maxQueued < 0 {
 		return rollout.Config{}, usagef("--max-queued: must be 0 (default) or more, got %d", f.maxQueued)
 	}
+	if f.deliveryDeadline <= 0 {
+		return rollout.Config{}, usagef("--delivery-deadline: must be positive, got %s", f.deliveryDeadline)
+	}
 	if !f.noValidate {
 		if err := validateEntry(entry); err != nil {
 			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
@@ -129,6 +134,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		RolloutTimeout:   f.rolloutTimeout,
 		GradeTimeout:     f.gradeTimeout,
 		DrainTimeout:     f.drainTimeout,
+		Callbacks:        rollout.CallbackSettings{Deadline: f.deliveryDeadline},
 		MaxMetadataBytes: f.env.maxMetadataBytes,
 		Client:           f.env.client,
 		Model:            f.model,

@@ -384,9 +384,10 @@ func TestComposeFile(t *testing.T) {
 			if !isOsmo(s) {
 				continue
 			}
-			// A rollout drains, then its servers stop gracefully (bounded by
+			// A rollout drains (the rollouts, then their callbacks: twice
+			// --drain-timeout), then its servers stop gracefully (bounded by
 			// server.ShutdownTimeout); SIGKILL must come after both.
-			need := drainTimeout(t, composeCmd(t, s)) + server.ShutdownTimeout
+			need := 2*drainTimeout(t, composeCmd(t, s)) + server.ShutdownTimeout
 			if s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
 				t.Errorf("service %s: stop_grace_period %v, want at least %v (drain + graceful stop)", s.Name, s.StopGracePeriod, need)
 			}

@@ -633,9 +633,9 @@ func checkOsmoContainer(t *testing.T, where string, d deploymentSpec, c containe
 	if ann["prometheus.io/port"] != strconv.Itoa(metricsPort) || ann["prometheus.io/path"] != "/metrics" {
 		t.Errorf("%s: scrape annotations %s:%s, want port %d path /metrics", where, ann["prometheus.io/port"], ann["prometheus.io/path"], metricsPort)
 	}
-	// SIGKILL must wait for the preStop hook, the drain and the servers'
-	// graceful stop.
-	need := drainTimeout(t, cl) + server.ShutdownTimeout
+	// SIGKILL must wait for the preStop hook, the drain (the rollouts, then
+	// their callbacks: twice --drain-timeout) and the servers' graceful stop.
+	need := 2*drainTimeout(t, cl) + server.ShutdownTimeout
 	if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
 		need += time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
 	}

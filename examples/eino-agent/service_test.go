@@ -66,10 +66,10 @@ func serve(t *testing.T) *served {
 		GraderName: "multiply",
 		Logger:     logger,
 		Callbacks: rollout.CallbackSettings{
-			Attempts:  3,
 			BaseDelay: 10 * time.Millisecond,
 			MaxDelay:  50 * time.Millisecond,
 			Timeout:   5 * time.Second,
+			Deadline:  time.Second,
 		},
 		RolloutTimeout: runTimeout,
 		GradeTimeout:   runTimeout,

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -33,7 +34,10 @@ type G2Options struct {
 	// server's retries.
 	FailCallbacks int
 	FailStatus    int
-	Logger        *slog.Logger
+	// FailFraction makes that share of the well-formed callback posts (after
+	// FailCallbacks) answer FailStatus, picked at random: a flaky trainer.
+	FailFraction float64
+	Logger       *slog.Logger
 }
 
 // G2Callback is a received completion or grader callback.
@@ -82,6 +86,7 @@ type G2 struct {
 	grades      map[string][]G2Callback
 	chats       []ChatCall
 	failed      int
+	down        bool
 	rejected    []string
 	changed     chan struct{} // closed and replaced on every new callback
 }
@@ -102,6 +107,9 @@ func NewG2(addr string, o G2Options) (*G2, error) {
 	}
 	if o.FailStatus == 0 {
 		o.FailStatus = http.StatusServiceUnavailable
+	}
+	if o.FailFraction < 0 || o.FailFraction > 1 {
+		return nil, fmt.Errorf("controller.NewG2: FailFraction must be in [0, 1], got %v", o.FailFraction)
 	}
 	if o.FailStatus < 400 || o.FailStatus > 599 {
 		return nil, fmt.Errorf("controller.NewG2: FailStatus must be an HTTP error status (400-599), got %d", o.FailStatus)
@@ -337,7 +345,7 @@ func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
 	}
 	cb.Raw, cb.Header = body, r.Header.Clone()
 	c.mu.Lock()
-	if c.failed < c.opts.FailCallbacks {
+	if c.down || c.failed < c.opts.FailCallbacks || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
 		c.failed++
 		c.mu.Unlock()
 		writeDetail(w, c.opts.FailStatus, "injected failure")
@@ -504,6 +512,14 @@ func (c *G2) Chats() []ChatCall {
 // InFlight is how many LLM calls the controller is relaying now: a call
 // whose client went away (a cancelled rollout) ends and leaves this count.
 func (c *G2) InFlight() int { return int(c.inFlight.Load()) }
+
+// SetDown makes every callback post answer FailStatus (down) or lifts it:
+// a trainer that is down for a while.
+func (c *G2) SetDown(down bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = down
+}
 
 // FailedCallbacks is how many callback posts were answered with an
 // injected failure.

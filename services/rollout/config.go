@@ -14,11 +14,12 @@ import (
 )
 
 // ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
-// talks to the trainer (LLM calls and the completion callback).
+// talks to the trainer (LLM calls and the G1 completion). The Osmosis
+// COMPLETE_ROLLOUT_RETRIES has no field: every callback is retried until
+// CallbackSettings.Deadline instead.
 type ClientSettings struct {
 	Timeout                 time.Duration // per HTTP attempt (300s)
 	MaxRetries              int           // LLM call retries (3)
-	CompleteRolloutRetries  int           // completion callback retries (2)
 	RetryBaseDelay          time.Duration // 1s
 	RetryMaxDelay           time.Duration // 30s
 	MaxConnections          int           // 100
@@ -30,7 +31,6 @@ func DefaultClientSettings() ClientSettings {
 	return ClientSettings{
 		Timeout:                 300 * time.Second,
 		MaxRetries:              3,
-		CompleteRolloutRetries:  2,
 		RetryBaseDelay:          time.Second,
 		RetryMaxDelay:           30 * time.Second,
 		MaxConnections:          100,
@@ -38,16 +38,22 @@ func DefaultClientSettings() ClientSettings {
 	}
 }
 
-// CallbackSettings is the G2 and v0.3 callback delivery policy: Attempts tries, the
-// delay between them BaseDelay doubling up to MaxDelay, each bounded by
-// Timeout; transport errors and HTTP 429/500/502/503/504 are retried, any
-// other non-2xx fails at once. Defaults: 5, 0.5s, 8s, 10s (the Osmosis SDK's).
+// CallbackSettings is how callbacks are delivered. Every wire's are tried
+// until Deadline after the first attempt (15m): transient failures (a
+// transport error, and the statuses its wire retries: G1 a 5xx, G2 and
+// v0.3 429, 500, 502, 503 and 504) are retried, any other answer fails at
+// once. G2 and v0.3 callbacks wait BaseDelay doubling up to MaxDelay
+// between attempts, each bounded by Timeout (0.5s, 8s, 10s: the Osmosis
+// SDK's); the G1 completion takes the ClientSettings' delays and timeout.
 type CallbackSettings struct {
-	Attempts  int
 	BaseDelay time.Duration
 	MaxDelay  time.Duration
 	Timeout   time.Duration
+	Deadline  time.Duration
 }
+
+// DefaultDeliveryDeadline is how long a callback is retried by default.
+const DefaultDeliveryDeadline = 15 * time.Minute
 
 // Config configures a Service. Zero values take the documented defaults.
 type Config struct {
@@ -62,7 +68,7 @@ type Config struct {
 	// answers ResourceExhausted (HTTP 429 with Retry-After). G1 inits, whose
 	// protocol has no 429, queue without this bound. Default: MaxConcurrent.
 	MaxQueued int
-	// Callbacks is the G2 and v0.3 callback delivery policy.
+	// Callbacks is the callback delivery policy.
 	Callbacks CallbackSettings
 	// Grader grades finished samples; nil disables grading (the agent's own
 	// reward, if any, is final).
@@ -86,7 +92,8 @@ type Config struct {
 	// grader_timeout_sec says otherwise (150s).
 	GradeTimeout time.Duration
 	// DrainTimeout is how long shutdown waits for running rollouts before
-	// cancelling them (10s).
+	// cancelling them (10s), and then again for their callbacks to be
+	// delivered before it gives up on them (10s).
 	DrainTimeout time.Duration
 	// MaxMetadataBytes limits the encoded metadata of an init (1 MiB).
 	MaxMetadataBytes int
@@ -130,7 +137,7 @@ func (c *Config) setDefaults() error {
 	}
 	orDefault(&c.MaxConcurrent, 100)
 	orDefault(&c.MaxQueued, c.MaxConcurrent)
-	orDefault(&c.Callbacks.Attempts, 5)
+	orDefault(&c.Callbacks.Deadline, DefaultDeliveryDeadline)
 	orDefault(&c.Callbacks.BaseDelay, 500*time.Millisecond)
 	orDefault(&c.Callbacks.MaxDelay, 8*time.Second)
 	orDefault(&c.Callbacks.Timeout, 10*time.Second)
@@ -146,7 +153,6 @@ func (c *Config) setDefaults() error {
 	}
 	orDefault(&c.Client.Timeout, d.Timeout)
 	c.Client.MaxRetries = max(c.Client.MaxRetries, 0)
-	c.Client.CompleteRolloutRetries = max(c.Client.CompleteRolloutRetries, 0)
 	orDefault(&c.Client.RetryBaseDelay, d.RetryBaseDelay)
 	orDefault(&c.Client.RetryMaxDelay, d.RetryMaxDelay)
 	orDefault(&c.Client.MaxConnections, d.MaxConnections)

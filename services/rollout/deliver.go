@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -42,7 +43,7 @@ type delivery struct {
 func (s *Service) deliver(rec *record, ds []delivery, log *slog.Logger) {
 	// The callbacks are owed even when the rollout was cancelled or the
 	// server is shutting down.
-	ctx := rec.traced(context.WithoutCancel(s.rolloutsCtx))
+	ctx := rec.traced(s.deliverCtx)
 	for _, d := range ds {
 		attempts, err := s.post(ctx, d, log)
 		fields := map[string]any{"status": d.status, "attempts": attempts}
@@ -84,13 +85,15 @@ func attemptSpanName(r *http.Request) string {
 // callbackPolicy is a wire's retry rule for its callbacks: Delivered says
 // which answers count, Retryable which are worth another attempt (the rest
 // fail at once); a transport error is always retried. An attempt is
-// bounded by Timeout; there are at most Retries more, BaseDelay*2^n apart
-// up to MaxDelay.
+// bounded by Timeout. Attempts go on, BaseDelay doubling up to MaxDelay
+// apart with jitter, until Deadline after the first: a trainer that
+// restarts, or a network that drops for minutes, loses nothing, and one
+// that refuses a callback for good is not asked again.
 type callbackPolicy struct {
-	Retries   int
 	BaseDelay time.Duration
 	MaxDelay  time.Duration
 	Timeout   time.Duration
+	Deadline  time.Duration
 	Delivered func(code int) bool
 	Retryable func(code int) bool
 }
@@ -112,12 +115,16 @@ func g2Retryable(code int) bool {
 	return false
 }
 
+// delay is the wait before attempt (from 1): BaseDelay*2^(attempt-1)
+// capped at MaxDelay, of which a random half is taken off, so the
+// deliveries of many rollouts that failed together do not retry together.
 func (p callbackPolicy) delay(attempt int) time.Duration {
 	d := p.BaseDelay
-	for i := 0; i < attempt && d < p.MaxDelay; i++ {
+	for i := 1; i < attempt && d < p.MaxDelay; i++ {
 		d *= 2
 	}
-	return min(d, p.MaxDelay)
+	d = min(d, p.MaxDelay)
+	return d/2 + rand.N(d/2+1)
 }
 
 // errPermanent marks a callback failure that retrying cannot fix.
@@ -126,49 +133,51 @@ var errPermanent = errors.New("not retried")
 // postJSON delivers d and returns the attempts made. attempts counts each
 // attempt by outcome (ok, retry, failed). A failed attempt is an event on
 // the span in ctx (each attempt is a client span of its own when the client
-// is traced).
+// is traced). When ctx ends the delivery stops where it is.
 func postJSON(ctx context.Context, client *http.Client, d delivery, log *slog.Logger, attempts *prometheus.CounterVec) (int, error) {
 	payload, err := json.Marshal(d.body)
 	if err != nil {
 		return 0, fmt.Errorf("encode callback: %w", err)
 	}
 	p := d.policy
-	var lastErr error
-	for attempt := 0; attempt <= p.Retries; attempt++ {
-		if attempt > 0 {
-			t := time.NewTimer(p.delay(attempt - 1))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return attempt, fmt.Errorf("callback to %s: %w (last error: %v)", d.url, ctx.Err(), lastErr)
-			case <-t.C:
-			}
-		}
-		lastErr = p.postOnce(ctx, client, d.url, d.bearer, payload)
-		if lastErr == nil {
+	giveUp := time.Now().Add(p.Deadline)
+	for attempt := 1; ; attempt++ {
+		err := p.postOnce(ctx, client, d.url, d.bearer, payload)
+		if err == nil {
 			attempts.WithLabelValues("ok").Inc()
-			return attempt + 1, nil
+			return attempt, nil
 		}
-		log.WarnContext(ctx, "callback attempt failed", "url", d.url, "attempt", attempt+1, "error", lastErr)
-		permanent := errors.Is(lastErr, errPermanent)
-		retry := !permanent && attempt < p.Retries
+		wait := p.delay(attempt)
+		permanent := errors.Is(err, errPermanent)
+		retry := !permanent && ctx.Err() == nil && time.Now().Add(wait).Before(giveUp)
+		log.WarnContext(ctx, "callback attempt failed", "url", d.url, "attempt", attempt, "retry", retry, "error", err)
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			span.AddEvent("attempt_failed", trace.WithAttributes(
-				osmoattr.Attempt.Int(attempt+1),
+				osmoattr.Attempt.Int(attempt),
 				attribute.Bool("osmo.retry", retry),
-				semconv.ExceptionMessage(lastErr.Error()),
+				semconv.ExceptionMessage(err.Error()),
 			))
 		}
-		if retry {
-			attempts.WithLabelValues("retry").Inc()
-			continue
+		if !retry {
+			attempts.WithLabelValues("failed").Inc()
+			switch {
+			case permanent:
+				return attempt, fmt.Errorf("callback to %s: %w", d.url, err)
+			case ctx.Err() != nil:
+				return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), err)
+			}
+			return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, err)
 		}
-		attempts.WithLabelValues("failed").Inc()
-		if permanent {
-			return attempt + 1, fmt.Errorf("callback to %s: %w", d.url, lastErr)
+		attempts.WithLabelValues("retry").Inc()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			attempts.WithLabelValues("failed").Inc()
+			return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), err)
+		case <-t.C:
 		}
 	}
-	return p.Retries + 1, fmt.Errorf("callback to %s failed after %d attempts: %w", d.url, p.Retries+1, lastErr)
 }
 
 func (p callbackPolicy) postOnce(ctx context.Context, client *http.Client, url, bearer string, payload []byte) error {

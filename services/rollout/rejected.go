@@ -64,11 +64,13 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)
 	// The request's trace, not its cancellation: the callbacks outlive the
 	// answer.
-	dctx := context.WithoutCancel(ctx)
+	dctx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
+	unbind := context.AfterFunc(s.deliverCtx, func() { stop(context.Cause(s.deliverCtx)) })
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.rejectSem }()
+		defer unbind()
 		for _, d := range ds {
 			_, _ = s.post(dctx, d, log)
 		}

@@ -75,7 +75,11 @@ type Service struct {
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
 	rolloutsCtx    context.Context
 	cancelRollouts context.CancelFunc
-	wg             sync.WaitGroup
+	// deliverCtx parents every delivery: it outlives rolloutsCtx, and ends
+	// when shutdown stops waiting for callbacks.
+	deliverCtx   context.Context
+	stopDelivery context.CancelCauseFunc
+	wg           sync.WaitGroup
 }
 
 // New validates cfg, opens the embedded LLM proxy's listener and returns a
@@ -109,18 +113,18 @@ func New(cfg Config) (*Service, error) {
 		routes:    llmproxy.NewRouteTable(),
 		rejectSem: make(chan struct{}, maxRejectedDeliveries),
 		g1Policy: callbackPolicy{
-			Retries:   cfg.Client.CompleteRolloutRetries,
 			BaseDelay: cfg.Client.RetryBaseDelay,
 			MaxDelay:  cfg.Client.RetryMaxDelay,
 			Timeout:   cfg.Client.Timeout,
+			Deadline:  cfg.Callbacks.Deadline,
 			Delivered: g1Delivered,
 			Retryable: g1Retryable,
 		},
 		g2Policy: callbackPolicy{
-			Retries:   cfg.Callbacks.Attempts - 1,
 			BaseDelay: cfg.Callbacks.BaseDelay,
 			MaxDelay:  cfg.Callbacks.MaxDelay,
 			Timeout:   cfg.Callbacks.Timeout,
+			Deadline:  cfg.Callbacks.Deadline,
 			Delivered: g2Delivered,
 			Retryable: g2Retryable,
 		},
@@ -182,6 +186,7 @@ func New(cfg Config) (*Service, error) {
 		s.callbackClient = tracedClient(s.callbackClient, tp, cfg, attemptSpanName)
 	}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
+	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
 	return s, nil
 }
 
@@ -241,18 +246,37 @@ loop:
 	return serveErr
 }
 
+// errShutdown ends the deliveries still trying when shutdown gives up
+// waiting for them.
+var errShutdown = errors.New("the server shut down")
+
+// drain waits DrainTimeout for the rollouts to finish, cancels those still
+// running (they still report it), waits DrainTimeout again for their
+// callbacks, and then stops the deliveries still trying: a trainer that is
+// down must not hold the shutdown for a whole delivery deadline.
 func (s *Service) drain() {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
-	t := time.NewTimer(s.cfg.DrainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
+	wait := func() bool {
+		t := time.NewTimer(s.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+			return false
+		}
+	}
+	if wait() {
 		return
-	case <-t.C:
 	}
 	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
 	s.cancelRollouts()
+	if wait() {
+		return
+	}
+	s.log.Error("drain timeout: giving up the callbacks still being delivered", "active", s.store.counts())
+	s.stopDelivery(errShutdown)
 	<-done
 }
 

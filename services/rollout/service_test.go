@@ -296,14 +296,21 @@ func TestCompletionCallbackRetries(t *testing.T) {
 			t.Fatalf("callback error %q", r.GetCallbackError())
 		}
 	})
-	t.Run("5xx beyond the retry budget gives up", func(t *testing.T) {
-		h := newHarness(t, harnessOpts{g1: controller.Options{FailCompletions: 10, FailStatus: 500}})
+	t.Run("5xx past the delivery deadline gives up", func(t *testing.T) {
+		h := newHarness(t, harnessOpts{
+			g1:  controller.Options{FailCompletions: 1000, FailStatus: 500},
+			cfg: func(c *rollout.Config) { c.Callbacks.Deadline = 400 * time.Millisecond },
+		})
+		began := time.Now()
 		if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "cb-2", 3, 4, nil)); err != nil {
 			t.Fatal(err)
 		}
 		r := h.waitDone(t, "cb-2")
-		if h.g1.FailedCompletions() != 3 || !strings.Contains(r.GetCallbackError(), "after 3 attempts") {
+		if h.g1.FailedCompletions() < 3 || !strings.Contains(r.GetCallbackError(), "over the delivery deadline (400ms)") {
 			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCompletions(), r.GetCallbackError())
+		}
+		if took := time.Since(began); took < 300*time.Millisecond || took > 5*time.Second {
+			t.Errorf("gave up after %v for a 400ms deadline", took)
 		}
 	})
 	t.Run("4xx is not retried", func(t *testing.T) {

@@ -1,0 +1,179 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/osmo-rl/osmo/internal/controller"
+)
+
+// g2Start posts a multiply rollout to base: label right for even i, wrong
+// for odd ones, so the rewards can be checked.
+func g2Start(t *testing.T, ctl *controller.G2, base, key, id string, i int) {
+	t.Helper()
+	a, b := 3+i%17, 4+i%13
+	label := fmt.Sprint(a * b)
+	if i%2 == 1 {
+		label = fmt.Sprint(a*b + 1)
+	}
+	body := ctl.StartBody(id, []map[string]any{{"role": "user", "content": fmt.Sprintf("What is %d times %d?", a, b)}})
+	body["label"] = label
+	body["agent_timeout_sec"] = 300
+	body["grader_timeout_sec"] = 300
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		code, _, data, err := ctl.Start(ctx, base, key, body)
+		cancel()
+		if err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		if code == 202 {
+			return
+		}
+		if code != 429 {
+			t.Fatalf("start %s: %d %s", id, code, data)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// checkDelivered waits for every rollout's completion and grader callback
+// and checks each arrived exactly once with the right reward.
+func checkDelivered(t *testing.T, ctl *controller.G2, ids []string, timeout time.Duration, output func() string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for i, id := range ids {
+		if _, err := ctl.WaitCompletion(ctx, id); err != nil {
+			t.Fatalf("%s: %v\nserver output (tail):\n%s", id, err, tail(output(), 4000))
+		}
+		g, err := ctl.WaitGrader(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: %v\nserver output (tail):\n%s", id, err, tail(output(), 4000))
+		}
+		want := 1.0
+		if i%2 == 1 {
+			want = 0
+		}
+		s, ok := g.Samples["multiply-agent"]
+		if g.Status != "success" || !ok || s.Reward == nil || *s.Reward != want {
+			t.Errorf("%s: grader callback %s, want success with reward %v", id, g.Raw, want)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a duplicate would have come by now
+	for _, id := range ids {
+		if n, m := len(ctl.Completions(id)), len(ctl.GraderCallbacks(id)); n != 1 || m != 1 {
+			t.Errorf("%s: %d completions and %d grader callbacks accepted, want exactly 1 each", id, n, m)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// TestDeliverySurvivesTrainerOutage: the trainer's callback endpoint is
+// down for a minute, then back: every result is delivered, once.
+func TestDeliverySurvivesTrainerOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes over a minute")
+	}
+	mockAddr := freeAddr(t)
+	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
+	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
+	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
+	srv := start(t, "serve", nil, "serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1", "--log-level", "error")
+	base := "http://127.0.0.1:" + port
+	waitHTTP(t, srv, base+"/health")
+
+	ctl.SetDown(true)
+	const n = 100
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("outage-%03d", i)
+		g2Start(t, ctl, base, "", ids[i], i)
+	}
+	time.Sleep(60 * time.Second)
+	if ctl.FailedCallbacks() < n {
+		t.Fatalf("only %d callback attempts failed during the outage; the rollouts did not reach delivery", ctl.FailedCallbacks())
+	}
+	ctl.SetDown(false)
+	checkDelivered(t, ctl, ids, 60*time.Second, srv.Output)
+}
+
+func startController(t *testing.T, o controller.G2Options) *controller.G2 {
+	t.Helper()
+	ctl, err := controller.NewG2("127.0.0.1:0", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ctl.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctl
+}
+
+// TestSplitDeliveryUnderFaults runs 2,000 G2 rollouts through a split
+// deployment while the grader is SIGKILLed twice and half of all callback
+// attempts answer 503: every rollout's completion and grader callback is
+// accepted exactly once, every reward right.
+func TestSplitDeliveryUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("2,000 rollouts")
+	}
+	mockAddr := freeAddr(t)
+	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
+	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, FailFraction: 0.5, Logger: quietLog()})
+
+	journal := t.TempDir() + "/grades.jsonl"
+	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "multiply", "--journal", journal, "--log-level", "error"}
+	grader := start(t, "grader-1", nil, graderArgs...)
+	waitGRPC(t, grader, graderAddr)
+	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "", "--grader-addr", graderAddr,
+		"--workflow", "multiply", "--max-concurrent", "64", "--max-queued", "4000", "--log-level", "error")
+	waitGRPC(t, roll, rolloutAddr)
+	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "error")
+	base := "http://" + gwAddr
+	waitHTTP(t, gw, base+"/health")
+
+	const n = 2000
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("faults-%04d", i)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			g2Start(t, ctl, base, "", ids[i], i)
+		}()
+		// The grader dies twice while rollouts are being graded.
+		if i == n/4 || i == 3*n/4 {
+			grader.Stop(syscall.SIGKILL, time.Second)
+			time.Sleep(500 * time.Millisecond)
+			grader = start(t, fmt.Sprintf("grader-%d", i), nil, graderArgs...)
+			waitGRPC(t, grader, graderAddr)
+		}
+	}
+	wg.Wait()
+	checkDelivered(t, ctl, ids, 5*time.Minute, roll.Output)
+	if f := ctl.FailedCallbacks(); f < n/2 {
+		t.Errorf("only %d callback attempts failed, want about half of them", f)
+	}
+}
