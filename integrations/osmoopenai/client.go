@@ -66,22 +66,24 @@ func NewClient(ctx context.Context, sampleID string, opts ...option.RequestOptio
 	if err != nil {
 		return openai.Client{}, fmt.Errorf("osmoopenai.NewClient: sample %q: %w", sampleID, err)
 	}
-	c, err := newClient(r, sampleID, opts)
+	all, err := clientOptions(r, sampleID, opts)
 	if err != nil {
 		return openai.Client{}, fmt.Errorf("osmoopenai.NewClient: %w", err)
 	}
-	return c, nil
+	return openai.NewClient(all...), nil
 }
 
-func newClient(r *osmo.Rollout, sampleID string, opts []option.RequestOption) (openai.Client, error) {
+// clientOptions are the options of a client bound to r as sampleID, opts
+// among them.
+func clientOptions(r *osmo.Rollout, sampleID string, opts []option.RequestOption) ([]option.RequestOption, error) {
 	if err := osmo.ValidSampleID(sampleID); err != nil {
-		return openai.Client{}, err
+		return nil, err
 	}
 	ep := r.Endpoint(sampleID)
 	if ep.BaseURL == "" {
 		// Without a base URL the SDK would fall back to api.openai.com: a
 		// rollout's calls must never leave for a default endpoint.
-		return openai.Client{}, fmt.Errorf("rollout %q has no LLM endpoint for sample %q", r.ID, sampleID)
+		return nil, fmt.Errorf("rollout %q has no LLM endpoint for sample %q", r.ID, sampleID)
 	}
 	all := make([]option.RequestOption, 0, len(opts)+len(ep.Headers)+8)
 	all = append(all, option.WithMaxRetries(0))
@@ -103,7 +105,7 @@ func newClient(r *osmo.Rollout, sampleID string, opts []option.RequestOption) (o
 	if ep.HTTPClient != nil {
 		all = append(all, option.WithHTTPClient(ep.HTTPClient))
 	}
-	return openai.NewClient(all...), nil
+	return all, nil
 }
 
 // errNoChoices is returned for a completion without choices.

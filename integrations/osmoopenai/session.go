@@ -24,10 +24,16 @@ import (
 // wire. A Session is safe for concurrent use; calls to Complete that
 // overlap each send the items recorded when they started.
 type Session struct {
-	id      string
-	client  openai.Client
-	log     *slog.Logger
-	rollout *osmo.Rollout
+	id string
+	// chat sends Complete's calls. The whole client is built only when
+	// Client asks for it: it holds a copy of the options for each of the
+	// API's services, about 10 KiB, which a rollout in flight need not pay.
+	chat       openai.ChatCompletionService
+	opts       []option.RequestOption
+	clientOnce sync.Once
+	client     *openai.Client
+	log        *slog.Logger
+	rollout    *osmo.Rollout
 
 	mu    sync.Mutex
 	items []json.RawMessage
@@ -53,11 +59,18 @@ func NewSession(ctx context.Context, name string, opts ...option.RequestOption) 
 	if name == "" {
 		name = osmo.NewSampleID()
 	}
-	client, err := newClient(r, name, opts)
+	all, err := clientOptions(r, name, opts)
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
 	}
-	s := &Session{id: name, client: client, log: r.Logger().With("sample_id", name), rollout: r}
+	s := &Session{
+		id: name,
+		// As openai.NewClient configures its Chat.Completions.
+		chat:    openai.NewChatCompletionService(append(openai.DefaultClientOptions(), all...)...),
+		opts:    all,
+		log:     r.Logger().With("sample_id", name),
+		rollout: r,
+	}
 	// Registered last, so a session that failed to build leaves no sample
 	// behind.
 	if err := r.Register(name, s); err != nil {
@@ -72,7 +85,13 @@ func (s *Session) ID() string { return s.id }
 // Client is the OpenAI client bound to this session's sample. Calls made
 // with it directly are recorded by the proxy under the sample but are not
 // added to the session; use Complete for that.
-func (s *Session) Client() openai.Client { return s.client }
+func (s *Session) Client() openai.Client {
+	s.clientOnce.Do(func() {
+		c := openai.NewClient(s.opts...)
+		s.client = &c
+	})
+	return *s.client
+}
 
 // AddItems appends messages to the conversation, recorded as the JSON
 // objects they encode to. An item that does not encode to a JSON object
@@ -151,7 +170,7 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 		params.Model = Model
 	}
 	start := time.Now()
-	resp, err := s.client.Chat.Completions.New(ctx, params)
+	resp, err := s.chat.New(ctx, params)
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
 	}
