@@ -52,6 +52,7 @@ type rolloutFlags struct {
 	gradeTimeout     time.Duration
 	drainTimeout     time.Duration
 	deliveryDeadline time.Duration
+	recordMaxBytes   byteSize
 	env              osmosisEnv
 }
 
@@ -73,6 +74,8 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.StringVar(&f.model, "model", "", "model name that replaces the placeholder "+`"openai/osmosis-rollout"`+" on upstream calls (default: leave it to the trainer)")
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", oe.maxConcurrent, "rollouts run at once; the rest queue (env OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS)")
 	fs.DurationVar(&f.recordTTL, "record-ttl", oe.recordTTL, "keep finished rollouts this long (env OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS)")
+	f.recordMaxBytes = rollout.DefaultMaxRecordBytes
+	fs.Var(&f.recordMaxBytes, "record-max-bytes", "keep finished rollouts up to this `SIZE` in all (such as 256MiB or 2GiB), dropping the oldest past it")
 	fs.DurationVar(&f.rolloutTimeout, "rollout-timeout", oe.requestTimeout, "deadline of one agent run (env OSMOSIS_ROLLOUT_SERVER_REQUEST_TIMEOUT_SECONDS)")
 	fs.DurationVar(&f.gradeTimeout, "grade-timeout", 150*time.Second, "how long a finished rollout waits for the grader, resends included")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them, and as long again for their callbacks")
@@ -130,6 +133,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		APIKey:           f.apiKey,
 		MaxConcurrent:    f.maxConcurrent,
 		RecordTTL:        f.recordTTL,
+		MaxRecordBytes:   int64(f.recordMaxBytes),
 		CleanupInterval:  f.env.cleanupInterval,
 		RolloutTimeout:   f.rolloutTimeout,
 		GradeTimeout:     f.gradeTimeout,

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -122,14 +124,22 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "rollouts" {
+		return runBenchRollouts(ctx, e, args[1:])
+	}
 	fs := flagSet(e, "bench")
 	var n int
+	var rb rolloutBenchFlags
 	fs.IntVar(&n, "n", 5000, "sequential requests per setup (the one-core section sends 4n per setup)")
+	rb.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if n < 100 {
 		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
+	}
+	if err := rb.check(); err != nil {
+		return err
 	}
 	// The traced setup runs the proxy's span pipeline, sampling every call,
 	// in front of an exporter that drops the batches: the cost measured is
@@ -147,7 +157,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	// own, tracing off and exporting over OTLP/HTTP. 4n requests per setup
 	// give each about a second of proxy CPU time at the default n, enough
 	// for /proc's 10 ms clock ticks.
-	command, err := llmproxyCommand(e)
+	command, err := osmoCommand(e, "llmproxy")
 	if err != nil {
 		llmproxy.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
 		return nil
@@ -157,13 +167,64 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	one.WriteTable(e.stdout)
+	fmt.Fprintln(e.stdout)
+	return rb.run(ctx, e)
+}
+
+// rolloutBenchFlags configure the end-to-end rollout figures.
+type rolloutBenchFlags struct {
+	rollouts, concurrency, inFlight int
+	workflow                        string
+}
+
+func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.rollouts, "rollouts", 2000, "rollouts timed end to end")
+	fs.IntVar(&f.concurrency, "concurrency", 64, "rollouts in flight while timing")
+	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
+	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
+}
+
+func (f *rolloutBenchFlags) check() error {
+	if f.rollouts < 100 || f.concurrency < 1 || f.inFlight < 1 {
+		return usagef("--rollouts (at least 100 for a p99), --concurrency and --in-flight must be positive")
+	}
 	return nil
 }
 
-// llmproxyCommand runs this program's llmproxy command. Unless the
-// environment sets GOGC, the command gets GOGC=DefaultGCPercent, which it
-// would apply anyway, so that the report can state it.
-func llmproxyCommand(e *env) (func([]string) *exec.Cmd, error) {
+// run measures `osmo serve` end to end and prints the table.
+func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
+	serve, err := osmoCommand(e, "serve")
+	if err != nil {
+		fmt.Fprintln(e.stdout, "Rollouts end to end: skipped:", err)
+		return nil
+	}
+	rep, err := rolloutbench.Measure(ctx, rolloutbench.Config{
+		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 10 * time.Minute,
+	})
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(e.stdout)
+	return nil
+}
+
+func runBenchRollouts(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "bench rollouts")
+	var rb rolloutBenchFlags
+	rb.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := rb.check(); err != nil {
+		return err
+	}
+	return rb.run(ctx, e)
+}
+
+// osmoCommand runs this program's command sub. Unless the environment sets
+// GOGC, the command gets GOGC=DefaultGCPercent, which it would apply
+// anyway, so that the report can state it.
+func osmoCommand(e *env, sub string) (func([]string) *exec.Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("cannot find this program's executable: %w", err)
@@ -173,7 +234,7 @@ func llmproxyCommand(e *env) (func([]string) *exec.Cmd, error) {
 		environ = append(environ, "GOGC="+strconv.Itoa(DefaultGCPercent))
 	}
 	return func(args []string) *exec.Cmd {
-		cmd := exec.Command(exe, append([]string{"llmproxy"}, args...)...)
+		cmd := exec.Command(exe, append([]string{sub}, args...)...)
 		cmd.Env = slices.Clone(environ)
 		return cmd
 	}, nil

@@ -52,6 +52,9 @@ type CallbackSettings struct {
 	Deadline  time.Duration
 }
 
+// DefaultMaxRecordBytes bounds the finished records by default.
+const DefaultMaxRecordBytes = 256 << 20
+
 // DefaultDeliveryDeadline is how long a callback is retried by default.
 const DefaultDeliveryDeadline = 15 * time.Minute
 
@@ -82,6 +85,9 @@ type Config struct {
 	MaxConcurrent int
 	// RecordTTL keeps finished rollouts for lookups and idempotency (1h).
 	RecordTTL time.Duration
+	// MaxRecordBytes bounds what finished records hold (256 MiB): past it
+	// the oldest are dropped, as those older than RecordTTL are.
+	MaxRecordBytes int64
 	// CleanupInterval is how often expired records are pruned (60s).
 	CleanupInterval time.Duration
 	// RolloutTimeout bounds one workflow run (600s): a G1 rollout's from
@@ -147,6 +153,7 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.GradeTimeout, 150*time.Second)
 	orDefault(&c.DrainTimeout, 10*time.Second)
 	orDefault(&c.MaxMetadataBytes, 1<<20)
+	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
 	d := DefaultClientSettings()
 	if c.Client == (ClientSettings{}) {
 		c.Client = d
@@ -173,7 +180,7 @@ func (c *Config) setDefaults() error {
 }
 
 // orDefault sets *v to d unless it is positive.
-func orDefault[T int | time.Duration](v *T, d T) {
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
 	if *v <= 0 {
 		*v = d
 	}

@@ -93,6 +93,8 @@ func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Se
 
 func (*g2Wire) name() string { return wireG2 }
 
+func (w *g2Wire) forget() { w.req = nil }
+
 // statusWord is the completion callback's status: success, failure or
 // cancelled (the trainer asked for it: only a v0.3 controller cancels).
 func (*g2Wire) statusWord(o outcome.Outcome) string { return o.Status() }

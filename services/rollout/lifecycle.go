@@ -15,13 +15,16 @@ import (
 // rollout's own goroutine.
 func (s *Service) process(rec *record) {
 	log := s.log.With("rollout_id", rec.id, "wire", rec.wire.name())
+	s.run(rec, log, func(run outcome.Outcome) { s.conclude(rec, run, log) })
+}
+
+// conclude is the rest of a rollout's life once its run ended.
+func (s *Service) conclude(rec *record, run outcome.Outcome, log *slog.Logger) {
 	defer func() {
 		if err := rec.log.close(); err != nil {
 			log.Warn("event log", "error", err)
 		}
 	}()
-
-	run := s.run(rec, log)
 	final := run
 	// The status a trainer reads when a callback arrives already says what
 	// that callback says: final, or grading.
@@ -46,7 +49,7 @@ func (s *Service) process(rec *record) {
 }
 
 // finish marks the rollout finished once its callbacks are delivered (or
-// given up on), counts it and tells watchers.
+// given up on), counts it, freezes its record and tells watchers.
 func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
 	rec.mu.Lock()
 	rec.finished = time.Now()
@@ -59,7 +62,7 @@ func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
 	if reward != nil {
 		s.metrics.rewards.Observe(*reward)
 	}
-	s.store.finish(rec)
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
 	endRolloutSpan(rec, word, o)
+	s.store.finish(rec, rec.freeze())
 }

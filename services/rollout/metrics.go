@@ -24,6 +24,9 @@ type metrics struct {
 	llmDuration   *prometheus.HistogramVec
 	llmTTFT       prometheus.Histogram
 	tokens        *prometheus.CounterVec
+	// recordsDropped counts the finished records let go, by reason (ttl,
+	// bytes).
+	recordsDropped *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -76,15 +79,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "osmo_llm_tokens_total", Help: "Tokens reported by the policy, by direction (input, output).",
 		}, []string{"direction"}),
 	}
+	m.recordsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "osmo_rollout_records_dropped_total",
+		Help: "Finished rollout records dropped, by reason: ttl (older than --record-ttl), bytes (the oldest, past --record-max-bytes).",
+	}, []string{"reason"})
+	for _, reason := range []string{dropTTL, dropBytes} {
+		m.recordsDropped.WithLabelValues(reason)
+	}
 	// Both reasons show from the start, at zero, for alerts on their rate.
 	for _, reason := range []string{rejectInvalid, rejectCapacity} {
 		m.rejected.WithLabelValues(reason)
 	}
 	if reg != nil {
 		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens)
+			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recordsDropped)
 	}
 	return m
+}
+
+// watchRecords reports the finished records held and their bytes.
+func (m *metrics) watchRecords(reg prometheus.Registerer, st *store) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "osmo_rollout_records", Help: "Finished rollout records held (for lookups, status and idempotency).",
+		}, func() float64 { n, _ := st.held(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "osmo_rollout_records_bytes", Help: "Bytes the finished rollout records hold, as --record-max-bytes counts them.",
+		}, func() float64 { _, b := st.held(); return float64(b) }),
+	)
 }
 
 // Reasons of osmo_rollouts_rejected_total.

@@ -84,6 +84,10 @@ type record struct {
 	reward      *float64
 	callbackErr string
 	seq         int64
+	// frozen is the finished record as GetRollout renders it, marshaled:
+	// once the callbacks are delivered nothing changes, and the bytes cost
+	// a fraction of the objects they replace (see freeze).
+	frozen []byte
 }
 
 // toolStats are the tool calls a sample's agent recorded itself.
@@ -200,7 +204,9 @@ func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
 func (r *record) addCall(c *llmproxy.Call) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.calls = append(r.calls, c)
+	if r.frozen == nil { // a call of an abandoned workflow, late
+		r.calls = append(r.calls, c)
+	}
 }
 
 func (r *record) addToolCall(sampleID string, d time.Duration) {
@@ -297,6 +303,21 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // proto renders the record for GetRollout and WatchRollouts.
 func (r *record) proto() *rolloutv1.Rollout {
+	r.mu.Lock()
+	frozen, seq := r.frozen, r.seq
+	r.mu.Unlock()
+	if frozen != nil {
+		out := &rolloutv1.Rollout{}
+		if err := proto.Unmarshal(frozen, out); err == nil {
+			out.Sequence = seq
+			return out
+		}
+	}
+	return r.render()
+}
+
+// render builds the record's GetRollout form from its parts.
+func (r *record) render() *rolloutv1.Rollout {
 	samples := r.snapshot()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -329,6 +350,29 @@ func (r *record) proto() *rolloutv1.Rollout {
 		out.FinishedAt = timestamppb.New(r.finished)
 	}
 	return out
+}
+
+// recordOverhead is what a frozen record costs beyond its bytes: the
+// record itself and its index entries, roughly.
+const recordOverhead = 1024
+
+// freeze keeps of a finished record only what GetRollout, the G3 status
+// and idempotency need: its rendering, marshaled, and its state, reward and
+// outcome. The samples as objects, the recorded calls, the request and the
+// workflow's input go. It returns the record's size for the store's bound.
+func (r *record) freeze() int {
+	b, err := proto.Marshal(r.render())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		// Not expected (every part came from protos); keep it whole.
+		return recordOverhead
+	}
+	r.frozen = b
+	r.samples, r.calls, r.tools, r.in, r.metadata, r.extra = nil, nil, nil, nil, nil, nil
+	r.upstream, r.token = llmproxy.Route{}, ""
+	r.wire.forget()
+	return len(b) + recordOverhead
 }
 
 // status renders the G3 status body: the state in the G3 vocabulary, the

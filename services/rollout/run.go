@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
@@ -19,9 +20,14 @@ import (
 // context ended before the rollout is reported without it.
 const workflowGrace = time.Second
 
-// run waits for a concurrency slot, runs the workflow and collects its
-// samples into rec; it returns how the run ended.
-func (s *Service) run(rec *record, log *slog.Logger) outcome.Outcome {
+// run waits for a concurrency slot, runs the workflow, collects its
+// samples into rec, and hands how the run ended to then, once. The workflow
+// runs in this goroutine: a rollout in flight costs no goroutine of its own
+// besides it. When the workflow ignores its context ending for
+// workflowGrace, it is abandoned: then is called from another goroutine,
+// and this one waits for the workflow to return before giving its slot
+// back, so the limit bounds what actually runs.
+func (s *Service) run(rec *record, log *slog.Logger, then func(outcome.Outcome)) {
 	ctx, cancel := context.WithCancel(rec.traced(rec.runCtx))
 	defer cancel()
 	if rec.fromAdmission {
@@ -35,17 +41,25 @@ func (s *Service) run(rec *record, log *slog.Logger) outcome.Outcome {
 	s.queued.Add(-1)
 	s.metrics.queued.Dec()
 	if err != nil {
-		return s.interrupted(rec, ctx, "while the rollout was queued")
+		then(s.interrupted(rec, ctx, "while the rollout was queued"))
+		return
 	}
 	if !rec.startRunning() {
 		// Cancelled while the slot was being handed over.
 		release()
-		return outcome.CancelledBy("cancelled by request while queued")
+		then(outcome.CancelledBy("cancelled by request while queued"))
+		return
 	}
 	rec.rolloutSpan().AddEvent("started", trace.WithAttributes(osmoattr.QueueWait.Float64(ms(time.Since(queued)))))
 	rec.log.write("start", map[string]any{"queued_ms": ms(time.Since(queued))})
 	s.running.Add(1)
 	s.metrics.running.Inc()
+	// The slot is for the workflow: grading and callbacks do not hold it.
+	freeSlot := func() {
+		release()
+		s.running.Add(-1)
+		s.metrics.running.Dec()
+	}
 	if !rec.fromAdmission {
 		ctx, cancel = context.WithTimeout(ctx, rec.budget)
 		defer cancel()
@@ -57,42 +71,51 @@ func (s *Service) run(rec *record, log *slog.Logger) outcome.Outcome {
 	r := osmo.NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
 	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
-	done := make(chan error, 1)
-	go func() { done <- s.workflow.Run(agentCtx, r, rec.in) }()
-	var runErr error
-	abandoned := false
-	select {
-	case runErr = <-done:
-	case <-agentCtx.Done():
-		t := time.NewTimer(workflowGrace)
-		select {
-		case runErr = <-done:
-		case <-t.C:
-			abandoned = true
-			runErr = fmt.Errorf("workflow did not return within %s of its context ending (abandoned): %w", workflowGrace, context.Cause(agentCtx))
+	conclude := func(runErr error) outcome.Outcome {
+		s.routes.Delete(rec.id)
+		o := s.ended(rec, ctx, r, runErr, log)
+		if !o.OK() {
+			fail(span, string(o.Category), o.Message)
 		}
-		t.Stop()
-	}
-	s.routes.Delete(rec.id)
-	finish := func() {
-		release()
-		s.running.Add(-1)
-		s.metrics.running.Dec()
-	}
-	if abandoned {
-		// The slot stays taken until the workflow really returns, so the
-		// limit bounds what actually runs.
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			<-done
-			finish()
-		}()
-		log.Error("workflow ignores its context; abandoned it", "grace", workflowGrace)
-	} else {
-		finish()
+		span.End()
+		return o
 	}
 
+	// concluded says who reports the run: this goroutine when the workflow
+	// returns, or the watchdog when it does not in time.
+	var concluded atomic.Bool
+	var watchdog atomic.Pointer[time.Timer]
+	stopWatching := context.AfterFunc(agentCtx, func() {
+		watchdog.Store(time.AfterFunc(workflowGrace, func() {
+			if !concluded.CompareAndSwap(false, true) {
+				return
+			}
+			log.Error("workflow ignores its context; abandoned it", "grace", workflowGrace)
+			err := fmt.Errorf("workflow did not return within %s of its context ending (abandoned): %w", workflowGrace, context.Cause(agentCtx))
+			// This goroutine still counts in s.wg while it waits for the
+			// workflow, so the count cannot reach zero here.
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				then(conclude(err))
+			}()
+		}))
+	})
+	runErr := s.workflow.Run(agentCtx, r, rec.in)
+	stopWatching()
+	if t := watchdog.Load(); t != nil {
+		t.Stop()
+	}
+	freeSlot()
+	if concluded.CompareAndSwap(false, true) {
+		then(conclude(runErr))
+	}
+}
+
+// ended is how a run ended: runErr classified, or a cancellation the
+// workflow returned from anyway; and the samples collected, even from a
+// failed run: whatever the agent recorded is kept and reported.
+func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runErr error, log *slog.Logger) outcome.Outcome {
 	o := outcome.Success()
 	switch {
 	case runErr != nil:
@@ -106,16 +129,12 @@ func (s *Service) run(rec *record, log *slog.Logger) outcome.Outcome {
 		// cancelled_running, and the result is not waited for.
 		o = outcome.CancelledBy("cancelled by request")
 	}
-	// Samples are collected even from a failed run: whatever the agent
-	// recorded is kept and reported.
 	if err := s.collect(rec, r); err != nil && o.OK() {
 		o = outcome.Failed(outcome.Agent, "%v", err)
 	}
 	if !o.OK() {
-		fail(span, string(o.Category), o.Message)
-		log.WarnContext(agentCtx, "workflow failed", "category", o.Category, "error", o.Message)
+		log.Warn("workflow failed", "category", o.Category, "error", o.Message)
 	}
-	span.End()
 	return o
 }
 

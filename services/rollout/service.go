@@ -1,9 +1,11 @@
 package rollout
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/inproc"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -106,7 +109,6 @@ func New(cfg Config) (*Service, error) {
 		// standard health and reflection services.
 		auth:      server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
 		log:       cfg.Logger.With("service", "rollout"),
-		store:     newStore(),
 		logs:      logs,
 		metrics:   newMetrics(cfg.Metrics),
 		sem:       make(chan struct{}, cfg.MaxConcurrent),
@@ -129,6 +131,8 @@ func New(cfg Config) (*Service, error) {
 			Retryable: g2Retryable,
 		},
 	}
+	s.store = newStore(cfg.MaxRecordBytes, func(reason string) { s.metrics.recordsDropped.WithLabelValues(reason).Inc() })
+	s.metrics.watchRecords(cfg.Metrics, s.store)
 	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
 		s.wfSem = make(chan struct{}, n)
 	}
@@ -165,9 +169,11 @@ func New(cfg Config) (*Service, error) {
 	s.proxyLn = ln
 	s.proxyURL = "http://" + ln.Addr().String()
 	s.proxySrv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
-	// Workflows reach the proxy over loopback; no client timeout here because
-	// the proxy enforces per-attempt timeouts and the rollout context the rest.
-	s.llmClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
+	// Workflows in this process reach the proxy's handler in memory: a
+	// rollout in flight costs no descriptor of its own (exec agents, in
+	// other processes, use the listener). No client timeout: the proxy
+	// enforces per-attempt timeouts and the rollout context the rest.
+	s.llmClient = &http.Client{Transport: inproc.Transport{Handler: proxy, Whole: notStreamed}}
 	s.callbackClient = cfg.HTTPClient
 	if s.callbackClient == nil {
 		s.callbackClient = &http.Client{Transport: &http.Transport{
@@ -188,6 +194,26 @@ func New(cfg Config) (*Service, error) {
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
 	return s, nil
+}
+
+// notStreamed reports whether an LLM call's answer can be served whole: a
+// body that does not ask for a stream gets one JSON answer, so the proxy's
+// handler can run in the caller's goroutine instead of one of its own (a
+// goroutine stack per rollout in flight saved).
+func notStreamed(req *http.Request) bool {
+	if req.GetBody == nil {
+		return false
+	}
+	rc, err := req.GetBody()
+	if err != nil {
+		return false
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 1<<20))
+	if err != nil {
+		return false
+	}
+	return !bytes.Contains(b, []byte(`"stream"`))
 }
 
 // tracedClient is a copy of c whose requests are client spans named by

@@ -630,6 +630,68 @@ func TestRecordTTLPrunes(t *testing.T) {
 	t.Fatal("finished rollout was not pruned after its TTL")
 }
 
+// TestRecordBytesBound: finished records are bounded by bytes as well as
+// by TTL, the oldest dropped first and counted; what is kept still answers
+// GetRollout in full.
+func TestRecordBytesBound(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) {
+		c.Grader = &fakeGrader{fn: rewardByCalculator}
+		c.MaxRecordBytes = 1 // every record is over it: only the newest stays
+		c.Metrics = reg
+	}})
+	ctx := context.Background()
+	for i, id := range []string{"b-1", "b-2", "b-3"} {
+		if _, err := h.client.InitRollout(ctx, h.initReq(t, id, i+2, 3, fmt.Sprint((i+2)*3))); err != nil {
+			t.Fatal(err)
+		}
+		h.waitG1(t, id)
+		h.waitDone(t, id)
+	}
+	for _, id := range []string{"b-1", "b-2"} {
+		if _, err := h.client.GetRollout(ctx, &rolloutv1.GetRolloutRequest{RolloutId: id}); status.Code(err) != codes.NotFound {
+			t.Errorf("%s: %v, want it dropped", id, err)
+		}
+		if st := h.status(t, id); st.GetStatus() != "unknown" {
+			t.Errorf("%s: status %v", id, st)
+		}
+	}
+	r, err := h.client.GetRollout(ctx, &rolloutv1.GetRolloutRequest{RolloutId: "b-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.GetSamples()
+	if r.GetReward() != 1 || r.GetWire() != "g1" || len(s) != 1 || len(s[0].GetMessages()) < 3 || len(s[0].GetLlmCalls()) < 2 || r.GetMetrics().GetNumLlmCalls() < 2 || r.GetSequence() != 3 {
+		t.Errorf("the kept record lost parts: %v", r)
+	}
+	if got := counterValue(t, reg, "osmo_rollout_records_dropped_total", "bytes"); got != 2 {
+		t.Errorf("records dropped for bytes = %v, want 2", got)
+	}
+}
+
+// counterValue is the counter of name whose label has value in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%q}", name, value)
+	return 0
+}
+
 func TestEventLog(t *testing.T) {
 	dir := t.TempDir()
 	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.LogDir = dir }})

@@ -12,14 +12,32 @@ type store struct {
 	mu       sync.Mutex
 	byKey    map[string]*record
 	byID     map[string]*record
-	finished []*record // ascending seq
+	finished []finishedRecord // ascending seq
 	seq      int64
 	active   int
 	subs     map[*subscriber]struct{}
+	// bytes is what the finished records hold; past maxBytes the oldest
+	// are dropped, and dropped counts them by reason.
+	bytes    int64
+	maxBytes int64
+	dropped  func(reason string)
 }
 
-func newStore() *store {
-	return &store{byKey: map[string]*record{}, byID: map[string]*record{}, subs: map[*subscriber]struct{}{}}
+// finishedRecord is a finished record and its size.
+type finishedRecord struct {
+	*record
+	size int64
+}
+
+// Reasons a finished record is dropped.
+const (
+	dropTTL   = "ttl"
+	dropBytes = "bytes"
+)
+
+func newStore(maxBytes int64, dropped func(reason string)) *store {
+	return &store{byKey: map[string]*record{}, byID: map[string]*record{}, subs: map[*subscriber]struct{}{},
+		maxBytes: maxBytes, dropped: dropped}
 }
 
 // admit returns the record already under key (dup == true), or inserts rec.
@@ -64,14 +82,26 @@ func (s *store) get(id string) *record {
 	return s.byID[id]
 }
 
-// finish gives rec its completion sequence number and tells every watcher.
-func (s *store) finish(rec *record) {
+// finish gives rec, a finished record of size bytes, its completion
+// sequence number and tells every watcher. Past the byte bound the oldest
+// finished records are dropped (this one is always kept).
+func (s *store) finish(rec *record, size int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
 	rec.setSeq(s.seq)
-	s.finished = append(s.finished, rec)
+	s.finished = append(s.finished, finishedRecord{rec, int64(size)})
+	s.bytes += int64(size)
 	s.active--
+	n := 0
+	for s.bytes > s.maxBytes && n < len(s.finished)-1 {
+		s.drop(s.finished[n].record)
+		s.bytes -= s.finished[n].size
+		s.finished[n] = finishedRecord{}
+		s.dropped(dropBytes)
+		n++
+	}
+	s.finished = s.finished[n:]
 	for sub := range s.subs {
 		select {
 		case sub.ch <- rec:
@@ -82,6 +112,13 @@ func (s *store) finish(rec *record) {
 			close(sub.ch)
 		}
 	}
+}
+
+// held is how many finished records the store holds, and their bytes.
+func (s *store) held() (int, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.finished), s.bytes
 }
 
 // counts returns how many admitted rollouts have not finished yet.
@@ -97,16 +134,18 @@ func (s *store) prune(now time.Time, ttl time.Duration) int {
 	defer s.mu.Unlock()
 	keep := s.finished[:0]
 	n := 0
-	for _, rec := range s.finished {
-		if now.Sub(rec.finishedAt()) < ttl {
-			keep = append(keep, rec)
+	for _, f := range s.finished {
+		if now.Sub(f.finishedAt()) < ttl {
+			keep = append(keep, f)
 			continue
 		}
-		s.drop(rec)
+		s.drop(f.record)
+		s.bytes -= f.size
+		s.dropped(dropTTL)
 		n++
 	}
 	for i := len(keep); i < len(s.finished); i++ {
-		s.finished[i] = nil
+		s.finished[i] = finishedRecord{}
 	}
 	s.finished = keep
 	return n
@@ -124,9 +163,9 @@ func (s *store) subscribe(after int64, buffer int) ([]*record, *subscriber) {
 	defer s.mu.Unlock()
 	var replay []*record
 	if after >= 0 {
-		for _, rec := range s.finished {
-			if rec.sequence() > after {
-				replay = append(replay, rec)
+		for _, f := range s.finished {
+			if f.sequence() > after {
+				replay = append(replay, f.record)
 			}
 		}
 	}

@@ -33,6 +33,9 @@ type wire interface {
 	// the run's outcome, final the rollout's (they differ when grading
 	// failed).
 	finished(rec *record, run, final outcome.Outcome) []delivery
+	// forget drops what only running and delivering the rollout needed
+	// (the request), once its record is finished.
+	forget()
 }
 
 // Wire names, as GetRollout and the telemetry report them.

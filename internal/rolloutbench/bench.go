@@ -1,0 +1,408 @@
+// Package rolloutbench measures `osmo serve` end to end: G2 rollouts per
+// second and their latency, and what a rollout costs the server in memory
+// and descriptors while it waits on the policy and once it is a finished
+// record. The server runs as a process of its own, so its figures are its
+// own; the trainer and the policy double run in the measuring process, on
+// loopback.
+package rolloutbench
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/mockllm"
+)
+
+// Config says what to measure.
+type Config struct {
+	// Serve builds the command that runs `osmo serve ARGS`.
+	Serve func(args []string) *exec.Cmd
+	// Rollouts run for the throughput figures, Concurrency at a time.
+	Rollouts, Concurrency int
+	// InFlight rollouts are held in their first LLM call at once for the
+	// memory figures, then released and graded.
+	InFlight int
+	// Workflow is the workflow the server runs (multiply when empty); its
+	// own grader grades.
+	Workflow string
+	// Timeout bounds the whole measurement.
+	Timeout time.Duration
+}
+
+// Report is what was measured.
+type Report struct {
+	Rollouts       int
+	Concurrency    int
+	RolloutsPerSec float64
+	P50, P99       time.Duration
+
+	InFlight int
+	// Base is the server before any rollout; Held with InFlight rollouts
+	// held in their LLM call; Done once those are finished records.
+	Base, Held, Done Sample
+	// AllGraded: every held rollout was graded once released.
+	AllGraded bool
+}
+
+// Sample is the server's process as its /metrics reports it.
+type Sample struct {
+	RSS        float64 // bytes
+	HeapInuse  float64 // bytes
+	StackInuse float64 // bytes
+	FDs        float64
+	Goroutines float64
+	// Records and RecordBytes are the finished records held and what
+	// they hold, as the server counts them.
+	Records, RecordBytes float64
+}
+
+// Measure runs the server, measures, and stops it.
+func Measure(ctx context.Context, cfg Config) (*Report, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	gate := NewGate()
+	mock, err := mockllm.New(mockllm.Options{Logger: quiet()})
+	if err != nil {
+		return nil, err
+	}
+	policy := httptest.NewServer(gate.Wrap(mock))
+	defer policy.Close()
+	ctl, err := controller.NewG2("127.0.0.1:0", controller.G2Options{PolicyURL: policy.URL + "/v1", APIKey: "bench-key", Logger: quiet()})
+	if err != nil {
+		return nil, err
+	}
+	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
+	ctlDone := make(chan struct{})
+	go func() { defer close(ctlDone); _ = ctl.Serve(ctlCtx) }()
+	defer func() { stopCtl(); <-ctlDone }()
+
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	limit := strconv.Itoa(max(cfg.InFlight, cfg.Concurrency))
+	workflow := cmp.Or(cfg.Workflow, "multiply")
+	cmd := cfg.Serve([]string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
+		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"})
+	// Every held rollout keeps its upstream connection open.
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS="+strconv.Itoa(cfg.InFlight+cfg.Concurrency))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("rolloutbench: start osmo serve: %w", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	base := "http://" + addr
+	if err := waitHealthy(ctx, base); err != nil {
+		return nil, fmt.Errorf("rolloutbench: osmo serve: %w\n%s", err, out.String())
+	}
+
+	b := &bench{ctl: ctl, base: base, policy: policy.URL + "/v1"}
+	rep := &Report{Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight}
+	if rep.Base, err = Scrape(ctx, base); err != nil {
+		return nil, err
+	}
+
+	// Held: the rollouts wait in their first LLM call.
+	gate.Close()
+	held := make([]string, cfg.InFlight)
+	for i := range held {
+		held[i] = fmt.Sprintf("held-%05d", i)
+	}
+	if err := b.start(ctx, held, 64); err != nil {
+		return nil, err
+	}
+	if err := gate.WaitParked(ctx, cfg.InFlight); err != nil {
+		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, tail(out.String()))
+	}
+	if rep.Held, err = Scrape(ctx, base); err != nil {
+		return nil, err
+	}
+	gate.Open()
+	rep.AllGraded = b.waitGraded(ctx, held) == nil
+
+	// Throughput: Rollouts more, Concurrency at a time, each timed from
+	// its start to its grader callback.
+	ids := make([]string, cfg.Rollouts)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("run-%05d", i)
+	}
+	lat := make([]time.Duration, len(ids))
+	began := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(cfg.Concurrency)
+	for i, id := range ids {
+		g.Go(func() error {
+			t0 := time.Now()
+			if err := b.post(gctx, id); err != nil {
+				return err
+			}
+			if _, err := ctl.WaitGrader(gctx, id); err != nil {
+				return err
+			}
+			lat[i] = time.Since(t0)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("rolloutbench: %w", err)
+	}
+	rep.RolloutsPerSec = float64(len(ids)) / time.Since(began).Seconds()
+	slices.Sort(lat)
+	rep.P50, rep.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	if rep.Done, err = Scrape(ctx, base); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+type bench struct {
+	ctl    *controller.G2
+	base   string
+	policy string
+}
+
+// post starts one G2 rollout whose LLM calls go straight to the policy
+// double (the controller relaying them would double the descriptors of
+// the measuring process).
+func (b *bench) post(ctx context.Context, id string) error {
+	body := b.ctl.StartBody(id, []map[string]any{{"role": "user", "content": "What is 6 times 7?"}})
+	body["chat_completions_url"] = b.policy
+	body["label"] = "42"
+	body["agent_timeout_sec"] = 3600
+	for {
+		code, _, data, err := b.ctl.Start(ctx, b.base, "", body)
+		switch {
+		case err != nil:
+			return err
+		case code == http.StatusAccepted:
+			return nil
+		case code != http.StatusTooManyRequests:
+			return fmt.Errorf("start %s: %d %s", id, code, data)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (b *bench) start(ctx context.Context, ids []string, parallel int) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	for _, id := range ids {
+		g.Go(func() error { return b.post(gctx, id) })
+	}
+	return g.Wait()
+}
+
+func (b *bench) waitGraded(ctx context.Context, ids []string) error {
+	for _, id := range ids {
+		g, err := b.ctl.WaitGrader(ctx, id)
+		if err != nil {
+			return err
+		}
+		if g.Status != "success" {
+			return fmt.Errorf("%s: %s", id, g.Raw)
+		}
+	}
+	return nil
+}
+
+// Gate holds the requests of the handler it wraps while closed, counting
+// them: a policy that has not answered yet.
+type Gate struct {
+	mu     sync.Mutex
+	closed bool
+	opened chan struct{}
+	parked atomic.Int64
+}
+
+// NewGate returns an open gate.
+func NewGate() *Gate { return &Gate{opened: make(chan struct{})} }
+
+// Close holds requests from now on.
+func (g *Gate) Close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed, g.opened = true, make(chan struct{})
+}
+
+// Open lets held requests and new ones through.
+func (g *Gate) Open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		g.closed = false
+		close(g.opened)
+	}
+}
+
+// Wrap is h behind the gate. A held request whose client goes away is
+// answered by nobody, as a policy's would be.
+func (g *Gate) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		closed, opened := g.closed, g.opened
+		g.mu.Unlock()
+		if closed {
+			// Read first, as a policy does before it generates: the
+			// server notices a client that goes away only once the body
+			// is read.
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			g.parked.Add(1)
+			select {
+			case <-opened:
+			case <-r.Context().Done():
+				g.parked.Add(-1)
+				return
+			}
+			g.parked.Add(-1)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Parked is the number of requests held now.
+func (g *Gate) Parked() int { return int(g.parked.Load()) }
+
+// WaitParked waits until n requests are held, and a little more so the
+// server holding them has settled.
+func (g *Gate) WaitParked(ctx context.Context, n int) error {
+	for g.parked.Load() < int64(n) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("only %d of %d rollouts reached the policy: %w", g.parked.Load(), n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// Let the server settle (its allocations for the held calls done).
+	time.Sleep(500 * time.Millisecond)
+	return nil
+}
+
+// Scrape reads a server's process figures from its /metrics.
+func Scrape(ctx context.Context, base string) (Sample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return Sample{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Sample{}, fmt.Errorf("rolloutbench: /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	var s Sample
+	want := map[string]*float64{
+		"process_resident_memory_bytes": &s.RSS,
+		"go_memstats_heap_inuse_bytes":  &s.HeapInuse,
+		"go_memstats_stack_inuse_bytes": &s.StackInuse,
+		"process_open_fds":              &s.FDs,
+		"go_goroutines":                 &s.Goroutines,
+		"osmo_rollout_records":          &s.Records,
+		"osmo_rollout_records_bytes":    &s.RecordBytes,
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if dst := want[name]; ok && dst != nil {
+			*dst, _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	if s.RSS == 0 {
+		return s, errors.New("rolloutbench: /metrics has no process_resident_memory_bytes (not Linux?)")
+	}
+	return s, sc.Err()
+}
+
+func waitHealthy(ctx context.Context, base string) error {
+	for {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// freeAddr is a loopback address nothing listens on now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func tail(s string) string {
+	if len(s) > 2000 {
+		return s[len(s)-2000:]
+	}
+	return s
+}
+
+// PerRollout is the server's extra resident memory per held rollout.
+func (r *Report) PerRollout() float64 { return (r.Held.RSS - r.Base.RSS) / float64(max(r.InFlight, 1)) }
+
+// PerRecord is the server's extra heap per finished record, once every
+// rollout of the run is one.
+func (r *Report) PerRecord() float64 {
+	return (r.Done.HeapInuse - r.Base.HeapInuse) / float64(max(r.InFlight+r.Rollouts, 1))
+}
+
+// WriteTable prints the report.
+func (r *Report) WriteTable(w io.Writer) {
+	kib := func(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
+	mib := func(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
+	fmt.Fprintf(w, "Rollouts end to end (osmo serve as its own process; G2 trainer and policy double on loopback)\n")
+	fmt.Fprintf(w, "  throughput          %.0f rollouts/s (%d rollouts, %d at a time, start to grader callback)\n", r.RolloutsPerSec, r.Rollouts, r.Concurrency)
+	fmt.Fprintf(w, "  latency             p50 %s  p99 %s\n", r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond))
+	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }
+	fmt.Fprintf(w, "  %d in flight      RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; all graded when released: %v\n",
+		r.InFlight, mib(r.Held.RSS), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
+		r.Held.FDs, r.Held.Goroutines, r.AllGraded)
+	fmt.Fprintf(w, "  %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
+		r.Done.Records, mib(r.Done.RecordBytes), kib(r.Done.RecordBytes/math.Max(r.Done.Records, 1)),
+		mib(r.Done.HeapInuse), kib(math.Max(r.PerRecord(), 0)), mib(r.Done.RSS))
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
