@@ -3,6 +3,7 @@ package otlpdirect_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,6 +44,23 @@ func (m *memExporter) Export(_ context.Context, b []byte) error {
 }
 
 func (m *memExporter) Shutdown(context.Context) error { return nil }
+
+// heldExporter holds its first export until release is closed, telling
+// entered when it starts.
+type heldExporter struct {
+	*memExporter
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldExporter) Export(ctx context.Context, b []byte) error {
+	h.once.Do(func() {
+		close(h.entered)
+		<-h.release
+	})
+	return h.memExporter.Export(ctx, b)
+}
 
 // spanNames are the exported spans' names, per request.
 func (m *memExporter) spanNames() [][]string {
@@ -195,25 +213,49 @@ func TestBatching(t *testing.T) {
 		}
 	})
 	t.Run("a full queue drops and says so", func(t *testing.T) {
-		exp := newMemExporter()
+		// The first export is held, so the spans ended meanwhile fill the
+		// queue: 4 wait, 2 are dropped. The drop is reported once, by
+		// whichever flush takes it: the background one (OnError) or
+		// ForceFlush.
+		exp := &heldExporter{memExporter: newMemExporter(), entered: make(chan struct{}), release: make(chan struct{})}
 		var mu sync.Mutex
 		var errs []error
-		tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: exp, Batch: otlpdirect.BatchConfig{Delay: time.Hour, MaxQueue: 4, MaxBatch: 8},
+		tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: exp, Batch: otlpdirect.BatchConfig{Delay: time.Hour, MaxQueue: 4, MaxBatch: 4},
 			OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }})
 		tr := tp.Tracer("test")
-		for range 6 {
-			_, s := tr.Start(ctx, "s")
-			s.End()
+		end := func(n int) {
+			for range n {
+				_, s := tr.Start(ctx, "s")
+				s.End()
+			}
 		}
-		err := tp.ForceFlush(ctx)
-		if err == nil {
-			t.Fatal("ForceFlush after dropping spans reported no error")
+		end(4)
+		select {
+		case <-exp.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a full batch was not exported")
 		}
-		if got := exp.spanNames(); len(got) != 1 || len(got[0]) != 4 {
-			t.Errorf("exported %v, want one batch of the 4 queued", got)
+		end(6)
+		close(exp.release)
+		if err := tp.ForceFlush(ctx); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
 		}
 		if err := tp.Shutdown(ctx); err != nil {
 			t.Fatal(err)
+		}
+		mu.Lock()
+		if len(errs) != 1 || !strings.Contains(errs[0].Error(), "2 spans dropped") {
+			t.Errorf("reported %v, want one error saying 2 spans dropped", errs)
+		}
+		mu.Unlock()
+		total := 0
+		for _, batch := range exp.spanNames() {
+			total += len(batch)
+		}
+		if total != 8 {
+			t.Errorf("exported %d spans (%v), want the 8 queued", total, exp.spanNames())
 		}
 		_, late := tr.Start(ctx, "late")
 		if late.IsRecording() {
@@ -223,8 +265,8 @@ func TestBatching(t *testing.T) {
 		if err := tp.ForceFlush(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := exp.spanNames(); len(got) != 1 {
-			t.Errorf("a span ended after Shutdown was exported: %v", got)
+		if n := len(exp.spanNames()); n != 2 {
+			t.Errorf("a span ended after Shutdown was exported: %v", exp.spanNames())
 		}
 	})
 	t.Run("export errors reach OnError", func(t *testing.T) {
