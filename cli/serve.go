@@ -52,7 +52,9 @@ type rolloutFlags struct {
 	gradeTimeout     time.Duration
 	drainTimeout     time.Duration
 	deliveryDeadline time.Duration
+	callbackConc     int
 	recordMaxBytes   byteSize
+	stateDir         string
 	env              osmosisEnv
 }
 
@@ -80,6 +82,8 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.DurationVar(&f.gradeTimeout, "grade-timeout", 150*time.Second, "how long a finished rollout waits for the grader, resends included")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them, and as long again for their callbacks")
 	fs.DurationVar(&f.deliveryDeadline, "delivery-deadline", rollout.DefaultDeliveryDeadline, "retry a callback that fails transiently (transport errors, 429, 5xx) for this long before giving up on it")
+	fs.IntVar(&f.callbackConc, "callback-concurrency", rollout.DefaultCallbackConcurrency, "callback requests open at once, all trainers together; the rest wait their turn")
+	fs.StringVar(&f.stateDir, "state", e.getenv("OSMO_STATE_DIR"), "keep accepted rollouts and undelivered results in an fsync'd log under `DIR`, so a restart (kill -9 included) redelivers them and reports the interrupted ones (env OSMO_STATE_DIR; default: off)")
 	return nil
 }
 
@@ -118,6 +122,9 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	if f.deliveryDeadline <= 0 {
 		return rollout.Config{}, usagef("--delivery-deadline: must be positive, got %s", f.deliveryDeadline)
 	}
+	if f.callbackConc <= 0 {
+		return rollout.Config{}, usagef("--callback-concurrency: must be positive, got %d", f.callbackConc)
+	}
 	if !f.noValidate {
 		if err := validateEntry(entry); err != nil {
 			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
@@ -138,7 +145,8 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		RolloutTimeout:   f.rolloutTimeout,
 		GradeTimeout:     f.gradeTimeout,
 		DrainTimeout:     f.drainTimeout,
-		Callbacks:        rollout.CallbackSettings{Deadline: f.deliveryDeadline},
+		Callbacks:        rollout.CallbackSettings{Deadline: f.deliveryDeadline, MaxInFlight: f.callbackConc},
+		StateDir:         f.stateDir,
 		MaxMetadataBytes: f.env.maxMetadataBytes,
 		Client:           f.env.client,
 		Model:            f.model,

@@ -397,23 +397,25 @@ func TestComposeFile(t *testing.T) {
 		}
 	})
 
-	t.Run("the grader journal is on a named volume", func(t *testing.T) {
-		g, _ := bare.GetService("grader")
-		journal, ok := composeCmd(t, g).last("journal")
-		if !ok {
-			t.Fatal("grader has no --journal")
-		}
-		var vol string
-		for _, v := range g.Volumes {
-			if v.Type == types.VolumeTypeVolume && strings.HasPrefix(journal, strings.TrimSuffix(v.Target, "/")+"/") {
-				vol = v.Source
+	t.Run("the grader journal and the rollout state are on named volumes", func(t *testing.T) {
+		for _, durable := range []struct{ service, flag string }{{"grader", "journal"}, {"rollout", "state"}} {
+			s, _ := bare.GetService(durable.service)
+			path, ok := composeCmd(t, s).last(durable.flag)
+			if !ok {
+				t.Fatalf("%s has no --%s", durable.service, durable.flag)
 			}
-		}
-		if vol == "" {
-			t.Fatalf("grader --journal=%s is on no named volume: %+v", journal, g.Volumes)
-		}
-		if _, ok := bare.Volumes[vol]; !ok {
-			t.Errorf("volume %s is not declared at the top level", vol)
+			var vol string
+			for _, v := range s.Volumes {
+				if v.Type == types.VolumeTypeVolume && strings.HasPrefix(path, strings.TrimSuffix(v.Target, "/")+"/") {
+					vol = v.Source
+				}
+			}
+			if vol == "" {
+				t.Fatalf("%s --%s=%s is on no named volume: %+v", durable.service, durable.flag, path, s.Volumes)
+			}
+			if _, ok := bare.Volumes[vol]; !ok {
+				t.Errorf("volume %s is not declared at the top level", vol)
+			}
 		}
 	})
 

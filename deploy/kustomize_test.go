@@ -620,6 +620,22 @@ func checkOsmoContainer(t *testing.T, where string, d deploymentSpec, c containe
 		}
 	}
 	checkMemoryLimit(t, where, c)
+	// What osmo must not lose across a restart is kept on a volume (the
+	// root filesystem is read-only): the rollout service's state log and
+	// the grader's journal.
+	durable := map[string]string{"rollout": "state", "grader": "journal"}
+	if flag, ok := durable[cl.sub]; ok {
+		p, set := cl.last(flag)
+		mounted := false
+		for _, m := range c.VolumeMounts {
+			if set && strings.HasPrefix(p, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Errorf("%s: osmo %s --%s=%q is not on a mounted volume", where, cl.sub, flag, p)
+		}
+	}
 	ann := d.Template.Metadata.Annotations
 	if ann["prometheus.io/scrape"] != "true" {
 		t.Errorf("%s: pod not annotated for Prometheus scraping", where)

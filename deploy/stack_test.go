@@ -418,6 +418,15 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 		}
 	})
 
+	t.Run("the rollout service logs its state to its volume", func(t *testing.T) {
+		r, _ := st.project.GetService("rollout")
+		dir, _ := composeCmd(t, r).last("state")
+		b, err := os.ReadFile(path.Join(st.rewrite(t, "rollout", dir), "rollouts.wal"))
+		if err != nil || !bytes.Contains(b, []byte("compose-g1-1")) {
+			t.Fatalf("state log in %s: %v; want the rollout in it", dir, err)
+		}
+	})
+
 	t.Run("Connect JSON as in the README", func(t *testing.T) {
 		code, body := request(ctx, t, http.MethodPost, base+"/osmo.rollout.v1.RolloutService/Health", st.apiKey, "{}")
 		if code != http.StatusOK {

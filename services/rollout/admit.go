@@ -81,10 +81,18 @@ func (r *record) release() {
 	r.gradeCancel(nil)
 }
 
-// start hands an admitted rollout to its lifecycle: it opens the rollout's
-// span under the request's in ctx, writes the wire's admission event and
-// starts the rollout's goroutine.
-func (s *Service) start(ctx context.Context, rec *record, event string, fields map[string]any) {
+// start hands an admitted rollout to its lifecycle: it records the
+// acceptance in the state log (on disk before the trainer hears of it), opens
+// the rollout's span under the request's in ctx, writes the wire's
+// admission event and starts the rollout's goroutine. A rollout the state
+// log could not take is forgotten and refused (Unavailable): accepting it
+// would promise a callback a crash could lose.
+func (s *Service) start(ctx context.Context, rec *record, event string, fields map[string]any) error {
+	if err := s.state.accepted(rec); err != nil {
+		s.forget(rec)
+		s.log.ErrorContext(ctx, "state log: could not record an accepted rollout; refused it", "rollout_id", rec.id, "error", err)
+		return status.Errorf(codes.Unavailable, "the server could not record the rollout durably: %v", err)
+	}
 	s.traceRollout(ctx, rec)
 	rec.log.write(event, fields)
 	s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow)
@@ -95,6 +103,7 @@ func (s *Service) start(ctx context.Context, rec *record, event string, fields m
 		defer s.wg.Done()
 		s.process(rec)
 	}()
+	return nil
 }
 
 // newToken is a random bearer for a rollout's clients.

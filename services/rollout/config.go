@@ -45,12 +45,22 @@ func DefaultClientSettings() ClientSettings {
 // once. G2 and v0.3 callbacks wait BaseDelay doubling up to MaxDelay
 // between attempts, each bounded by Timeout (0.5s, 8s, 10s: the Osmosis
 // SDK's); the G1 completion takes the ClientSettings' delays and timeout.
+//
+// At most MaxInFlight callback requests are open at once (64), all
+// trainers together: thousands of results finishing together reach the
+// trainer at a pace it can answer, and an attempt's Timeout runs from when
+// it is sent, not while it waits its turn.
 type CallbackSettings struct {
-	BaseDelay time.Duration
-	MaxDelay  time.Duration
-	Timeout   time.Duration
-	Deadline  time.Duration
+	BaseDelay   time.Duration
+	MaxDelay    time.Duration
+	Timeout     time.Duration
+	Deadline    time.Duration
+	MaxInFlight int
 }
+
+// DefaultCallbackConcurrency is how many callback requests are open at
+// once by default.
+const DefaultCallbackConcurrency = 64
 
 // DefaultMaxRecordBytes bounds the finished records by default.
 const DefaultMaxRecordBytes = 256 << 20
@@ -111,6 +121,13 @@ type Config struct {
 	Model string
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string
+	// StateDir, when set, keeps the state log there (the --state flag):
+	// accepted rollouts and the callbacks they owe survive a crash, and a
+	// restart with the same StateDir delivers them (see state.go).
+	StateDir string
+	// StateCompactBytes is the state log size past which it is first
+	// compacted (DefaultStateCompactBytes).
+	StateCompactBytes int64
 	// LogDir enables per-rollout JSONL event logs (the --log flag).
 	LogDir string
 	// Logger receives structured logs (slog.Default()).
@@ -147,6 +164,7 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.Callbacks.BaseDelay, 500*time.Millisecond)
 	orDefault(&c.Callbacks.MaxDelay, 8*time.Second)
 	orDefault(&c.Callbacks.Timeout, 10*time.Second)
+	orDefault(&c.Callbacks.MaxInFlight, DefaultCallbackConcurrency)
 	orDefault(&c.RecordTTL, time.Hour)
 	orDefault(&c.CleanupInterval, time.Minute)
 	orDefault(&c.RolloutTimeout, 600*time.Second)
@@ -154,6 +172,7 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.DrainTimeout, 10*time.Second)
 	orDefault(&c.MaxMetadataBytes, 1<<20)
 	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
+	orDefault(&c.StateCompactBytes, DefaultStateCompactBytes)
 	d := DefaultClientSettings()
 	if c.Client == (ClientSettings{}) {
 		c.Client = d

@@ -17,6 +17,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -31,20 +32,57 @@ type delivery struct {
 	route  string
 	url    string
 	bearer string
-	body   any
+	// body is encoded to payload when the delivery is due; a delivery
+	// read back from the state log has its payload only.
+	body    any
+	payload []byte
 	// status is the status word the body carries, for the span and log.
 	status string
 	policy callbackPolicy
 }
 
-// deliver posts a rollout's callbacks in order. A callback that cannot be
-// delivered under its policy is recorded on the rollout (callback_error),
-// logged and counted; the next one is still posted.
-func (s *Service) deliver(rec *record, ds []delivery, log *slog.Logger) {
+// deliver posts the callbacks a rollout owes at stage (stageRan or
+// stageFinal, o being the outcome they report) in order: owe, then
+// redeliver.
+func (s *Service) deliver(rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) {
+	s.owe(rec, stage, o, ds, log)
+	s.redeliver(rec, stage, ds, nil, log)
+}
+
+// owe encodes the callbacks a rollout owes at stage and writes them to the
+// state log, before the first is posted; redeliver marks each there once it
+// is done with, so a restart redelivers exactly those not done.
+func (s *Service) owe(rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) {
+	for i := range ds {
+		if ds[i].payload == nil {
+			payload, err := json.Marshal(ds[i].body)
+			if err != nil {
+				// Not expected: every body is built from JSON-able parts.
+				payload = []byte(`{}`)
+				log.Error("encode callback", "event", ds[i].event, "error", err)
+			}
+			ds[i].payload = payload
+		}
+	}
+	if err := s.state.owed(rec, stage, o, ds); err != nil {
+		log.Error("state log: could not record the callbacks owed; delivering them without", "error", err)
+	}
+}
+
+// redeliver posts those of ds not yet done (every one when done is nil),
+// in order, and marks each in the state log once done with: delivered,
+// refused for good, or given up on at the deadline. One stopped by the
+// shutdown is left owed, for the next start to deliver. A callback that
+// cannot be delivered under its policy is recorded on the rollout
+// (callback_error), logged and counted; the next one is still posted.
+func (s *Service) redeliver(rec *record, stage string, ds []delivery, done []bool, log *slog.Logger) {
 	// The callbacks are owed even when the rollout was cancelled or the
 	// server is shutting down.
 	ctx := rec.traced(s.deliverCtx)
-	for _, d := range ds {
+	for i, d := range ds {
+		if i < len(done) && done[i] {
+			continue
+		}
 		attempts, err := s.post(ctx, d, log)
 		fields := map[string]any{"status": d.status, "attempts": attempts}
 		if err != nil {
@@ -52,6 +90,15 @@ func (s *Service) deliver(rec *record, ds []delivery, log *slog.Logger) {
 			rec.addCallbackError(d.event, err)
 		}
 		rec.log.write(d.event, fields)
+		if err != nil && s.deliverCtx.Err() != nil {
+			rec.mu.Lock()
+			rec.undelivered = true
+			rec.mu.Unlock()
+			continue
+		}
+		if err := s.state.delivered(rec.id, stage, i); err != nil {
+			log.Error("state log: could not mark a callback done", "event", d.event, "error", err)
+		}
 	}
 }
 
@@ -61,7 +108,7 @@ func (s *Service) post(ctx context.Context, d delivery, log *slog.Logger) (int, 
 	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
 		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status))
 	defer span.End()
-	attempts, err := postJSON(context.WithValue(ctx, attemptRouteKey{}, d.route), s.callbackClient, d, log, s.metrics.callbacks)
+	attempts, err := s.sender.post(context.WithValue(ctx, attemptRouteKey{}, d.route), d, log)
 	span.SetAttributes(osmoattr.Attempts.Int(attempts))
 	if err != nil {
 		fail(span, "callback_failed", err.Error())
@@ -130,19 +177,35 @@ func (p callbackPolicy) delay(attempt int) time.Duration {
 // errPermanent marks a callback failure that retrying cannot fix.
 var errPermanent = errors.New("not retried")
 
-// postJSON delivers d and returns the attempts made. attempts counts each
-// attempt by outcome (ok, retry, failed). A failed attempt is an event on
-// the span in ctx (each attempt is a client span of its own when the client
-// is traced). When ctx ends the delivery stops where it is.
-func postJSON(ctx context.Context, client *http.Client, d delivery, log *slog.Logger, attempts *prometheus.CounterVec) (int, error) {
-	payload, err := json.Marshal(d.body)
-	if err != nil {
-		return 0, fmt.Errorf("encode callback: %w", err)
+// sender posts callbacks with client, at most cap(slots) requests at once
+// (every trainer together): a burst of results, thousands of rollouts
+// cancelled or released together, reaches the trainer at a pace it can
+// answer rather than all at once, and an attempt's timeout runs from when
+// it is sent, not while it waits its turn, so waiting never turns into a
+// retry of a callback the trainer may have taken. attempts counts each
+// attempt by outcome (ok, retry, failed).
+type sender struct {
+	client   *http.Client
+	slots    chan struct{}
+	attempts *prometheus.CounterVec
+}
+
+// post delivers d and returns the attempts made. A failed attempt is an
+// event on the span in ctx (each attempt is a client span of its own when
+// the client is traced). When ctx ends the delivery stops where it is.
+func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
+	attempts := c.attempts
+	payload := d.payload
+	if payload == nil {
+		var err error
+		if payload, err = json.Marshal(d.body); err != nil {
+			return 0, fmt.Errorf("encode callback: %w", err)
+		}
 	}
 	p := d.policy
 	giveUp := time.Now().Add(p.Deadline)
 	for attempt := 1; ; attempt++ {
-		err := p.postOnce(ctx, client, d.url, d.bearer, payload)
+		err := c.postOnce(ctx, p, d.url, d.bearer, payload)
 		if err == nil {
 			attempts.WithLabelValues("ok").Inc()
 			return attempt, nil
@@ -180,7 +243,13 @@ func postJSON(ctx context.Context, client *http.Client, d delivery, log *slog.Lo
 	}
 }
 
-func (p callbackPolicy) postOnce(ctx context.Context, client *http.Client, url, bearer string, payload []byte) error {
+func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer string, payload []byte) error {
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 	if p.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.Timeout)
@@ -194,7 +263,7 @@ func (p callbackPolicy) postOnce(ctx context.Context, client *http.Client, url, 
 	if bearer != "" {
 		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	resp, err := client.Do(req)
+	resp, err := c.client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/osmo-rl/osmo"
@@ -45,21 +46,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	if req.IdempotencyKey != nil {
 		key = req.GetIdempotencyKey()
 	}
-	w := &g1Wire{req: req, policy: s.g1Policy, ready: make(chan struct{})}
-	rec := s.newRecord(req.GetRolloutId(), key, w)
-	g1req := sdkRequest(req)
-	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Request: g1req}
-	rec.label = g1Label(req)
-	rec.metadata = req.GetMetadata()
-	rec.gradable = rec.label != nil
-	rec.upstream = llmproxy.Route{
-		BaseURL:         strings.TrimRight(req.GetServerUrl(), "/") + "/v1",
-		APIKey:          req.GetApiKey(),
-		InjectRolloutID: true,
-	}
-	rec.budget, rec.budgetName = s.cfg.RolloutTimeout, "the rollout timeout"
-	rec.gradeBudget = s.cfg.GradeTimeout
-
+	rec, w := s.g1Record(req, key)
 	existing, dup, err := s.admit(rec, false)
 	if errors.Is(err, errIDInUse) {
 		return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use under another idempotency key", rec.id)
@@ -97,9 +84,33 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	}
 	rec.in.Tools = tools
 	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
-	s.start(ctx, rec, "init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(tools)})
+	if err := s.start(ctx, rec, "init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(tools)}); err != nil {
+		w.err = err
+		close(w.ready)
+		return nil, err
+	}
 	close(w.ready)
 	return w.resp, nil
+}
+
+// g1Record is the record of a valid init under idempotency key key: what
+// admission enters, and what a restart rebuilds from the state log.
+func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*record, *g1Wire) {
+	w := &g1Wire{req: req, policy: s.g1Policy, ready: make(chan struct{})}
+	rec := s.newRecord(req.GetRolloutId(), key, w)
+	g1req := sdkRequest(req)
+	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Request: g1req}
+	rec.label = g1Label(req)
+	rec.metadata = req.GetMetadata()
+	rec.gradable = rec.label != nil
+	rec.upstream = llmproxy.Route{
+		BaseURL:         strings.TrimRight(req.GetServerUrl(), "/") + "/v1",
+		APIKey:          req.GetApiKey(),
+		InjectRolloutID: true,
+	}
+	rec.budget, rec.budgetName = s.cfg.RolloutTimeout, "the rollout timeout"
+	rec.gradeBudget = s.cfg.GradeTimeout
+	return rec, w
 }
 
 // sdkRequest is the init as the SDK's RolloutRequest. The budgets left
@@ -165,6 +176,8 @@ func (*g1Wire) statusWord(o outcome.Outcome) string {
 
 // forget keeps the init's answer: a duplicate init is answered with it.
 func (w *g1Wire) forget() { w.req = nil }
+
+func (w *g1Wire) saved() (proto.Message, proto.Message) { return w.req, w.resp }
 
 // ran owes nothing: G1 reports once, after grading.
 func (*g1Wire) ran(*record, outcome.Outcome) []delivery { return nil }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/outcome"
@@ -43,6 +45,27 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		s.reportRejected(ctx, req, id, err)
 		return nil, err
 	}
+	rec := s.g2Record(req, id)
+	if _, dup, err := s.admit(rec, true); err != nil || dup {
+		if err == nil || err == errIDInUse {
+			s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
+			return &rolloutv1.StartRolloutResponse{}, nil
+		}
+		return nil, err
+	}
+	err := s.start(ctx, rec, "start_request", map[string]any{
+		"num_messages": len(req.GetInitialMessages()), "has_label": rec.label != nil,
+		"has_metadata": req.Metadata != nil, "grader_callback": req.GraderCallbackUrl != nil,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &rolloutv1.StartRolloutResponse{}, nil
+}
+
+// g2Record is the record of a valid POST /rollout request for rollout id:
+// what admission enters, and what a restart rebuilds from the state log.
+func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *record {
 	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
 	var w wire = g2
 	if req.LlmApiKey != nil || req.GetRolloutId() == "" {
@@ -74,19 +97,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	if req.GraderTimeoutSec != nil {
 		rec.gradeBudget = seconds(req.GetGraderTimeoutSec())
 	}
-
-	if _, dup, err := s.admit(rec, true); err != nil || dup {
-		if err == nil || err == errIDInUse {
-			s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
-			return &rolloutv1.StartRolloutResponse{}, nil
-		}
-		return nil, err
-	}
-	s.start(ctx, rec, "start_request", map[string]any{
-		"num_messages": len(req.GetInitialMessages()), "has_label": rec.label != nil,
-		"has_metadata": req.Metadata != nil, "grader_callback": req.GraderCallbackUrl != nil,
-	})
-	return &rolloutv1.StartRolloutResponse{}, nil
+	return rec
 }
 
 func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
@@ -94,6 +105,8 @@ func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Se
 func (*g2Wire) name() string { return wireG2 }
 
 func (w *g2Wire) forget() { w.req = nil }
+
+func (w *g2Wire) saved() (proto.Message, proto.Message) { return w.req, nil }
 
 // statusWord is the completion callback's status: success, failure or
 // cancelled (the trainer asked for it: only a v0.3 controller cancels).

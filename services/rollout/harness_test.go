@@ -62,6 +62,10 @@ type harnessOpts struct {
 	// the test's connection to it (tracing, say).
 	grpcServer []grpc.ServerOption
 	grpcDial   []grpc.DialOption
+	// share, when set, gives this harness the policy and trainers of
+	// another (a restarted service talking to the same trainers); the
+	// options above for them are ignored.
+	share *harness
 }
 
 // Keys of the harness's trainers.
@@ -78,6 +82,18 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Helper()
 	h := &harness{done: make(chan struct{})}
+	if o.share != nil {
+		h.policy, h.g1, h.g2, h.v03 = o.share.policy, o.share.g1, o.share.g2, o.share.v03
+	} else {
+		h.startTrainers(t, o)
+	}
+	h.startService(t, o)
+	return h
+}
+
+// startTrainers starts the policy and the trainers of every wire.
+func (h *harness) startTrainers(t *testing.T, o harnessOpts) {
+	t.Helper()
 	policy := o.policy
 	if policy == nil {
 		if o.mock.Logger == nil {
@@ -112,6 +128,22 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if h.v03, err = controller.NewV03("127.0.0.1:0", o.v03); err != nil {
 		t.Fatal(err)
 	}
+	// The trainers outlive the service so callbacks posted while it
+	// drains are still received.
+	ctlCtx, stopCtl := context.WithCancel(context.Background())
+	var ctlWG sync.WaitGroup
+	for _, serve := range []func(context.Context) error{h.g1.Serve, h.g2.Serve, h.v03.Serve} {
+		ctlWG.Add(1)
+		go func() { defer ctlWG.Done(); _ = serve(ctlCtx) }()
+	}
+	t.Cleanup(func() { stopCtl(); ctlWG.Wait() })
+}
+
+// startService starts the rollout service, its gRPC server and the
+// gateway.
+func (h *harness) startService(t *testing.T, o harnessOpts) {
+	t.Helper()
+	var err error
 
 	cfg := rollout.Config{
 		Workflow: o.wf,
@@ -164,16 +196,6 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	h.rest = "http://" + gwLn.Addr().String()
 	gwSrv := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second}
 
-	// The trainers outlive the service so callbacks posted while it
-	// drains are still received.
-	ctlCtx, stopCtl := context.WithCancel(context.Background())
-	var ctlWG sync.WaitGroup
-	for _, serve := range []func(context.Context) error{h.g1.Serve, h.g2.Serve, h.v03.Serve} {
-		ctlWG.Add(1)
-		go func() { defer ctlWG.Done(); _ = serve(ctlCtx) }()
-	}
-	t.Cleanup(func() { stopCtl(); ctlWG.Wait() })
-
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	var wg sync.WaitGroup
@@ -197,7 +219,6 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		_ = conn.Close()
 		h.stop(t)
 	})
-	return h
 }
 
 // stop shuts the service down and waits (bounded) for it.

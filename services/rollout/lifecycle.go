@@ -39,12 +39,24 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, log *slog.Logger) {
 		}
 		rec.settle(run)
 	}
-	s.deliver(rec, rec.wire.ran(rec, run), log)
+	// Grading goes on while the first callbacks are delivered: a result
+	// is in the state log as soon as it is graded, even when the trainer
+	// is not answering, and the second callbacks still follow the first.
+	ran := rec.wire.ran(rec, run)
+	s.owe(rec, stageRan, run, ran, log)
+	delivered := make(chan struct{})
+	go func() {
+		defer close(delivered)
+		s.redeliver(rec, stageRan, ran, nil, log)
+	}()
 	if grading {
 		final = s.grade(rec, log)
 		rec.settle(final)
 	}
-	s.deliver(rec, rec.wire.finished(rec, run, final), log)
+	fin := rec.wire.finished(rec, run, final)
+	s.owe(rec, stageFinal, final, fin, log)
+	<-delivered
+	s.redeliver(rec, stageFinal, fin, nil, log)
 	s.finish(rec, final, log)
 }
 
@@ -54,6 +66,7 @@ func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
 	rec.mu.Lock()
 	rec.finished = time.Now()
 	reward := rec.reward
+	owed := rec.undelivered
 	rec.mu.Unlock()
 	word := rec.wire.statusWord(o)
 	s.completed.Add(1)
@@ -64,5 +77,10 @@ func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
 	}
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
 	endRolloutSpan(rec, word, o)
+	if owed && s.state != nil {
+		log.Warn("state log: a callback stopped by the shutdown stays owed; the next start delivers it")
+	} else if err := s.state.finished(rec); err != nil {
+		log.Error("state log: could not record the rollout finished", "error", err)
+	}
 	s.store.finish(rec, rec.freeze())
 }

@@ -27,6 +27,9 @@ type metrics struct {
 	// recordsDropped counts the finished records let go, by reason (ttl,
 	// bytes).
 	recordsDropped *prometheus.CounterVec
+	// recovered counts the rollouts a restart found unfinished in the
+	// state log, by how they were ended.
+	recovered *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -83,6 +86,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "osmo_rollout_records_dropped_total",
 		Help: "Finished rollout records dropped, by reason: ttl (older than --record-ttl), bytes (the oldest, past --record-max-bytes).",
 	}, []string{"reason"})
+	m.recovered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "osmo_rollouts_recovered_total",
+		Help: "Rollouts found unfinished in the state log at start, by how they were ended: redelivered (their result was owed and is delivered again), interrupted (they were queued, running or grading: a failure saying so is delivered).",
+	}, []string{"how"})
+	for _, how := range []string{recoveredRedelivered, recoveredInterrupted} {
+		m.recovered.WithLabelValues(how)
+	}
 	for _, reason := range []string{dropTTL, dropBytes} {
 		m.recordsDropped.WithLabelValues(reason)
 	}
@@ -92,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recordsDropped)
+			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recordsDropped, m.recovered)
 	}
 	return m
 }
@@ -111,6 +121,12 @@ func (m *metrics) watchRecords(reg prometheus.Registerer, st *store) {
 		}, func() float64 { _, b := st.held(); return float64(b) }),
 	)
 }
+
+// How the rollouts of osmo_rollouts_recovered_total were ended.
+const (
+	recoveredRedelivered = "redelivered"
+	recoveredInterrupted = "interrupted"
+)
 
 // Reasons of osmo_rollouts_rejected_total.
 const (

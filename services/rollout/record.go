@@ -83,6 +83,10 @@ type record struct {
 	final       bool
 	reward      *float64
 	callbackErr string
+	// undelivered says a callback was left owed when the shutdown stopped
+	// its delivery: the state log keeps the rollout unfinished, for the
+	// next start to deliver it.
+	undelivered bool
 	seq         int64
 	// frozen is the finished record as GetRollout renders it, marshaled:
 	// once the callbacks are delivered nothing changes, and the bytes cost

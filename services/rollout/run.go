@@ -81,6 +81,9 @@ func (s *Service) run(rec *record, log *slog.Logger, then func(outcome.Outcome))
 		return o
 	}
 
+	// Read before the watchdog is armed, so that freeze (after an
+	// abandoned run concludes) cannot race this read.
+	in := rec.in
 	// concluded says who reports the run: this goroutine when the workflow
 	// returns, or the watchdog when it does not in time.
 	var concluded atomic.Bool
@@ -101,7 +104,7 @@ func (s *Service) run(rec *record, log *slog.Logger, then func(outcome.Outcome))
 			}()
 		}))
 	})
-	runErr := s.workflow.Run(agentCtx, r, rec.in)
+	runErr := s.workflow.Run(agentCtx, r, in)
 	stopWatching()
 	if t := watchdog.Load(); t != nil {
 		t.Stop()

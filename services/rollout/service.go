@@ -43,9 +43,13 @@ type Service struct {
 	auth     *server.BearerAuth
 	log      *slog.Logger
 	store    *store
-	logs     *eventLogs
-	metrics  *metrics
-	tracer   trace.Tracer // nil when not tracing
+	// state is the --state log; nil without one. resumes end the
+	// rollouts it replayed unfinished; Serve starts them.
+	state   *stateLog
+	resumes []func()
+	logs    *eventLogs
+	metrics *metrics
+	tracer  trace.Tracer // nil when not tracing
 
 	// Admission: admitMu makes the capacity check and the admission one
 	// step. queued and running count the rollouts waiting for a slot and
@@ -66,11 +70,11 @@ type Service struct {
 	proxyLn   net.Listener
 	proxyURL  string
 	llmClient *http.Client
-	// callbackClient posts the callbacks; each wire's retry policy sets the
+	// sender posts the callbacks; each wire's retry policy sets the
 	// per-attempt timeouts.
-	callbackClient *http.Client
-	g1Policy       callbackPolicy
-	g2Policy       callbackPolicy
+	sender   *sender
+	g1Policy callbackPolicy
+	g2Policy callbackPolicy
 	// rejectSem bounds the refused starts reported through callbacks at
 	// once (reportRejected).
 	rejectSem chan struct{}
@@ -174,9 +178,9 @@ func New(cfg Config) (*Service, error) {
 	// other processes, use the listener). No client timeout: the proxy
 	// enforces per-attempt timeouts and the rollout context the rest.
 	s.llmClient = &http.Client{Transport: inproc.Transport{Handler: proxy, Whole: notStreamed}}
-	s.callbackClient = cfg.HTTPClient
-	if s.callbackClient == nil {
-		s.callbackClient = &http.Client{Transport: &http.Transport{
+	callbackClient := cfg.HTTPClient
+	if callbackClient == nil {
+		callbackClient = &http.Client{Transport: &http.Transport{
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			IdleConnTimeout:     90 * time.Second,
@@ -189,10 +193,28 @@ func New(cfg Config) (*Service, error) {
 		s.llmClient = tracedClient(s.llmClient, tp, cfg, func(*http.Request) string {
 			return "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions"
 		})
-		s.callbackClient = tracedClient(s.callbackClient, tp, cfg, attemptSpanName)
+		callbackClient = tracedClient(callbackClient, tp, cfg, attemptSpanName)
 	}
+	s.sender = &sender{client: callbackClient, slots: make(chan struct{}, cfg.Callbacks.MaxInFlight), attempts: s.metrics.callbacks}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
+	if cfg.StateDir != "" {
+		st, entries, err := openState(cfg.StateDir, cfg.StateCompactBytes, s.log)
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		st.retained = func(id string) bool {
+			rec := s.store.get(id)
+			return rec != nil && !rec.finishedAt().IsZero()
+		}
+		s.state = st
+		s.recoverState(entries)
+		// What was replayed is all the log needs to hold from now on.
+		if err := st.compact(); err != nil {
+			s.log.Error("state log: compaction failed", "error", err)
+		}
+	}
 	return s, nil
 }
 
@@ -234,7 +256,10 @@ func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name func
 
 // Close releases the embedded proxy's listener of a Service that will not
 // Serve (Serve releases it itself).
-func (s *Service) Close() error { return s.proxyLn.Close() }
+func (s *Service) Close() error {
+	_ = s.state.close()
+	return s.proxyLn.Close()
+}
 
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
 func (s *Service) ProxyURL() string { return s.proxyURL }
@@ -243,6 +268,14 @@ func (s *Service) ProxyURL() string { return s.proxyURL }
 // drains: running rollouts get DrainTimeout to finish, are then cancelled
 // (and still deliver their callbacks), and Serve returns when all are done.
 func (s *Service) Serve(ctx context.Context) error {
+	for _, resume := range s.resumes {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			resume()
+		}()
+	}
+	s.resumes = nil
 	errc := make(chan error, 1)
 	go func() {
 		if err := s.proxySrv.Serve(s.proxyLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -266,6 +299,9 @@ loop:
 		}
 	}
 	s.drain()
+	if err := s.state.close(); err != nil {
+		s.log.Error("state log", "error", err)
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = s.proxySrv.Shutdown(shutdownCtx)

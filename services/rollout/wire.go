@@ -1,6 +1,8 @@
 package rollout
 
 import (
+	"google.golang.org/protobuf/proto"
+
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
@@ -36,6 +38,10 @@ type wire interface {
 	// forget drops what only running and delivering the rollout needed
 	// (the request), once its record is finished.
 	forget()
+	// saved is what the state log keeps to rebuild the rollout after a
+	// restart: its request (nil once forgotten) and, for G1, the answer
+	// a duplicate init gets (resp is nil for the other wires).
+	saved() (req, resp proto.Message)
 }
 
 // Wire names, as GetRollout and the telemetry report them.
