@@ -177,3 +177,81 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 		t.Errorf("only %d callback attempts failed, want about half of them", f)
 	}
 }
+
+// TestStateSurvivesSIGKILL: `osmo serve --state DIR` is SIGKILLed with
+// rollouts queued and running and results not yet delivered (the trainer's
+// callback endpoint is down), then restarted on the same state: every
+// accepted rollout gets exactly one completion and one grader callback,
+// the finished ones with their rewards, the others a failure saying they
+// were interrupted by the restart; a trainer's resubmission is not rerun.
+func TestStateSurvivesSIGKILL(t *testing.T) {
+	mockAddr := freeAddr(t)
+	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "300ms", "--log-level", "warn")
+	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
+	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
+	state := t.TempDir()
+	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1",
+		"--max-concurrent", "4", "--max-queued", "100", "--state", state, "--log-level", "warn"}
+	srv := start(t, "serve-1", nil, args...)
+	base := "http://127.0.0.1:" + port
+	waitHTTP(t, srv, base+"/health")
+
+	ctl.SetDown(true)
+	const n = 40
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("kill-%02d", i)
+		g2Start(t, ctl, base, "", ids[i], i)
+	}
+	// Some results owed (their callbacks failing), most rollouts still
+	// queued or running.
+	for deadline := time.Now().Add(30 * time.Second); ctl.FailedCallbacks() < 6; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no results reached delivery in 30s\n%s", tail(srv.Output(), 4000))
+		}
+	}
+	srv.Stop(syscall.SIGKILL, time.Second)
+	ctl.SetDown(false)
+
+	srv = start(t, "serve-2", nil, args...)
+	waitHTTP(t, srv, base+"/health")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var graded, interrupted int
+	for i, id := range ids {
+		c, err := ctl.WaitCompletion(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: %v\nserver output (tail):\n%s", id, err, tail(srv.Output(), 4000))
+		}
+		g, err := ctl.WaitGrader(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: %v\nserver output (tail):\n%s", id, err, tail(srv.Output(), 4000))
+		}
+		switch {
+		case g.Status == "success":
+			want := float64(1 - i%2)
+			if s, ok := g.Samples["multiply-agent"]; c.Status != "success" || !ok || s.Reward == nil || *s.Reward != want {
+				t.Errorf("%s: completion %s, grader callback %s; want success with reward %v", id, c.Raw, g.Raw, want)
+			}
+			graded++
+		case g.ErrCategory != nil && *g.ErrCategory == "agent_error" && g.ErrMessage != nil && strings.Contains(*g.ErrMessage, "interrupted by a restart"):
+			interrupted++
+		default:
+			t.Errorf("%s: completion %s, grader callback %s; want a result or an interruption by the restart", id, c.Raw, g.Raw)
+		}
+	}
+	if graded == 0 || interrupted == 0 {
+		t.Errorf("%d results redelivered and %d rollouts interrupted; the kill should have left some of each", graded, interrupted)
+	}
+	// A trainer resubmitting after the restart is answered from the state.
+	g2Start(t, ctl, base, "", ids[0], 0)
+	g2Start(t, ctl, base, "", ids[n-1], n-1)
+	time.Sleep(time.Second) // a duplicate would have come by now
+	for _, id := range ids {
+		if c, g := len(ctl.Completions(id)), len(ctl.GraderCallbacks(id)); c != 1 || g != 1 {
+			t.Errorf("%s: %d completions and %d grader callbacks, want exactly one each", id, c, g)
+		}
+	}
+	t.Logf("after SIGKILL: %d results redelivered, %d rollouts reported interrupted", graded, interrupted)
+}
