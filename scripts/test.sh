@@ -42,3 +42,15 @@ export OSMO_JAEGER_BIN
 
 step "go test"
 go test -race -count=1 -timeout 20m ./...
+
+# Every fuzz target (a decoder fed by the network or by users' files) runs
+# for a few seconds beyond its committed seed corpus (testdata/fuzz), which
+# `go test` above already ran. A crash fails the build and leaves its input
+# in the package's testdata/fuzz, to be committed as a regression case.
+fuzztime="${OSMO_FUZZTIME:-5s}"
+step "fuzz: each target for $fuzztime"
+while IFS=: read -r file name; do
+  pkg="./$(dirname "$file")"
+  echo "-- $pkg $name"
+  go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg"
+done < <(git ls-files '*_test.go' | xargs grep -Ho '^func Fuzz[A-Za-z0-9_]*' | sed 's/func //' | sort)

@@ -1,0 +1,212 @@
+package llmproxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// The proxy parses what clients send (chat-completions and Responses
+// bodies) and what the policy streams back (SSE). These fuzz targets drive
+// the whole handler, in memory: the upstream is a RoundTripper, the client
+// an httptest.ResponseRecorder. Seeds are in testdata/fuzz.
+
+// fuzzUpstream answers every upstream call with status, contentType and
+// body, and counts the calls.
+type fuzzUpstream struct {
+	mu          sync.Mutex
+	status      int
+	contentType string
+	body        []byte
+	calls       int
+}
+
+func (u *fuzzUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		_, _ = io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls++
+	return &http.Response{
+		StatusCode: u.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Content-Type": {u.contentType}},
+		Body:          io.NopCloser(bytes.NewReader(u.body)),
+		ContentLength: int64(len(u.body)),
+		Request:       r,
+	}, nil
+}
+
+// fuzzProxy is a proxy in front of up that records into the returned
+// channel; retries are immediate so a failing seed costs no time.
+func fuzzProxy(f *testing.F, up *fuzzUpstream) (http.Handler, chan *llmproxy.Call) {
+	calls := make(chan *llmproxy.Call, 16)
+	p, err := llmproxy.New(llmproxy.Config{
+		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://policy.invalid/v1", Model: "policy-v1"}),
+		Recorder:  llmproxy.RecorderFunc(func(_ context.Context, c *llmproxy.Call) { calls <- c }),
+		Retry:     llmproxy.RetryPolicy{MaxRetries: 1, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond},
+		Transport: up,
+		Logger:    slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	return p, calls
+}
+
+// serve posts body to path through h with the sample headers.
+func serve(h http.Handler, path string, body []byte) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(llmproxy.HeaderRolloutID, "r1")
+	req.Header.Set(llmproxy.HeaderSampleID, "s1")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+// drain takes the calls recorded so far.
+func drain(calls chan *llmproxy.Call) []*llmproxy.Call {
+	var out []*llmproxy.Call
+	for {
+		select {
+		case c := <-calls:
+			out = append(out, c)
+		default:
+			return out
+		}
+	}
+}
+
+// checkAnswer holds for any request: the answer is the upstream's 200 or a
+// client error with an OpenAI error body, never a 5xx (the upstream always
+// answers), and a request that reached the upstream is recorded once.
+func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, up *fuzzUpstream, calls chan *llmproxy.Call) {
+	t.Helper()
+	recorded := drain(calls)
+	switch {
+	case w.Code == http.StatusOK:
+		if up.calls == 0 {
+			t.Fatalf("200 without an upstream call: %s", w.Body.Bytes())
+		}
+	case w.Code >= 400 && w.Code < 500:
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" {
+			t.Fatalf("%d with a body that is not an OpenAI error: %q", w.Code, w.Body.Bytes())
+		}
+		if up.calls > 0 {
+			t.Fatalf("a request refused with %d reached the upstream", w.Code)
+		}
+	default:
+		t.Fatalf("status %d: %q", w.Code, w.Body.Bytes())
+	}
+	if up.calls > 0 && len(recorded) != 1 {
+		t.Fatalf("%d calls recorded for one request", len(recorded))
+	}
+}
+
+// FuzzChatRequest: any body posted to /v1/chat/completions is forwarded
+// and recorded, or refused with a 4xx naming the problem.
+func FuzzChatRequest(f *testing.F) {
+	f.Add([]byte(chatBody))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"logprobs":true,"extra_body":{"return_token_ids":true}}`))
+	f.Add([]byte(`{"messages":"no"}`))
+	f.Add([]byte(`{"model":"m","messages":[],"stream":true}`))
+	up := &fuzzUpstream{status: http.StatusOK, contentType: "application/json", body: []byte(completionJSON)}
+	h, calls := fuzzProxy(f, up)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if bytes.Contains(body, []byte(`"stream"`)) {
+			return // FuzzStream covers streams
+		}
+		up.calls = 0
+		checkAnswer(t, serve(h, "/v1/chat/completions", body), up, calls)
+	})
+}
+
+// FuzzResponsesRequest: any body posted to /v1/responses is translated and
+// forwarded, or refused with a 4xx naming the problem.
+func FuzzResponsesRequest(f *testing.F) {
+	f.Add([]byte(`{"model":"m","input":"What is 2+2?"}`))
+	f.Add([]byte(`{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"4"}],"tools":[{"type":"function","name":"f","parameters":{}}],"tool_choice":"auto","text":{"format":{"type":"json_schema","name":"x","schema":{}}}}`))
+	f.Add([]byte(`{"input":[{"role":"system","content":5}]}`))
+	up := &fuzzUpstream{status: http.StatusOK, contentType: "application/json", body: []byte(completionJSON)}
+	h, calls := fuzzProxy(f, up)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if bytes.Contains(body, []byte(`"stream"`)) {
+			return
+		}
+		up.calls = 0
+		w := serve(h, "/v1/responses", body)
+		checkAnswer(t, w, up, calls)
+		if w.Code == http.StatusOK {
+			var resp struct {
+				Object string `json:"object"`
+				Status string `json:"status"`
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil || resp.Object != "response" {
+				t.Fatalf("200 that is not a Responses object: %q", w.Body.Bytes())
+			}
+		}
+	})
+}
+
+// FuzzStream feeds the SSE reader: whatever the policy streams to a chat
+// completion, the client gets those bytes unchanged (the proxy records,
+// never rewrites, a chat stream), the call is recorded once as a stream,
+// and a stream that is not whole is recorded with an error.
+func FuzzStream(f *testing.F) {
+	f.Add([]byte("data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"4\"}}]}\n\n" +
+		"data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"t\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\"\"}}]}}]}\n\n" +
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n"))
+	f.Add([]byte("event: x\r\ndata: {\"error\":{\"message\":\"overloaded\"}}\r\n\r\n"))
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"cut"))
+	f.Add([]byte("data: line one\ndata: line two\n\n: comment\n\n"))
+	up := &fuzzUpstream{status: http.StatusOK, contentType: "text/event-stream"}
+	h, calls := fuzzProxy(f, up)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		up.calls, up.body = 0, stream
+		w := serve(h, "/v1/chat/completions", body)
+		recorded := drain(calls)
+		if len(recorded) != 1 {
+			t.Fatalf("%d calls recorded for one request", len(recorded))
+		}
+		c := recorded[0]
+		if len(stream) == 0 {
+			// Nothing to relay: the policy failed, and so does the call.
+			if w.Code < 500 || c.Err == "" {
+				t.Fatalf("an empty stream answered %d, recorded error %q", w.Code, c.Err)
+			}
+			return
+		}
+		if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), stream) {
+			t.Fatalf("relayed %d %q, want 200 and the stream unchanged %q", w.Code, w.Body.Bytes(), stream)
+		}
+		if !c.Stream {
+			t.Fatal("the call is not recorded as a stream")
+		}
+		whole := bytes.Contains(stream, []byte("[DONE]")) || bytes.Contains(stream, []byte(`"finish_reason":"`))
+		if !whole && c.Err == "" {
+			t.Fatalf("a stream without [DONE] or a finish reason recorded without an error: %q", stream)
+		}
+		if strings.Contains(c.Err, "panic") {
+			t.Fatalf("recorded %q", c.Err)
+		}
+	})
+}
