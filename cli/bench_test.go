@@ -151,7 +151,7 @@ func TestBench(t *testing.T) {
 		gogc = strconv.Itoa(cli.DefaultGCPercent)
 	}
 	for _, s := range []string{"llmproxy - direct", "proxy process on one core", "capacity on one core", "proxy GOGC=" + gogc,
-		"Rollouts end to end", "100 in flight", "all graded when released: true"} {
+		"llmproxy against reverseproxy", "Rollouts end to end", "100 in flight", "all graded when released: true"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("osmo bench output lacks %q:\n%s", s, out.String())
 		}

@@ -175,6 +175,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 type rolloutBenchFlags struct {
 	rollouts, concurrency, inFlight int
 	workflow                        string
+	state                           bool
 }
 
 func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
@@ -182,6 +183,7 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "concurrency", 64, "rollouts in flight while timing")
 	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
+	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory, to measure the state log's cost")
 }
 
 func (f *rolloutBenchFlags) check() error {
@@ -198,9 +200,18 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 		fmt.Fprintln(e.stdout, "Rollouts end to end: skipped:", err)
 		return nil
 	}
-	rep, err := rolloutbench.Measure(ctx, rolloutbench.Config{
+	cfg := rolloutbench.Config{
 		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 10 * time.Minute,
-	})
+	}
+	if f.state {
+		dir, err := os.MkdirTemp("", "osmo-bench-state-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		cfg.StateDir = dir
+	}
+	rep, err := rolloutbench.Measure(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -46,12 +46,17 @@ type Config struct {
 	// Workflow is the workflow the server runs (multiply when empty); its
 	// own grader grades.
 	Workflow string
+	// StateDir, when set, runs the server with --state StateDir: the
+	// figures then include the state log's fsyncs.
+	StateDir string
 	// Timeout bounds the whole measurement.
 	Timeout time.Duration
 }
 
 // Report is what was measured.
 type Report struct {
+	// State says the server kept a state log (--state).
+	State          bool
 	Rollouts       int
 	Concurrency    int
 	RolloutsPerSec float64
@@ -103,8 +108,12 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	limit := strconv.Itoa(max(cfg.InFlight, cfg.Concurrency))
 	workflow := cmp.Or(cfg.Workflow, "multiply")
-	cmd := cfg.Serve([]string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
-		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"})
+	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
+		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
+	if cfg.StateDir != "" {
+		args = append(args, "--state", cfg.StateDir)
+	}
+	cmd := cfg.Serve(args)
 	// Every held rollout keeps its upstream connection open.
 	if cmd.Env == nil {
 		cmd.Env = os.Environ()
@@ -122,7 +131,7 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	b := &bench{ctl: ctl, base: base, policy: policy.URL + "/v1"}
-	rep := &Report{Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight}
+	rep := &Report{Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
 	if rep.Base, err = Scrape(ctx, base); err != nil {
 		return nil, err
 	}
@@ -393,7 +402,11 @@ func (r *Report) PerRecord() float64 {
 func (r *Report) WriteTable(w io.Writer) {
 	kib := func(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 	mib := func(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
-	fmt.Fprintf(w, "Rollouts end to end (osmo serve as its own process; G2 trainer and policy double on loopback)\n")
+	state := "state log off"
+	if r.State {
+		state = "state log on (--state): every acceptance and callback fsync'd"
+	}
+	fmt.Fprintf(w, "Rollouts end to end (osmo serve as its own process; G2 trainer and policy double on loopback; %s)\n", state)
 	fmt.Fprintf(w, "  throughput          %.0f rollouts/s (%d rollouts, %d at a time, start to grader callback)\n", r.RolloutsPerSec, r.Rollouts, r.Concurrency)
 	fmt.Fprintf(w, "  latency             p50 %s  p99 %s\n", r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond))
 	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }

@@ -69,7 +69,7 @@ type Log struct {
 
 type appendReq struct {
 	entries [][]byte
-	errc    chan error
+	errc    chan error // nil: nobody waits (Enqueue)
 }
 
 // Open opens the log at path, creating it (and its directory) with perm
@@ -155,6 +155,11 @@ func (l *Log) Append(entries ...[]byte) error {
 	}
 	req := appendReq{entries: entries, errc: make(chan error, 1)}
 	select {
+	case <-l.done:
+		return ErrClosed
+	default:
+	}
+	select {
 	case l.reqs <- req:
 	case <-l.done:
 		return ErrClosed
@@ -171,6 +176,31 @@ func (l *Log) Append(entries ...[]byte) error {
 		default:
 			return ErrClosed
 		}
+	}
+}
+
+// Enqueue hands entries to the writer and returns without waiting for
+// them: they are written, in order with every other append, in the next
+// batch, and are on disk once any later Append returns. For entries whose
+// loss in a crash costs little (a mark that something was done, which a
+// restart would otherwise redo), it spares the caller an fsync. Errors
+// other than a closed log or an oversized entry are not reported.
+func (l *Log) Enqueue(entries ...[]byte) error {
+	for _, e := range entries {
+		if len(e) > MaxEntry {
+			return fmt.Errorf("wal: entry of %d bytes is past the %d limit", len(e), MaxEntry)
+		}
+	}
+	select {
+	case <-l.done:
+		return ErrClosed
+	default:
+	}
+	select {
+	case l.reqs <- appendReq{entries: entries}:
+		return nil
+	case <-l.done:
+		return ErrClosed
 	}
 }
 
@@ -203,7 +233,9 @@ func (l *Log) writer() {
 		}
 		err := l.write(buf.Bytes())
 		for _, req := range batch {
-			req.errc <- err
+			if req.errc != nil {
+				req.errc <- err
+			}
 		}
 	}
 }
@@ -297,9 +329,12 @@ func syncDir(dir string) {
 	}
 }
 
-// Close stops the log once the batch being written is on disk. Appends
-// after it fail with ErrClosed.
+// Close stops the log once what was appended or enqueued before it is on
+// disk. Appends after it fail with ErrClosed.
 func (l *Log) Close() error {
+	// An empty append waits for every entry queued before it (Enqueue's
+	// included) to be written and synced.
+	_ = l.Append()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()

@@ -185,3 +185,38 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestEnqueue: entries handed over without waiting are written in order
+// with the appends around them, on disk once a later Append returns, and
+// written before Close returns.
+func TestEnqueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	l, _, _ := open(t, path)
+	for i := range 100 {
+		if err := l.Enqueue([]byte(fmt.Sprintf("mark-%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Append([]byte("sync")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Enqueue([]byte("last")); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if err := l.Enqueue([]byte("late")); err != ErrClosed {
+		t.Errorf("enqueue after close = %v, want ErrClosed", err)
+	}
+	_, entries, rec := open(t, path)
+	if len(entries) != 102 || rec.Cut != 0 {
+		t.Fatalf("reopened with %d entries (%+v), want 102", len(entries), rec)
+	}
+	for i, e := range entries[:100] {
+		if want := fmt.Sprintf("mark-%03d", i); string(e) != want {
+			t.Fatalf("entry %d = %q, want %q", i, e, want)
+		}
+	}
+	if string(entries[100]) != "sync" || string(entries[101]) != "last" {
+		t.Errorf("last entries %q %q, want sync, last", entries[100], entries[101])
+	}
+}

@@ -50,12 +50,15 @@ type OverheadReport struct {
 	// TracedThroughput is llmproxy's rate with tracing on, measured in
 	// rounds alternating with Throughput's so both see the same machine.
 	// Client, proxy and upstream share the GOMAXPROCS CPUs.
-	Throughput         float64
-	TracedThroughput   float64
-	DirectThroughput   float64
-	ThroughputClients  int
-	ThroughputDuration time.Duration
-	GOMAXPROCS         int
+	// ReverseProxyThroughput is the plain ReverseProxy's, measured in the
+	// same alternating rounds.
+	Throughput             float64
+	TracedThroughput       float64
+	ReverseProxyThroughput float64
+	DirectThroughput       float64
+	ThroughputClients      int
+	ThroughputDuration     time.Duration
+	GOMAXPROCS             int
 	// GCPercent is the garbage collector's GOGC during the run (-1: off).
 	// Client, proxy and upstream share one heap, and how often it is
 	// collected moves the p99 of every setup (see docs/deploy.md).
@@ -70,6 +73,26 @@ func (r OverheadReport) TracingThroughputRatio() float64 {
 		return 0
 	}
 	return r.TracedThroughput / r.Throughput
+}
+
+// AddedP99Ratio is the p99 this proxy adds over a direct call divided by
+// the p99 a plain httputil.ReverseProxy adds, in the same run: below 1 the
+// proxy's tail is shorter than the reverse proxy's. 0 when the reverse
+// proxy added nothing measurable.
+func (r OverheadReport) AddedP99Ratio() float64 {
+	rp := r.ReverseProxy.P99 - r.Direct.P99
+	if rp <= 0 {
+		return 0
+	}
+	return float64(r.AddedOverDirect.P99) / float64(rp)
+}
+
+// ReverseProxyThroughputRatio is Throughput over ReverseProxyThroughput.
+func (r OverheadReport) ReverseProxyThroughputRatio() float64 {
+	if r.ReverseProxyThroughput == 0 {
+		return 0
+	}
+	return r.Throughput / r.ReverseProxyThroughput
 }
 
 // WriteTable prints the report as a table.
@@ -100,8 +123,10 @@ func (r OverheadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "\n%d sequential requests per setup, interleaved; loopback; GOMAXPROCS=%d; GOGC=%s\n", r.Requests, r.GOMAXPROCS, gogc)
 	fmt.Fprintf(w, "client, upstream and proxies share this process and its CPUs: the throughput below is the whole\n")
 	fmt.Fprintf(w, "process's, not the proxy's alone (see the one-core section for that)\n")
-	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, direct %.0f req/s\n",
-		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.DirectThroughput)
+	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, reverseproxy %.0f req/s, direct %.0f req/s\n",
+		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.ReverseProxyThroughput, r.DirectThroughput)
+	fmt.Fprintf(w, "llmproxy against reverseproxy, recording every call: added p99 %.2fx, req/s %.2fx\n",
+		r.AddedP99Ratio(), r.ReverseProxyThroughputRatio())
 	if r.Traced {
 		fmt.Fprintf(w, "tracing on (every span sampled, batch export to an exporter that drops them): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
 			r.TracedThroughput, 100*r.TracingThroughputRatio(), 100*(r.TracingThroughputRatio()-1))
@@ -196,8 +221,9 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 		rep.TracedLLMProxy = summarize(lat[3])
 	}
 
-	// llmproxy with and without tracing run in short alternating rounds,
-	// each going first in turn, so drifts in machine load hit both alike.
+	// llmproxy with and without tracing and the reverse proxy run in short
+	// alternating rounds, each going first in turn, so drifts in machine
+	// load hit them alike.
 	rounds := max(4, int(rep.ThroughputDuration/(100*time.Millisecond)))
 	slice := rep.ThroughputDuration / time.Duration(rounds)
 	type setup struct {
@@ -205,22 +231,20 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 		client *http.Client
 		target string
 	}
-	var plain, traced throughputRun
+	var plain, traced, reverse throughputRun
 	for i := range rounds {
-		runs := []setup{{&plain, clients[2], stack.proxyURL}}
+		runs := []setup{{&plain, clients[2], stack.proxyURL}, {&reverse, clients[1], stack.reverseURL}}
 		if tp != nil {
 			runs = append(runs, setup{&traced, clients[3], stack.tracedURL})
-			if i%2 == 1 {
-				runs[0], runs[1] = runs[1], runs[0]
-			}
 		}
-		for _, r := range runs {
+		for j := range runs {
+			r := runs[(i+j)%len(runs)]
 			if err := r.run.add(ctx, r.client, r.target, rep.ThroughputClients, slice); err != nil {
 				return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
 			}
 		}
 	}
-	rep.Throughput, rep.TracedThroughput = plain.rate(), traced.rate()
+	rep.Throughput, rep.TracedThroughput, rep.ReverseProxyThroughput = plain.rate(), traced.rate(), reverse.rate()
 	var direct throughputRun
 	if err := direct.add(ctx, clients[0], stack.upstreamURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
 		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)

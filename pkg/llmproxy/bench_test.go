@@ -294,15 +294,21 @@ func TestMeasureOverhead(t *testing.T) {
 	if rep.AddedOverDirect.P50 != rep.LLMProxy.P50-rep.Direct.P50 {
 		t.Errorf("added latency %v is not llmproxy minus direct", rep.AddedOverDirect)
 	}
-	if rep.Throughput <= 0 || rep.DirectThroughput <= 0 || rep.TracedThroughput <= 0 || rep.Requests != 50 {
+	if rep.Throughput <= 0 || rep.DirectThroughput <= 0 || rep.TracedThroughput <= 0 || rep.ReverseProxyThroughput <= 0 || rep.Requests != 50 {
 		t.Errorf("report %+v lacks throughput or request count", rep)
 	}
 	if !rep.Traced || rep.TracingThroughputRatio() != rep.TracedThroughput/rep.Throughput {
 		t.Errorf("tracing ratio %v is not traced over plain throughput (%+v)", rep.TracingThroughputRatio(), rep)
 	}
+	if rep.ReverseProxyThroughputRatio() != rep.Throughput/rep.ReverseProxyThroughput {
+		t.Errorf("reverse proxy ratio %v is not llmproxy's throughput over its (%+v)", rep.ReverseProxyThroughputRatio(), rep)
+	}
+	if rp := rep.ReverseProxy.P99 - rep.Direct.P99; rp > 0 && rep.AddedP99Ratio() != float64(rep.AddedOverDirect.P99)/float64(rp) {
+		t.Errorf("added p99 ratio %v is not llmproxy's added p99 over the reverse proxy's (%+v)", rep.AddedP99Ratio(), rep)
+	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy", "GOGC=250"} {
+	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy", "GOGC=250", "llmproxy against reverseproxy"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}

@@ -146,9 +146,13 @@ func openState(dir string, minCompact int64, log *slog.Logger) (*stateLog, [][]b
 	return &stateLog{wal: w, log: log, minCompact: minCompact, compactAt: minCompact}, entries, nil
 }
 
-// append writes e, and starts a compaction when the log has grown past
-// its mark. A nil log (no --state) takes nothing.
-func (l *stateLog) append(e *stateEntry) error {
+// append writes e and returns once it is on disk; mark hands it to the
+// log without waiting. Either starts a compaction when the log has grown
+// past its mark. A nil log (no --state) takes nothing.
+func (l *stateLog) append(e *stateEntry) error { return l.write(e, true) }
+func (l *stateLog) mark(e *stateEntry) error   { return l.write(e, false) }
+
+func (l *stateLog) write(e *stateEntry, wait bool) error {
 	if l == nil {
 		return nil
 	}
@@ -156,7 +160,12 @@ func (l *stateLog) append(e *stateEntry) error {
 	if err != nil {
 		return err
 	}
-	if err := l.wal.Append(b); err != nil {
+	if wait {
+		err = l.wal.Append(b)
+	} else {
+		err = l.wal.Enqueue(b)
+	}
+	if err != nil {
 		return err
 	}
 	l.maybeCompact()
@@ -197,8 +206,14 @@ func (l *stateLog) owed(rec *record, stage string, o outcome.Outcome, ds []deliv
 	return l.append(e)
 }
 
+// delivered and finished are marks: the rollout's goroutine does not wait
+// for their fsync. Lost in a crash (only an entry not yet written is: the
+// writer writes each batch at once), the callback they mark done is sent
+// again, the same bytes, which is what at-least-once delivery allows; the
+// entries a restart relies on to report each rollout once (accepted, owed)
+// are on disk before the trainer hears anything.
 func (l *stateLog) delivered(id, stage string, i int) error {
-	return l.append(&stateEntry{Op: opDelivered, ID: id, Stage: stage, Index: i})
+	return l.mark(&stateEntry{Op: opDelivered, ID: id, Stage: stage, Index: i})
 }
 
 func (l *stateLog) finished(rec *record) error {
@@ -216,7 +231,7 @@ func (l *stateLog) finished(rec *record) error {
 			return err
 		}
 	}
-	return l.append(&stateEntry{Op: opFinished, ID: rec.id, Rollout: sv})
+	return l.mark(&stateEntry{Op: opFinished, ID: rec.id, Rollout: sv})
 }
 
 func (l *stateLog) close() error {
