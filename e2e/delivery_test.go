@@ -178,10 +178,32 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 	}
 }
 
+// g1Init posts a G1 multiply rollout to base, labelled as g2Start labels.
+func g1Init(t *testing.T, ctl *controller.Controller, base, id string, i int) {
+	t.Helper()
+	a, b := 3+i%17, 4+i%13
+	truth := a * b
+	if i%2 == 1 {
+		truth++
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, body, err := ctl.Init(ctx, base, "", controller.InitRequest{
+		RolloutID:        id,
+		Messages:         []map[string]any{{"role": "user", "content": fmt.Sprintf("What is %d times %d?", a, b)}},
+		CompletionParams: map[string]any{"temperature": 0.7},
+		Metadata:         map[string]any{"ground_truth": fmt.Sprint(truth)},
+	})
+	if err != nil || code != 202 {
+		t.Fatalf("init %s: %d %s %v", id, code, body, err)
+	}
+}
+
 // TestStateSurvivesSIGKILL: `osmo serve --state DIR` is SIGKILLed with
 // rollouts queued and running and results not yet delivered (the trainer's
-// callback endpoint is down), then restarted on the same state: every
-// accepted rollout gets exactly one completion and one grader callback,
+// callback endpoints are down), then restarted on the same state: every
+// accepted G2 rollout gets exactly one completion and one grader callback,
+// every G1 one exactly one completion,
 // the finished ones with their rewards, the others a failure saying they
 // were interrupted by the restart; a trainer's resubmission is not rerun.
 func TestStateSurvivesSIGKILL(t *testing.T) {
@@ -189,6 +211,14 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "300ms", "--log-level", "warn")
 	waitHTTP(t, mock, "http://"+mockAddr+"/health")
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
+	g1, err := controller.New("127.0.0.1:0", controller.Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g1Ctx, stopG1 := context.WithCancel(context.Background())
+	g1Done := make(chan struct{})
+	go func() { defer close(g1Done); _ = g1.Serve(g1Ctx) }()
+	t.Cleanup(func() { stopG1(); <-g1Done })
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	state := t.TempDir()
 	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1",
@@ -198,11 +228,17 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 	waitHTTP(t, srv, base+"/health")
 
 	ctl.SetDown(true)
+	g1.SetDown(true)
 	const n = 40
 	ids := make([]string, n)
+	g1IDs := make([]string, n/4)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("kill-%02d", i)
 		g2Start(t, ctl, base, "", ids[i], i)
+		if i < len(g1IDs) {
+			g1IDs[i] = fmt.Sprintf("kill-g1-%02d", i)
+			g1Init(t, g1, base, g1IDs[i], i)
+		}
 	}
 	// Some results owed (their callbacks failing), most rollouts still
 	// queued or running.
@@ -213,6 +249,7 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 	}
 	srv.Stop(syscall.SIGKILL, time.Second)
 	ctl.SetDown(false)
+	g1.SetDown(false)
 
 	srv = start(t, "serve-2", nil, args...)
 	waitHTTP(t, srv, base+"/health")
@@ -241,16 +278,39 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 			t.Errorf("%s: completion %s, grader callback %s; want a result or an interruption by the restart", id, c.Raw, g.Raw)
 		}
 	}
+	for i, id := range g1IDs {
+		c, err := g1.Wait(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: %v\nserver output (tail):\n%s", id, err, tail(srv.Output(), 4000))
+		}
+		switch {
+		case c.Status == "COMPLETED":
+			if want := float64(1 - i%2); c.Reward == nil || *c.Reward != want {
+				t.Errorf("%s: completion %s, want reward %v", id, c.Raw, want)
+			}
+			graded++
+		case c.Status == "ERROR" && strings.Contains(c.ErrorMessage, "interrupted by a restart"):
+			interrupted++
+		default:
+			t.Errorf("%s: completion %s, want a result or an interruption by the restart", id, c.Raw)
+		}
+	}
 	if graded == 0 || interrupted == 0 {
 		t.Errorf("%d results redelivered and %d rollouts interrupted; the kill should have left some of each", graded, interrupted)
 	}
 	// A trainer resubmitting after the restart is answered from the state.
 	g2Start(t, ctl, base, "", ids[0], 0)
 	g2Start(t, ctl, base, "", ids[n-1], n-1)
+	g1Init(t, g1, base, g1IDs[0], 0)
 	time.Sleep(time.Second) // a duplicate would have come by now
 	for _, id := range ids {
 		if c, g := len(ctl.Completions(id)), len(ctl.GraderCallbacks(id)); c != 1 || g != 1 {
 			t.Errorf("%s: %d completions and %d grader callbacks, want exactly one each", id, c, g)
+		}
+	}
+	for _, id := range g1IDs {
+		if c := len(g1.Completions(id)); c != 1 {
+			t.Errorf("%s: %d completions, want exactly one", id, c)
 		}
 	}
 	t.Logf("after SIGKILL: %d results redelivered, %d rollouts reported interrupted", graded, interrupted)

@@ -66,6 +66,7 @@ type Controller struct {
 	completions map[string][]Completion
 	chats       []ChatCall
 	failed      int
+	down        bool
 	changed     chan struct{} // closed and replaced on every new completion
 }
 
@@ -185,7 +186,7 @@ func (c *Controller) completed(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.mu.Lock()
-	if c.failed < c.opts.FailCompletions {
+	if c.down || c.failed < c.opts.FailCompletions {
 		c.failed++
 		c.mu.Unlock()
 		http.Error(w, `{"detail":"injected failure"}`, c.opts.FailStatus)
@@ -284,6 +285,14 @@ func (c *Controller) ChatCalls() []ChatCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]ChatCall(nil), c.chats...)
+}
+
+// SetDown makes every completion post answer FailStatus (down) or lifts
+// it: a trainer that is down for a while.
+func (c *Controller) SetDown(down bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = down
 }
 
 // FailedCompletions is how many completion posts were answered with an
