@@ -112,16 +112,33 @@ func TestDeliverySurvivesTrainerOutage(t *testing.T) {
 	checkDelivered(t, ctl, ids, 60*time.Second, srv.Output)
 }
 
+// serveUntilEnd runs serve (a trainer's) until the test ends.
+func serveUntilEnd(t *testing.T, serve func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// startG1Controller runs a G1 trainer until the test ends.
+func startG1Controller(t *testing.T, o controller.Options) *controller.Controller {
+	t.Helper()
+	ctl, err := controller.New("127.0.0.1:0", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveUntilEnd(t, ctl.Serve)
+	return ctl
+}
+
+// startController runs a G2 trainer until the test ends.
 func startController(t *testing.T, o controller.G2Options) *controller.G2 {
 	t.Helper()
 	ctl, err := controller.NewG2("127.0.0.1:0", o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = ctl.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	serveUntilEnd(t, ctl.Serve)
 	return ctl
 }
 
@@ -211,14 +228,7 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "300ms", "--log-level", "warn")
 	waitHTTP(t, mock, "http://"+mockAddr+"/health")
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
-	g1, err := controller.New("127.0.0.1:0", controller.Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g1Ctx, stopG1 := context.WithCancel(context.Background())
-	g1Done := make(chan struct{})
-	go func() { defer close(g1Done); _ = g1.Serve(g1Ctx) }()
-	t.Cleanup(func() { stopG1(); <-g1Done })
+	g1 := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	state := t.TempDir()
 	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1",

@@ -45,14 +45,7 @@ func startG1Env(t *testing.T, env []string, ctlOpts controller.Options, serveArg
 	waitHTTP(t, mock, "http://"+mockAddr+"/health")
 
 	ctlOpts.PolicyURL = "http://" + mockAddr + "/v1"
-	ctl, err := controller.New("127.0.0.1:0", ctlOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = ctl.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	ctl := startG1Controller(t, ctlOpts)
 
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	args := append([]string{"serve", "--workflow", "calculator", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)

@@ -43,10 +43,7 @@ func startG2(t *testing.T, mockArgs []string, env []string, serveArgs ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = ctl.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	serveUntilEnd(t, ctl.Serve)
 
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	args := append([]string{"serve", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)

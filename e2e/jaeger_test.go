@@ -242,10 +242,7 @@ func TestTraceInJaeger(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctlCtx, stopCtl := context.WithCancel(context.Background())
-			ctlDone := make(chan struct{})
-			go func() { defer close(ctlDone); _ = ctl.Serve(ctlCtx) }()
-			t.Cleanup(func() { stopCtl(); <-ctlDone })
+			serveUntilEnd(t, ctl.Serve)
 			checkRolloutTrace(t, j, ctl, deployment.start(t), "jaeger-"+deployment.name)
 		})
 	}

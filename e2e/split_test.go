@@ -28,10 +28,7 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ctlDone := make(chan struct{})
-	go func() { defer close(ctlDone); _ = ctl.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-ctlDone })
+	serveUntilEnd(t, ctl.Serve)
 
 	journal := filepath.Join(t.TempDir(), "grades.jsonl")
 	graderAddr, rolloutAddr, gwAddr, rolloutMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)

@@ -43,10 +43,7 @@ func TestV03Controller(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					ctx, cancel := context.WithCancel(context.Background())
-					done := make(chan struct{})
-					go func() { defer close(done); _ = ctl.Serve(ctx) }()
-					t.Cleanup(func() { cancel(); <-done })
+					serveUntilEnd(t, ctl.Serve)
 
 					const n = 8
 					var wg sync.WaitGroup

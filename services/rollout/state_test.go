@@ -41,6 +41,14 @@ func heldOrMultiply(t *testing.T, runs *sync.Map) *osmo.Workflow {
 	})
 }
 
+// labelGrader grades as gradeLabelled does: 1 for an answer of 42 to a
+// row labelled "forty-two".
+func labelGrader() *fakeGrader {
+	var mu sync.Mutex
+	var reqs []*graderv1.GradeRequest
+	return &fakeGrader{fn: gradeLabelled(&reqs, &mu)}
+}
+
 // waitLogged waits until the state log in dir holds every one of subs.
 func waitLogged(t *testing.T, dir string, subs ...string) {
 	t.Helper()
@@ -103,9 +111,7 @@ func waitQuiet(g2 *controller.G2, ids []string) {
 // rerun; and a third start, from what the second left, delivers nothing
 // again and still knows every rollout.
 func TestStateRecoversAfterCrash(t *testing.T) {
-	var mu sync.Mutex
-	var gradeReqs []*graderv1.GradeRequest
-	g := &fakeGrader{fn: gradeLabelled(&gradeReqs, &mu)}
+	g := labelGrader()
 	var runs sync.Map
 	wf := heldOrMultiply(t, &runs)
 	dirA, dirB := t.TempDir(), t.TempDir()
@@ -201,9 +207,7 @@ func TestStateRecoversAfterCrash(t *testing.T) {
 // callbacks the trainer is not taking leaves them owed, and the next start
 // delivers them, once.
 func TestStateShutdownKeepsUndelivered(t *testing.T) {
-	var mu sync.Mutex
-	var gradeReqs []*graderv1.GradeRequest
-	g := &fakeGrader{fn: gradeLabelled(&gradeReqs, &mu)}
+	g := labelGrader()
 	var runs sync.Map
 	wf := heldOrMultiply(t, &runs)
 	dir := t.TempDir()
