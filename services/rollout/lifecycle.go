@@ -39,15 +39,15 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, log *slog.Logger) {
 		}
 		rec.settle(run)
 	}
-	// Grading goes on while the first callbacks are delivered: a result
-	// is in the state log as soon as it is graded, even when the trainer
-	// is not answering, and the second callbacks still follow the first.
+	// Grading goes on while the first callbacks are logged and delivered:
+	// a result is in the state log as soon as it is graded, even when the
+	// trainer is not answering, and the second callbacks still follow the
+	// first.
 	ran := rec.wire.ran(rec, run)
-	s.owe(rec, stageRan, run, ran, log)
 	delivered := make(chan struct{})
 	go func() {
 		defer close(delivered)
-		s.redeliver(rec, stageRan, ran, nil, log)
+		s.deliver(rec, stageRan, run, ran, log)
 	}()
 	if grading {
 		final = s.grade(rec, log)
