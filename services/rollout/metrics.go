@@ -122,6 +122,22 @@ func (m *metrics) watchRecords(reg prometheus.Registerer, st *store) {
 	)
 }
 
+// watchState reports the state log's size and how long appends wait to be
+// on disk, and returns the histogram the log observes them in.
+func watchState(reg prometheus.Registerer, l *stateLog) prometheus.Observer {
+	waits := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "osmo_state_log_sync_seconds",
+		Help:    "How long an acceptance or a stage's owed callbacks waited to be on disk in the state log (--state): the write and fsync they shared with others, and the queue before it.",
+		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+	})
+	if reg != nil {
+		reg.MustRegister(waits, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "osmo_state_log_bytes", Help: "Size of the state log (--state); compaction rewrites it to what is live.",
+		}, func() float64 { return float64(l.wal.Size()) }))
+	}
+	return waits
+}
+
 // How the rollouts of osmo_rollouts_recovered_total were ended.
 const (
 	recoveredRedelivered = "redelivered"

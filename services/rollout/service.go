@@ -208,6 +208,7 @@ func New(cfg Config) (*Service, error) {
 			rec := s.store.get(id)
 			return rec != nil && !rec.finishedAt().IsZero()
 		}
+		st.syncs = watchState(cfg.Metrics, st)
 		s.state = st
 		s.recoverState(entries)
 		// What was replayed is all the log needs to hold from now on.

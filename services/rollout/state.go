@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -54,6 +55,9 @@ type stateLog struct {
 	// retained reports whether the store still holds a finished rollout:
 	// its finished entry is kept while it does.
 	retained func(id string) bool
+	// syncs observes how long each waited-for append took (nil: not
+	// observed).
+	syncs prometheus.Observer
 }
 
 // stateFile is the log's name in the state directory.
@@ -161,7 +165,11 @@ func (l *stateLog) write(e *stateEntry, wait bool) error {
 		return err
 	}
 	if wait {
+		t0 := time.Now()
 		err = l.wal.Append(b)
+		if l.syncs != nil {
+			l.syncs.Observe(time.Since(t0).Seconds())
+		}
 	} else {
 		err = l.wal.Enqueue(b)
 	}

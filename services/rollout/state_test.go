@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -237,11 +239,12 @@ func TestStateCompaction(t *testing.T) {
 	wf := heldOrMultiply(t, &runs)
 	dir := t.TempDir()
 	const mark = 16 << 10
+	reg := prometheus.NewRegistry()
 	cfg := func(c *rollout.Config) {
 		stateConfig(dir, nil)(c)
 		c.StateCompactBytes = mark
 	}
-	a := newHarness(t, harnessOpts{wf: wf, cfg: cfg})
+	a := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) { cfg(c); c.Metrics = reg }})
 	var ids []string
 	var written int64
 	for i := range 40 {
@@ -253,6 +256,25 @@ func TestStateCompaction(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
 			written = max(written, fi.Size())
 		}
+	}
+	// Each rollout waited for its acceptance and its two stages' callbacks
+	// to be on disk, and the gauge follows the log.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var syncs uint64
+	var size float64
+	for _, f := range families {
+		switch f.GetName() {
+		case "osmo_state_log_sync_seconds":
+			syncs = f.GetMetric()[0].GetHistogram().GetSampleCount()
+		case "osmo_state_log_bytes":
+			size = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if syncs < 3*40 || size <= 0 || size > 4*mark {
+		t.Errorf("osmo_state_log_sync_seconds counted %d waits and osmo_state_log_bytes is %v; want at least 120 and a size under %d", syncs, size, 4*mark)
 	}
 	a.stop(t)
 	fi, err := os.Stat(filepath.Join(dir, stateFile))
