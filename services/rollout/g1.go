@@ -174,6 +174,8 @@ func (*g1Wire) statusWord(o outcome.Outcome) string {
 	return g1Error
 }
 
+func (w *g1Wire) retry() callbackPolicy { return w.policy }
+
 // forget keeps the init's answer: a duplicate init is answered with it.
 func (w *g1Wire) forget() { w.req = nil }
 

@@ -104,6 +104,8 @@ func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Se
 
 func (*g2Wire) name() string { return wireG2 }
 
+func (w *g2Wire) retry() callbackPolicy { return w.policy }
+
 func (w *g2Wire) forget() { w.req = nil }
 
 func (w *g2Wire) saved() (proto.Message, proto.Message) { return w.req, nil }

@@ -124,7 +124,7 @@ func (o *savedOutcome) outcome() outcome.Outcome {
 }
 
 // savedCallback is a delivery as the log keeps it: its policy is the
-// wire's.
+// wire's (wire.retry).
 type savedCallback struct {
 	Event   string          `json:"event"`
 	Route   string          `json:"route"`
@@ -516,10 +516,6 @@ func (s *Service) resume(rec *record, r *replayed) {
 	interrupted := func(when string) outcome.Outcome {
 		return outcome.Failed(outcome.Agent, "interrupted by a restart of the rollout service %s", when)
 	}
-	policy := s.g2Policy
-	if rec.wire.name() == wireG1 {
-		policy = s.g1Policy
-	}
 	how := recoveredRedelivered
 	if r.stages[stageFinal] == nil {
 		how = recoveredInterrupted
@@ -533,7 +529,7 @@ func (s *Service) resume(rec *record, r *replayed) {
 		}
 		ds := make([]delivery, len(st.callbacks))
 		for i, c := range st.callbacks {
-			ds[i] = delivery{event: c.Event, route: c.Route, url: c.URL, bearer: c.Bearer, status: c.Status, payload: c.Payload, policy: policy}
+			ds[i] = delivery{event: c.Event, route: c.Route, url: c.URL, bearer: c.Bearer, status: c.Status, payload: c.Payload, policy: rec.wire.retry()}
 		}
 		s.redeliver(rec, name, ds, st.done, log)
 	}

@@ -35,6 +35,9 @@ type wire interface {
 	// the run's outcome, final the rollout's (they differ when grading
 	// failed).
 	finished(rec *record, run, final outcome.Outcome) []delivery
+	// retry is the rule its callbacks are retried by (a callback read back
+	// from the state log takes it from here).
+	retry() callbackPolicy
 	// forget drops what only running and delivering the rollout needed
 	// (the request), once its record is finished.
 	forget()
