@@ -64,17 +64,23 @@ func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel(w.err)
 		return nil, w.err
 	}
+	return response(req, w.code, w.sent, &body{PipeReader: pr, cancel: cancel}, -1), nil
+}
+
+// response is the handler's answer to req as a client receives it; length
+// is -1 when unknown (a stream).
+func response(req *http.Request, code int, h http.Header, b io.ReadCloser, length int64) *http.Response {
 	return &http.Response{
-		Status:        fmt.Sprintf("%d %s", w.code, http.StatusText(w.code)),
-		StatusCode:    w.code,
+		Status:        fmt.Sprintf("%d %s", code, http.StatusText(code)),
+		StatusCode:    code,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
-		Header:        w.sent,
-		Body:          &body{PipeReader: pr, cancel: cancel},
-		ContentLength: -1,
+		Header:        h,
+		Body:          b,
+		ContentLength: length,
 		Request:       req,
-	}, nil
+	}
 }
 
 // serverRequest is req as a server would see it, under ctx. The header is
@@ -107,17 +113,7 @@ func (t Transport) whole(req *http.Request) (resp *http.Response, err error) {
 		return nil, err
 	}
 	w.WriteHeader(http.StatusOK)
-	return &http.Response{
-		Status:        fmt.Sprintf("%d %s", w.code, http.StatusText(w.code)),
-		StatusCode:    w.code,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        w.sent,
-		Body:          io.NopCloser(bytes.NewReader(w.body.Bytes())),
-		ContentLength: int64(w.body.Len()),
-		Request:       req,
-	}, nil
+	return response(req, w.code, w.sent, io.NopCloser(bytes.NewReader(w.body.Bytes())), int64(w.body.Len())), nil
 }
 
 // buffered is the handler's http.ResponseWriter of a whole answer.
