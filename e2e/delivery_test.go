@@ -88,9 +88,7 @@ func TestDeliverySurvivesTrainerOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes over a minute")
 	}
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t)
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	srv := start(t, "serve", nil, "serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1", "--log-level", "error")
@@ -150,9 +148,7 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("2,000 rollouts")
 	}
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t)
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, FailFraction: 0.5, Logger: quietLog()})
 
 	journal := t.TempDir() + "/grades.jsonl"
@@ -224,9 +220,7 @@ func g1Init(t *testing.T, ctl *controller.Controller, base, id string, i int) {
 // the finished ones with their rewards, the others a failure saying they
 // were interrupted by the restart; a trainer's resubmission is not rerun.
 func TestStateSurvivesSIGKILL(t *testing.T) {
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "300ms", "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t, "--latency", "300ms")
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	g1 := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -57,11 +58,7 @@ func newCountingPolicy(t *testing.T, latency time.Duration) *countingPolicy {
 func (p *countingPolicy) snapshot() (map[string]int, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	calls := make(map[string]int, len(p.calls))
-	for k, v := range p.calls {
-		calls[k] = v
-	}
-	return calls, p.peak
+	return maps.Clone(p.calls), p.peak
 }
 
 // evalFiles writes a TOML for the multiply workflow over the shipped

@@ -40,9 +40,7 @@ func startG1(t *testing.T, ctlOpts controller.Options, serveArgs ...string) *g1S
 // startG1Env is startG1 with env added to osmo serve's environment.
 func startG1Env(t *testing.T, env []string, ctlOpts controller.Options, serveArgs ...string) *g1Stack {
 	t.Helper()
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t)
 
 	ctlOpts.PolicyURL = "http://" + mockAddr + "/v1"
 	ctl := startG1Controller(t, ctlOpts)

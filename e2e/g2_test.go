@@ -35,9 +35,7 @@ const controllerKey = "K-controller"
 
 func startG2(t *testing.T, mockArgs []string, env []string, serveArgs ...string) *g2Stack {
 	t.Helper()
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, append([]string{"mockllm", "--addr", mockAddr, "--log-level", "warn"}, mockArgs...)...)
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t, mockArgs...)
 
 	ctl, err := controller.NewG2("127.0.0.1:0", controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	if err != nil {

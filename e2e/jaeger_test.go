@@ -208,9 +208,7 @@ func randomHex(t *testing.T, n int) string {
 // under the rollout span, and the trace context reached the policy.
 func TestTraceInJaeger(t *testing.T) {
 	j := startJaeger(t)
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t)
 
 	common := []string{"OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_TRACES_SAMPLER=parentbased_always_on"}
 	overGRPC := append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + j.otlpGRPC, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"}, common...)
@@ -238,11 +236,7 @@ func TestTraceInJaeger(t *testing.T) {
 		}},
 	} {
 		t.Run(deployment.name, func(t *testing.T) {
-			ctl, err := controller.New("127.0.0.1:0", controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			serveUntilEnd(t, ctl.Serve)
+			ctl := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
 			checkRolloutTrace(t, j, ctl, deployment.start(t), "jaeger-"+deployment.name)
 		})
 	}

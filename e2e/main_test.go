@@ -45,6 +45,16 @@ func TestMain(m *testing.M) {
 // freeAddr returns a loopback address with a port nothing listens on now.
 func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
+// startMockPolicy runs `osmo mockllm` with args on a free loopback address
+// until the test ends, and returns the address once it answers.
+func startMockPolicy(t *testing.T, args ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	mock := start(t, "mockllm", nil, append([]string{"mockllm", "--addr", addr, "--log-level", "warn"}, args...)...)
+	waitHTTP(t, mock, "http://"+addr+"/health")
+	return addr
+}
+
 // proc is a running process whose output is kept for assertions.
 type proc = proctest.Proc
 

@@ -19,16 +19,10 @@ import (
 // rollouts are finishing and starts it again on the same address: every
 // rollout must still get its reward, and no sample may be graded twice.
 func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
-	mockAddr := freeAddr(t)
 	// Latency spreads the rollouts out so some finish while the grader is down.
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--latency", "40ms", "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t, "--latency", "40ms")
 
-	ctl, err := controller.New("127.0.0.1:0", controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveUntilEnd(t, ctl.Serve)
+	ctl := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
 
 	journal := filepath.Join(t.TempDir(), "grades.jsonl")
 	graderAddr, rolloutAddr, gwAddr, rolloutMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)

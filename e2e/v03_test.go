@@ -19,9 +19,7 @@ import (
 // arrives in the grader callback's sample, the LLM calls bear the LLM key
 // and the callbacks the callback key.
 func TestV03Controller(t *testing.T) {
-	mockAddr := freeAddr(t)
-	mock := start(t, "mockllm", nil, "mockllm", "--addr", mockAddr, "--log-level", "warn")
-	waitHTTP(t, mock, "http://"+mockAddr+"/health")
+	mockAddr := startMockPolicy(t)
 
 	for _, wf := range []struct{ workflow, prompt, right, wrong string }{
 		{"multiply", "What is 6 times 7?", "42", "41"},
