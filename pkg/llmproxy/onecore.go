@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -598,11 +599,7 @@ func (s *spanSink) failed(w http.ResponseWriter, err error) {
 func (s *spanSink) counts() (map[int64]int64, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[int64]int64, len(s.byPID))
-	for k, v := range s.byPID {
-		out[k] = v
-	}
-	return out, s.bad
+	return maps.Clone(s.byPID), s.bad
 }
 
 // countSpans adds the spans of an OTLP ExportTraceServiceRequest to
