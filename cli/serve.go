@@ -24,6 +24,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/services/grader"
@@ -54,7 +55,9 @@ type rolloutFlags struct {
 	deliveryDeadline time.Duration
 	callbackConc     int
 	recordMaxBytes   byteSize
-	stateDir         string
+	lostAfter        time.Duration
+	replicaName      string
+	nats             natsFlags
 	env              osmosisEnv
 }
 
@@ -83,7 +86,9 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on shutdown, wait this long for running rollouts before cancelling them, and as long again for their callbacks")
 	fs.DurationVar(&f.deliveryDeadline, "delivery-deadline", rollout.DefaultDeliveryDeadline, "retry a callback that fails transiently (transport errors, 429, 5xx) for this long before giving up on it")
 	fs.IntVar(&f.callbackConc, "callback-concurrency", rollout.DefaultCallbackConcurrency, "callback requests open at once, all trainers together; the rest wait their turn")
-	fs.StringVar(&f.stateDir, "state", e.getenv("OSMO_STATE_DIR"), "keep accepted rollouts and undelivered results in an fsync'd log under `DIR`, so a restart (kill -9 included) redelivers them and reports the interrupted ones (env OSMO_STATE_DIR; default: off)")
+	fs.DurationVar(&f.lostAfter, "lost-after", rollout.DefaultLostAfter, "a replica that stops renewing its hold on its rollouts for this long (SIGKILLed, its node gone) is taken for lost: another replica concludes them")
+	fs.StringVar(&f.replicaName, "replica-name", e.getenv("POD_NAME"), "this replica's name in the shared state and in the messages of rollouts interrupted by its loss (env POD_NAME; default: the host name)")
+	f.nats.register(fs, e)
 	return nil
 }
 
@@ -108,7 +113,7 @@ func (f *rolloutFlags) graderSpec(e *env) (string, error) {
 	return spec, nil
 }
 
-func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, reg prometheus.Registerer, tr tracing) (rollout.Config, error) {
+func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec string, st *natsstore.Store, reg prometheus.Registerer, tr tracing) (rollout.Config, error) {
 	entry, err := f.resolve(e)
 	if err != nil {
 		return rollout.Config{}, err
@@ -121,6 +126,9 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	}
 	if f.deliveryDeadline <= 0 {
 		return rollout.Config{}, usagef("--delivery-deadline: must be positive, got %s", f.deliveryDeadline)
+	}
+	if f.lostAfter < time.Second {
+		return rollout.Config{}, usagef("--lost-after: must be at least 1s, got %s", f.lostAfter)
 	}
 	if f.callbackConc <= 0 {
 		return rollout.Config{}, usagef("--callback-concurrency: must be positive, got %d", f.callbackConc)
@@ -146,7 +154,9 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		GradeTimeout:     f.gradeTimeout,
 		DrainTimeout:     f.drainTimeout,
 		Callbacks:        rollout.CallbackSettings{Deadline: f.deliveryDeadline, MaxInFlight: f.callbackConc},
-		StateDir:         f.stateDir,
+		State:            st,
+		LostAfter:        f.lostAfter,
+		ReplicaName:      f.replicaName,
 		MaxMetadataBytes: f.env.maxMetadataBytes,
 		Client:           f.env.client,
 		Model:            f.model,
@@ -277,6 +287,8 @@ type stack struct {
 	rolloutHS      *health.Server
 	rollConn       *grpc.ClientConn
 	http           *server.HTTP
+	// state is the shared state of the stack's services.
+	state *natsstore.Store
 }
 
 type stackConfig struct {
@@ -289,7 +301,7 @@ type stackConfig struct {
 	tracing     tracing
 }
 
-func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
+func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	// st is a local, not the named result, so a failed start (which
 	// returns nil) still releases what it opened.
 	st := &stack{log: log}
@@ -336,7 +348,10 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	if spec != "" {
 		g = st.graderCli
 	}
-	cfg, err := sc.rollout.config(e, log, g, spec, reg, tr)
+	if st.state, err = sc.rollout.nats.open(ctx, "osmo-serve", log); err != nil {
+		return nil, err
+	}
+	cfg, err := sc.rollout.config(e, log, g, spec, st.state, reg, tr)
 	if err != nil {
 		return nil, err
 	}
@@ -386,6 +401,9 @@ func (st *stack) close() {
 	}
 	if st.graderSvc != nil {
 		_ = st.graderSvc.Close()
+	}
+	if st.state != nil {
+		_ = st.state.Close()
 	}
 }
 
@@ -459,7 +477,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	sc.tracing = stackTracing(tel)
-	st, err := newStack(e, log, sc)
+	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
 	}
@@ -519,7 +537,12 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := rf.config(e, log, g, spec, reg, tr)
+	st, err := rf.nats.open(ctx, "osmo-rollout", log)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cfg, err := rf.config(e, log, g, spec, st, reg, tr)
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			cfg.Logger.Warn("nats: disconnected; reconnecting", "error", err)
+			if err != nil { // nil: closed on purpose
+				cfg.Logger.Warn("nats: disconnected; reconnecting", "error", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			cfg.Logger.Info("nats: reconnected", "url", nc.ConnectedUrlRedacted())

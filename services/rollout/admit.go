@@ -8,12 +8,17 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // retryAfter is what a trainer is told to wait when the server is full.
@@ -39,71 +44,103 @@ func (s *Service) newRecord(id, key string, w wire) *record {
 // errIDInUse: the rollout id is held under another idempotency key.
 var errIDInUse = errors.New("rollout id in use under another key")
 
-// admit enters rec into the store, unless a record holds its key already:
-// then it returns that one (dup) and rec is released. With bounded, a
-// server whose queue is full refuses rec (ResourceExhausted, with the
-// delay to retry after) unless its id is one the server holds, whose
-// duplicate start costs nothing.
-func (s *Service) admit(rec *record, bounded bool) (existing *record, dup bool, err error) {
-	s.admitMu.Lock()
-	defer s.admitMu.Unlock()
-	if bounded && s.queued.Load() >= int64(s.cfg.MaxQueued) && s.store.get(rec.id) == nil {
-		rec.release()
-		s.metrics.rejected.WithLabelValues(rejectCapacity).Inc()
-		st, _ := status.New(codes.ResourceExhausted, fmt.Sprintf("at capacity: %d rollouts running and %d queued; retry later", s.running.Load(), s.queued.Load())).
-			WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
-		return nil, false, st.Err()
+// lifecycle is rec's lifecycle as admission writes it, in phase, under the
+// trace of the request in ctx.
+func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*lifecycle, error) {
+	req, resp := rec.wire.saved()
+	lc := &lifecycle{ID: rec.id, Key: rec.key, Wire: rec.wire.name(), Workflow: rec.workflow, Created: rec.created,
+		Phase: phase, State: rolloutv1.State_STATE_QUEUED}
+	var err error
+	if lc.Request, err = proto.Marshal(req); err != nil {
+		return nil, err
 	}
-	existing, dup, ok := s.store.admit(rec)
-	switch {
-	case !ok:
-		rec.release()
-		return existing, false, errIDInUse
-	case dup:
-		rec.release()
-		return existing, true, nil
+	if resp != nil {
+		if lc.Response, err = proto.Marshal(resp); err != nil {
+			return nil, err
+		}
 	}
-	s.queued.Add(1)
-	return rec, false, nil
+	if s.tracer != nil {
+		// The call's span started before anyone knew the id, unless the
+		// gateway put it into the baggage.
+		if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
+			trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
+		}
+		lc.Trace = map[string]string{}
+		s.cfg.Propagator.Inject(ctx, propagation.MapCarrier(lc.Trace))
+	}
+	return lc, nil
 }
 
-// forget takes back the admission of a record that will not run (a G1 init
-// whose tools failed), so a retry starts afresh.
-func (s *Service) forget(rec *record) {
-	s.store.forget(rec)
-	s.queued.Add(-1)
-	rec.release()
+// admit enters rec's lifecycle into the shared state in phase, unless its
+// id has one already: then that one is returned and nothing is entered.
+// With bounded, a full queue (all replicas' together) refuses rec
+// (ResourceExhausted, with the delay to retry after) unless its id is one
+// the state holds, whose duplicate start costs nothing.
+func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
+	defer rec.release()
+	if bounded {
+		if n, err := s.sh.queued(ctx); err != nil {
+			return nil, unavailable(err)
+		} else if n >= int64(s.cfg.MaxQueued) {
+			if lc, _, err := s.sh.get(ctx, rec.id); err == nil {
+				return lc, nil
+			}
+			s.metrics.rejected.WithLabelValues(rejectCapacity).Inc()
+			st, _ := status.New(codes.ResourceExhausted, fmt.Sprintf("at capacity: %d rollouts queued; retry later", n)).
+				WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+			return nil, st.Err()
+		}
+	}
+	lc, err := s.lifecycle(ctx, rec, phase)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode the rollout: %v", err)
+	}
+	existing, _, err := s.sh.create(ctx, lc)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if existing != nil {
+		if existing.Key != rec.key {
+			return existing, errIDInUse
+		}
+		return existing, nil
+	}
+	return nil, nil
 }
 
-// release ends the contexts of a record that will not run.
+// enqueue puts an admitted rollout on the shared queue: once there, any
+// replica may run it. A rollout the queue could not take is forgotten and
+// refused (Unavailable): accepting it would promise a callback nothing
+// would send.
+func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields map[string]any) error {
+	lc := &lifecycle{ID: rec.id, Created: rec.created}
+	if err := s.sh.enqueue(ctx, lc); err != nil {
+		s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; refused it", "rollout_id", rec.id, "error", err)
+		if rerr := s.sh.remove(context.WithoutCancel(ctx), rec.id); rerr != nil {
+			s.log.ErrorContext(ctx, "shared state: could not take back the admission of a refused rollout", "rollout_id", rec.id, "error", rerr)
+		}
+		return unavailable(err)
+	}
+	rec.log.write(event, fields)
+	_ = rec.log.close()
+	s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow)
+	s.metrics.started.Inc()
+	return nil
+}
+
+// unavailable is the answer when the shared state cannot be reached: the
+// trainer retries (HTTP 503).
+func unavailable(err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "the rollout state (NATS JetStream) is unreachable: %v", err)
+}
+
+// release ends the contexts of a record that will not run here.
 func (r *record) release() {
 	r.runCancel(nil)
 	r.gradeCancel(nil)
-}
-
-// start hands an admitted rollout to its lifecycle: it records the
-// acceptance in the state log (on disk before the trainer hears of it), opens
-// the rollout's span under the request's in ctx, writes the wire's
-// admission event and starts the rollout's goroutine. A rollout the state
-// log could not take is forgotten and refused (Unavailable): accepting it
-// would promise a callback a crash could lose.
-func (s *Service) start(ctx context.Context, rec *record, event string, fields map[string]any) error {
-	if err := s.state.accepted(rec); err != nil {
-		s.forget(rec)
-		s.log.ErrorContext(ctx, "state log: could not record an accepted rollout; refused it", "rollout_id", rec.id, "error", err)
-		return status.Errorf(codes.Unavailable, "the server could not record the rollout durably: %v", err)
-	}
-	s.traceRollout(ctx, rec)
-	rec.log.write(event, fields)
-	s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow)
-	s.metrics.started.Inc()
-	s.metrics.queued.Inc()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.process(rec)
-	}()
-	return nil
 }
 
 // newToken is a random bearer for a rollout's clients.

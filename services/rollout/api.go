@@ -2,133 +2,312 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/internal/outcome"
 )
+
+// queuedNow is the shared queue's depth, 0 when it cannot be read.
+func (s *Service) queuedNow(ctx context.Context) int64 {
+	n, _ := s.sh.queued(ctx)
+	return n
+}
 
 // This file holds the RPCs that read or steer rollouts of any wire; the
 // ones that start a rollout are each wire's (g1.go, g2.go).
 
-// GetRollout returns a rollout's current record.
-func (s *Service) GetRollout(_ context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
-	if req.GetRolloutId() == "" {
+// GetRollout returns a rollout's record, whichever replica holds it:
+// this one's live record, the stored finished one, the live record of the
+// replica running it, or else what its lifecycle says.
+func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
+	id := req.GetRolloutId()
+	if id == "" {
 		return nil, badField("rollout_id", "required")
 	}
-	rec := s.store.get(req.GetRolloutId())
-	if rec == nil {
-		return nil, status.Errorf(codes.NotFound, "rollout %q not found", req.GetRolloutId())
+	if rec := s.store.get(id); rec != nil {
+		return rec.proto(), nil
 	}
-	return rec.proto(), nil
+	lc, _, err := s.sh.get(ctx, id)
+	switch {
+	case errors.Is(err, errGone):
+		return nil, status.Errorf(codes.NotFound, "rollout %q not found", id)
+	case err != nil:
+		return nil, unavailable(err)
+	}
+	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
+		if out, err := s.finishedRecord(ctx, id); err == nil {
+			// Callbacks the outbox gave up on after the record was stored.
+			out.CallbackError = lc.CallbackError
+			return out, nil
+		}
+	}
+	if lc.Owner != "" && lc.Owner != s.replica && lc.Phase != phaseFinished {
+		if out, err := s.askOwner(ctx, lc.Owner, id); err == nil {
+			return out, nil
+		}
+	}
+	return renderLifecycle(lc), nil
 }
 
-// watchBuffer is how many finished rollouts a watcher may lag behind.
-const watchBuffer = 1024
+// finishedRecord reads a finished rollout's stored record.
+func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rollout, error) {
+	e, err := s.sh.records.Get(ctx, natsstore.Key(id))
+	if err != nil {
+		return nil, err
+	}
+	out := &rolloutv1.Rollout{}
+	if err := proto.Unmarshal(e.Value(), out); err != nil {
+		return nil, err
+	}
+	out.Sequence = int64(e.Revision())
+	return out, nil
+}
 
-// WatchRollouts streams finished rollouts.
+// askOwner asks the replica holding a rollout for its live record.
+func (s *Service) askOwner(ctx context.Context, owner, id string) (*rolloutv1.Rollout, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := s.sh.store.NC.RequestWithContext(ctx, subjectGet+natsstore.Key(owner), []byte(id))
+	if err != nil {
+		return nil, err
+	}
+	if len(msg.Data) == 0 {
+		return nil, errGone
+	}
+	out := &rolloutv1.Rollout{}
+	return out, proto.Unmarshal(msg.Data, out)
+}
+
+// answerGets serves askOwner for the rollouts this replica holds.
+func (s *Service) answerGets(msg *nats.Msg) {
+	var b []byte
+	if rec := s.store.get(string(msg.Data)); rec != nil {
+		b, _ = proto.Marshal(rec.proto())
+	}
+	_ = msg.Respond(b)
+}
+
+// WatchRollouts streams finished rollouts, from every replica, in the
+// order their records were stored; after_sequence replays those stored
+// after it (those the record TTL and --record-max-bytes kept).
 func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
 	if req.GetAfterSequence() < -1 {
 		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
 	}
-	replay, sub := s.store.subscribe(req.GetAfterSequence(), watchBuffer)
-	defer s.store.unsubscribe(sub)
-	last := req.GetAfterSequence()
-	for _, rec := range replay {
-		if err := stream.Send(rec.proto()); err != nil {
+	ctx := stream.Context()
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"$KV." + bucketRecords + ".>"}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	if after := req.GetAfterSequence(); after >= 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, uint64(after)+1
+	}
+	cons, err := s.sh.js.OrderedConsumer(ctx, "KV_"+bucketRecords, cfg)
+	if err != nil {
+		return unavailable(err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return unavailable(err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return unavailable(err)
+		}
+		if op := msg.Headers().Get("KV-Operation"); op != "" {
+			continue // a deletion or purge marker
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		out := &rolloutv1.Rollout{}
+		if err := proto.Unmarshal(msg.Data(), out); err != nil {
+			continue
+		}
+		out.Sequence = int64(meta.Sequence.Stream)
+		if err := stream.Send(out); err != nil {
 			return err
 		}
-		last = rec.sequence()
-	}
-	for {
-		select {
-		case <-stream.Context().Done():
-			return nil
-		case rec, ok := <-sub.ch:
-			if !ok {
-				return status.Errorf(codes.ResourceExhausted, "watcher fell behind; reconnect with after_sequence=%d", last)
-			}
-			if rec.sequence() <= last {
-				continue // already replayed
-			}
-			if err := stream.Send(rec.proto()); err != nil {
-				return err
-			}
-			last = rec.sequence()
-		}
 	}
 }
 
-// GetRolloutStatus implements GET /rollout/{id}/status.
-func (s *Service) GetRolloutStatus(_ context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
-	if req.GetRolloutId() == "" {
+// GetRolloutStatus implements GET /rollout/{id}/status, for any rollout of
+// the cluster.
+func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
+	id := req.GetRolloutId()
+	if id == "" {
 		return nil, badField("rollout_id", "required")
 	}
-	rec := s.store.get(req.GetRolloutId())
-	if rec == nil {
-		return &rolloutv1.RolloutStatus{RolloutId: req.GetRolloutId(), Status: "unknown"}, nil
+	if rec := s.store.get(id); rec != nil {
+		return rec.status(), nil
 	}
-	return rec.status(), nil
+	lc, _, err := s.sh.get(ctx, id)
+	switch {
+	case errors.Is(err, errGone):
+		return &rolloutv1.RolloutStatus{RolloutId: id, Status: "unknown"}, nil
+	case err != nil:
+		return nil, unavailable(err)
+	}
+	return lifecycleStatus(lc), nil
 }
 
-// CancelRollouts implements POST /rollout/cancel.
+// lifecycleStatus is status's body from a lifecycle.
+func lifecycleStatus(lc *lifecycle) *rolloutv1.RolloutStatus {
+	out := &rolloutv1.RolloutStatus{RolloutId: lc.ID, Status: outcome.StatusWord(lc.State), Reward: lc.Reward}
+	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
+		o := lc.Outcome.outcome()
+		if !o.OK() {
+			msg := o.Message
+			out.ErrMessage = &msg
+			if cat := o.Category.Wire(); cat != "" {
+				out.ErrCategory = &cat
+			}
+		}
+	}
+	return out
+}
+
+// CancelRollouts implements POST /rollout/cancel, for any rollout of the
+// cluster: the cancel is written into the rollout's lifecycle (a queued
+// one then never starts, wherever it is taken) and sent to the replica
+// running it, which aborts its workflow and in-flight LLM calls.
 func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRolloutsRequest) (*rolloutv1.CancelRolloutsResponse, error) {
 	if err := validateCancel(req); err != nil {
 		return nil, err
 	}
 	out := &rolloutv1.CancelRolloutsResponse{Dispositions: map[string]string{}}
-	var recs []*record
-	switch {
-	case len(req.GetIds()) > 0:
-		for _, id := range req.GetIds() {
-			if rec := s.store.get(id); rec != nil {
-				recs = append(recs, rec)
-			} else {
-				out.Dispositions[id] = dispositionNotFound
-			}
-		}
-	default:
-		prefix := req.GetPrefix() // "" with all
-		recs = s.store.unfinished(func(id string) bool { return strings.HasPrefix(id, prefix) })
-	}
-	// Queued rollouts go first: cancelling a running one frees a slot that
-	// a queued one about to be cancelled would otherwise take.
-	queued := make([]*record, 0, len(recs))
-	var others []*record
-	for _, rec := range recs {
-		if rec.isQueued() {
-			queued = append(queued, rec)
-		} else {
-			others = append(others, rec)
+	ids := req.GetIds()
+	byID := len(ids) > 0
+	if !byID {
+		var err error
+		if ids, err = s.unfinished(ctx, req.GetPrefix()); err != nil {
+			return nil, unavailable(err)
 		}
 	}
-	for _, rec := range append(queued, others...) {
-		d := rec.cancel()
-		if d == dispositionNotFound && len(req.GetIds()) == 0 {
+	for _, id := range ids {
+		d, err := s.cancel(ctx, id)
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		if d == dispositionNotFound && !byID {
 			// By prefix or all, only what this call stopped is listed: a
 			// rollout already over (still delivering its callbacks) is not.
 			continue
 		}
-		out.Dispositions[rec.id] = d
+		out.Dispositions[id] = d
 		if d != dispositionNotFound {
-			rec.log.write("cancel", map[string]any{"disposition": d})
-			s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", rec.id, "disposition", d)
+			s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
 		}
 	}
 	return out, nil
 }
 
+// cancel cancels one rollout and says what it stopped.
+func (s *Service) cancel(ctx context.Context, id string) (string, error) {
+	d := dispositionNotFound
+	lc, err := s.sh.update(ctx, id, func(lc *lifecycle) error {
+		d = dispositionNotFound
+		if lc.Cancelled || lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING || lc.Phase == phaseFinished || lc.Phase == phaseAdmitting {
+			return errUnchanged
+		}
+		lc.Cancelled = true
+		d = dispositionRunning
+		if lc.Phase == phaseQueued {
+			d = dispositionQueued
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errGone), errors.Is(err, errUnchanged):
+		return dispositionNotFound, nil
+	case err != nil:
+		return "", err
+	}
+	if d == dispositionQueued {
+		// Concluded by any replica at once, not when a slot frees.
+		if err := s.sh.conclude(ctx, lc); err != nil {
+			return "", err
+		}
+	}
+	if d == dispositionRunning {
+		if rec := s.store.get(id); rec != nil {
+			s.cancelHeld(rec)
+		} else if err := s.sh.store.NC.Publish(subjectCancel, []byte(lc.ID)); err != nil {
+			return "", err
+		}
+	}
+	return d, nil
+}
+
+// cancelHeld cancels a rollout this replica holds.
+func (s *Service) cancelHeld(rec *record) {
+	if d := rec.cancel(); d != dispositionNotFound {
+		rec.log.write("cancel", map[string]any{"disposition": d})
+	}
+}
+
+// answerCancels serves the cancels sent to whichever replica runs a
+// rollout.
+func (s *Service) answerCancels(msg *nats.Msg) {
+	if rec := s.store.get(string(msg.Data)); rec != nil {
+		s.cancelHeld(rec)
+	}
+}
+
+// unfinished lists the ids of the cluster's unfinished rollouts whose id
+// starts with prefix.
+func (s *Service) unfinished(ctx context.Context, prefix string) ([]string, error) {
+	w, err := s.sh.rollouts.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var ids []string
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return ids, nil
+			}
+			var lc lifecycle
+			if json.Unmarshal(e.Value(), &lc) != nil || !strings.HasPrefix(lc.ID, prefix) {
+				continue
+			}
+			if lc.Phase != phaseFinished && (lc.Outcome == nil || lc.State == rolloutv1.State_STATE_GRADING) {
+				ids = append(ids, lc.ID)
+			}
+		}
+	}
+}
+
 // Health answers the Osmosis health body: G1's for a server running an
 // agent loop, the G3 body (status "ok" and the concurrency) for one running
 // a workflow.
-func (s *Service) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
+func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	resp := &rolloutv1.HealthResponse{
 		Status:            "healthy",
 		AgentLoop:         s.workflow.Name(),
-		ActiveRollouts:    int32(s.store.counts()),
+		ActiveRollouts:    int32(int64(s.store.counts()) + s.queuedNow(ctx)),
 		CompletedRollouts: int32(s.completed.Load()),
 	}
 	if s.cfg.AgentLoop == nil {
@@ -139,7 +318,7 @@ func (s *Service) Health(context.Context, *rolloutv1.HealthRequest) (*rolloutv1.
 		resp.Status = "ok"
 		resp.Concurrency = &rolloutv1.Concurrency{
 			MaxConcurrent: int32(limit),
-			Queued:        int32(s.queued.Load()),
+			Queued:        int32(s.queuedNow(ctx)),
 			Running:       int32(s.running.Load()),
 		}
 	}

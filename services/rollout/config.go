@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 )
 
 // ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
@@ -64,6 +65,10 @@ const DefaultCallbackConcurrency = 64
 
 // DefaultMaxRecordBytes bounds the finished records by default.
 const DefaultMaxRecordBytes = 256 << 20
+
+// DefaultLostAfter is how long a lost replica's rollouts wait before
+// another replica concludes them.
+const DefaultLostAfter = 30 * time.Second
 
 // DefaultDeliveryDeadline is how long a callback is retried by default.
 const DefaultDeliveryDeadline = 15 * time.Minute
@@ -121,13 +126,18 @@ type Config struct {
 	Model string
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string
-	// StateDir, when set, keeps the state log there (the --state flag):
-	// accepted rollouts and the callbacks they owe survive a crash, and a
-	// restart with the same StateDir delivers them (see state.go).
-	StateDir string
-	// StateCompactBytes is the state log size past which it is first
-	// compacted (DefaultStateCompactBytes).
-	StateCompactBytes int64
+	// State is the NATS JetStream holding the state every replica shares
+	// (shared.go): admissions, the queue, each rollout's lifecycle, the
+	// outbox, the finished records. Nil: an embedded server in memory,
+	// owned and stopped by the Service.
+	State *natsstore.Store
+	// LostAfter is how long a replica that stopped renewing its hold on a
+	// rollout (it was SIGKILLed, its node is gone) keeps it before another
+	// replica concludes it (30s).
+	LostAfter time.Duration
+	// ReplicaName names this replica in the shared state and in the
+	// message of a rollout interrupted by its loss (the host name).
+	ReplicaName string
 	// LogDir enables per-rollout JSONL event logs (the --log flag).
 	LogDir string
 	// Logger receives structured logs (slog.Default()).
@@ -172,7 +182,10 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.DrainTimeout, 10*time.Second)
 	orDefault(&c.MaxMetadataBytes, 1<<20)
 	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
-	orDefault(&c.StateCompactBytes, DefaultStateCompactBytes)
+	orDefault(&c.LostAfter, DefaultLostAfter)
+	if c.LostAfter < time.Second {
+		return errors.New("rollout: LostAfter must be at least 1s")
+	}
 	d := DefaultClientSettings()
 	if c.Client == (ClientSettings{}) {
 		c.Client = d

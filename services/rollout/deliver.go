@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +18,6 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -41,69 +41,196 @@ type delivery struct {
 	policy callbackPolicy
 }
 
-// deliver posts the callbacks a rollout owes at stage (stageRan or
-// stageFinal, o being the outcome they report) in order: owe, then
-// redeliver.
-func (s *Service) deliver(rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) {
-	s.owe(rec, stage, o, ds, log)
-	s.redeliver(rec, stage, ds, nil, log)
-}
-
-// owe encodes the callbacks a rollout owes at stage and writes them to the
-// state log, before the first is posted; redeliver marks each there once it
-// is done with, so a restart redelivers exactly those not done.
-func (s *Service) owe(rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) {
-	for i := range ds {
-		if ds[i].payload == nil {
-			payload, err := json.Marshal(ds[i].body)
-			if err != nil {
-				// Not expected: every body is built from JSON-able parts.
-				payload = []byte(`{}`)
-				log.Error("encode callback", "event", ds[i].event, "error", err)
+// send delivers a stage's callbacks not yet done, in order, when this
+// replica is the one to (st.Sending): each is tried once here (direct),
+// and one that fails transiently is handed to the outbox, whose
+// redeliveries any replica serves, as are the ones after it (they wait for
+// it there). A callback done with is marked in the lifecycle; the mark
+// that completes the first stage starts the final one. It reports false
+// when a callback could be neither delivered nor handed over (the shared
+// state unreachable): the rollout's work must then stay held, for a
+// replica to conclude it again.
+//
+// rec is the rollout's record when this replica holds it (nil in the
+// outbox): its event log and callback error record each callback.
+func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, log *slog.Logger) bool {
+	if st == nil || !st.Sending {
+		return true
+	}
+	ok := true
+	for i, c := range st.Callbacks {
+		if i < len(st.Done) && st.Done[i] {
+			continue
+		}
+		attempts := 0
+		if direct && ctx.Err() == nil {
+			attempts = 1
+			err := s.attempt(ctx, id, c.delivery(p), 1, log)
+			if rec != nil {
+				fields := map[string]any{"status": c.Status, "attempts": 1}
+				if err != nil {
+					fields["error"] = err.Error()
+				}
+				rec.log.write(c.Event, fields)
 			}
-			ds[i].payload = payload
+			if err == nil || errors.Is(err, errPermanent) {
+				if err != nil && rec != nil {
+					rec.addCallbackError(c.Event, err)
+				}
+				next, merr := s.markDone(ctx, id, stage, i, c.Event, err)
+				if merr != nil {
+					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
+					ok = false
+				}
+				ok = s.send(ctx, rec, id, created, p, stageFinal, next, direct, log) && ok
+				continue
+			}
+			// Later callbacks of the stage wait for this one in the outbox.
+			direct = false
 		}
-	}
-	if err := s.state.owed(rec, stage, o, ds); err != nil {
-		log.Error("state log: could not record the callbacks owed; delivering them without", "error", err)
-	}
-}
-
-// redeliver posts those of ds not yet done (every one when done is nil),
-// in order, and marks each in the state log once done with: delivered,
-// refused for good, or given up on at the deadline. One stopped by the
-// shutdown is left owed, for the next start to deliver. A callback that
-// cannot be delivered under its policy is recorded on the rollout
-// (callback_error), logged and counted; the next one is still posted.
-func (s *Service) redeliver(rec *record, stage string, ds []delivery, done []bool, log *slog.Logger) {
-	// The callbacks are owed even when the rollout was cancelled or the
-	// server is shutting down.
-	ctx := rec.traced(s.deliverCtx)
-	for i, d := range ds {
-		if i < len(done) && done[i] {
-			continue
+		if rec != nil {
+			rec.handed.Store(true)
 		}
-		attempts, err := s.post(ctx, d, log)
-		fields := map[string]any{"status": d.status, "attempts": attempts}
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := s.sh.handOver(hctx, created, outboxMsg{ID: id, Stage: stage, Index: i, Attempts: attempts, Due: time.Now()})
+		cancel()
 		if err != nil {
-			fields["error"] = err.Error()
-			rec.addCallbackError(d.event, err)
+			log.Error("shared state: could not hand a callback to the outbox", "event", c.Event, "error", err)
+			ok = false
 		}
-		rec.log.write(d.event, fields)
-		if err != nil && s.deliverCtx.Err() != nil {
+	}
+	return ok
+}
+
+// markDone marks a stage's callback done with (cbErr says how it failed,
+// nil when delivered) and returns the final stage when this mark is the
+// one that lets it be sent.
+func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error) (*owedStage, error) {
+	var next *owedStage
+	lc, err := s.sh.update(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
+		next = nil
+		st := lc.Ran
+		if stage == stageFinal {
+			st = lc.Final
+		}
+		if st == nil || i >= len(st.Done) || st.Done[i] {
+			return errUnchanged
+		}
+		st.Done[i] = true
+		if cbErr != nil {
+			if lc.CallbackError != "" {
+				lc.CallbackError += "; "
+			}
+			lc.CallbackError += event + ": " + cbErr.Error()
+		}
+		if stage == stageRan && lc.Final != nil && !lc.Final.Sending && lc.Ran.done() {
+			lc.Final.Sending = true
+			next = lc.Final
+		}
+		settleFinished(lc)
+		return nil
+	})
+	if errors.Is(err, errUnchanged) || errors.Is(err, errGone) {
+		return nil, nil
+	}
+	if err == nil && lc.Phase == phaseFinished {
+		s.waiters.notify(id)
+	}
+	return next, err
+}
+
+// awaitDelivered waits, when some of a rollout's callbacks went to the
+// outbox, until the outbox is done with them (or the shutdown stops the
+// wait), so that a finished rollout's record says how its callbacks went
+// and a watcher hears of it once they are delivered, as when none failed.
+// The replica that holds the rollout keeps holding it meanwhile. It hears
+// of a delivery made here at once, of one made elsewhere within a second.
+func (s *Service) awaitDelivered(rec *record) {
+	if !rec.handed.Load() {
+		return
+	}
+	ch := s.waiters.add(rec.id)
+	defer s.waiters.remove(rec.id)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		lc, _, err := s.sh.get(s.deliverCtx, rec.id)
+		if err == nil && lc.Ran.done() && lc.Final.done() {
 			rec.mu.Lock()
-			rec.undelivered = true
+			rec.callbackErr = lc.CallbackError
 			rec.mu.Unlock()
-			continue
+			return
 		}
-		if err := s.state.delivered(rec.id, stage, i); err != nil {
-			log.Error("state log: could not mark a callback done", "event", d.event, "error", err)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-s.deliverCtx.Done():
+			return
 		}
 	}
 }
 
-// post delivers one callback under its policy, in a span of its own under
-// ctx, and returns the attempts made.
+// waiters wake the rollouts awaiting their callbacks' delivery.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (w *waiters) add(id string) chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{}, 1)
+	w.m[id] = ch
+	return ch
+}
+
+func (w *waiters) remove(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.m, id)
+}
+
+func (w *waiters) notify(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case w.m[id] <- struct{}{}:
+	default:
+	}
+}
+
+// attempt posts one callback once, in a span of its own under ctx, and
+// counts it. A failure that retrying can fix is returned as it is; one
+// that it cannot wraps errPermanent.
+func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log *slog.Logger) error {
+	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
+		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status), osmoattr.Attempt.Int(n))
+	defer span.End()
+	err := s.sender.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d.policy, d.url, d.bearer, d.payload)
+	switch {
+	case err == nil:
+		s.sender.attempts.WithLabelValues("ok").Inc()
+		return nil
+	case errors.Is(err, errPermanent):
+		s.sender.attempts.WithLabelValues("failed").Inc()
+		s.metrics.callbackFails.Inc()
+		err = fmt.Errorf("callback to %s: %w", d.url, err)
+		log.ErrorContext(ctx, d.event+" refused", "rollout_id", id, "error", err, "attempt", n)
+	default:
+		s.sender.attempts.WithLabelValues("retry").Inc()
+		log.WarnContext(ctx, "callback attempt failed", "rollout_id", id, "event", d.event, "url", d.url, "attempt", n, "error", err)
+	}
+	fail(span, "callback_failed", err.Error())
+	return err
+}
+
+// post delivers one callback under its policy, retrying in place, in a
+// span of its own under ctx, and returns the attempts made. Only refused
+// starts are reported this way (they have no lifecycle to keep them in the
+// outbox); a rollout's callbacks go through send.
 func (s *Service) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
 	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
 		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status))

@@ -25,18 +25,15 @@ import (
 type g1Wire struct {
 	req    *rolloutv1.InitRolloutRequest
 	policy callbackPolicy
-
-	// ready is closed once the tools are known (resp) or could not be
-	// (err): a duplicate init waits for it and answers the same.
-	ready chan struct{}
-	resp  *rolloutv1.InitRolloutResponse
-	err   error
+	// resp is the init's answer, which a duplicate init gets too.
+	resp *rolloutv1.InitRolloutResponse
 }
 
-// InitRollout implements the G1 init. It is idempotent on the idempotency
-// key (idempotency_key, else rollout_id): a duplicate waits for the first
-// init and returns its answer, and a failed one (its tools could not be
-// computed) is forgotten so that a retry starts afresh.
+// InitRollout implements the G1 init. It is idempotent cluster-wide on the
+// rollout id: a duplicate (with the same idempotency key) waits for the
+// first init, wherever it runs, and returns its answer; one under another
+// key conflicts; and a failed one (its tools could not be computed) is
+// forgotten so that a retry starts afresh.
 func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
 	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
 		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
@@ -47,25 +44,23 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		key = req.GetIdempotencyKey()
 	}
 	rec, w := s.g1Record(req, key)
-	existing, dup, err := s.admit(rec, false)
+	existing, err := s.admit(ctx, rec, phaseAdmitting, false)
 	if errors.Is(err, errIDInUse) {
 		return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use under another idempotency key", rec.id)
 	}
-	if dup {
-		first, ok := existing.wire.(*g1Wire)
-		if !ok {
+	if err != nil {
+		return nil, err
+	}
+	if existing != nil {
+		if existing.Wire != wireG1 {
 			return nil, status.Errorf(codes.AlreadyExists, "rollout_id %q is already in use by a rollout started with POST /rollout", rec.id)
 		}
-		select {
-		case <-first.ready:
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		if first.err != nil {
-			// The first init failed and cleared its record; this one may retry.
+		resp, err := s.awaitInit(ctx, existing)
+		if errors.Is(err, errGone) {
+			// The first init failed and cleared its lifecycle; this one may retry.
 			return s.InitRollout(ctx, req)
 		}
-		return first.resp, nil
+		return resp, err
 	}
 
 	tools, err := s.workflow.ToolsFor(rec.in.Request)
@@ -76,27 +71,61 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		}
 	}
 	if err != nil {
-		w.err = err
-		s.forget(rec)
-		close(w.ready)
+		if rerr := s.sh.remove(context.WithoutCancel(ctx), rec.id); rerr != nil {
+			s.log.ErrorContext(ctx, "shared state: could not clear a failed init", "rollout_id", rec.id, "error", rerr)
+		}
 		s.log.ErrorContext(ctx, "init failed", "rollout_id", rec.id, "error", err)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	rec.in.Tools = tools
 	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
-	if err := s.start(ctx, rec, "init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(tools)}); err != nil {
-		w.err = err
-		close(w.ready)
+	answer, err := proto.Marshal(w.resp)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode the init answer: %v", err)
+	}
+	// Queued with its answer: a duplicate init anywhere gets the same.
+	if _, err := s.sh.update(ctx, rec.id, func(lc *lifecycle) error {
+		lc.Response, lc.Phase = answer, phaseQueued
+		return nil
+	}); err != nil {
+		_ = s.sh.remove(context.WithoutCancel(ctx), rec.id)
+		return nil, unavailable(err)
+	}
+	if err := s.enqueue(ctx, rec, "init", map[string]any{"num_messages": len(req.GetMessages()), "num_tools": len(tools)}); err != nil {
 		return nil, err
 	}
-	close(w.ready)
 	return w.resp, nil
+}
+
+// awaitInit is the answer of a duplicate init: the first init's, once its
+// tools are known (errGone when it failed).
+func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.InitRolloutResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for lc.Phase == phaseAdmitting {
+		select {
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		var err error
+		if lc, _, err = s.sh.get(ctx, lc.ID); err != nil {
+			if errors.Is(err, errGone) {
+				return nil, err
+			}
+			return nil, unavailable(err)
+		}
+	}
+	resp := &rolloutv1.InitRolloutResponse{}
+	if err := proto.Unmarshal(lc.Response, resp); err != nil {
+		return nil, status.Errorf(codes.Internal, "the saved init answer: %v", err)
+	}
+	return resp, nil
 }
 
 // g1Record is the record of a valid init under idempotency key key: what
 // admission enters, and what a restart rebuilds from the state log.
 func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*record, *g1Wire) {
-	w := &g1Wire{req: req, policy: s.g1Policy, ready: make(chan struct{})}
+	w := &g1Wire{req: req, policy: s.g1Policy}
 	rec := s.newRecord(req.GetRolloutId(), key, w)
 	g1req := sdkRequest(req)
 	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Request: g1req}

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -46,14 +47,15 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		return nil, err
 	}
 	rec := s.g2Record(req, id)
-	if _, dup, err := s.admit(rec, true); err != nil || dup {
-		if err == nil || err == errIDInUse {
-			s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
-			return &rolloutv1.StartRolloutResponse{}, nil
-		}
+	existing, err := s.admit(ctx, rec, phaseQueued, true)
+	if existing != nil && (err == nil || errors.Is(err, errIDInUse)) {
+		s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
+		return &rolloutv1.StartRolloutResponse{}, nil
+	}
+	if err != nil {
 		return nil, err
 	}
-	err := s.start(ctx, rec, "start_request", map[string]any{
+	err = s.enqueue(ctx, rec, "start_request", map[string]any{
 		"num_messages": len(req.GetInitialMessages()), "has_label": rec.label != nil,
 		"has_metadata": req.Metadata != nil, "grader_callback": req.GraderCallbackUrl != nil,
 	})

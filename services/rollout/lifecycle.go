@@ -1,72 +1,225 @@
 package rollout
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
-// process takes an admitted rollout through the rest of its life, the same
-// for every wire: wait for a slot and run the workflow, collect its
-// samples, deliver what the wire owes once the run ended, grade, deliver
-// what it owes once the outcome is final, and finish. It runs in the
+// process takes a rollout this replica took from the queue through the
+// rest of its life, the same for every wire: run the workflow in the slot
+// the queue gave it and collect its samples, then conclude. It runs in the
 // rollout's own goroutine.
-func (s *Service) process(rec *record) {
+func (s *Service) process(rec *record, release func()) {
 	log := s.log.With("rollout_id", rec.id, "wire", rec.wire.name())
-	s.run(rec, log, func(run outcome.Outcome) { s.conclude(rec, run, log) })
+	s.run(rec, log, release, func(run outcome.Outcome) { s.conclude(rec, run, nil, log) })
 }
 
-// conclude is the rest of a rollout's life once its run ended.
-func (s *Service) conclude(rec *record, run outcome.Outcome, log *slog.Logger) {
+// conclude is the rest of a rollout's life once its run ended, run being
+// how: owe the callbacks the wire owes once the run ended and send them,
+// grade (while they are sent), owe and send what it owes once the outcome
+// is final, and finish.
+//
+// The same pipeline concludes a rollout whose replica was lost (resumed
+// is its lifecycle as the lost replica left it, rec holding only its
+// request): each stage the lifecycle reached is taken as it is, its
+// callbacks sent again where not known to be done, and the first stage it
+// did not reach reports the interruption, run telling which. A stage is
+// owed in the lifecycle before its first callback is posted, so whoever
+// concludes a rollout next finds it there.
+func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle, log *slog.Logger) {
 	defer func() {
 		if err := rec.log.close(); err != nil {
 			log.Warn("event log", "error", err)
 		}
 	}()
+	// The callbacks are owed even when the rollout was cancelled or the
+	// server is shutting down; their spans are the rollout's.
+	ctx := rec.traced(s.deliverCtx)
 	final := run
-	// The status a trainer reads when a callback arrives already says what
-	// that callback says: final, or grading.
-	grading := run.OK() && s.cfg.Grader != nil && rec.gradable
+	grading := resumed == nil && run.OK() && s.cfg.Grader != nil && rec.gradable
 	if grading {
 		rec.setState(rolloutv1.State_STATE_GRADING)
 	} else {
-		if run.OK() {
+		if resumed == nil && run.OK() {
 			rec.log.write("grading_skipped", map[string]any{
 				"has_grader": s.cfg.Grader != nil, "has_label": rec.label != nil, "has_metadata": rec.metadata != nil,
 			})
 		}
-		rec.settle(run)
+		if resumed != nil && resumed.Ran != nil && run.OK() && resumed.Final == nil && s.cfg.Grader != nil && rec.gradable {
+			// Its samples went with the replica that graded them.
+			final = outcome.Failed(outcome.Agent, "%s", s.lostMessage(resumed, "while the rollout was being graded"))
+		}
+		rec.settle(final)
 	}
-	// Grading goes on while the first callbacks are logged and delivered:
-	// a result is in the state log as soon as it is graded, even when the
-	// trainer is not answering, and the second callbacks still follow the
-	// first.
-	ran := rec.wire.ran(rec, run)
-	delivered := make(chan struct{})
+
+	var ran *owedStage
+	if resumed != nil && resumed.Ran != nil {
+		ran = resumed.Ran
+	} else {
+		var err error
+		if ran, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
+			s.abandon(rec, err, log)
+			return
+		}
+	}
+	// Grading goes on while the first callbacks are sent: a graded result
+	// is in the shared state as soon as it is, even while the trainer is
+	// not answering, and the final callbacks still follow the first.
+	sent := make(chan bool, 1)
 	go func() {
-		defer close(delivered)
-		s.deliver(rec, stageRan, run, ran, log)
+		sent <- s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, true, log)
 	}()
 	if grading {
 		final = s.grade(rec, log)
 		rec.settle(final)
 	}
-	fin := rec.wire.finished(rec, run, final)
-	s.owe(rec, stageFinal, final, fin, log)
-	<-delivered
-	s.redeliver(rec, stageFinal, fin, nil, log)
-	s.finish(rec, final, log)
+	var fin *owedStage
+	if resumed != nil && resumed.Final != nil {
+		fin, final = resumed.Final, resumed.Final.Outcome.outcome()
+		rec.settleFrom(resumed)
+	} else {
+		var err error
+		if fin, err = s.owe(ctx, rec, stageFinal, final, rec.wire.finished(rec, run, final), log); err != nil {
+			<-sent
+			s.abandon(rec, err, log)
+			return
+		}
+	}
+	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, true, log)
+	ok = <-sent && ok
+	s.awaitDelivered(rec)
+	s.finish(rec, final, ok, log)
 }
 
-// finish marks the rollout finished once its callbacks are delivered (or
-// given up on), counts it, freezes its record and tells watchers.
-func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
+// lostMessage says a rollout was interrupted by the loss of the replica
+// that ran it: a restart of this process when the state is its own.
+func (s *Service) lostMessage(lc *lifecycle, when string) string {
+	if s.sh.store.Embedded() {
+		return "interrupted by a restart of the rollout service " + when
+	}
+	return fmt.Sprintf("interrupted: replica %s lost %s", lc.Owner, when)
+}
+
+// owe writes a stage's callbacks and its outcome into the rollout's
+// lifecycle before any is posted, and returns the stage as stored: its
+// Sending says whether this replica is to send it now (always the first
+// stage; the final one once the first is done). A stage that owes nothing
+// is done at once.
+func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (*owedStage, error) {
+	st := &owedStage{Outcome: saveOutcome(o), Callbacks: make([]savedCallback, len(ds)), Done: make([]bool, len(ds))}
+	for i, d := range ds {
+		payload, err := marshalBody(d.body)
+		if err != nil {
+			// Not expected: every body is built from JSON-able parts.
+			log.Error("encode callback", "event", d.event, "error", err)
+			payload = []byte(`{}`)
+		}
+		st.Callbacks[i] = savedCallback{Event: d.event, Route: d.route, URL: d.url, Bearer: d.bearer, Status: d.status, Payload: payload}
+	}
+	rec.mu.Lock()
+	state, reward := rec.state, rec.reward
+	rec.mu.Unlock()
+	lc, err := s.sh.update(ctx, rec.id, func(lc *lifecycle) error {
+		if lc.Owner != s.replica {
+			return errNotOwner
+		}
+		cp := *st
+		cp.Done = append([]bool(nil), st.Done...)
+		lc.State = state
+		switch stage {
+		case stageRan:
+			cp.Sending = true
+			lc.Ran, lc.Phase = &cp, phaseRan
+			if state != rolloutv1.State_STATE_GRADING {
+				lc.Outcome, lc.Reward = &cp.Outcome, reward
+			}
+		case stageFinal:
+			cp.Sending = lc.Ran.done()
+			lc.Final, lc.Phase = &cp, phaseFinal
+			lc.Outcome, lc.Reward = &cp.Outcome, reward
+		}
+		// Past the request: what a retry or a recovery needs is in the
+		// stages now.
+		if stage == stageFinal {
+			lc.Request = nil
+		}
+		settleFinished(lc)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if stage == stageRan {
+		return lc.Ran, nil
+	}
+	return lc.Final, nil
+}
+
+// errNotOwner: another replica concluded the rollout (it took this one
+// for lost); this one's result is dropped.
+var errNotOwner = errors.New("the rollout was concluded by another replica, which took this one for lost")
+
+// abandon drops a rollout whose lifecycle this replica could not write:
+// another replica concluded it, or the shared state is unreachable. Its
+// work stays unacknowledged, so a replica concludes it from its
+// lifecycle once the state is back.
+func (s *Service) abandon(rec *record, err error, log *slog.Logger) {
+	if errors.Is(err, errNotOwner) {
+		log.Error("rollout concluded elsewhere; dropping this replica's result", "error", err)
+		s.releaseWork(rec, true)
+	} else {
+		log.Error("shared state: could not record the rollout's stage; another replica concludes it", "error", err)
+		s.releaseWork(rec, false)
+	}
+	s.store.remove(rec)
+	endRolloutSpan(rec, "abandoned", outcome.Failed(outcome.Agent, "%v", err))
+}
+
+// settleFinished marks lc finished when both stages are owed and done.
+func settleFinished(lc *lifecycle) {
+	if lc.Ran.done() && lc.Final.done() && lc.Phase != phaseFinished {
+		lc.Phase, lc.Finished, lc.Request = phaseFinished, time.Now(), nil
+		lc.Ran.Callbacks, lc.Final.Callbacks = nil, nil
+	}
+}
+
+// record stores the finished rollout's rendering for GetRollout and
+// watchers; until it is stored, this replica's live record answers.
+func (s *Service) record(rec *record, log *slog.Logger) {
 	rec.mu.Lock()
 	rec.finished = time.Now()
+	rec.mu.Unlock()
+	b, err := proto.Marshal(rec.render())
+	if err == nil {
+		var rev uint64
+		if rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b); err == nil {
+			rec.setSeq(int64(rev))
+			return
+		}
+	}
+	// Too large for one message, or the state is unreachable: GetRollout
+	// then answers from the lifecycle (state, outcome, reward).
+	log.Warn("shared state: the finished record was not stored", "bytes", len(b), "error", err)
+}
+
+// finish counts a rollout whose outcome is final and whose callbacks were
+// sent (or handed to the outbox), lets go of its record and of its work:
+// acknowledged when sent says every callback was delivered or is in the
+// outbox, else left for a replica to conclude again from the lifecycle.
+func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Logger) {
+	rec.mu.Lock()
 	reward := rec.reward
-	owed := rec.undelivered
 	rec.mu.Unlock()
 	word := rec.wire.statusWord(o)
 	s.completed.Add(1)
@@ -77,10 +230,72 @@ func (s *Service) finish(rec *record, o outcome.Outcome, log *slog.Logger) {
 	}
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
 	endRolloutSpan(rec, word, o)
-	if owed && s.state != nil {
-		log.Warn("state log: a callback stopped by the shutdown stays owed; the next start delivers it")
-	} else if err := s.state.finished(rec); err != nil {
-		log.Error("state log: could not record the rollout finished", "error", err)
+	// After the span: freezing lets go of the calls it counts.
+	s.record(rec, log)
+	s.releaseWork(rec, sent)
+	s.store.remove(rec)
+	rec.freeze()
+}
+
+// releaseWork lets go of the rollout's work message: acknowledged when it
+// is done with, or left to redelivery (another replica concludes it).
+func (s *Service) releaseWork(rec *record, done bool) {
+	rec.mu.Lock()
+	msg := rec.work
+	rec.work = nil
+	rec.mu.Unlock()
+	if msg == nil {
+		return
 	}
-	s.store.finish(rec, rec.freeze())
+	s.leases.drop(msg)
+	if done {
+		if err := msg.DoubleAck(context.WithoutCancel(s.deliverCtx)); err != nil {
+			s.log.Warn("shared state: could not acknowledge a rollout's work; it will be concluded again from its lifecycle (its callbacks are done, so nothing is sent twice)",
+				"rollout_id", rec.id, "error", err)
+		}
+	}
+}
+
+// settleFrom sets a resumed rollout's final outcome and reward from its
+// lifecycle.
+func (r *record) settleFrom(lc *lifecycle) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if lc.Outcome != nil {
+		r.out, r.final, r.state = lc.Outcome.outcome(), true, lc.Outcome.State
+	}
+	r.reward = lc.Reward
+}
+
+// renderLifecycle is what GetRollout answers for a rollout known only by
+// its lifecycle: queued, held by another replica that does not answer, or
+// finished without a stored record.
+func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
+	out := &rolloutv1.Rollout{
+		RolloutId:     lc.ID,
+		State:         lc.State,
+		Workflow:      lc.Workflow,
+		Reward:        lc.Reward,
+		CallbackError: lc.CallbackError,
+		Wire:          lc.Wire,
+		Metrics:       &rolloutv1.RolloutMetrics{},
+	}
+	out.CreatedAt = timestamp(lc.Created)
+	out.StartedAt = timestamp(lc.Started)
+	out.FinishedAt = timestamp(lc.Finished)
+	if lc.Outcome != nil {
+		out.ErrorMessage, out.ErrorCategory = lc.Outcome.Message, string(lc.Outcome.Category)
+	}
+	return out
+}
+
+// marshalBody encodes a callback body once.
+func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
+
+// timestamp is t as a proto timestamp, nil when zero.
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }

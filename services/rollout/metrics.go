@@ -1,8 +1,11 @@
 package rollout
 
 import (
+	"context"
 	"strconv"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -14,7 +17,6 @@ type metrics struct {
 	started       prometheus.Counter
 	finished      *prometheus.CounterVec
 	running       prometheus.Gauge
-	queued        prometheus.Gauge
 	duration      *prometheus.HistogramVec
 	gradeDuration *prometheus.HistogramVec
 	rewards       prometheus.Histogram
@@ -24,9 +26,6 @@ type metrics struct {
 	llmDuration   *prometheus.HistogramVec
 	llmTTFT       prometheus.Histogram
 	tokens        *prometheus.CounterVec
-	// recordsDropped counts the finished records let go, by reason (ttl,
-	// bytes).
-	recordsDropped *prometheus.CounterVec
 	// recovered counts the rollouts a restart found unfinished in the
 	// state log, by how they were ended.
 	recovered *prometheus.CounterVec
@@ -45,9 +44,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"status", "error_category"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",
-		}),
-		queued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "osmo_rollouts_queued", Help: "Rollouts accepted and waiting for a concurrency slot.",
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_rollout_duration_seconds", Help: "From init to the completion being delivered, by status.",
@@ -82,60 +78,65 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "osmo_llm_tokens_total", Help: "Tokens reported by the policy, by direction (input, output).",
 		}, []string{"direction"}),
 	}
-	m.recordsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "osmo_rollout_records_dropped_total",
-		Help: "Finished rollout records dropped, by reason: ttl (older than --record-ttl), bytes (the oldest, past --record-max-bytes).",
-	}, []string{"reason"})
 	m.recovered = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "osmo_rollouts_recovered_total",
-		Help: "Rollouts found unfinished in the state log at start, by how they were ended: redelivered (their result was owed and is delivered again), interrupted (they were queued, running or grading: a failure saying so is delivered).",
+		Help: "Rollouts of a lost replica (or of this process before a restart) concluded by this one, by how: redelivered (their final result was owed and is delivered again), interrupted (they were running or grading: a failure saying so is delivered).",
 	}, []string{"how"})
 	for _, how := range []string{recoveredRedelivered, recoveredInterrupted} {
 		m.recovered.WithLabelValues(how)
-	}
-	for _, reason := range []string{dropTTL, dropBytes} {
-		m.recordsDropped.WithLabelValues(reason)
 	}
 	// Both reasons show from the start, at zero, for alerts on their rate.
 	for _, reason := range []string{rejectInvalid, rejectCapacity} {
 		m.rejected.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.started, m.finished, m.running, m.queued, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recordsDropped, m.recovered)
+		reg.MustRegister(m.started, m.finished, m.running, m.duration, m.gradeDuration,
+			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recovered)
 	}
 	return m
 }
 
-// watchRecords reports the finished records held and their bytes.
-func (m *metrics) watchRecords(reg prometheus.Registerer, st *store) {
+// watchShared reports the shared queue's depth and the finished records
+// the shared state holds, read when scraped.
+func (m *metrics) watchShared(reg prometheus.Registerer, sh *shared) {
 	if reg == nil {
 		return
 	}
+	records := func() jetstream.KeyValueStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		st, err := sh.records.Status(ctx)
+		if err != nil {
+			return nil
+		}
+		return st
+	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "osmo_rollout_records", Help: "Finished rollout records held (for lookups, status and idempotency).",
-		}, func() float64 { n, _ := st.held(); return float64(n) }),
+			Name: "osmo_rollouts_queued", Help: "Rollouts accepted and waiting in the shared queue for a replica's slot (all replicas together).",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			n, _ := sh.queued(ctx)
+			return float64(n)
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "osmo_rollout_records_bytes", Help: "Bytes the finished rollout records hold, as --record-max-bytes counts them.",
-		}, func() float64 { _, b := st.held(); return float64(b) }),
+			Name: "osmo_rollout_records", Help: "Finished rollout records held in the shared state (for lookups and watchers).",
+		}, func() float64 {
+			if st := records(); st != nil {
+				return float64(st.Values())
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "osmo_rollout_records_bytes", Help: "Bytes the finished rollout records hold in the shared state, bounded by --record-max-bytes.",
+		}, func() float64 {
+			if st := records(); st != nil {
+				return float64(st.Bytes())
+			}
+			return 0
+		}),
 	)
-}
-
-// watchState reports the state log's size and how long appends wait to be
-// on disk, and returns the histogram the log observes them in.
-func watchState(reg prometheus.Registerer, l *stateLog) prometheus.Observer {
-	waits := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "osmo_state_log_sync_seconds",
-		Help:    "How long an acceptance or a stage's owed callbacks waited to be on disk in the state log (--state): the write and fsync they shared with others, and the queue before it.",
-		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
-	})
-	if reg != nil {
-		reg.MustRegister(waits, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "osmo_state_log_bytes", Help: "Size of the state log (--state); compaction rewrites it to what is live.",
-		}, func() float64 { return float64(l.wal.Size()) }))
-	}
-	return waits
 }
 
 // How the rollouts of osmo_rollouts_recovered_total were ended.

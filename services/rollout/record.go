@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
@@ -83,15 +85,15 @@ type record struct {
 	final       bool
 	reward      *float64
 	callbackErr string
-	// undelivered says a callback was left owed when the shutdown stopped
-	// its delivery: the state log keeps the rollout unfinished, for the
-	// next start to deliver it.
-	undelivered bool
 	seq         int64
-	// frozen is the finished record as GetRollout renders it, marshaled:
-	// once the callbacks are delivered nothing changes, and the bytes cost
-	// a fraction of the objects they replace (see freeze).
-	frozen []byte
+	// frozen: the record was stored finished and let go of its parts; a
+	// late call of an abandoned workflow is not kept.
+	frozen bool
+	// work is the queue's message for the rollout, held while this replica
+	// runs or concludes it.
+	work jetstream.Msg
+	// handed: a callback of the rollout went to the outbox.
+	handed atomic.Bool
 }
 
 // toolStats are the tool calls a sample's agent recorded itself.
@@ -208,7 +210,7 @@ func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
 func (r *record) addCall(c *llmproxy.Call) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.frozen == nil { // a call of an abandoned workflow, late
+	if !r.frozen { // a call of an abandoned workflow, late
 		r.calls = append(r.calls, c)
 	}
 }
@@ -305,20 +307,8 @@ func callMetrics(calls []*llmproxy.Call, started, end time.Time) *rolloutv1.Roll
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// proto renders the record for GetRollout and WatchRollouts.
-func (r *record) proto() *rolloutv1.Rollout {
-	r.mu.Lock()
-	frozen, seq := r.frozen, r.seq
-	r.mu.Unlock()
-	if frozen != nil {
-		out := &rolloutv1.Rollout{}
-		if err := proto.Unmarshal(frozen, out); err == nil {
-			out.Sequence = seq
-			return out
-		}
-	}
-	return r.render()
-}
+// proto renders the record for GetRollout.
+func (r *record) proto() *rolloutv1.Rollout { return r.render() }
 
 // render builds the record's GetRollout form from its parts.
 func (r *record) render() *rolloutv1.Rollout {
@@ -356,27 +346,17 @@ func (r *record) render() *rolloutv1.Rollout {
 	return out
 }
 
-// recordOverhead is what a frozen record costs beyond its bytes: the
-// record itself and its index entries, roughly.
-const recordOverhead = 1024
-
-// freeze keeps of a finished record only what GetRollout, the G3 status
-// and idempotency need: its rendering, marshaled, and its state, reward and
-// outcome. The samples as objects, the recorded calls, the request and the
-// workflow's input go. It returns the record's size for the store's bound.
-func (r *record) freeze() int {
-	b, err := proto.Marshal(r.render())
+// freeze lets go of what only running the rollout needed, once its
+// finished record is stored: the samples as objects, the recorded calls,
+// the request and the workflow's input. A late call of an abandoned
+// workflow is not kept.
+func (r *record) freeze() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err != nil {
-		// Not expected (every part came from protos); keep it whole.
-		return recordOverhead
-	}
-	r.frozen = b
+	r.frozen = true
 	r.samples, r.calls, r.tools, r.in, r.metadata, r.extra = nil, nil, nil, nil, nil, nil
 	r.upstream, r.token = llmproxy.Route{}, ""
 	r.wire.forget()
-	return len(b) + recordOverhead
 }
 
 // status renders the G3 status body: the state in the G3 vocabulary, the

@@ -20,14 +20,15 @@ import (
 // context ended before the rollout is reported without it.
 const workflowGrace = time.Second
 
-// run waits for a concurrency slot, runs the workflow, collects its
-// samples into rec, and hands how the run ended to then, once. The workflow
-// runs in this goroutine: a rollout in flight costs no goroutine of its own
-// besides it. When the workflow ignores its context ending for
-// workflowGrace, it is abandoned: then is called from another goroutine,
-// and this one waits for the workflow to return before giving its slot
-// back, so the limit bounds what actually runs.
-func (s *Service) run(rec *record, log *slog.Logger, then func(outcome.Outcome)) {
+// run runs the workflow in the slot the queue gave the rollout (release
+// gives it back), collects its samples into rec, and hands how the run
+// ended to then, once. The workflow runs in this goroutine: a rollout in
+// flight costs no goroutine of its own besides it. When the workflow
+// ignores its context ending for workflowGrace, it is abandoned: then is
+// called from another goroutine, and this one waits for the workflow to
+// return before giving its slot back, so the limit bounds what actually
+// runs.
+func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(outcome.Outcome)) {
 	ctx, cancel := context.WithCancel(rec.traced(rec.runCtx))
 	defer cancel()
 	if rec.fromAdmission {
@@ -36,16 +37,14 @@ func (s *Service) run(rec *record, log *slog.Logger, then func(outcome.Outcome))
 		defer cancel()
 	}
 
-	queued := time.Now()
-	release, err := s.acquire(ctx)
-	s.queued.Add(-1)
-	s.metrics.queued.Dec()
-	if err != nil {
+	queued := rec.created
+	if ctx.Err() != nil {
+		release()
 		then(s.interrupted(rec, ctx, "while the rollout was queued"))
 		return
 	}
 	if !rec.startRunning() {
-		// Cancelled while the slot was being handed over.
+		// Cancelled while it was queued.
 		release()
 		then(outcome.CancelledBy("cancelled by request while queued"))
 		return

@@ -3,16 +3,21 @@ package rollout
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -22,6 +27,7 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/inproc"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -42,20 +48,20 @@ type Service struct {
 	workflow *osmo.Workflow
 	auth     *server.BearerAuth
 	log      *slog.Logger
+	// store holds the rollouts this replica runs or concludes; sh is the
+	// state every replica shares, and ownState says the Service opened
+	// (and closes) its store. replica names this process in it.
 	store    *store
-	// state is the --state log; nil without one. resumes end the
-	// rollouts it replayed unfinished; Serve starts them.
-	state   *stateLog
-	resumes []func()
-	logs    *eventLogs
-	metrics *metrics
-	tracer  trace.Tracer // nil when not tracing
+	sh       *shared
+	ownState bool
+	replica  string
+	leases   leases
+	waiters  waiters
+	logs     *eventLogs
+	metrics  *metrics
+	tracer   trace.Tracer // nil when not tracing
 
-	// Admission: admitMu makes the capacity check and the admission one
-	// step. queued and running count the rollouts waiting for a slot and
-	// those whose workflow runs.
-	admitMu   sync.Mutex
-	queued    atomic.Int64
+	// running counts the rollouts whose workflow runs here.
 	running   atomic.Int64
 	completed atomic.Int64
 	// sem is the server's concurrency limit, wfSem the workflow's own (nil
@@ -135,8 +141,9 @@ func New(cfg Config) (*Service, error) {
 			Retryable: g2Retryable,
 		},
 	}
-	s.store = newStore(cfg.MaxRecordBytes, func(reason string) { s.metrics.recordsDropped.WithLabelValues(reason).Inc() })
-	s.metrics.watchRecords(cfg.Metrics, s.store)
+	s.store = newStore()
+	s.leases.msgs = map[jetstream.Msg]struct{}{}
+	s.replica = replicaName(cfg.ReplicaName)
 	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
 		s.wfSem = make(chan struct{}, n)
 	}
@@ -198,24 +205,22 @@ func New(cfg Config) (*Service, error) {
 	s.sender = &sender{client: callbackClient, slots: make(chan struct{}, cfg.Callbacks.MaxInFlight), attempts: s.metrics.callbacks}
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
-	if cfg.StateDir != "" {
-		st, entries, err := openState(cfg.StateDir, cfg.StateCompactBytes, s.log)
-		if err != nil {
+	st := cfg.State
+	if st == nil {
+		if st, err = natsstore.Open(context.Background(), natsstore.Config{Name: "osmo-rollout", Logger: s.log}); err != nil {
 			ln.Close()
-			return nil, err
+			return nil, fmt.Errorf("rollout.New: %w", err)
 		}
-		st.retained = func(id string) bool {
-			rec := s.store.get(id)
-			return rec != nil && !rec.finishedAt().IsZero()
-		}
-		st.syncs = watchState(cfg.Metrics, st)
-		s.state = st
-		s.recoverState(entries)
-		// What was replayed is all the log needs to hold from now on.
-		if err := st.compact(); err != nil {
-			s.log.Error("state log: compaction failed", "error", err)
-		}
+		s.ownState = true
 	}
+	if s.sh, err = openShared(context.Background(), st, cfg); err != nil {
+		ln.Close()
+		if s.ownState {
+			_ = st.Close()
+		}
+		return nil, fmt.Errorf("rollout.New: %w", err)
+	}
+	s.metrics.watchShared(cfg.Metrics, s.sh)
 	return s, nil
 }
 
@@ -258,54 +263,80 @@ func tracedClient(c *http.Client, tp trace.TracerProvider, cfg Config, name func
 // Close releases the embedded proxy's listener of a Service that will not
 // Serve (Serve releases it itself).
 func (s *Service) Close() error {
-	_ = s.state.close()
-	return s.proxyLn.Close()
+	err := s.proxyLn.Close()
+	if s.ownState {
+		_ = s.sh.store.Close()
+	}
+	return err
+}
+
+// replicaName is this process's name in the shared state: name (the host
+// name when empty) and a random suffix, so that a replica restarted under
+// the same name is not taken for the one it replaces.
+func replicaName(name string) string {
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
 }
 
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
 func (s *Service) ProxyURL() string { return s.proxyURL }
 
-// Serve runs the embedded proxy and record pruning until ctx ends, then
-// drains: running rollouts get DrainTimeout to finish, are then cancelled
-// (and still deliver their callbacks), and Serve returns when all are done.
+// Serve takes rollouts from the shared queue and callbacks from the
+// outbox, and runs the embedded proxy, until ctx ends; then it drains:
+// it takes no new work, running rollouts get DrainTimeout to finish, are
+// then cancelled (and still report it), their callbacks get DrainTimeout
+// again, and what is still undelivered is left to the outbox, for another
+// replica or the next start. Serve returns when all is let go of.
 func (s *Service) Serve(ctx context.Context) error {
-	for _, resume := range s.resumes {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			resume()
-		}()
+	nc := s.sh.store.NC
+	subs := make([]*nats.Subscription, 0, 2)
+	for subj, h := range map[string]nats.MsgHandler{subjectCancel: s.answerCancels, subjectGet + natsstore.Key(s.replica): s.answerGets} {
+		sub, err := nc.Subscribe(subj, h)
+		if err != nil {
+			return fmt.Errorf("rollout: subscribe %s: %w", subj, err)
+		}
+		subs = append(subs, sub)
 	}
-	s.resumes = nil
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
 	errc := make(chan error, 1)
 	go func() {
 		if err := s.proxySrv.Serve(s.proxyLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("rollout: proxy: %w", err)
 		}
 	}()
-	tick := time.NewTicker(s.cfg.CleanupInterval)
-	defer tick.Stop()
+	takeCtx, stopTaking := context.WithCancel(context.Background())
+	defer stopTaking()
+	renewCtx, stopRenewing := context.WithCancel(context.Background())
+	defer stopRenewing()
+	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
+	var loops sync.WaitGroup
+	loops.Add(3)
+	go func() { defer loops.Done(); s.takeWork(takeCtx) }()
+	go func() { defer loops.Done(); s.concludeCancelled(takeCtx) }()
+	go func() { defer loops.Done(); s.deliverOutbox(takeCtx) }()
 	var serveErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case serveErr = <-errc:
-			break loop
-		case now := <-tick.C:
-			if n := s.store.prune(now, s.cfg.RecordTTL); n > 0 {
-				s.log.Debug("pruned finished rollouts", "count", n)
-			}
-		}
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
 	}
+	stopTaking()
 	s.drain()
-	if err := s.state.close(); err != nil {
-		s.log.Error("state log", "error", err)
-	}
+	loops.Wait()
+	stopRenewing()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = s.proxySrv.Shutdown(shutdownCtx)
+	if s.ownState {
+		_ = s.sh.store.Close()
+	}
 	return serveErr
 }
 
@@ -315,8 +346,8 @@ var errShutdown = errors.New("the server shut down")
 
 // drain waits DrainTimeout for the rollouts to finish, cancels those still
 // running (they still report it), waits DrainTimeout again for their
-// callbacks, and then stops the deliveries still trying: a trainer that is
-// down must not hold the shutdown for a whole delivery deadline.
+// callbacks, and then stops the deliveries still trying: what they did not
+// deliver stays in the outbox.
 func (s *Service) drain() {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -331,14 +362,16 @@ func (s *Service) drain() {
 		}
 	}
 	if wait() {
+		s.stopDelivery(errShutdown)
 		return
 	}
 	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
 	s.cancelRollouts()
 	if wait() {
+		s.stopDelivery(errShutdown)
 		return
 	}
-	s.log.Error("drain timeout: giving up the callbacks still being delivered", "active", s.store.counts())
+	s.log.Error("drain timeout: leaving the callbacks still being delivered to the outbox", "active", s.store.counts())
 	s.stopDelivery(errShutdown)
 	<-done
 }

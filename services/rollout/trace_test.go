@@ -2,6 +2,7 @@ package rollout_test
 
 import (
 	"context"
+	otelcodes "go.opentelemetry.io/otel/codes"
 	"strings"
 	"sync"
 	"testing"
@@ -184,20 +185,28 @@ func TestRolloutTrace(t *testing.T) {
 		t.Errorf("the grader was called under span %v, want the grade span %v", got.SpanID(), grade.SpanContext.SpanID())
 	}
 
-	deliver := tr.one("deliver_completion")
-	if deliver.Parent.SpanID() != root.SpanContext.SpanID() || attrMap(deliver)["osmo.attempts"].AsInt64() != 2 {
-		t.Errorf("deliver span %v", attrMap(deliver))
+	// One span per attempt, each under the rollout's: the first here, the
+	// second from the outbox (which reads the rollout's span from its
+	// lifecycle, as another replica would).
+	delivers := tr.named("deliver_completion")
+	if len(delivers) != 2 {
+		t.Fatalf("%d deliver_completion spans, want 2 (one per attempt)", len(delivers))
 	}
-	if len(deliver.Events) != 1 || deliver.Events[0].Name != "attempt_failed" {
-		t.Errorf("deliver span events %v, want one failed attempt", deliver.Events)
+	for i, d := range delivers {
+		if d.Parent.SpanID() != root.SpanContext.SpanID() || attrMap(d)["osmo.attempt"].AsInt64() != int64(i+1) {
+			t.Errorf("deliver span %d: parent %v, attributes %v", i, d.Parent.SpanID(), attrMap(d))
+		}
+	}
+	if delivers[0].Status.Code != otelcodes.Error || delivers[1].Status.Code == otelcodes.Error {
+		t.Errorf("deliver spans' statuses %v, %v: want the first failed, the second not", delivers[0].Status, delivers[1].Status)
 	}
 	attempts := tr.named("POST /v1/rollout/completed")
 	if len(attempts) != 2 {
 		t.Errorf("%d callback attempt spans, want 2", len(attempts))
 	}
-	for _, a := range attempts {
-		if a.Parent.SpanID() != deliver.SpanContext.SpanID() {
-			t.Errorf("attempt span's parent is not the delivery")
+	for i, a := range attempts {
+		if a.Parent.SpanID() != delivers[i].SpanContext.SpanID() {
+			t.Errorf("attempt span %d's parent is not its delivery", i)
 		}
 	}
 

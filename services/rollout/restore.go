@@ -1,0 +1,52 @@
+package rollout
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+)
+
+// restore rebuilds a rollout's record from its lifecycle, as its wire's
+// handler built it at admission: the replica that runs or concludes a
+// rollout is seldom the one that admitted it. A lifecycle past its final
+// stage has no request any more; its record is then only what the
+// callbacks and status need.
+func (s *Service) restore(lc *lifecycle) (*record, error) {
+	var rec *record
+	switch lc.Wire {
+	case wireG1:
+		req := &rolloutv1.InitRolloutRequest{}
+		if err := proto.Unmarshal(lc.Request, req); err != nil {
+			return nil, err
+		}
+		var w *g1Wire
+		rec, w = s.g1Record(req, lc.Key)
+		w.resp = &rolloutv1.InitRolloutResponse{}
+		if err := proto.Unmarshal(lc.Response, w.resp); err != nil {
+			rec.release()
+			return nil, err
+		}
+		rec.in.Tools = fromStructs(w.resp.GetTools())
+	case wireG2, wireV03:
+		req := &rolloutv1.StartRolloutRequest{}
+		if err := proto.Unmarshal(lc.Request, req); err != nil {
+			return nil, err
+		}
+		rec = s.g2Record(req, lc.ID)
+		if lc.Wire == wireV03 {
+			if _, ok := rec.wire.(*v03Wire); !ok {
+				rec.wire = &v03Wire{rec.wire.(*g2Wire)}
+			}
+		}
+	default:
+		return nil, fmt.Errorf("unknown wire %q", lc.Wire)
+	}
+	rec.created = lc.Created
+	rec.state = lc.State
+	if !lc.Started.IsZero() {
+		rec.started = lc.Started
+	}
+	return rec, nil
+}

@@ -1,0 +1,436 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/internal/outcome"
+)
+
+// The rollout state every replica shares lives in NATS JetStream:
+//
+//	osmo_rollouts  (KV)     one lifecycle per rollout id: its request, the
+//	                        phase it reached, who runs it, the callbacks
+//	                        each stage owes and which are done. Created
+//	                        if absent at admission: one id, one run,
+//	                        whichever replica is asked. A finished one is
+//	                        kept for the record TTL (a per-key TTL), so a
+//	                        duplicate start and a status query are answered
+//	                        from it.
+//	OSMO_WORK      (stream) the queue: one message per accepted rollout, on
+//	                        a work-queue pull consumer every replica takes
+//	                        from up to its free slots. The replica that took
+//	                        it holds it (in-progress acks) until the
+//	                        rollout's outcome is final and its callbacks are
+//	                        delivered or handed to the outbox; a replica
+//	                        that dies stops holding it, and after the
+//	                        consumer's ack wait (--lost-after) another takes
+//	                        it and concludes the rollout from its lifecycle.
+//	OSMO_OUTBOX    (stream) callbacks whose first attempt failed: any
+//	                        replica posts them, JetStream redelivers them
+//	                        with a delay (nak) until the delivery deadline.
+//	osmo_records   (KV)     finished rollouts as GetRollout renders them,
+//	                        for the record TTL and up to --record-max-bytes;
+//	                        its revisions are WatchRollouts' sequence.
+//
+// Besides, core NATS carries a cancel to the replica running the rollout
+// and a GetRollout of a running rollout to the replica that holds it.
+const (
+	bucketRollouts  = "osmo_rollouts"
+	bucketRecords   = "osmo_records"
+	streamWork      = "OSMO_WORK"
+	streamOutbox    = "OSMO_OUTBOX"
+	subjectWork     = "osmo.work."
+	subjectQueued   = subjectWork + "q."
+	subjectControl  = subjectWork + "c."
+	subjectOutbox   = "osmo.outbox."
+	subjectCancel   = "osmo.rollout.cancel"
+	subjectGet      = "osmo.rollout.get."
+	consumerWork    = "rollout-work"
+	consumerControl = "rollout-control"
+	consumerOutbox  = "rollout-outbox"
+)
+
+// Phases of a lifecycle, in order.
+const (
+	// phaseAdmitting: a G1 init whose tools are being computed.
+	phaseAdmitting = "admitting"
+	phaseQueued    = "queued"
+	phaseRunning   = "running"
+	// phaseRan: the run ended and its callbacks are owed; grading, if any,
+	// goes on.
+	phaseRan = "ran"
+	// phaseFinal: the outcome is final and its callbacks are owed.
+	phaseFinal    = "final"
+	phaseFinished = "finished"
+)
+
+// Stages whose callbacks a lifecycle owes.
+const (
+	stageRan   = "ran"
+	stageFinal = "final"
+)
+
+// lifecycle is a rollout as every replica sees it, JSON in osmo_rollouts.
+type lifecycle struct {
+	ID string `json:"id"`
+	// Key is the idempotency key it was admitted under (G1's
+	// idempotency_key, else the id).
+	Key      string    `json:"key"`
+	Wire     string    `json:"wire"`
+	Workflow string    `json:"workflow"`
+	Created  time.Time `json:"created"`
+	// Request is the wire's request (proto); Response is G1's init answer.
+	Request  []byte `json:"request,omitempty"`
+	Response []byte `json:"response,omitempty"`
+	// Trace carries the admitting request's trace context, so the rollout's
+	// span joins its trace wherever the rollout runs.
+	Trace map[string]string `json:"trace,omitempty"`
+
+	Phase string          `json:"phase"`
+	State rolloutv1.State `json:"state"`
+	Owner string          `json:"owner,omitempty"`
+	// Held names the queue whose message holds the rollout ("q" the work
+	// queue, "c" the control queue): a message of the other is stale.
+	Held      string    `json:"held,omitempty"`
+	Started   time.Time `json:"started,omitzero"`
+	Cancelled bool      `json:"cancelled,omitempty"`
+	// Ran and Final are the stages' callbacks, once owed.
+	Ran   *owedStage `json:"ran,omitempty"`
+	Final *owedStage `json:"final,omitempty"`
+	// Outcome and Reward are the rollout's, once final.
+	Outcome       *savedOutcome `json:"outcome,omitempty"`
+	Reward        *float64      `json:"reward,omitempty"`
+	Finished      time.Time     `json:"finished,omitzero"`
+	CallbackError string        `json:"callback_error,omitempty"`
+}
+
+// owedStage is a stage's callbacks, its outcome, and which callbacks are
+// done with (delivered, refused for good, or given up on).
+type owedStage struct {
+	Outcome   savedOutcome    `json:"outcome"`
+	Callbacks []savedCallback `json:"callbacks"`
+	Done      []bool          `json:"done"`
+	// Sending: the delivery of this stage began (for the final stage, only
+	// once the first stage's callbacks are done, so they arrive in order).
+	// Whoever sets it delivers the stage.
+	Sending bool `json:"sending,omitempty"`
+}
+
+func (st *owedStage) done() bool {
+	if st == nil {
+		return false
+	}
+	for _, d := range st.Done {
+		if !d {
+			return false
+		}
+	}
+	return true
+}
+
+type savedOutcome struct {
+	State    rolloutv1.State  `json:"state"`
+	Category outcome.Category `json:"category,omitempty"`
+	Message  string           `json:"message,omitempty"`
+}
+
+func saveOutcome(o outcome.Outcome) savedOutcome {
+	return savedOutcome{State: o.State, Category: o.Category, Message: o.Message}
+}
+
+func (o savedOutcome) outcome() outcome.Outcome {
+	return outcome.Outcome{State: o.State, Category: o.Category, Message: o.Message}
+}
+
+// savedCallback is a delivery as the lifecycle keeps it; its policy is the
+// wire's (wire.retry).
+type savedCallback struct {
+	Event   string          `json:"event"`
+	Route   string          `json:"route"`
+	URL     string          `json:"url"`
+	Bearer  string          `json:"bearer,omitempty"`
+	Status  string          `json:"status"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+func (c savedCallback) delivery(p callbackPolicy) delivery {
+	return delivery{event: c.Event, route: c.Route, url: c.URL, bearer: c.Bearer, status: c.Status, payload: c.Payload, policy: p}
+}
+
+// shared is the service's handle on the JetStream state.
+type shared struct {
+	store    *natsstore.Store
+	js       jetstream.JetStream
+	rollouts jetstream.KeyValue
+	records  jetstream.KeyValue
+	work     jetstream.Consumer
+	control  jetstream.Consumer
+	queue    jetstream.Stream
+	outbox   jetstream.Consumer
+	// keep is how long a finished lifecycle is kept (the record TTL).
+	keep time.Duration
+}
+
+// maxAckPending bounds the rollouts held by all replicas together: far
+// above what any deployment runs at once.
+const maxAckPending = 1 << 20
+
+// openShared creates (or updates) the buckets, streams and consumers.
+// ackWait is how long a message taken by a replica that stopped renewing
+// it waits before another replica takes it.
+func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL}
+	var err error
+	// LimitMarkerTTL allows per-key TTLs (a finished lifecycle's) and
+	// leaves a marker when one expires.
+	if sh.rollouts, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: bucketRollouts, Description: "osmo: rollout lifecycles", History: 1, LimitMarkerTTL: time.Minute,
+		MaxValueSize: natsstore.DefaultMaxPayload,
+	}); err != nil {
+		return nil, err
+	}
+	if sh.records, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: bucketRecords, Description: "osmo: finished rollouts", History: 1, TTL: cfg.RecordTTL,
+		MaxBytes: cfg.MaxRecordBytes, MaxValueSize: natsstore.DefaultMaxPayload,
+	}); err != nil {
+		return nil, err
+	}
+	// A bucket refuses writes once full; finished records make room for
+	// the newest by dropping the oldest instead.
+	if rs, err := st.JS.Stream(ctx, "KV_"+bucketRecords); err != nil {
+		return nil, fmt.Errorf("rollout: records: %w", err)
+	} else if c := rs.CachedInfo().Config; c.Discard != jetstream.DiscardOld {
+		c.Discard = jetstream.DiscardOld
+		if _, err := st.JS.UpdateStream(ctx, c); err != nil {
+			return nil, fmt.Errorf("rollout: records: %w", err)
+		}
+	}
+	for i, s := range []jetstream.StreamConfig{
+		{Name: streamWork, Description: "osmo: accepted rollouts waiting for, or held by, a replica", Subjects: []string{subjectWork + ">"},
+			Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute},
+		{Name: streamOutbox, Description: "osmo: callbacks being retried", Subjects: []string{subjectOutbox + ">"},
+			Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute},
+	} {
+		str, err := st.Stream(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			sh.queue = str
+		}
+	}
+	cons := func(stream, name, filter string) (jetstream.Consumer, error) {
+		if st.Embedded() {
+			// Nobody else shares an embedded store: whatever a previous run
+			// of this process held is taken back at once, not after
+			// LostAfter (a new consumer of a work queue starts from its
+			// first message).
+			if err := st.JS.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil, fmt.Errorf("rollout: consumer %s: %w", name, err)
+			}
+		}
+		c, err := st.JS.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.LostAfter,
+			MaxDeliver: -1, MaxAckPending: maxAckPending, Replicas: st.Replicas(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("rollout: consumer %s: %w", name, err)
+		}
+		return c, nil
+	}
+	if sh.work, err = cons(streamWork, consumerWork, subjectQueued+">"); err != nil {
+		return nil, err
+	}
+	if sh.control, err = cons(streamWork, consumerControl, subjectControl+">"); err != nil {
+		return nil, err
+	}
+	if sh.outbox, err = cons(streamOutbox, consumerOutbox, ""); err != nil {
+		return nil, err
+	}
+	return sh, nil
+}
+
+// errGone: the rollout has no lifecycle (never admitted, or expired).
+var errGone = errors.New("no such rollout")
+
+// get reads id's lifecycle and its revision.
+func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error) {
+	e, err := sh.rollouts.Get(ctx, natsstore.Key(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, errGone
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	lc := &lifecycle{}
+	if err := json.Unmarshal(e.Value(), lc); err != nil {
+		return nil, 0, fmt.Errorf("rollout %q: lifecycle: %w", id, err)
+	}
+	return lc, e.Revision(), nil
+}
+
+// create stores lc unless its id has a lifecycle already: then it returns
+// that one (dup).
+func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
+	b, err := json.Marshal(lc)
+	if err != nil {
+		return nil, 0, err
+	}
+	for {
+		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
+		if err == nil {
+			return nil, rev, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, 0, err
+		}
+		existing, rev, err = sh.get(ctx, lc.ID)
+		if errors.Is(err, errGone) {
+			continue // deleted (a failed init, an expiry) in between
+		}
+		return existing, rev, err
+	}
+}
+
+// errUnchanged stops update without a write.
+var errUnchanged = errors.New("unchanged")
+
+// update applies change to id's lifecycle and stores the result under the
+// revision it read, reading again and reapplying when another replica
+// wrote in between; it returns what it stored. change returning
+// errUnchanged stops without a write (update returns the lifecycle read
+// and errUnchanged). A finished lifecycle is stored with the record TTL.
+func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
+	for {
+		lc, rev, err := sh.get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if err := change(lc); err != nil {
+			return lc, err
+		}
+		err = sh.put(ctx, lc, rev)
+		if err == nil {
+			return lc, nil
+		}
+		if !isWrongSequence(err) {
+			return nil, err
+		}
+	}
+}
+
+// put stores lc if its revision is still rev.
+func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
+	b, err := json.Marshal(lc)
+	if err != nil {
+		return err
+	}
+	if lc.Phase != phaseFinished {
+		_, err = sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
+		return err
+	}
+	// The KV API sets a key's TTL only when it creates it; a finished
+	// lifecycle takes it as the stream's per-message TTL header on the
+	// same compare-and-set write.
+	msg := nats.NewMsg("$KV." + bucketRollouts + "." + natsstore.Key(lc.ID))
+	msg.Data = b
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
+	_, err = sh.js.PublishMsg(ctx, msg)
+	return err
+}
+
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// Replicated streams report a compare-and-set conflict as 10164.
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
+
+// remove deletes id's lifecycle (an init that failed before it was
+// queued), so a retry starts afresh.
+func (sh *shared) remove(ctx context.Context, id string) error {
+	return sh.rollouts.Purge(ctx, natsstore.Key(id))
+}
+
+// enqueue puts an admitted rollout on the work queue.
+func (sh *shared) enqueue(ctx context.Context, lc *lifecycle) error {
+	return sh.publishWork(ctx, subjectQueued, lc)
+}
+
+// conclude asks any replica to conclude a rollout cancelled while queued,
+// without waiting for a slot: it has nothing to run.
+func (sh *shared) conclude(ctx context.Context, lc *lifecycle) error {
+	if err := sh.publishWork(ctx, subjectControl, lc); err != nil {
+		return err
+	}
+	// Its place in the queue is free at once (a replica that took it
+	// meanwhile finds it is not queued any more).
+	return sh.queue.Purge(ctx, jetstream.WithPurgeSubject(subjectQueued+natsstore.Key(lc.ID)))
+}
+
+func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle) error {
+	msg := nats.NewMsg(prefix + natsstore.Key(lc.ID))
+	msg.Header.Set(jetstream.MsgIDHeader, prefix+lc.ID+"@"+strconv.FormatInt(lc.Created.UnixNano(), 10))
+	_, err := sh.js.PublishMsg(ctx, msg)
+	return err
+}
+
+// queued is how many rollouts wait in the queue, all replicas together.
+func (sh *shared) queued(ctx context.Context) (int64, error) {
+	info, err := sh.work.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.NumPending), nil
+}
+
+// outboxMsg names one owed callback in the outbox; the callback itself is
+// in the rollout's lifecycle.
+type outboxMsg struct {
+	ID    string `json:"id"`
+	Stage string `json:"stage"`
+	Index int    `json:"index"`
+	// Attempts made before it entered the outbox, and when it fell due:
+	// the delivery deadline counts from then.
+	Attempts int       `json:"attempts"`
+	Due      time.Time `json:"due"`
+}
+
+// handOver puts a callback into the outbox; a second hand-over of the same
+// callback within the dedup window is dropped by JetStream.
+func (sh *shared) handOver(ctx context.Context, created time.Time, m outboxMsg) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(subjectOutbox + natsstore.Key(m.ID) + "." + m.Stage + "." + strconv.Itoa(m.Index))
+	msg.Data = b
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s@%d/%s/%d", m.ID, created.UnixNano(), m.Stage, m.Index))
+	_, err = sh.js.PublishMsg(ctx, msg)
+	return err
+}
+
+// idOfSubject is the rollout id in a work or outbox subject: the token
+// after prefix.
+func idOfSubject(subject, prefix string) (string, error) {
+	rest := strings.TrimPrefix(subject, prefix)
+	key, _, _ := strings.Cut(rest, ".")
+	return natsstore.ID(key)
+}

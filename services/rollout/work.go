@@ -1,0 +1,500 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/outcome"
+)
+
+// takeWork takes rollouts from the shared queue while this replica has
+// free slots, until ctx ends: a replica holds no more work than it runs,
+// so what waits, waits where every replica can take it.
+func (s *Service) takeWork(ctx context.Context) {
+	for ctx.Err() == nil {
+		release, err := s.acquire(ctx)
+		if err != nil {
+			return
+		}
+		// Take as many slots as are free, up to a batch.
+		releases := []func(){release}
+		for len(releases) < fetchBatch {
+			r, ok := s.tryAcquire()
+			if !ok {
+				break
+			}
+			releases = append(releases, r)
+		}
+		batch, err := s.sh.work.Fetch(len(releases), jetstream.FetchMaxWait(time.Second))
+		n := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				r := releases[n]
+				n++
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					s.take(msg, r, false)
+				}()
+			}
+			err = batch.Error()
+		}
+		for _, r := range releases[n:] {
+			r()
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+			s.log.Warn("shared state: could not take work from the queue", "error", err)
+			sleepCtx(ctx, time.Second)
+		}
+	}
+}
+
+// concludeCancelled serves the control queue until ctx ends: rollouts
+// cancelled while queued, concluded at once (they need no slot), at most
+// Callbacks.MaxInFlight at a time.
+func (s *Service) concludeCancelled(ctx context.Context) {
+	s.serveConsumer(ctx, s.sh.control, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
+}
+
+// serveConsumer fetches from c and handles each message in a goroutine of
+// its own, at most limit at once, until ctx ends.
+func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit int, handle func(jetstream.Msg)) {
+	slots := make(chan struct{}, limit)
+	for ctx.Err() == nil {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < fetchBatch {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		batch, err := c.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		got := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				got++
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					defer func() { <-slots }()
+					handle(msg)
+				}()
+			}
+			err = batch.Error()
+		}
+		for range n - got {
+			<-slots
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+			s.log.Warn("shared state: could not fetch from the queue", "consumer", c.CachedInfo().Name, "error", err)
+			sleepCtx(ctx, time.Second)
+		}
+	}
+}
+
+// fetchBatch is the most rollouts taken from the queue at once.
+const fetchBatch = 32
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// take handles one rollout from the queue, in a slot (release gives it
+// back): a queued one runs here; one that another replica held and let go
+// of (it was lost) is concluded from its lifecycle.
+//
+// control says the message came from the control queue: a rollout
+// cancelled while queued, concluded without a slot, and only if nobody
+// took it from the queue meanwhile.
+func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
+	ctx, cancel := context.WithTimeout(s.deliverCtx, 30*time.Second)
+	defer cancel()
+	prefix := subjectQueued
+	if control {
+		prefix = subjectControl
+	}
+	id, err := idOfSubject(msg.Subject(), prefix)
+	if err != nil {
+		s.log.Error("shared state: a work message names no rollout; dropped", "subject", msg.Subject())
+		_ = msg.Term()
+		release()
+		return
+	}
+	lc, _, err := s.sh.get(ctx, id)
+	switch {
+	case errors.Is(err, errGone):
+		_ = msg.Ack()
+		release()
+		return
+	case err != nil:
+		s.log.Warn("shared state: could not read a rollout taken from the queue; it goes back", "rollout_id", id, "error", err)
+		_ = msg.NakWithDelay(time.Second)
+		release()
+		return
+	}
+	queue := "q"
+	if control {
+		queue = "c"
+	}
+	if lc.Phase != phaseQueued && lc.Held != queue {
+		// The rollout is held through its other message.
+		_ = msg.Ack()
+		release()
+		return
+	}
+	if held := s.store.get(id); held != nil {
+		// This replica's own hold lapsed (it was too slow to renew it) and
+		// the queue gave the rollout back to it: keep running it under the
+		// new delivery.
+		release()
+		s.leases.hold(msg)
+		held.mu.Lock()
+		old := held.work
+		held.work = msg
+		held.mu.Unlock()
+		if old != nil {
+			s.leases.drop(old)
+		}
+		return
+	}
+	switch lc.Phase {
+	case phaseQueued:
+		s.begin(ctx, lc, msg, queue, release)
+	case phaseFinished, phaseAdmitting:
+		// Finished: nothing left to do. Admitting is never queued.
+		_ = msg.Ack()
+		release()
+	default:
+		release()
+		s.resume(lc, msg)
+	}
+}
+
+// begin runs a queued rollout here: its record is rebuilt from the
+// lifecycle and entered locally first (so a cancel reaching this replica
+// finds it), then the lifecycle says this replica runs it. One that was
+// cancelled while queued is concluded without running.
+func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, queue string, release func()) {
+	rec, err := s.restore(lc)
+	if err != nil {
+		s.log.Error("shared state: a queued rollout could not be rebuilt; it is dropped", "rollout_id", lc.ID, "error", err)
+		_ = msg.Term()
+		release()
+		return
+	}
+	rec.work = msg
+	s.leases.hold(msg)
+	s.store.add(rec)
+	// The rollout's span starts here, under the admitting request's trace;
+	// the lifecycle then carries the span, for whoever delivers its
+	// callbacks.
+	s.traceRollout(s.extract(lc), rec)
+	var carrier map[string]string
+	if s.tracer != nil {
+		carrier = map[string]string{}
+		s.cfg.Propagator.Inject(rec.traced(context.Background()), propagation.MapCarrier(carrier))
+	}
+	stored, err := s.sh.update(ctx, lc.ID, func(lc *lifecycle) error {
+		if lc.Phase != phaseQueued {
+			return errNotOwner
+		}
+		lc.Owner, lc.Held, lc.Phase, lc.State, lc.Started = s.replica, queue, phaseRunning, rolloutv1.State_STATE_RUNNING, time.Now()
+		if carrier != nil {
+			lc.Trace = carrier
+		}
+		return nil
+	})
+	if err != nil {
+		release()
+		s.store.remove(rec)
+		s.leases.drop(msg)
+		rec.rolloutSpan().End()
+		if errors.Is(err, errNotOwner) {
+			_ = msg.Ack()
+			return
+		}
+		s.log.Warn("shared state: could not start a queued rollout; it goes back", "rollout_id", lc.ID, "error", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if stored.Cancelled {
+		rec.cancel()
+	}
+	s.process(rec, release)
+}
+
+// resume concludes a rollout whose replica was lost, from its lifecycle:
+// the pipeline takes it from the stage it reached.
+func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
+	log := s.log.With("rollout_id", lc.ID, "wire", lc.Wire)
+	rec, err := s.restore(lc)
+	if err != nil {
+		log.Error("shared state: a rollout of a lost replica could not be rebuilt; it is dropped", "error", err)
+		_ = msg.Term()
+		return
+	}
+	lost := lc.Owner
+	// This replica concludes it now: a lost replica that comes back finds
+	// the rollout is not its own any more.
+	stored, err := s.sh.update(s.deliverCtx, lc.ID, func(cur *lifecycle) error {
+		if cur.Phase == phaseFinished || cur.Owner != lost {
+			return errUnchanged
+		}
+		cur.Owner = s.replica
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, errUnchanged) {
+			_ = msg.Ack()
+		} else {
+			log.Warn("shared state: could not take over a rollout of a lost replica; it goes back", "error", err)
+			_ = msg.NakWithDelay(time.Second)
+		}
+		return
+	}
+	stored.Owner = lost
+	rec.work = msg
+	s.leases.hold(msg)
+	s.store.add(rec)
+	s.traceRollout(s.extract(lc), rec)
+	how := recoveredRedelivered
+	run := outcome.Failed(outcome.Agent, "%s", s.lostMessage(stored, "while the rollout was running"))
+	if stored.Ran != nil {
+		run = stored.Ran.Outcome.outcome()
+	}
+	if stored.Final == nil {
+		how = recoveredInterrupted
+	}
+	s.metrics.recovered.WithLabelValues(how).Inc()
+	log.Warn("concluding a rollout whose replica was lost", "lost", lost, "phase", stored.Phase, "resumed_as", how)
+	rec.settle(run)
+	s.conclude(rec, run, stored, log)
+}
+
+// extract is the trace context the rollout was admitted under.
+func (s *Service) extract(lc *lifecycle) context.Context {
+	if s.tracer == nil || len(lc.Trace) == 0 {
+		return context.Background()
+	}
+	return s.cfg.Propagator.Extract(context.Background(), propagation.MapCarrier(lc.Trace))
+}
+
+// deliverOutbox serves the outbox: callbacks whose first attempt failed,
+// whichever replica owed them, at most Callbacks.MaxInFlight at once,
+// until ctx ends (attempts under way go on under the delivery context).
+func (s *Service) deliverOutbox(ctx context.Context) {
+	s.serveConsumer(ctx, s.sh.outbox, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.redeliver(s.deliverCtx, msg) })
+}
+
+// redeliver makes one attempt at a callback from the outbox: done with, it
+// is marked in the lifecycle and acknowledged; failed transiently, it goes
+// back with the wire's backoff until the delivery deadline, counted from
+// when it fell due. Stopped by the shutdown, it goes back at once, for
+// another replica.
+func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
+	var m outboxMsg
+	if err := json.Unmarshal(msg.Data(), &m); err != nil {
+		s.log.Error("shared state: an outbox message could not be read; dropped", "subject", msg.Subject(), "error", err)
+		_ = msg.Term()
+		return
+	}
+	log := s.log.With("rollout_id", m.ID)
+	lc, _, err := s.sh.get(ctx, m.ID)
+	switch {
+	case errors.Is(err, errGone):
+		_ = msg.Ack()
+		return
+	case err != nil:
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	st := lc.Ran
+	if m.Stage == stageFinal {
+		st = lc.Final
+	}
+	if st == nil || m.Index >= len(st.Done) || m.Index >= len(st.Callbacks) || st.Done[m.Index] {
+		_ = msg.Ack()
+		return
+	}
+	for j := range m.Index {
+		if !st.Done[j] {
+			_ = msg.NakWithDelay(250 * time.Millisecond)
+			return
+		}
+	}
+	meta, _ := msg.Metadata()
+	attempt := m.Attempts + 1
+	if meta != nil {
+		attempt = m.Attempts + int(meta.NumDelivered)
+	}
+	p := s.policyOf(lc.Wire)
+	c := st.Callbacks[m.Index]
+	s.leases.hold(msg)
+	err = s.attempt(s.traceCtx(ctx, lc), m.ID, c.delivery(p), attempt, log)
+	s.leases.drop(msg)
+	if err != nil && !errors.Is(err, errPermanent) {
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			return
+		}
+		wait := p.delay(attempt)
+		if time.Since(m.Due)+wait < p.Deadline {
+			_ = msg.NakWithDelay(wait)
+			return
+		}
+		s.metrics.callbackFails.Inc()
+		err = fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", c.URL, attempt, p.Deadline, err)
+		log.Error(c.Event+" failed", "error", err)
+	}
+	next, merr := s.markDone(ctx, m.ID, m.Stage, m.Index, c.Event, err)
+	if merr != nil {
+		log.Warn("shared state: could not mark a callback done; it goes back", "error", merr)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if !s.send(ctx, nil, m.ID, lc.Created, p, stageFinal, next, true, log) {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.DoubleAck(context.WithoutCancel(ctx))
+}
+
+// traceCtx is ctx carrying the rollout's trace.
+func (s *Service) traceCtx(ctx context.Context, lc *lifecycle) context.Context {
+	if s.tracer == nil || len(lc.Trace) == 0 {
+		return ctx
+	}
+	return s.cfg.Propagator.Extract(ctx, propagation.MapCarrier(lc.Trace))
+}
+
+// policyOf is the callback policy of a wire.
+func (s *Service) policyOf(wire string) callbackPolicy {
+	if wire == wireG1 {
+		return s.g1Policy
+	}
+	return s.g2Policy
+}
+
+// leases keeps the messages this replica holds (rollouts it runs,
+// callbacks it posts) from being given to another replica: each is
+// renewed (in progress) a few times per ack wait.
+type leases struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]struct{}
+}
+
+func (l *leases) hold(m jetstream.Msg) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs[m] = struct{}{}
+}
+
+func (l *leases) drop(m jetstream.Msg) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.msgs, m)
+}
+
+// renew keeps the held messages held until ctx ends.
+func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		held := make([]jetstream.Msg, 0, len(l.msgs))
+		for m := range l.msgs {
+			held = append(held, m)
+		}
+		l.mu.Unlock()
+		failed := 0
+		for _, m := range held {
+			if m.InProgress() != nil {
+				failed++
+			}
+		}
+		if failed > 0 {
+			log.Warn("shared state: could not renew the hold on rollouts and callbacks; another replica may take them over", "failed", failed, "held", len(held))
+		}
+	}
+}
+
+// acquire takes the workflow's concurrency slot (if it has a limit of its
+// own) and the server's, in that order, or fails when ctx ends. release
+// gives both back.
+func (s *Service) acquire(ctx context.Context) (release func(), err error) {
+	if s.wfSem != nil {
+		select {
+		case s.wfSem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		if s.wfSem != nil {
+			<-s.wfSem
+		}
+		return nil, ctx.Err()
+	}
+	return s.releaser(), nil
+}
+
+// tryAcquire takes both slots if they are free now.
+func (s *Service) tryAcquire() (release func(), ok bool) {
+	if s.wfSem != nil {
+		select {
+		case s.wfSem <- struct{}{}:
+		default:
+			return nil, false
+		}
+	}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		if s.wfSem != nil {
+			<-s.wfSem
+		}
+		return nil, false
+	}
+	return s.releaser(), true
+}
+
+func (s *Service) releaser() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			<-s.sem
+			if s.wfSem != nil {
+				<-s.wfSem
+			}
+		})
+	}
+}
