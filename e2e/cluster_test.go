@@ -471,6 +471,7 @@ faults:
 		t.Errorf("the run ended before the faults did (%d of %d made, %d restarts pending): they hit less than planned", next, len(faults), len(restarts))
 	}
 	<-drained
+	drainedAt := time.Now()
 	ended := finished.Load()
 	t.Logf("%v: %d of %d rollouts ended; admission answers retried: %v", time.Since(began).Round(time.Millisecond), ended, n, adm.answers)
 	if ended < int64(n) {
@@ -482,8 +483,9 @@ faults:
 	// gateway. Their final word may trail the callbacks a little.
 	checkClusterAnswers(t, items, gateways, fails)
 
-	// By now (seconds after the last callback, more than --lost-after) a
-	// duplicate callback or a second run would have shown.
+	// A duplicate callback or a second run would have shown by now: more
+	// than --lost-after since the last rollout ended.
+	time.Sleep(time.Until(drainedAt.Add(4 * time.Second)))
 	checkClusterCallbacks(t, items, d, fails)
 	fails.report(t)
 	if t.Failed() {
