@@ -69,13 +69,13 @@ func TestNATSClusterHarness(t *testing.T) {
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "HARNESS", Subjects: []string{"harness.>"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
 			t.Fatal(err)
 		}
-		publish(ctx, t, js, 5, 10)
+		publish(ctx, t, js, 5)
 		big := make([]byte, 7<<20)
 		if _, err := js.Publish(ctx, "harness.big", big); err != nil {
 			t.Fatalf("a 7 MiB message: %v", err)
 		}
 		c.Kill(1)
-		publish(ctx, t, js, 5, 10) // two of three keep a quorum
+		publish(ctx, t, js, 5) // two of three keep a quorum
 		c.Restart(1)
 		// The restarted server holds all 11 messages of its replica.
 		waitFor(t, "nats-1 to catch up", func() bool { return jszMessages(t, c.nodes[1].monitor) == 11 })
@@ -99,7 +99,7 @@ func TestNATSClusterHarness(t *testing.T) {
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LONE", Subjects: []string{"harness.>"}, Storage: jetstream.FileStorage}); err != nil {
 			t.Fatal(err)
 		}
-		publish(ctx, t, js, 5, 1)
+		publish(ctx, t, js, 5)
 		c.Kill(0)
 		c.Restart(0)
 		waitFor(t, "the lone server to recover its stream", func() bool { return jszMessages(t, c.nodes[0].monitor) == 5 })
@@ -126,13 +126,13 @@ func natsJS(t *testing.T, url string) jetstream.JetStream {
 	return js
 }
 
-// publish stores n messages, each retried (with a timeout of per seconds)
-// until acknowledged: a stream's leader may be moving.
-func publish(ctx context.Context, t *testing.T, js jetstream.JetStream, n, per int) {
+// publish stores n messages, each retried until acknowledged: a stream's
+// leader may be moving.
+func publish(ctx context.Context, t *testing.T, js jetstream.JetStream, n int) {
 	t.Helper()
 	for i := range n {
 		for {
-			pctx, cancel := context.WithTimeout(ctx, time.Duration(per)*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
 			_, err := js.Publish(pctx, "harness.msg", []byte(strconv.Itoa(i)))
 			cancel()
 			if err == nil {
