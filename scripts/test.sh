@@ -40,6 +40,12 @@ step "Jaeger for the tracing test"
 OSMO_JAEGER_BIN="$(bash scripts/jaeger.sh | tail -n 1)"
 export OSMO_JAEGER_BIN
 
+# The cluster tests run real NATS servers, built from the module proxy at a
+# pinned version (cached in ~/.cache/osmo like Jaeger).
+step "NATS server for the cluster tests"
+OSMO_NATS_BIN="$(bash scripts/nats.sh | tail -n 1)"
+export OSMO_NATS_BIN
+
 step "go test"
 go test -race -count=1 -timeout 20m ./...
 

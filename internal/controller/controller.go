@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -52,7 +53,11 @@ type Options struct {
 	// FailStatus (default 503), to exercise the server's retries.
 	FailCompletions int
 	FailStatus      int
-	Logger          *slog.Logger
+	// FailFraction makes that share of the well-formed completion posts
+	// (after FailCompletions) answer FailStatus, picked at random: a flaky
+	// trainer.
+	FailFraction float64
+	Logger       *slog.Logger
 }
 
 // Controller is a running G1 controller.
@@ -77,6 +82,9 @@ func New(addr string, opts Options) (*Controller, error) {
 	}
 	if opts.FailStatus == 0 {
 		opts.FailStatus = http.StatusServiceUnavailable
+	}
+	if opts.FailFraction < 0 || opts.FailFraction > 1 {
+		return nil, fmt.Errorf("controller.New: FailFraction must be in [0, 1], got %v", opts.FailFraction)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -186,7 +194,7 @@ func (c *Controller) completed(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.mu.Lock()
-	if c.down || c.failed < c.opts.FailCompletions {
+	if c.down || c.failed < c.opts.FailCompletions || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
 		c.failed++
 		c.mu.Unlock()
 		http.Error(w, `{"detail":"injected failure"}`, c.opts.FailStatus)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -440,5 +441,36 @@ func TestG2Start(t *testing.T) {
 	}
 	if _, _, _, err := noKey.Start(testCtx(t), "http://127.0.0.1:1", "", map[string]any{}); err == nil {
 		t.Error("Start to a closed port succeeded")
+	}
+}
+
+// TestG2FailFraction: with FailFraction 0.2 about a fifth of the callback
+// posts, completion and grader alike, answer 503 and are not recorded.
+func TestG2FailFraction(t *testing.T) {
+	c := startG2(t, nil, controller.G2Options{FailFraction: 0.2})
+	const n = 400
+	failed := 0
+	for i := range n {
+		id := fmt.Sprintf("r%d", i)
+		url, body := c.CompletionURL(), `{"status":"success","rollout_id":"`+id+`","err_message":null,"err_category":null}`
+		recorded := func() int { return len(c.Completions(id)) }
+		if i%2 == 1 {
+			url, body = c.GraderURL(), `{"status":"failure","rollout_id":"`+id+`","err_message":"x","err_category":"agent_error","samples":{}}`
+			recorded = func() int { return len(c.GraderCallbacks(id)) }
+		}
+		code, _, _ := post(t, url, nil, body)
+		switch {
+		case code == http.StatusOK && recorded() == 1:
+		case code == http.StatusServiceUnavailable && recorded() == 0:
+			failed++
+		default:
+			t.Fatalf("post %d: %d, %d recorded", i, code, recorded())
+		}
+	}
+	if lo, hi := failShare(n); failed < lo || failed > hi {
+		t.Errorf("%d of %d callback posts failed, want about a fifth", failed, n)
+	}
+	if c.FailedCallbacks() != failed {
+		t.Errorf("FailedCallbacks = %d, want %d", c.FailedCallbacks(), failed)
 	}
 }

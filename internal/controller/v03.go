@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -57,7 +58,21 @@ type V03Options struct {
 	// retries.
 	FailCallbacks int
 	FailStatus    int
-	Logger        *slog.Logger
+	// FailFraction makes that share of the well-formed callback posts for
+	// known rollouts (after FailCallbacks) answer FailStatus, picked at
+	// random: a flaky trainer.
+	FailFraction float64
+	// RetryAdmission, when set, is asked about every answer to POST
+	// /rollout other than 202 and 429 (code 0: the request failed on the
+	// way, no answer). When it says yes, Run posts the start again after
+	// a short pause (the answer's Retry-After, if any), keeping the
+	// rollout's callbacks open meanwhile: a trainer that resubmits with
+	// the same id when a server answers 5xx or drops the connection,
+	// since the start may have been taken before the answer was lost. The
+	// SDK's controller does not; when unset, such an answer ends Run with
+	// a *V03ProtocolError (or the transport error).
+	RetryAdmission func(code int) bool
+	Logger         *slog.Logger
 }
 
 // V03RunRequest is one rollout as Run posts it.
@@ -181,6 +196,9 @@ func NewV03(addr string, o V03Options) (*V03, error) {
 	if o.FailStatus == 0 {
 		o.FailStatus = http.StatusServiceUnavailable
 	}
+	if o.FailFraction < 0 || o.FailFraction > 1 {
+		return nil, fmt.Errorf("controller.NewV03: FailFraction must be in [0, 1], got %v", o.FailFraction)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -267,23 +285,7 @@ func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequ
 	c.live[id] = sess
 	c.mu.Unlock()
 
-	body := map[string]any{
-		"rollout_id":              id,
-		"initial_messages":        nonNil(r.Messages),
-		"label":                   r.Label,
-		"metadata":                r.Metadata,
-		"chat_completions_url":    c.ChatCompletionsURL(id),
-		"controller_api_key":      c.opts.CallbackKey,
-		"completion_callback_url": c.CompletionURL(id),
-		"grader_callback_url":     c.GraderURL(id),
-		"agent_timeout_sec":       r.AgentTimeoutSec,
-		"grader_timeout_sec":      r.GraderTimeoutSec,
-		"extra_fields":            r.ExtraFields,
-	}
-	if c.opts.LLMKey != "" {
-		body["llm_api_key"] = c.opts.LLMKey
-	}
-	if err := c.admit(ctx, serverURL, serverKey, r.Header, body); err != nil {
+	if err := c.admit(ctx, serverURL, serverKey, r.Header, c.StartBody(r)); err != nil {
 		if ctx.Err() != nil {
 			// The server may have taken it before the answer was lost.
 			c.end(id, V03Result{RolloutID: id, Source: SourceCancelled, Status: "cancelled"})
@@ -326,6 +328,30 @@ func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequ
 	}
 }
 
+// StartBody is the POST /rollout body Run sends for r: its URLs on this
+// controller, its keys. A test that resubmits a rollout Run is driving
+// (through another server, say) posts it as is.
+func (c *V03) StartBody(r V03RunRequest) map[string]any {
+	id := r.RolloutID
+	body := map[string]any{
+		"rollout_id":              id,
+		"initial_messages":        nonNil(r.Messages),
+		"label":                   r.Label,
+		"metadata":                r.Metadata,
+		"chat_completions_url":    c.ChatCompletionsURL(id),
+		"controller_api_key":      c.opts.CallbackKey,
+		"completion_callback_url": c.CompletionURL(id),
+		"grader_callback_url":     c.GraderURL(id),
+		"agent_timeout_sec":       r.AgentTimeoutSec,
+		"grader_timeout_sec":      r.GraderTimeoutSec,
+		"extra_fields":            r.ExtraFields,
+	}
+	if c.opts.LLMKey != "" {
+		body["llm_api_key"] = c.opts.LLMKey
+	}
+	return body
+}
+
 func nonNil(msgs []map[string]any) []map[string]any {
 	if msgs == nil {
 		return []map[string]any{}
@@ -349,25 +375,37 @@ func (c *V03) admit(ctx context.Context, serverURL, serverKey string, header htt
 	}
 	for {
 		code, answerHeader, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
-		if err != nil {
+		var pause time.Duration
+		switch {
+		case err != nil && ctx.Err() == nil && c.opts.RetryAdmission != nil && c.opts.RetryAdmission(0):
+			pause = admissionRetryPause
+		case err != nil:
 			return fmt.Errorf("controller: POST /rollout: %w", err)
-		}
-		switch code {
-		case http.StatusAccepted:
+		case code == http.StatusAccepted:
 			return nil
-		case http.StatusTooManyRequests:
-			t := time.NewTimer(retryAfter(answerHeader.Get("Retry-After")))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
+		case code == http.StatusTooManyRequests:
+			pause = retryAfter(answerHeader.Get("Retry-After"))
+		case c.opts.RetryAdmission != nil && c.opts.RetryAdmission(code):
+			pause = admissionRetryPause
+			if v := answerHeader.Get("Retry-After"); v != "" {
+				pause = retryAfter(v)
 			}
 		default:
 			return &V03ProtocolError{StatusCode: code, Body: string(answer)}
 		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 }
+
+// admissionRetryPause is the wait before a start RetryAdmission retries
+// when the answer gave no Retry-After.
+const admissionRetryPause = 100 * time.Millisecond
 
 // retryAfter reads a Retry-After in seconds, bounded; a missing or bad one
 // is retryAfterDefault.
@@ -597,7 +635,7 @@ func (c *V03) callback(w http.ResponseWriter, r *http.Request, kind string) {
 		writeDetail(w, http.StatusNotFound, "unknown rollout_id")
 		return
 	}
-	if c.failed < c.opts.FailCallbacks {
+	if c.failed < c.opts.FailCallbacks || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
 		c.failed++
 		c.mu.Unlock()
 		writeDetail(w, c.opts.FailStatus, "injected failure")

@@ -424,3 +424,134 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestV03FailFraction: with FailFraction 0.2 about a fifth of the callback
+// posts for a known rollout answer 503 and are not recorded; an unknown
+// rollout's are still 404, never an injected failure.
+func TestV03FailFraction(t *testing.T) {
+	c := startV03(t, controller.V03Options{FailFraction: 0.2, CallbackTimeout: 30 * time.Second})
+	f := newFakeServer(t)
+	release := make(chan struct{})
+	f.script = func(map[string]any) []fakePost { <-release; return nil }
+	done := make(chan error, 1)
+	var res controller.V03Result
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		res, err = c.Run(ctx, f.srv.URL, "", controller.V03RunRequest{RolloutID: "r1"})
+		done <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); f.posts.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Run posted no start in 5s")
+		}
+	}
+	const n = 400
+	failed := 0
+	for i := range n {
+		switch code := postTo(c.CompletionURL("r1"), "cb-key", `{"status":"success","rollout_id":"r1"}`); code {
+		case http.StatusOK:
+		case http.StatusServiceUnavailable:
+			failed++
+		default:
+			t.Fatalf("post %d: %d", i, code)
+		}
+	}
+	if lo, hi := failShare(n); failed < lo || failed > hi {
+		t.Errorf("%d of %d callback posts failed, want about a fifth", failed, n)
+	}
+	if got := len(c.Completions("r1")); got != n-failed || c.FailedCallbacks() != failed {
+		t.Errorf("%d completions recorded and %d failures counted, want %d and %d", got, c.FailedCallbacks(), n-failed, failed)
+	}
+	for range 20 {
+		if code := postTo(c.CompletionURL("r9"), "cb-key", `{"status":"success"}`); code != http.StatusNotFound {
+			t.Fatalf("callback of an unknown rollout: %d, want 404", code)
+		}
+	}
+	// The terminal callback, retried as a server would, ends the rollout.
+	for attempt := 0; ; attempt++ {
+		code := postTo(c.GraderURL("r1"), "cb-key", `{"status":"success","rollout_id":"r1","sample":`+okSampleV03+`}`)
+		if code == http.StatusOK {
+			break
+		}
+		if code != http.StatusServiceUnavailable || attempt == 50 {
+			t.Fatalf("grader callback attempt %d: %d", attempt, code)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil || res.Status != "success" {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
+}
+
+// TestV03RetryAdmission: with RetryAdmission a 5xx or a dropped
+// connection is posted again, the rollout's callbacks staying open; an
+// answer it declines is still a protocol error.
+func TestV03RetryAdmission(t *testing.T) {
+	retry := func(code int) bool { return code == 0 || code == http.StatusServiceUnavailable }
+	t.Run("503, a dropped connection, then 202", func(t *testing.T) {
+		c := startV03(t, controller.V03Options{RetryAdmission: retry})
+		f := newFakeServer(t)
+		f.script = happyScript
+		f.admit = func(n int) (int, http.Header) {
+			if n == 1 {
+				return http.StatusServiceUnavailable, nil
+			}
+			return http.StatusAccepted, nil
+		}
+		// The second attempt loses its connection before any answer.
+		var attempts atomic.Int64
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/rollout" && attempts.Add(1) == 2 {
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
+			}
+			f.serve(w, r)
+		}))
+		t.Cleanup(front.Close)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := c.Run(ctx, front.URL, "", controller.V03RunRequest{RolloutID: "r1", Label: ptr("4")})
+		if err != nil || res.Status != "success" {
+			t.Fatalf("Run = %+v, %v", res, err)
+		}
+		if got := attempts.Load(); got != 3 {
+			t.Errorf("%d start attempts, want 3 (503, dropped, 202)", got)
+		}
+	})
+	t.Run("declined: a protocol error", func(t *testing.T) {
+		c := startV03(t, controller.V03Options{RetryAdmission: retry})
+		f := newFakeServer(t)
+		f.admit = func(int) (int, http.Header) { return http.StatusInternalServerError, nil }
+		_, err := run(t, c, f, "r1")
+		var pe *controller.V03ProtocolError
+		if !errors.As(err, &pe) || pe.StatusCode != http.StatusInternalServerError || f.posts.Load() != 1 {
+			t.Fatalf("err = %v after %d posts, want a protocol error with 500 after one", err, f.posts.Load())
+		}
+	})
+}
+
+// TestV03StartBody: StartBody is what Run posts.
+func TestV03StartBody(t *testing.T) {
+	c := startV03(t, controller.V03Options{LLMKey: "llm-key"})
+	f := newFakeServer(t)
+	f.script = happyScript
+	req := controller.V03RunRequest{RolloutID: "r1", Messages: []map[string]any{{"role": "user", "content": "What is 2 + 2?"}},
+		Label: ptr("4"), Metadata: map[string]any{"row": 1.0}, AgentTimeoutSec: ptr(30.0)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Run(ctx, f.srv.URL, "", req); err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := json.Unmarshal([]byte(mustJSON(t, c.StartBody(req))), &want); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustJSON(t, f.starts[0]); got != mustJSON(t, want) {
+		t.Errorf("Run posted %s\nStartBody is %s", got, mustJSON(t, want))
+	}
+}

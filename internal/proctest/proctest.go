@@ -86,6 +86,13 @@ func (p *Proc) Exited() bool {
 	}
 }
 
+// ExitCode waits for the process to exit and returns its exit status (-1
+// when a signal ended it).
+func (p *Proc) ExitCode() int {
+	<-p.done
+	return p.cmd.ProcessState.ExitCode()
+}
+
 // Stop signals the process group and waits up to grace, then kills it.
 func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 	if p.Exited() {
