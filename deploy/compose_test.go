@@ -3,7 +3,9 @@ package deploy_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	composecli "github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
 
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 )
 
@@ -135,14 +138,15 @@ func hostPortRefs(s types.ServiceConfig) []hostPortRef {
 
 // TestComposeFile checks docker-compose.yml as `docker compose` loads it:
 // real osmo subcommands and flags, ports and addresses that agree,
-// health checks, start order, tracing, restarts, shutdown, volumes and keys.
+// health checks, start order, tracing, restarts, shutdown, the shared state
+// in NATS and keys.
 func TestComposeFile(t *testing.T) {
 	bare := composeProject(t, false)
 	withEnv := composeProject(t, true)
 
 	t.Run("services and profiles", func(t *testing.T) {
 		want := map[string][]string{
-			"gateway": nil, "rollout": nil, "grader": nil, "jaeger": nil,
+			"gateway": nil, "rollout": nil, "grader": nil, "nats": nil, "jaeger": nil,
 			"mockllm": {"demo"}, "llmproxy": {"proxy"},
 		}
 		for name, profiles := range want {
@@ -199,6 +203,11 @@ func TestComposeFile(t *testing.T) {
 		if j, _ := bare.GetService("jaeger"); !strings.HasPrefix(j.Image, "jaegertracing/jaeger:2.") {
 			t.Errorf("jaeger image %q, want jaegertracing/jaeger:2.x", j.Image)
 		}
+		// The NATS the services share is the version osmo embeds and the
+		// tests run (go.mod's).
+		if n, _ := bare.GetService("nats"); n.Image != "nats:"+natsVersion(t)+"-alpine" {
+			t.Errorf("nats image %q, want nats:%s-alpine (go.mod's nats-server; Alpine for the health check's wget)", n.Image, natsVersion(t))
+		}
 	})
 
 	t.Run("listen ports are declared and published ports are local by default", func(t *testing.T) {
@@ -212,12 +221,21 @@ func TestComposeFile(t *testing.T) {
 					t.Errorf("service %s publishes container port %d as %s; want the same number on the host", s.Name, p.Target, p.Published)
 				}
 			}
-			if !isOsmo(s) {
+			var listen map[string]int
+			switch {
+			case isOsmo(s):
+				var err error
+				if listen, err = listenPorts(composeCmd(t, s)); err != nil {
+					t.Fatalf("service %s: %v", s.Name, err)
+				}
+			case isNATS(s):
+				opts := composeNATSOptions(t, bare, s)
+				listen = map[string]int{"port": opts.Port, "http_port": opts.HTTPPort}
+				if opts.HTTPSPort != 0 || opts.Cluster.Port != 0 || opts.LeafNode.Port != 0 || opts.Websocket.Port != 0 {
+					t.Errorf("service %s listens on more than its client and monitoring ports: %+v", s.Name, opts)
+				}
+			default:
 				continue
-			}
-			listen, err := listenPorts(composeCmd(t, s))
-			if err != nil {
-				t.Fatalf("service %s: %v", s.Name, err)
 			}
 			listening := map[int]bool{}
 			for flag, port := range listen {
@@ -257,7 +275,8 @@ func TestComposeFile(t *testing.T) {
 		}
 		gw, _ := bare.GetService("gateway")
 		c := composeCmd(t, gw)
-		for flag, want := range map[string]string{"rollout-addr": "rollout:9090", "grader-addr": "grader:9091"} {
+		// The rollout service has replicas: dns:/// resolves them all.
+		for flag, want := range map[string]string{"rollout-addr": "dns:///rollout:9090", "grader-addr": "grader:9091"} {
 			if got, _ := c.last(flag); got != want {
 				t.Errorf("gateway --%s=%q, want %q", flag, got, want)
 			}
@@ -265,6 +284,12 @@ func TestComposeFile(t *testing.T) {
 		r, _ := bare.GetService("rollout")
 		if got, _ := composeCmd(t, r).last("grader-addr"); got != "grader:9091" {
 			t.Errorf("rollout --grader-addr=%q, want grader:9091", got)
+		}
+		for _, name := range []string{"rollout", "grader"} {
+			s, _ := bare.GetService(name)
+			if got, _ := composeCmd(t, s).last("nats"); got != "nats://nats:4222" {
+				t.Errorf("%s --nats=%q, want nats://nats:4222", name, got)
+			}
 		}
 		for _, pair := range [][2]string{{"rollout", "grpc-addr"}, {"grader", "grpc-addr"}} {
 			s, _ := bare.GetService(pair[0])
@@ -321,12 +346,17 @@ func TestComposeFile(t *testing.T) {
 				continue
 			}
 			c := composeCmd(t, s)
-			for _, flag := range []string{"rollout-addr", "grader-addr"} {
+			for _, flag := range []string{"rollout-addr", "grader-addr", "nats"} {
 				v, ok := c.last(flag)
 				if !ok {
 					continue
 				}
-				dep, _, _ := strings.Cut(v, ":")
+				m := hostPortRE.FindStringSubmatch(v)
+				if m == nil {
+					t.Errorf("service %s --%s=%q names no host:port", s.Name, flag, v)
+					continue
+				}
+				dep := m[2]
 				d, ok := s.DependsOn[dep]
 				if !ok || d.Condition != types.ServiceConditionHealthy {
 					t.Errorf("service %s dials %s (--%s) but does not depend on it being healthy: %+v", s.Name, dep, flag, s.DependsOn)
@@ -397,25 +427,69 @@ func TestComposeFile(t *testing.T) {
 		}
 	})
 
-	t.Run("the grader journal and the rollout state are on named volumes", func(t *testing.T) {
-		for _, durable := range []struct{ service, flag string }{{"grader", "journal"}, {"rollout", "state"}} {
-			s, _ := bare.GetService(durable.service)
-			path, ok := composeCmd(t, s).last(durable.flag)
-			if !ok {
-				t.Fatalf("%s has no --%s", durable.service, durable.flag)
+	t.Run("the shared state is in NATS JetStream on a named volume", func(t *testing.T) {
+		// No osmo service keeps state of its own: the rollout replicas and
+		// the grader share NATS, so no --state (the embedded server's
+		// files) and no volume.
+		for _, s := range bare.Services {
+			if !isOsmo(s) {
+				continue
 			}
-			var vol string
-			for _, v := range s.Volumes {
-				if v.Type == types.VolumeTypeVolume && strings.HasPrefix(path, strings.TrimSuffix(v.Target, "/")+"/") {
-					vol = v.Source
-				}
+			if v, ok := composeCmd(t, s).last("state"); ok {
+				t.Errorf("service %s --state=%q: with --nats the state is in NATS", s.Name, v)
 			}
-			if vol == "" {
-				t.Fatalf("%s --%s=%s is on no named volume: %+v", durable.service, durable.flag, path, s.Volumes)
+			if len(s.Volumes) != 0 {
+				t.Errorf("service %s mounts %+v; osmo services keep their state in NATS", s.Name, s.Volumes)
 			}
-			if _, ok := bare.Volumes[vol]; !ok {
-				t.Errorf("volume %s is not declared at the top level", vol)
+		}
+		r, _ := bare.GetService("rollout")
+		if n := r.GetScale(); n < 2 {
+			t.Errorf("rollout runs %d replica(s), want at least 2 sharing the state", n)
+		}
+		for _, name := range []string{"gateway", "grader", "nats"} {
+			if s, _ := bare.GetService(name); s.GetScale() != 1 {
+				t.Errorf("service %s runs %d replicas, want 1", name, s.GetScale())
 			}
+		}
+
+		n, _ := bare.GetService("nats")
+		opts := composeNATSOptions(t, bare, n)
+		if !opts.JetStream {
+			t.Error("nats runs without JetStream")
+		}
+		if opts.MaxPayload < natsstore.DefaultMaxPayload {
+			t.Errorf("nats max_payload %d, want at least %d (a finished rollout's record)", opts.MaxPayload, natsstore.DefaultMaxPayload)
+		}
+		var vol string
+		for _, v := range n.Volumes {
+			if v.Type == types.VolumeTypeVolume && path.Clean(v.Target) == path.Clean(opts.StoreDir) {
+				vol = v.Source
+			}
+		}
+		if vol == "" {
+			t.Fatalf("nats store_dir %q is no named volume: %+v", opts.StoreDir, n.Volumes)
+		}
+		if _, ok := bare.Volumes[vol]; !ok {
+			t.Errorf("volume %s is not declared at the top level", vol)
+		}
+		if len(bare.Volumes) != 1 {
+			t.Errorf("volumes %v, want only %s", bare.Volumes, vol)
+		}
+		if n.StopGracePeriod == nil || time.Duration(*n.StopGracePeriod) < 10*time.Second {
+			t.Errorf("nats stop_grace_period %v, want time to flush its files", n.StopGracePeriod)
+		}
+		if !n.ReadOnly || !slices.Contains(n.SecurityOpt, "no-new-privileges:true") {
+			t.Error("nats: want read_only and no-new-privileges")
+		}
+
+		// Its health check asks the monitoring port whether JetStream is up.
+		hc := n.HealthCheck
+		if hc == nil || len(hc.Test) < 3 || hc.Test[0] != "CMD" {
+			t.Fatalf("nats health check %+v, want [CMD wget ... URL]", hc)
+		}
+		u, err := url.Parse(hc.Test[len(hc.Test)-1])
+		if err != nil || u.Hostname() != "127.0.0.1" || u.Port() != strconv.Itoa(opts.HTTPPort) || u.Path != "/healthz" || u.Query().Get("js-enabled-only") != "true" {
+			t.Errorf("nats health check %q, want http://127.0.0.1:%d/healthz?js-enabled-only=true", hc.Test, opts.HTTPPort)
 		}
 	})
 

@@ -34,6 +34,8 @@ type (
 	labelSelector struct {
 		MatchLabels map[string]string `json:"matchLabels"`
 	}
+	// deploymentSpec is a Deployment's spec, or a StatefulSet's: the
+	// fields after Template are a StatefulSet's own.
 	deploymentSpec struct {
 		Replicas *int          `json:"replicas"`
 		Selector labelSelector `json:"selector"`
@@ -41,14 +43,40 @@ type (
 			Metadata meta    `json:"metadata"`
 			Spec     podSpec `json:"spec"`
 		} `json:"template"`
+		ServiceName          string `json:"serviceName"`
+		VolumeClaimTemplates []struct {
+			Metadata meta `json:"metadata"`
+			Spec     struct {
+				AccessModes []string `json:"accessModes"`
+				Resources   struct {
+					Requests map[string]string `json:"requests"`
+				} `json:"resources"`
+			} `json:"spec"`
+		} `json:"volumeClaimTemplates"`
 	}
 	podSpec struct {
 		TerminationGracePeriodSeconds *int64           `json:"terminationGracePeriodSeconds"`
 		SecurityContext               *securityContext `json:"securityContext"`
 		Containers                    []container      `json:"containers"`
 		Volumes                       []struct {
-			Name string `json:"name"`
+			Name      string `json:"name"`
+			ConfigMap *struct {
+				Name string `json:"name"`
+			} `json:"configMap"`
+			EmptyDir *struct{} `json:"emptyDir"`
 		} `json:"volumes"`
+		Affinity *struct {
+			PodAntiAffinity *struct {
+				Required  []podAffinityTerm `json:"requiredDuringSchedulingIgnoredDuringExecution"`
+				Preferred []struct {
+					PodAffinityTerm podAffinityTerm `json:"podAffinityTerm"`
+				} `json:"preferredDuringSchedulingIgnoredDuringExecution"`
+			} `json:"podAntiAffinity"`
+		} `json:"affinity"`
+	}
+	podAffinityTerm struct {
+		TopologyKey   string        `json:"topologyKey"`
+		LabelSelector labelSelector `json:"labelSelector"`
 	}
 	securityContext struct {
 		RunAsNonRoot             *bool  `json:"runAsNonRoot"`
@@ -100,6 +128,9 @@ type (
 				Sleep *struct {
 					Seconds int64 `json:"seconds"`
 				} `json:"sleep"`
+				Exec *struct {
+					Command []string `json:"command"`
+				} `json:"exec"`
 			} `json:"preStop"`
 		} `json:"lifecycle"`
 		Resources struct {
@@ -129,9 +160,10 @@ type (
 		} `json:"tcpSocket"`
 	}
 	serviceSpec struct {
-		ClusterIP string            `json:"clusterIP"`
-		Selector  map[string]string `json:"selector"`
-		Ports     []struct {
+		ClusterIP                string            `json:"clusterIP"`
+		PublishNotReadyAddresses bool              `json:"publishNotReadyAddresses"`
+		Selector                 map[string]string `json:"selector"`
+		Ports                    []struct {
 			Name       string          `json:"name"`
 			Port       int             `json:"port"`
 			TargetPort json.RawMessage `json:"targetPort"`
@@ -152,6 +184,18 @@ type (
 			} `json:"resource"`
 		} `json:"metrics"`
 	}
+	networkPolicySpec struct {
+		PodSelector labelSelector `json:"podSelector"`
+		PolicyTypes []string      `json:"policyTypes"`
+		Ingress     []struct {
+			From []struct {
+				PodSelector *labelSelector `json:"podSelector"`
+			} `json:"from"`
+			Ports []struct {
+				Port json.RawMessage `json:"port"`
+			} `json:"ports"`
+		} `json:"ingress"`
+	}
 	pdbSpec struct {
 		MinAvailable   json.RawMessage `json:"minAvailable"`
 		MaxUnavailable json.RawMessage `json:"maxUnavailable"`
@@ -164,14 +208,16 @@ type rendered struct {
 	overlay string
 	// external are Secrets the overlay expects to exist in the cluster
 	// without shipping them.
-	external    map[string]bool
-	objects     []object
-	deployments map[string]deploymentSpec
-	services    map[string]serviceSpec
-	hpas        map[string]hpaSpec
-	pdbs        map[string]pdbSpec
-	configMaps  map[string]map[string]string
-	secrets     map[string]map[string]string
+	external     map[string]bool
+	objects      []object
+	deployments  map[string]deploymentSpec
+	statefulSets map[string]deploymentSpec
+	services     map[string]serviceSpec
+	hpas         map[string]hpaSpec
+	pdbs         map[string]pdbSpec
+	netpols      map[string]networkPolicySpec
+	configMaps   map[string]map[string]string
+	secrets      map[string]map[string]string
 }
 
 // render builds an overlay with kustomize's krusty, as `kubectl apply -k` does.
@@ -183,14 +229,16 @@ func render(t *testing.T, overlay string, externalSecrets ...string) *rendered {
 		t.Fatalf("kustomize build %s: %v", overlay, err)
 	}
 	r := &rendered{
-		overlay:     overlay,
-		external:    map[string]bool{},
-		deployments: map[string]deploymentSpec{},
-		services:    map[string]serviceSpec{},
-		hpas:        map[string]hpaSpec{},
-		pdbs:        map[string]pdbSpec{},
-		configMaps:  map[string]map[string]string{},
-		secrets:     map[string]map[string]string{},
+		overlay:      overlay,
+		external:     map[string]bool{},
+		deployments:  map[string]deploymentSpec{},
+		statefulSets: map[string]deploymentSpec{},
+		services:     map[string]serviceSpec{},
+		hpas:         map[string]hpaSpec{},
+		pdbs:         map[string]pdbSpec{},
+		netpols:      map[string]networkPolicySpec{},
+		configMaps:   map[string]map[string]string{},
+		secrets:      map[string]map[string]string{},
 	}
 	for _, name := range externalSecrets {
 		r.external[name] = true
@@ -216,6 +264,10 @@ func render(t *testing.T, overlay string, externalSecrets ...string) *rendered {
 			var d deploymentSpec
 			decode(&d)
 			r.deployments[name] = d
+		case "StatefulSet":
+			var d deploymentSpec
+			decode(&d)
+			r.statefulSets[name] = d
 		case "Service":
 			var s serviceSpec
 			decode(&s)
@@ -228,6 +280,10 @@ func render(t *testing.T, overlay string, externalSecrets ...string) *rendered {
 			var p pdbSpec
 			decode(&p)
 			r.pdbs[name] = p
+		case "NetworkPolicy":
+			var p networkPolicySpec
+			decode(&p)
+			r.netpols[name] = p
 		case "ConfigMap":
 			r.configMaps[name] = o.Data
 		case "Secret":
@@ -260,10 +316,23 @@ func selects(selector, labels map[string]string) bool {
 	return true
 }
 
-// selectedDeployments lists the Deployments whose pods a selector matches.
-func (r *rendered) selectedDeployments(selector map[string]string) []string {
-	var names []string
+// workloads are the Deployments and StatefulSets, by "Kind/name".
+func (r *rendered) workloads() map[string]deploymentSpec {
+	w := map[string]deploymentSpec{}
 	for name, d := range r.deployments {
+		w["Deployment/"+name] = d
+	}
+	for name, d := range r.statefulSets {
+		w["StatefulSet/"+name] = d
+	}
+	return w
+}
+
+// selectedWorkloads lists the workloads ("Kind/name") whose pods a selector
+// matches.
+func (r *rendered) selectedWorkloads(selector map[string]string) []string {
+	var names []string
+	for name, d := range r.workloads() {
 		if selects(selector, d.Template.Metadata.Labels) {
 			names = append(names, name)
 		}
@@ -334,6 +403,9 @@ func TestKustomizeOverlays(t *testing.T) {
 			checkContainers(t, r)
 			checkScaling(t, r, tc.dev)
 			checkTelemetry(t, r, tc.dev)
+			checkNATS(t, r, tc.dev)
+			checkSharedState(t, r)
+			checkNATSNetworkPolicy(t, r)
 		})
 	}
 }
@@ -371,14 +443,14 @@ func checkObjects(t *testing.T, r *rendered, namespace string) {
 }
 
 func checkServices(t *testing.T, r *rendered) {
-	t.Run("services select one deployment and its ports", func(t *testing.T) {
+	t.Run("services select one workload and its ports", func(t *testing.T) {
 		for name, s := range r.services {
-			deps := r.selectedDeployments(s.Selector)
+			deps := r.selectedWorkloads(s.Selector)
 			if len(deps) != 1 {
-				t.Errorf("Service %s selects Deployments %v, want exactly one", name, deps)
+				t.Errorf("Service %s selects %v, want exactly one Deployment or StatefulSet", name, deps)
 				continue
 			}
-			c := r.deployments[deps[0]].Template.Spec.Containers[0]
+			c := r.workloads()[deps[0]].Template.Spec.Containers[0]
 			for _, p := range s.Ports {
 				n, err := portOf(c, p.TargetPort)
 				if err != nil {
@@ -444,21 +516,24 @@ func checkServices(t *testing.T, r *rendered) {
 
 func checkContainers(t *testing.T, r *rendered) {
 	t.Run("containers", func(t *testing.T) {
-		for dep, d := range r.deployments {
+		for dep, d := range r.workloads() {
 			ps := d.Template.Spec
 			if len(ps.Containers) == 0 {
-				t.Errorf("Deployment %s has no containers", dep)
+				t.Errorf("%s has no containers", dep)
 				continue
 			}
 			if !selects(d.Selector.MatchLabels, d.Template.Metadata.Labels) {
-				t.Errorf("Deployment %s: selector %v does not match its pods %v", dep, d.Selector.MatchLabels, d.Template.Metadata.Labels)
+				t.Errorf("%s: selector %v does not match its pods %v", dep, d.Selector.MatchLabels, d.Template.Metadata.Labels)
 			}
 			volumes := map[string]bool{}
 			for _, v := range ps.Volumes {
 				volumes[v.Name] = true
 			}
+			for _, v := range d.VolumeClaimTemplates {
+				volumes[v.Metadata.Name] = true
+			}
 			for _, c := range ps.Containers {
-				where := fmt.Sprintf("Deployment %s container %s", dep, c.Name)
+				where := fmt.Sprintf("%s container %s", dep, c.Name)
 				checkSecurity(t, where, ps.SecurityContext, c.SecurityContext)
 				for _, q := range []string{"cpu", "memory"} {
 					if c.Resources.Requests[q] == "" || c.Resources.Limits[q] == "" {
@@ -620,22 +695,6 @@ func checkOsmoContainer(t *testing.T, where string, d deploymentSpec, c containe
 		}
 	}
 	checkMemoryLimit(t, where, c)
-	// What osmo must not lose across a restart is kept on a volume (the
-	// root filesystem is read-only): the rollout service's state log and
-	// the grader's journal.
-	durable := map[string]string{"rollout": "state", "grader": "journal"}
-	if flag, ok := durable[cl.sub]; ok {
-		p, set := cl.last(flag)
-		mounted := false
-		for _, m := range c.VolumeMounts {
-			if set && strings.HasPrefix(p, strings.TrimSuffix(m.MountPath, "/")+"/") {
-				mounted = true
-			}
-		}
-		if !mounted {
-			t.Errorf("%s: osmo %s --%s=%q is not on a mounted volume", where, cl.sub, flag, p)
-		}
-	}
 	ann := d.Template.Metadata.Annotations
 	if ann["prometheus.io/scrape"] != "true" {
 		t.Errorf("%s: pod not annotated for Prometheus scraping", where)
@@ -721,17 +780,21 @@ func checkScaling(t *testing.T, r *rendered, dev bool) {
 		}
 		covered := map[string]bool{}
 		for pdbName, p := range r.pdbs {
-			deps := r.selectedDeployments(p.Selector.MatchLabels)
+			deps := r.selectedWorkloads(p.Selector.MatchLabels)
 			if len(deps) != 1 {
-				t.Errorf("PDB %s selects %v, want exactly one Deployment", pdbName, deps)
+				t.Errorf("PDB %s selects %v, want exactly one Deployment or StatefulSet", pdbName, deps)
 				continue
 			}
 			if len(p.MinAvailable) != 0 || len(p.MaxUnavailable) == 0 {
 				t.Errorf("PDB %s: want maxUnavailable (minAvailable blocks every drain of a single replica)", pdbName)
 			}
+			// For NATS, one: two of three nodes, a JetStream quorum, stay.
+			if deps[0] == "StatefulSet/nats" && string(p.MaxUnavailable) != "1" {
+				t.Errorf("PDB %s: maxUnavailable %s, want 1 (a quorum of NATS nodes stays up)", pdbName, p.MaxUnavailable)
+			}
 			covered[deps[0]] = true
 		}
-		for _, name := range []string{"gateway", "rollout", "grader"} {
+		for _, name := range []string{"Deployment/gateway", "Deployment/rollout", "Deployment/grader", "StatefulSet/nats"} {
 			if !covered[name] {
 				t.Errorf("no PodDisruptionBudget for %s", name)
 			}

@@ -6,10 +6,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
+	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,80 +25,222 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 
 	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/proctest"
 )
 
-// composeStack runs the osmo services of docker-compose.yml as processes on
-// loopback, each with exactly the command and environment the compose file
-// gives it. Only what a container has to itself changes, because every
-// service shares one host: a service name becomes 127.0.0.1, each (service,
-// container port) pair becomes its own free loopback port, the same one
-// everywhere it is named, and each volume mount point becomes a directory of
-// the test's own. Jaeger's OTLP ports become an in-test OTLP sink.
+// composeStack runs the services of docker-compose.yml as processes on
+// loopback: the osmo services and the NATS server, each with exactly the
+// command and environment the compose file gives it. Only what a container
+// has to itself changes, because every service shares one host: each
+// container gets a loopback IP and each (service, container port) pair its
+// own free port, the same one everywhere it is named; each volume mount
+// point and mounted config becomes a path of the test's own. A service with
+// replicas runs one process per replica, each on its own loopback IP
+// (127.0.0.2, 127.0.0.3, ...) and the same ports, and an in-test DNS server
+// resolves the service name to all of them, as Docker's DNS does, for the
+// dns:/// targets that balance over them. Jaeger's OTLP ports become an
+// in-test OTLP sink.
 type composeStack struct {
-	project *types.Project
-	addrs   map[string]map[int]string    // service -> container port -> 127.0.0.1:N
-	mounts  map[string]map[string]string // service -> mount target -> test directory
-	sink    *otlpSink
-	procs   []*proc // in start order
-	apiKey  string  // OSMO_API_KEY the rollout service got from .env
+	project   *types.Project
+	instances map[string][]*instance // service -> its replicas
+	dns       *dnsServer
+	sink      *otlpSink
+	procs     []*proc    // in start order
+	apiKey    string     // OSMO_API_KEY the rollout service got from .env
+	owner     *testing.T // the test whose cleanup stops the processes
 }
 
-// startComposeStack starts every osmo service of the compose file, every
-// profile enabled, in depends_on order, and waits for each one's own
-// healthcheck command to pass before starting what depends on it.
+// instance is one container of a compose service, as a process.
+type instance struct {
+	spec    types.ServiceConfig
+	replica int               // 1-based, as compose numbers containers
+	ip      string            // the loopback IP standing in for the container's
+	addrs   map[int]string    // container port -> ip:N
+	mounts  map[string]string // mount target (volume or config) -> test path
+	bin     string
+	args    []string
+	env     []string
+	proc    *proc
+}
+
+func (in *instance) name() string {
+	if in.spec.GetScale() == 1 {
+		return in.spec.Name
+	}
+	return fmt.Sprintf("%s-%d", in.spec.Name, in.replica)
+}
+
+// startComposeStack starts every osmo and NATS service of the compose file,
+// every profile enabled, in depends_on order, and waits for each one's own
+// healthcheck to pass before starting what depends on it.
 func startComposeStack(t *testing.T) *composeStack {
 	t.Helper()
-	st := &composeStack{
-		project: composeProject(t, true),
-		addrs:   map[string]map[int]string{},
-		mounts:  map[string]map[string]string{},
-		sink:    startOTLPSink(t),
+	if runtime.GOOS != "linux" {
+		t.Skip("replicas listen on 127.0.0.2 and up, which only Linux routes to loopback by default")
 	}
+	st := &composeStack{
+		owner:     t,
+		project:   composeProject(t, true),
+		instances: map[string][]*instance{},
+		dns:       startDNSServer(t),
+		sink:      startOTLPSink(t),
+	}
+	nextIP := netip.MustParseAddr("127.0.0.2")
+	// Every chosen port stays bound until all are chosen, so no two
+	// services draw the same one.
+	var held []net.Listener
 	for _, s := range st.project.Services {
-		st.mounts[s.Name] = map[string]string{}
-		for _, v := range s.Volumes {
-			st.mounts[s.Name][path.Clean(v.Target)] = t.TempDir()
+		n := s.GetScale()
+		ips := []string{"127.0.0.1"}
+		if n > 1 {
+			ips = ips[:0]
+			for range n {
+				ips = append(ips, nextIP.String())
+				nextIP = nextIP.Next()
+			}
 		}
-		st.addrs[s.Name] = map[int]string{}
+		ports := map[int]int{}
 		for port := range exposedPorts(t, s) {
-			addr := freeAddr(t)
-			if s.Name == "jaeger" {
-				switch port {
-				case 4317:
-					addr = st.sink.GRPCAddr
-				case 4318:
-					addr = st.sink.HTTPAddr
+			var lns []net.Listener
+			ports[port], lns = sharedFreePort(t, ips)
+			held = append(held, lns...)
+		}
+		var configs map[string]string
+		if len(s.Configs) > 0 {
+			configs = natsConfigFiles(t, st.project, s)
+		}
+		var hosts []netip.Addr
+		for i, ip := range ips {
+			in := &instance{spec: s, replica: i + 1, ip: ip, addrs: map[int]string{}, mounts: map[string]string{}}
+			for port, p := range ports {
+				in.addrs[port] = net.JoinHostPort(ip, strconv.Itoa(p))
+				if s.Name == "jaeger" {
+					switch port {
+					case 4317:
+						in.addrs[port] = st.sink.GRPCAddr
+					case 4318:
+						in.addrs[port] = st.sink.HTTPAddr
+					}
 				}
 			}
-			st.addrs[s.Name][port] = addr
+			for _, v := range s.Volumes {
+				in.mounts[path.Clean(v.Target)] = t.TempDir()
+			}
+			for target, f := range configs {
+				in.mounts[target] = f
+			}
+			st.instances[s.Name] = append(st.instances[s.Name], in)
+			hosts = append(hosts, netip.MustParseAddr(ip))
 		}
+		st.dns.set(s.Name, hosts...)
+	}
+	for _, ln := range held {
+		ln.Close()
 	}
 	for _, s := range st.startOrder(t) {
-		if !isOsmo(s) {
+		var bin string
+		switch {
+		case isOsmo(s):
+			bin = osmoBin
+		case isNATS(s):
+			bin = natsServerBin(t)
+		default:
 			continue
 		}
-		args := make([]string, len(s.Command))
-		for i, a := range s.Command {
-			args[i] = st.rewrite(t, s.Name, a)
-		}
-		var env []string
-		for k, v := range s.Environment {
-			if v != nil {
-				env = append(env, k+"="+st.rewrite(t, s.Name, *v))
-			}
-		}
-		sort.Strings(env)
 		if s.Name == "rollout" {
 			if v := s.Environment["OSMO_API_KEY"]; v != nil {
 				st.apiKey = *v
 			}
 		}
-		p := startProc(t, s.Name, env, args)
-		st.procs = append(st.procs, p)
-		st.waitHealthy(t, s, p)
+		for _, in := range st.instances[s.Name] {
+			in.bin = bin
+			for _, a := range s.Command {
+				in.args = append(in.args, st.rewrite(t, in, a))
+			}
+			if isNATS(s) {
+				in.args = natsLoopbackArgs(t, in)
+			}
+			for k, v := range s.Environment {
+				if v != nil {
+					in.env = append(in.env, k+"="+st.rewrite(t, in, *v))
+				}
+			}
+			sort.Strings(in.env)
+			st.start(t, in)
+		}
 	}
 	return st
+}
+
+// sharedFreePort returns a port nothing listens on at any of ips, and the
+// listeners that hold it there until the caller closes them.
+func sharedFreePort(t *testing.T, ips []string) (int, []net.Listener) {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		lns := []net.Listener{ln}
+		for _, ip := range ips[1:] {
+			other, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+			if err != nil {
+				break
+			}
+			lns = append(lns, other)
+		}
+		if len(lns) == len(ips) {
+			return port, lns
+		}
+		for _, l := range lns {
+			l.Close()
+		}
+	}
+	t.Fatalf("no port free on all of %v", ips)
+	return 0, nil
+}
+
+// natsLoopbackArgs points a NATS instance's listen ports (--port,
+// --http_port ...) at its stand-in ports and binds it to its loopback IP.
+func natsLoopbackArgs(t *testing.T, in *instance) []string {
+	t.Helper()
+	args := append([]string(nil), in.args...)
+	mapPort := func(flag, v string) string {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("service %s: -%s %q: %v", in.spec.Name, flag, v, err)
+		}
+		addr, ok := in.addrs[n]
+		if !ok {
+			t.Fatalf("service %s listens on %d (-%s) without exposing it", in.spec.Name, n, flag)
+		}
+		_, p, _ := net.SplitHostPort(addr)
+		return p
+	}
+	for i := 0; i < len(args); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !strings.HasPrefix(args[i], "-") || !natsPortFlags[name] {
+			continue
+		}
+		if hasValue {
+			args[i] = "--" + name + "=" + mapPort(name, value)
+		} else if i+1 < len(args) {
+			i++
+			args[i] = mapPort(name, args[i])
+		}
+	}
+	return append(args, "--addr", in.ip)
+}
+
+// start runs an instance's process and waits until it is healthy. The
+// process lives until the stack's test ends, even when a subtest started it.
+func (st *composeStack) start(t *testing.T, in *instance) {
+	t.Helper()
+	in.proc = proctest.Start(st.owner, proctest.Cmd{Name: in.name(), Bin: in.bin, Args: in.args, Env: in.env, Grace: 35 * time.Second})
+	st.procs = append(st.procs, in.proc)
+	st.waitHealthy(t, in)
 }
 
 // startOrder sorts the services so each comes after what it depends on.
@@ -133,73 +280,129 @@ func (st *composeStack) startOrder(t *testing.T) []types.ServiceConfig {
 	return order
 }
 
+// dnsTargetRE is a gRPC target resolved by DNS: dns:///HOST:PORT.
+var dnsTargetRE = regexp.MustCompile(`^dns:///([A-Za-z0-9.-]+):(\d{1,5})$`)
+
 // rewrite maps the host:port references in one argument or environment
-// value of service self to the loopback addresses standing in for them, and
-// a path under one of its mount points to the test's directory.
-func (st *composeStack) rewrite(t *testing.T, self, s string) string {
+// value of instance self to the loopback addresses standing in for them
+// (dns:/// targets to the in-test DNS server, which knows every replica),
+// and a path under one of its mount points to the test's own.
+func (st *composeStack) rewrite(t *testing.T, self *instance, s string) string {
 	t.Helper()
-	for target, dir := range st.mounts[self] {
+	for target, p := range self.mounts {
 		if s == target || strings.HasPrefix(s, target+"/") {
-			return dir + strings.TrimPrefix(s, target)
+			return p + strings.TrimPrefix(s, target)
+		}
+	}
+	if m := dnsTargetRE.FindStringSubmatch(s); m != nil {
+		if _, ok := st.instances[m[1]]; ok {
+			n, _ := strconv.Atoi(m[2])
+			_, port, _ := net.SplitHostPort(st.addr(t, m[1], n))
+			return "dns://" + st.dns.Addr + "/" + m[1] + ":" + port
 		}
 	}
 	return hostPortRE.ReplaceAllStringFunc(s, func(m string) string {
 		g := hostPortRE.FindStringSubmatch(m)
 		host := g[2]
-		svc := host
-		if localHosts[host] {
-			svc = self
-		}
-		ports, ok := st.addrs[svc]
-		if !ok {
-			return m // not a compose service: leave it alone
-		}
 		n, _ := strconv.Atoi(g[3])
+		ports := self.addrs
+		if !localHosts[host] {
+			in, ok := st.instances[host]
+			if !ok {
+				return m // not a compose service: leave it alone
+			}
+			ports = in[0].addrs
+		}
 		addr, ok := ports[n]
 		if !ok {
-			t.Fatalf("service %s refers to %s:%d, which %s does not declare", self, host, n, svc)
+			t.Fatalf("service %s refers to %s:%d, which %s does not declare", self.spec.Name, host, n, host)
 		}
 		return g[1] + addr
 	})
 }
 
-// addr is the loopback address standing in for service:port.
+// rewriteFor rewrites a value as the first replica of service would see it.
+func (st *composeStack) rewriteFor(t *testing.T, service, s string) string {
+	t.Helper()
+	return st.rewrite(t, st.instances[service][0], s)
+}
+
+// addr is the loopback address standing in for service:port (its first
+// replica's).
 func (st *composeStack) addr(t *testing.T, service string, port int) string {
 	t.Helper()
-	a, ok := st.addrs[service][port]
+	ins := st.instances[service]
+	if len(ins) == 0 {
+		t.Fatalf("no service %s", service)
+	}
+	a, ok := ins[0].addrs[port]
 	if !ok {
 		t.Fatalf("%s does not declare port %d", service, port)
 	}
 	return a
 }
 
-// waitHealthy runs the service's compose healthcheck, rewritten like its
-// command, until it passes.
-func (st *composeStack) waitHealthy(t *testing.T, s types.ServiceConfig, p *proc) {
+// waitHealthy runs the instance's compose healthcheck, rewritten like its
+// command, until it passes: an osmo service's `/osmo health ...` with the
+// binary under test, and for others the URL their check fetches.
+func (st *composeStack) waitHealthy(t *testing.T, in *instance) {
 	t.Helper()
+	s := in.spec
 	if s.HealthCheck == nil || len(s.HealthCheck.Test) < 2 || s.HealthCheck.Test[0] != "CMD" {
 		t.Fatalf("service %s: no CMD healthcheck", s.Name)
 	}
-	argv := make([]string, 0, len(s.HealthCheck.Test)-2)
-	for _, a := range s.HealthCheck.Test[2:] {
-		argv = append(argv, st.rewrite(t, s.Name, a))
+	var probe func(ctx context.Context) ([]byte, error)
+	if isOsmo(s) {
+		argv := make([]string, 0, len(s.HealthCheck.Test)-2)
+		for _, a := range s.HealthCheck.Test[2:] {
+			argv = append(argv, st.rewrite(t, in, a))
+		}
+		probe = func(ctx context.Context) ([]byte, error) {
+			return exec.CommandContext(ctx, osmoBin, argv...).CombinedOutput()
+		}
+	} else {
+		var url string
+		for _, a := range s.HealthCheck.Test[1:] {
+			if strings.HasPrefix(a, "http://") {
+				url = st.rewrite(t, in, a)
+			}
+		}
+		if url == "" {
+			t.Fatalf("service %s: healthcheck %q fetches no http:// URL", s.Name, s.HealthCheck.Test)
+		}
+		probe = func(ctx context.Context) ([]byte, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return nil, err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return nil, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			if resp.StatusCode != http.StatusOK {
+				return b, fmt.Errorf("GET %s: %s", url, resp.Status)
+			}
+			return b, nil
+		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	var last []byte
 	for time.Now().Before(deadline) {
-		if p.Exited() {
-			t.Fatalf("service %s exited before it was healthy:\n%s", s.Name, p.Output())
+		if in.proc.Exited() {
+			t.Fatalf("service %s exited before it was healthy:\n%s", in.name(), in.proc.Output())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := exec.CommandContext(ctx, osmoBin, argv...).CombinedOutput()
+		out, err := probe(ctx)
 		cancel()
 		if err == nil {
 			return
 		}
-		last = out
+		last = append(out, []byte(err.Error())...)
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("service %s: healthcheck %q never passed; last output %s\nservice output:\n%s", s.Name, argv, last, p.Output())
+	t.Fatalf("service %s: healthcheck %q never passed; last output %s\nservice output:\n%s", in.name(), s.HealthCheck.Test, last, in.proc.Output())
 }
 
 // stop ends every process, last started first, each with SIGTERM and the
@@ -210,17 +413,8 @@ func (st *composeStack) stop() {
 	}
 }
 
-func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
-
-// proc is a running osmo process and its combined output.
+// proc is a running process and its combined output.
 type proc = proctest.Proc
-
-// startProc runs osmo with exactly env as its environment, in its own
-// process group; cleanup stops it and shows its output if the test failed.
-func startProc(t *testing.T, name string, env, args []string) *proc {
-	t.Helper()
-	return proctest.Start(t, proctest.Cmd{Name: name, Bin: osmoBin, Args: args, Env: env, Grace: 35 * time.Second})
-}
 
 // trainer is the G1 controller of internal/controller, playing the
 // training cluster: it serves server_url, forwarding the rollout service's
@@ -395,7 +589,7 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 		if in.ServerURL != "http://mockllm:9003" {
 			t.Fatalf("the documented server_url is %q, want the compose mockllm", in.ServerURL)
 		}
-		body = strings.Replace(body, in.ServerURL, st.rewrite(t, "rollout", in.ServerURL), 1)
+		body = strings.Replace(body, in.ServerURL, st.rewriteFor(t, "rollout", in.ServerURL), 1)
 		code, answer := request(ctx, t, http.MethodPost, base+"/v1/rollout/init", st.apiKey, body)
 		if code != http.StatusAccepted {
 			t.Fatalf("init: %d %s", code, answer)
@@ -409,21 +603,35 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 		}
 	})
 
-	t.Run("the grader journals to its volume", func(t *testing.T) {
-		g, _ := st.project.GetService("grader")
-		journal, _ := composeCmd(t, g).last("journal")
-		b, err := os.ReadFile(st.rewrite(t, "grader", journal))
-		if err != nil || !bytes.Contains(b, []byte("compose-g1-1")) {
-			t.Fatalf("journal %s: %v; want the graded rollout in it", journal, err)
-		}
+	t.Run("the services keep their state in NATS JetStream on its volume", func(t *testing.T) {
+		checkNATSHoldsState(ctx, t, st)
 	})
 
-	t.Run("the rollout service logs its state to its volume", func(t *testing.T) {
-		r, _ := st.project.GetService("rollout")
-		dir, _ := composeCmd(t, r).last("state")
-		b, err := os.ReadFile(path.Join(st.rewrite(t, "rollout", dir), "rollouts.wal"))
-		if err != nil || !bytes.Contains(b, []byte("compose-g1-1")) {
-			t.Fatalf("state log in %s: %v; want the rollout in it", dir, err)
+	t.Run("either rollout replica serves alone", func(t *testing.T) {
+		// The gateway's dns:/// target knows both replicas: with either
+		// one stopped, an init through the gateway still runs to its
+		// completion, on the other.
+		rollouts := st.instances["rollout"]
+		if len(rollouts) < 2 {
+			t.Fatalf("rollout runs %d replica(s)", len(rollouts))
+		}
+		for i, down := range rollouts {
+			func() {
+				down.proc.Stop(syscall.SIGTERM, 35*time.Second)
+				// Both run again afterwards, for the subtests below.
+				defer st.start(t, down)
+				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				id := fmt.Sprintf("compose-alone-%d", i+1)
+				initUntilAccepted(ctx, t, ctl, base, st.apiKey, calculatorInit(id, "What is 5 * 5?", "25"))
+				comp, err := ctl.Wait(ctx, id)
+				if err != nil {
+					t.Fatalf("with %s stopped: %v", down.name(), err)
+				}
+				if comp.Status != "COMPLETED" || comp.Reward == nil || *comp.Reward != 1.0 {
+					t.Fatalf("with %s stopped, completion %s", down.name(), comp.Raw)
+				}
+			}()
 		}
 	})
 
@@ -468,6 +676,86 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 			}
 		}
 	})
+}
+
+// initUntilAccepted posts a G1 init until the gateway accepts it, as a
+// trainer retries: while a rollout replica is away, the gateway may answer
+// 503 until its connection to the other one is ready. The init is
+// idempotent by rollout id.
+func initUntilAccepted(ctx context.Context, t *testing.T, ctl *controller.Controller, base, key string, req controller.InitRequest) {
+	t.Helper()
+	for {
+		code, body, err := ctl.Init(ctx, base, key, req)
+		if err == nil && code == http.StatusAccepted {
+			return
+		}
+		if err == nil && code < 500 {
+			t.Fatalf("init %s: %d %s", req.RolloutID, code, body)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("init %s never accepted: last %d %s %v", req.RolloutID, code, body, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// checkNATSHoldsState checks, after rollouts ran, that the compose NATS
+// server is the one the services share: every rollout replica and the
+// grader are connected to it, JetStream holds streams with messages, its
+// files are on the service's volume, and it runs with the compose file's
+// max_payload.
+func checkNATSHoldsState(ctx context.Context, t *testing.T, st *composeStack) {
+	t.Helper()
+	n, _ := st.project.GetService("nats")
+	mon := "http://" + st.addr(t, "nats", composeNATSOptions(t, st.project, n).HTTPPort)
+	get := func(path string, v any) {
+		t.Helper()
+		code, body := request(ctx, t, http.MethodGet, mon+path, "", "")
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, code, body)
+		}
+		if err := json.Unmarshal(body, v); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+	}
+	var varz struct {
+		MaxPayload int `json:"max_payload"`
+	}
+	get("/varz", &varz)
+	if varz.MaxPayload != natsstore.DefaultMaxPayload {
+		t.Errorf("nats runs with max_payload %d, want the compose config's %d", varz.MaxPayload, natsstore.DefaultMaxPayload)
+	}
+	want := len(st.instances["rollout"]) + len(st.instances["grader"])
+	var connz struct {
+		NumConns int `json:"num_connections"`
+	}
+	get("/connz", &connz)
+	if connz.NumConns < want {
+		t.Errorf("%d connections to nats, want at least %d (every rollout replica and the grader)", connz.NumConns, want)
+	}
+	var jsz struct {
+		Streams  int    `json:"streams"`
+		Messages uint64 `json:"messages"`
+		Config   struct {
+			StoreDir string `json:"store_dir"`
+		} `json:"config"`
+	}
+	get("/jsz", &jsz)
+	if jsz.Streams == 0 || jsz.Messages == 0 {
+		t.Errorf("JetStream holds %d streams, %d messages; want the services' state", jsz.Streams, jsz.Messages)
+	}
+	dir := st.instances["nats"][0].mounts[path.Clean(composeNATSOptions(t, st.project, n).StoreDir)]
+	var files int
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files++
+		}
+		return nil
+	})
+	if dir == "" || !strings.HasPrefix(jsz.Config.StoreDir, dir) || files == 0 {
+		t.Errorf("JetStream stores in %q (%d files in the volume's %q), want the nats-data volume", jsz.Config.StoreDir, files, dir)
+	}
 }
 
 // TestComposeStackExportsTraces runs a G1 rollout through the compose
