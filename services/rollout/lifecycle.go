@@ -130,7 +130,7 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 	rec.mu.Lock()
 	state, reward := rec.state, rec.reward
 	rec.mu.Unlock()
-	lc, err := s.sh.update(ctx, rec.id, func(lc *lifecycle) error {
+	lc, err := s.persist(ctx, rec.id, func(lc *lifecycle) error {
 		if lc.Owner != s.replica {
 			return errNotOwner
 		}
@@ -164,6 +164,22 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		return lc.Ran, nil
 	}
 	return lc.Final, nil
+}
+
+// persist is update, retried while the shared state does not answer, for
+// up to twice LostAfter: a NATS node that restarts, or a cluster that
+// loses its quorum for seconds, costs the rollout nothing.
+func (s *Service) persist(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
+	giveUp := time.Now().Add(2 * s.cfg.LostAfter)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		lc, err := s.sh.update(ctx, id, change)
+		if err == nil || errors.Is(err, errNotOwner) || errors.Is(err, errGone) || errors.Is(err, errUnchanged) ||
+			ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
+			return lc, err
+		}
+		s.log.Warn("shared state: a write failed; retrying", "rollout_id", id, "error", err)
+		sleepCtx(ctx, wait)
+	}
 }
 
 // errNotOwner: another replica concluded the rollout (it took this one
@@ -203,7 +219,9 @@ func (s *Service) record(rec *record, log *slog.Logger) {
 	b, err := proto.Marshal(rec.render())
 	if err == nil {
 		var rev uint64
-		if rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b); err == nil {
+		rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b)
+		s.sh.wrote(len(b))
+		if err == nil {
 			rec.setSeq(int64(rev))
 			return
 		}

@@ -29,6 +29,9 @@ type metrics struct {
 	// recovered counts the rollouts a restart found unfinished in the
 	// state log, by how they were ended.
 	recovered *prometheus.CounterVec
+	// stateWrites and stateBytes count the writes to the shared state.
+	stateWrites prometheus.Counter
+	stateBytes  prometheus.Counter
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -82,6 +85,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "osmo_rollouts_recovered_total",
 		Help: "Rollouts of a lost replica (or of this process before a restart) concluded by this one, by how: redelivered (their final result was owed and is delivered again), interrupted (they were running or grading: a failure saying so is delivered).",
 	}, []string{"how"})
+	m.stateWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "osmo_state_writes_total",
+		Help: "Writes this replica made to the shared state (lifecycle creates and updates, queue and outbox messages, finished records).",
+	})
+	m.stateBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "osmo_state_write_bytes_total",
+		Help: "Bytes of the values this replica wrote to the shared state.",
+	})
 	for _, how := range []string{recoveredRedelivered, recoveredInterrupted} {
 		m.recovered.WithLabelValues(how)
 	}
@@ -91,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.started, m.finished, m.running, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recovered)
+			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recovered, m.stateWrites, m.stateBytes)
 	}
 	return m
 }

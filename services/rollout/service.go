@@ -220,6 +220,10 @@ func New(cfg Config) (*Service, error) {
 		}
 		return nil, fmt.Errorf("rollout.New: %w", err)
 	}
+	s.sh.wrote = func(n int) {
+		s.metrics.stateWrites.Inc()
+		s.metrics.stateBytes.Add(float64(n))
+	}
 	s.metrics.watchShared(cfg.Metrics, s.sh)
 	return s, nil
 }

@@ -180,6 +180,9 @@ type shared struct {
 	outbox   jetstream.Consumer
 	// keep is how long a finished lifecycle is kept (the record TTL).
 	keep time.Duration
+	// wrote counts each write to the shared state and its bytes (what a
+	// rollout costs the state: osmo_state_writes_total).
+	wrote func(bytes int)
 }
 
 // maxAckPending bounds the rollouts held by all replicas together: far
@@ -192,7 +195,7 @@ const maxAckPending = 1 << 20
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL}
+	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
 	var err error
 	// LimitMarkerTTL allows per-key TTLs (a finished lifecycle's) and
 	// leaves a marker when one expires.
@@ -291,6 +294,7 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 	}
 	for {
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
+		sh.wrote(len(b))
 		if err == nil {
 			return nil, rev, nil
 		}
@@ -340,6 +344,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	}
 	if lc.Phase != phaseFinished {
 		_, err = sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
+		sh.wrote(len(b))
 		return err
 	}
 	// The KV API sets a key's TTL only when it creates it; a finished
@@ -350,6 +355,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
 	_, err = sh.js.PublishMsg(ctx, msg)
+	sh.wrote(len(b))
 	return err
 }
 
@@ -389,6 +395,7 @@ func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle)
 	msg := nats.NewMsg(prefix + natsstore.Key(lc.ID))
 	msg.Header.Set(jetstream.MsgIDHeader, prefix+lc.ID+"@"+strconv.FormatInt(lc.Created.UnixNano(), 10))
 	_, err := sh.js.PublishMsg(ctx, msg)
+	sh.wrote(0)
 	return err
 }
 
@@ -424,6 +431,7 @@ func (sh *shared) handOver(ctx context.Context, created time.Time, m outboxMsg) 
 	msg.Data = b
 	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s@%d/%s/%d", m.ID, created.UnixNano(), m.Stage, m.Index))
 	_, err = sh.js.PublishMsg(ctx, msg)
+	sh.wrote(len(b))
 	return err
 }
 

@@ -1,0 +1,104 @@
+package natsstore_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/osmo-rl/osmo/internal/natsstore"
+)
+
+func TestKeyRoundTrip(t *testing.T) {
+	for _, id := range []string{"", "r-1", "a.b c/ü", strings.Repeat("x", 300), "\x00\xff"} {
+		k := natsstore.Key(id)
+		if strings.ContainsAny(k, ". *>") {
+			t.Errorf("Key(%q) = %q: not a valid subject token", id, k)
+		}
+		back, err := natsstore.ID(k)
+		if err != nil || back != id {
+			t.Errorf("ID(Key(%q)) = %q, %v", id, back, err)
+		}
+	}
+}
+
+// TestEmbeddedFileStoreSurvivesRestart: with a Dir, what was written is
+// there after the store is closed and opened again.
+func TestEmbeddedFileStoreSurvivesRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	put := func(st *natsstore.Store) jetstream.KeyValue {
+		kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv
+	}
+	st, err := natsstore.Open(ctx, natsstore.Config{Dir: dir, Sync: natsstore.SyncAlways})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Embedded() || st.Replicas() != 1 {
+		t.Errorf("embedded %v, replicas %d", st.Embedded(), st.Replicas())
+	}
+	if _, err := put(st).Put(ctx, natsstore.Key("r-1"), []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	_ = st.Close()
+	st, err = natsstore.Open(ctx, natsstore.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	e, err := put(st).Get(ctx, natsstore.Key("r-1"))
+	if err != nil || string(e.Value()) != "v" {
+		t.Fatalf("after a restart: %v %v", e, err)
+	}
+}
+
+func TestMemoryStoreStartsEmpty(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := natsstore.Open(ctx, natsstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, "x"); err == nil {
+		t.Fatal("a new memory store holds a key")
+	}
+}
+
+// TestUnreachableNamesTheURL: a cluster nobody listens on is an error
+// naming it, soon.
+func TestUnreachableNamesTheURL(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://" + ln.Addr().String()
+	ln.Close()
+	start := time.Now()
+	_, err = natsstore.Open(context.Background(), natsstore.Config{URLs: []string{url}, Timeout: 2 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), url) {
+		t.Fatalf("Open(%s) = %v, want an error naming the URL", url, err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %s to fail", took)
+	}
+}
+
+func TestBadSync(t *testing.T) {
+	_, err := natsstore.Open(context.Background(), natsstore.Config{Dir: t.TempDir(), Sync: "sometimes"})
+	if err == nil || !strings.Contains(err.Error(), "sync") {
+		t.Fatalf("err = %v", err)
+	}
+}
