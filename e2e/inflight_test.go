@@ -60,7 +60,7 @@ func TestTenThousandInFlight(t *testing.T) {
 		t.Errorf("%.0f more open files with %d rollouts in flight, want at most one each", extra, inFlight)
 	}
 	if !rep.AllGraded {
-		t.Error("not every held rollout was graded once released")
+		t.Errorf("not every held rollout was graded once released: %s", rep.GradeErr)
 	}
 }
 

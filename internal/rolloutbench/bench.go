@@ -66,8 +66,10 @@ type Report struct {
 	// Base is the server before any rollout; Held with InFlight rollouts
 	// held in their LLM call; Done once those are finished records.
 	Base, Held, Done Sample
-	// AllGraded: every held rollout was graded once released.
+	// AllGraded: every held rollout was graded once released; GradeErr
+	// says what the first that was not got instead.
 	AllGraded bool
+	GradeErr  string
 }
 
 // Sample is the server's process as its /metrics reports it.
@@ -152,7 +154,11 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	gate.Open()
-	rep.AllGraded = b.waitGraded(ctx, held) == nil
+	if err := b.waitGraded(ctx, held); err != nil {
+		rep.GradeErr = err.Error()
+	} else {
+		rep.AllGraded = true
+	}
 
 	// Throughput: Rollouts more, Concurrency at a time, each timed from
 	// its start to its grader callback.

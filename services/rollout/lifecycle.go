@@ -63,9 +63,13 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		rec.settle(final)
 	}
 
+	// A stage owed before the rollout was resumed may have callbacks in
+	// the outbox already: those not done are handed over again (the
+	// outbox drops what it holds) rather than posted here a second time.
+	direct := true
 	var ran *owedStage
 	if resumed != nil && resumed.Ran != nil {
-		ran = resumed.Ran
+		ran, direct = resumed.Ran, false
 	} else {
 		var err error
 		if ran, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
@@ -78,15 +82,16 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	// not answering, and the final callbacks still follow the first.
 	sent := make(chan bool, 1)
 	go func() {
-		sent <- s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, true, log)
+		sent <- s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, log)
 	}()
 	if grading {
 		final = s.grade(rec, log)
 		rec.settle(final)
 	}
 	var fin *owedStage
+	finDirect := true
 	if resumed != nil && resumed.Final != nil {
-		fin, final = resumed.Final, resumed.Final.Outcome.outcome()
+		fin, final, finDirect = resumed.Final, resumed.Final.Outcome.outcome(), false
 		rec.settleFrom(resumed)
 	} else {
 		var err error
@@ -96,7 +101,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 			return
 		}
 	}
-	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, true, log)
+	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, log)
 	ok = <-sent && ok
 	s.awaitDelivered(rec)
 	s.finish(rec, final, ok, log)
