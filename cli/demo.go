@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.rollout.workflow = "calculator"
-	st, err := newStack(e, log, sc)
+	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func (b *backendFlags) start(ctx context.Context, e *env, workflow, entrypoint, 
 	sc.rollout.maxConcurrent = max(sc.rollout.maxConcurrent, maxConcurrent)
 	sc.rollout.maxQueued = sc.rollout.maxConcurrent
 	sc.tracing = stackTracing(tel)
-	st, err := newStack(e, log, sc)
+	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return fail(err)
 	}

@@ -30,6 +30,18 @@ func (f *natsFlags) register(fs *flag.FlagSet, e *env) {
 	fs.IntVar(&f.replicas, "nats-replicas", 0, "copies of each stream and bucket in the NATS cluster (default: 3 when clustered, else 1)")
 }
 
+// registerFree registers the flags of f whose names fs does not have yet,
+// for a command whose other flags already took some of them.
+func (f *natsFlags) registerFree(fs *flag.FlagSet, e *env) {
+	all := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	f.register(all, e)
+	all.VisitAll(func(fl *flag.Flag) {
+		if fs.Lookup(fl.Name) == nil {
+			fs.Var(fl.Value, fl.Name, fl.Usage)
+		}
+	})
+}
+
 // open connects to the configured NATS.
 func (f *natsFlags) open(ctx context.Context, name string, log *slog.Logger) (*natsstore.Store, error) {
 	var urls []string

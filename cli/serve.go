@@ -24,6 +24,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/services/grader"
@@ -164,28 +165,28 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 // graderFlags configure the grader service.
 type graderFlags struct {
 	defaultSpec   string
-	journal       string
 	timeout       time.Duration
 	maxConcurrent int
 }
 
 func (f *graderFlags) register(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&f.journal, prefix+"journal", "", "append graded results to this file so a restarted grader never grades a sample twice")
 	fs.DurationVar(&f.timeout, prefix+"timeout", 150*time.Second, "deadline of one grading")
 	fs.IntVar(&f.maxConcurrent, prefix+"max-concurrent", 64, "gradings run at once")
 }
 
-func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registerer, tr tracing) (*grader.Service, error) {
+// service builds the grader service; it keeps its gradings in state, where
+// every replica on the same NATS finds them.
+func (f *graderFlags) service(ctx context.Context, e *env, log *slog.Logger, reg prometheus.Registerer, tr tracing, state *natsstore.Store) (*grader.Service, error) {
 	set, err := e.reg.graderSet(f.defaultSpec)
 	if err != nil {
 		return nil, usageError{"--grader: " + err.Error()}
 	}
-	svc, err := grader.New(grader.Config{
+	svc, err := grader.New(ctx, grader.Config{
 		Graders:        set,
 		Default:        f.defaultSpec,
 		Timeout:        f.timeout,
 		MaxConcurrent:  f.maxConcurrent,
-		JournalPath:    f.journal,
+		State:          state,
 		Logger:         log,
 		Metrics:        reg,
 		TracerProvider: tr.grader,
@@ -277,6 +278,9 @@ type stack struct {
 	rolloutHS      *health.Server
 	rollConn       *grpc.ClientConn
 	http           *server.HTTP
+	// state is the NATS JetStream of the stack's shared state (the
+	// grader's gradings); closed last.
+	state *natsstore.Store
 }
 
 type stackConfig struct {
@@ -286,10 +290,13 @@ type stackConfig struct {
 	maxBody     int64
 	rollout     rolloutFlags
 	grader      graderFlags
-	tracing     tracing
+	// nats is where the shared state is; zero: an embedded server, in
+	// memory.
+	nats    natsFlags
+	tracing tracing
 }
 
-func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
+func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	// st is a local, not the named result, so a failed start (which
 	// returns nil) still releases what it opened.
 	st := &stack{log: log}
@@ -307,9 +314,12 @@ func newStack(e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	if sc.grader.defaultSpec == "" {
 		sc.grader.defaultSpec = "calculator"
 	}
+	if st.state, err = sc.nats.open(ctx, "osmo-serve", log); err != nil {
+		return nil, err
+	}
 	reg := newMetricsRegistry()
 	tr := sc.tracing
-	if st.graderSvc, err = sc.grader.service(e, log, reg, tr); err != nil {
+	if st.graderSvc, err = sc.grader.service(ctx, e, log, reg, tr, st.state); err != nil {
 		return nil, err
 	}
 	// The grader's RPCs need the API key too: /v1/grade and the
@@ -387,6 +397,10 @@ func (st *stack) close() {
 	if st.graderSvc != nil {
 		_ = st.graderSvc.Close()
 	}
+	// Last: the services above may still be writing to it while they close.
+	if st.state != nil {
+		_ = st.state.Close()
+	}
 }
 
 // run serves until ctx ends. Shutdown goes front to back: the gateway and
@@ -444,9 +458,21 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.grader.register(fs, "grader-")
+	sc.nats.registerFree(fs, e)
+	if f := fs.Lookup("state"); f != nil {
+		f.Usage += "; in osmo serve without --nats, also the grader's gradings (the embedded NATS's files, in DIR/jetstream)"
+	}
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	// --state is still the rollout service's own (its state log), so the
+	// NATS flags could not take it: the embedded NATS keeps its files in
+	// the same DIR, so that one --state keeps the whole stack's state. With
+	// --nats the gradings are in the cluster.
+	sc.nats.stateDir = ""
+	if sc.nats.urls == "" {
+		sc.nats.stateDir = sc.rollout.stateDir
 	}
 	if port < 0 || port > 65535 {
 		return usagef("--port: must be 0..65535, got %d", port)
@@ -459,7 +485,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	sc.tracing = stackTracing(tel)
-	st, err := newStack(e, log, sc)
+	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
 	}
@@ -559,6 +585,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	var (
 		addr string
 		gf   graderFlags
+		nf   natsFlags
 		lf   logFlags
 	)
 	var metricsAddr, apiKey string
@@ -567,6 +594,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
 	fs.StringVar(&apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
 	gf.register(fs, "")
+	nf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -576,13 +604,18 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	state, err := nf.open(ctx, "osmo-grader", log)
+	if err != nil {
+		return err
+	}
+	defer state.Close()
 	tr := tracing{grader: tel.TracerProvider(), prop: tel.Propagator()}
 	reg := newMetricsRegistry()
 	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
 	if err != nil {
 		return err
 	}
-	svc, err := gf.service(e, log, reg, tr)
+	svc, err := gf.service(ctx, e, log, reg, tr, state)
 	if err != nil {
 		return err
 	}
@@ -594,7 +627,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	}
 	graderv1.RegisterGraderServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "journal", gf.journal)
+	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "nats", state.URL())
 	var g errgroup.Group
 	g.Go(func() error { return srv.Serve(ctx) })
 	g.Go(func() error { return serveMetrics(ctx) })
