@@ -22,7 +22,7 @@ type natsFlags struct {
 }
 
 func (f *natsFlags) register(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&f.urls, "nats", e.getenv("OSMO_NATS_URL"), "NATS cluster holding the shared state, as `URLS` (comma-separated nats:// or tls://; env OSMO_NATS_URL); default: a NATS server embedded in this process")
+	fs.StringVar(&f.urls, "nats", e.getenv("OSMO_NATS_URL"), "NATS cluster holding the shared state: its `URL`s, comma-separated (nats:// or tls://; env OSMO_NATS_URL); default: a NATS server embedded in this process")
 	fs.StringVar(&f.creds, "nats-creds", e.getenv("OSMO_NATS_CREDS"), "NATS credentials `FILE` (env OSMO_NATS_CREDS)")
 	fs.StringVar(&f.ca, "nats-ca", e.getenv("OSMO_NATS_CA"), "CA certificate `FILE` that verifies the NATS servers of tls:// URLs (env OSMO_NATS_CA)")
 	fs.StringVar(&f.stateDir, "state", e.getenv("OSMO_STATE_DIR"), "without --nats: keep the embedded server's state on disk under `DIR`, so a restart (kill -9 included) resumes it (env OSMO_STATE_DIR; default: in memory)")

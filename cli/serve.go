@@ -174,28 +174,28 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 // graderFlags configure the grader service.
 type graderFlags struct {
 	defaultSpec   string
-	journal       string
 	timeout       time.Duration
 	maxConcurrent int
 }
 
 func (f *graderFlags) register(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&f.journal, prefix+"journal", "", "append graded results to this file so a restarted grader never grades a sample twice")
 	fs.DurationVar(&f.timeout, prefix+"timeout", 150*time.Second, "deadline of one grading")
 	fs.IntVar(&f.maxConcurrent, prefix+"max-concurrent", 64, "gradings run at once")
 }
 
-func (f *graderFlags) service(e *env, log *slog.Logger, reg prometheus.Registerer, tr tracing) (*grader.Service, error) {
+// service builds the grader service; it keeps its gradings in state, where
+// every replica on the same NATS finds them.
+func (f *graderFlags) service(ctx context.Context, e *env, log *slog.Logger, reg prometheus.Registerer, tr tracing, state *natsstore.Store) (*grader.Service, error) {
 	set, err := e.reg.graderSet(f.defaultSpec)
 	if err != nil {
 		return nil, usageError{"--grader: " + err.Error()}
 	}
-	svc, err := grader.New(grader.Config{
+	svc, err := grader.New(ctx, grader.Config{
 		Graders:        set,
 		Default:        f.defaultSpec,
 		Timeout:        f.timeout,
 		MaxConcurrent:  f.maxConcurrent,
-		JournalPath:    f.journal,
+		State:          state,
 		Logger:         log,
 		Metrics:        reg,
 		TracerProvider: tr.grader,
@@ -287,7 +287,8 @@ type stack struct {
 	rolloutHS      *health.Server
 	rollConn       *grpc.ClientConn
 	http           *server.HTTP
-	// state is the shared state of the stack's services.
+	// state is the NATS JetStream of the stack's shared state (the
+	// rollout service's and the grader's); closed last.
 	state *natsstore.Store
 }
 
@@ -319,9 +320,14 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	if sc.grader.defaultSpec == "" {
 		sc.grader.defaultSpec = "calculator"
 	}
+	// One shared state for the stack: the rollout service's and the
+	// grader's, from the rollout flags (--nats, or the embedded server).
+	if st.state, err = sc.rollout.nats.open(ctx, "osmo-serve", log); err != nil {
+		return nil, err
+	}
 	reg := newMetricsRegistry()
 	tr := sc.tracing
-	if st.graderSvc, err = sc.grader.service(e, log, reg, tr); err != nil {
+	if st.graderSvc, err = sc.grader.service(ctx, e, log, reg, tr, st.state); err != nil {
 		return nil, err
 	}
 	// The grader's RPCs need the API key too: /v1/grade and the
@@ -347,9 +353,6 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	var g rollout.Grader
 	if spec != "" {
 		g = st.graderCli
-	}
-	if st.state, err = sc.rollout.nats.open(ctx, "osmo-serve", log); err != nil {
-		return nil, err
 	}
 	cfg, err := sc.rollout.config(e, log, g, spec, st.state, reg, tr)
 	if err != nil {
@@ -402,6 +405,7 @@ func (st *stack) close() {
 	if st.graderSvc != nil {
 		_ = st.graderSvc.Close()
 	}
+	// Last: the services above may still be writing to it while they close.
 	if st.state != nil {
 		_ = st.state.Close()
 	}
@@ -582,6 +586,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	var (
 		addr string
 		gf   graderFlags
+		nf   natsFlags
 		lf   logFlags
 	)
 	var metricsAddr, apiKey string
@@ -590,6 +595,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
 	fs.StringVar(&apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
 	gf.register(fs, "")
+	nf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -599,13 +605,18 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	state, err := nf.open(ctx, "osmo-grader", log)
+	if err != nil {
+		return err
+	}
+	defer state.Close()
 	tr := tracing{grader: tel.TracerProvider(), prop: tel.Propagator()}
 	reg := newMetricsRegistry()
 	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
 	if err != nil {
 		return err
 	}
-	svc, err := gf.service(e, log, reg, tr)
+	svc, err := gf.service(ctx, e, log, reg, tr, state)
 	if err != nil {
 		return err
 	}
@@ -617,7 +628,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	}
 	graderv1.RegisterGraderServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "journal", gf.journal)
+	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "nats", state.URL())
 	var g errgroup.Group
 	g.Go(func() error { return srv.Serve(ctx) })
 	g.Go(func() error { return serveMetrics(ctx) })

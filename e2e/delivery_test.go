@@ -151,9 +151,9 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 	mockAddr := startMockPolicy(t)
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, FailFraction: 0.5, Logger: quietLog()})
 
-	journal := t.TempDir() + "/grades.jsonl"
+	stateDir := t.TempDir()
 	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "multiply", "--journal", journal, "--log-level", "error"}
+	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "multiply", "--state", stateDir, "--log-level", "error"}
 	grader := start(t, "grader-1", nil, graderArgs...)
 	waitGRPC(t, grader, graderAddr)
 	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "", "--grader-addr", graderAddr,

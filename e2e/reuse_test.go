@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"net/http"
-	"path/filepath"
 	"testing"
 
 	"github.com/osmo-rl/osmo/internal/controller"
@@ -11,12 +10,11 @@ import (
 // TestReusedRolloutIDIsGradedOnItsOwnGroundTruth reuses a rollout id once
 // osmo serve has pruned the first rollout's record: the grader still
 // remembers that rollout's grading (its results outlive the record, in
-// memory and in the journal), yet the new rollout must be rewarded for its
-// own ground truth, not answered the old reward.
+// the gradings bucket), yet the new rollout must be rewarded for its own
+// ground truth, not answered the old reward.
 func TestReusedRolloutIDIsGradedOnItsOwnGroundTruth(t *testing.T) {
-	journal := filepath.Join(t.TempDir(), "grades.jsonl")
 	s := startG1Env(t, []string{"OSMOSIS_ROLLOUT_SERVER_CLEANUP_INTERVAL_SECONDS=0.05"}, controller.Options{},
-		"--record-ttl", "300ms", "--grader-journal", journal)
+		"--record-ttl", "300ms")
 	const id = "q1"
 	rollout := func(truth string, n int) controller.Completion {
 		t.Helper()

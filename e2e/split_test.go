@@ -4,14 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 )
 
 // TestSplitDeploymentSurvivesGraderRestart runs osmo rollout, osmo grader and
@@ -24,9 +25,9 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 
 	ctl := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
 
-	journal := filepath.Join(t.TempDir(), "grades.jsonl")
+	stateDir := t.TempDir()
 	graderAddr, rolloutAddr, gwAddr, rolloutMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "127.0.0.1:0", "--grader", "calculator", "--journal", journal, "--log-level", "debug"}
+	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "127.0.0.1:0", "--grader", "calculator", "--state", stateDir, "--log-level", "debug"}
 	grader1 := start(t, "grader-1", nil, graderArgs...)
 	waitGRPC(t, grader1, graderAddr)
 	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", rolloutMetrics, "--grader-addr", graderAddr,
@@ -55,7 +56,7 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	}
 
 	// Kill the grader once a few rollouts are graded, keep it down while
-	// others finish, then bring it back on the same address and journal.
+	// others finish, then bring it back on the same address and state.
 	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer wcancel()
 	if _, err := ctl.Wait(wctx, ids[2]); err != nil {
@@ -78,21 +79,22 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 			t.Errorf("%s: %d completions", id, got)
 		}
 	}
-	// Each rollout was graded by exactly one grader run; any resend was
-	// answered from the journal. The journal is the record of committed
-	// gradings (fsync'd before any answer); the "graded" log line follows the
-	// fsync, so a SIGKILL can land between the two and logs undercount.
-	perRollout := journalGradings(t, journal)
-	for _, id := range ids {
-		if got := perRollout[id]; got != 1 {
-			t.Errorf("%s: %d gradings in the journal, want exactly 1", id, got)
-		}
-	}
-	if len(perRollout) != n {
-		t.Errorf("journal holds gradings for %d rollouts, want %d: %v", len(perRollout), n, perRollout)
-	}
 	if countLines(grader2.Output(), `"msg":"graded"`) == 0 {
 		t.Fatal("the restarted grader graded nothing: the kill did not land mid-run")
+	}
+	// Each rollout was graded by exactly one grader run; any resend was
+	// answered from the stored grading. The gradings bucket is the record
+	// of committed gradings (stored before any answer; the "graded" log line
+	// follows, so a SIGKILL can land between the two and logs undercount).
+	grader2.Stop(syscall.SIGTERM, 10*time.Second)
+	stored, writes := storedGradings(t, stateDir)
+	for _, id := range ids {
+		if !stored[id] {
+			t.Errorf("%s: no successful grading stored", id)
+		}
+	}
+	if len(stored) != n || writes != n {
+		t.Errorf("the bucket holds gradings of %d rollouts from %d writes, want %d from %d (one grading each): %v", len(stored), writes, n, n, stored)
 	}
 	metrics := httpGet(t, "http://"+rolloutMetrics+"/metrics")
 	for _, want := range []string{
@@ -106,26 +108,50 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	}
 }
 
-// journalGradings counts the successful gradings per rollout id in a grader
-// journal (JSON Lines, one grading per line).
-func journalGradings(t *testing.T, path string) map[string]int {
+// storedGradings reads the grader's state in dir (the embedded NATS's
+// files; no grader may be running on it): which rollouts have a successful
+// grading, and how many writes the bucket took in all. A rollout's gradings
+// are one key, rewritten by each grading of it, so a rollout graded twice
+// shows as one write too many.
+func storedGradings(t *testing.T, dir string) (map[string]bool, int) {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := natsstore.Open(ctx, natsstore.Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var g struct {
+	defer st.Close()
+	kv, err := st.JS.KeyValue(ctx, "osmo_gradings")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for key := range keys.Keys() {
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gs []struct {
 			RolloutID string `json:"rollout_id"`
 			Error     string `json:"error"`
 		}
-		if err := json.Unmarshal([]byte(line), &g); err != nil {
-			t.Fatalf("journal line %q: %v", line, err)
+		if err := json.Unmarshal(e.Value(), &gs); err != nil {
+			t.Fatalf("gradings under %s: %v: %s", key, err, e.Value())
 		}
-		if g.Error == "" {
-			out[g.RolloutID]++
+		for _, g := range gs {
+			if g.Error == "" {
+				out[g.RolloutID] = true
+			}
 		}
 	}
-	return out
+	return out, int(status.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq)
 }

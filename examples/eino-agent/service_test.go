@@ -21,6 +21,7 @@ import (
 	"github.com/osmo-rl/osmo/graders"
 	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/services/grader"
 	"github.com/osmo-rl/osmo/services/rollout"
@@ -107,10 +108,16 @@ func startGrader(t *testing.T) *grader.Client {
 	if err != nil {
 		t.Fatalf("graders.Lookup: %v", err)
 	}
-	gsvc, err := grader.New(grader.Config{
+	state, err := natsstore.Open(t.Context(), natsstore.Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatalf("natsstore.Open: %v", err)
+	}
+	t.Cleanup(func() { _ = state.Close() })
+	gsvc, err := grader.New(t.Context(), grader.Config{
 		Graders: map[string]osmo.Grader{"multiply": multiply},
 		Default: "multiply",
 		Timeout: runTimeout,
+		State:   state,
 		Logger:  quietLogger(),
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -70,6 +71,10 @@ type Store struct {
 	tmpDir   string
 	log      *slog.Logger
 	url      string
+	// closing is set by Close: a disconnection after it is not news.
+	closing atomic.Bool
+	// closed is closed by the connection's last callback, once it is closed.
+	closed chan struct{}
 }
 
 // Open connects to cfg's NATS, starting the embedded server first when no
@@ -81,7 +86,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage}
+	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{})}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -89,9 +94,15 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: closed on purpose
+			if !s.closing.Load() {
 				cfg.Logger.Warn("nats: disconnected; reconnecting", "error", err)
 			}
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if !s.closing.Load() {
+				cfg.Logger.Error("nats: connection closed for good; the shared state is out of reach", "error", nc.LastError())
+			}
+			close(s.closed)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			cfg.Logger.Info("nats: reconnected", "url", nc.ConnectedUrlRedacted())
@@ -209,13 +220,24 @@ func (s *Store) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.closing.Store(true)
 	if s.NC != nil {
 		_ = s.NC.Drain()
 		s.NC.Close()
+		// The connection's callbacks, which log, run on a goroutine of its
+		// own: wait for the last, so that none runs after Close returns.
+		select {
+		case <-s.closed:
+		case <-time.After(closeWait):
+			s.log.Warn("natsstore: the connection's callbacks did not end in time", "waited", closeWait)
+		}
 	}
 	s.shutdown()
 	return nil
 }
+
+// closeWait bounds how long Close waits for the connection's callbacks.
+const closeWait = 5 * time.Second
 
 func (s *Store) shutdown() {
 	if s.srv != nil {

@@ -3,7 +3,6 @@ package grader_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -15,14 +14,16 @@ import (
 )
 
 // BenchmarkClientGrade measures a grading round trip over the Client's one
-// stream, with callers in parallel, with and without the fsync'd journal.
+// stream, with callers in parallel, with the gradings in memory and on disk
+// (the embedded NATS server's file storage).
 func BenchmarkClientGrade(b *testing.B) {
-	for _, journal := range []bool{false, true} {
-		b.Run(fmt.Sprintf("journal=%v", journal), func(b *testing.B) {
-			cfg := grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g"}
-			if journal {
-				cfg.JournalPath = filepath.Join(b.TempDir(), "grades.jsonl")
+	for _, onDisk := range []bool{false, true} {
+		b.Run(fmt.Sprintf("disk=%v", onDisk), func(b *testing.B) {
+			dir := ""
+			if onDisk {
+				dir = b.TempDir()
 			}
+			cfg := grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g", State: openState(b, dir)}
 			ts := startServer(b, "127.0.0.1:0", cfg)
 			client := grader.NewClient(dial(b, ts.addr), grader.ClientOptions{Logger: quietLogger()})
 			ctx, cancel := context.WithCancel(context.Background())

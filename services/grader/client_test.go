@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -190,11 +189,11 @@ func TestClientOversizedRequestFailsAlone(t *testing.T) {
 }
 
 // TestClientSurvivesGraderRestart kills the grader mid-grading and starts a
-// new one on the same address and journal. Every Grade call must get its
+// new one on the same address and store. Every Grade call must get its
 // reward and every rollout must be graded exactly once:
 //   - group A is answered before the kill;
-//   - group B is graded and journaled, but the answer is lost with the
-//     connection: the new grader must answer the resend from the journal;
+//   - group B is graded and stored, but the answer is lost with the
+//     connection: the new grader must answer the resend from the store;
 //   - group C is still being graded at the kill: the new grader grades it.
 func TestClientSurvivesGraderRestart(t *testing.T) {
 	const n = 30
@@ -202,7 +201,6 @@ func TestClientSurvivesGraderRestart(t *testing.T) {
 		i, _ := strconv.Atoi(strings.TrimPrefix(rid, "r"))
 		return "ABC"[i%3]
 	}
-	journal := filepath.Join(t.TempDir(), "grades.jsonl")
 
 	var (
 		mu        sync.Mutex
@@ -246,11 +244,11 @@ func TestClientSurvivesGraderRestart(t *testing.T) {
 	}
 
 	// The first server loses its answers to group B, as if it died between
-	// journaling them and sending them.
+	// storing them and sending them.
 	drop := grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		return handler(srv, &droppingStream{ServerStream: ss, drop: func(rid string) bool { return group(rid) == 'B' }})
 	})
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": grader1}, Default: "g", JournalPath: journal}
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": grader1}, Default: "g", State: openState(t, "")}
 	srv1 := startServer(t, "127.0.0.1:0", cfg, drop)
 	addr := srv1.addr
 

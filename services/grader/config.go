@@ -13,17 +13,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 )
 
 // Defaults of Config.
 const (
-	DefaultTimeout            = 150 * time.Second
-	DefaultMaxConcurrent      = 64
-	DefaultResultTTL          = time.Hour
-	DefaultJournalCompactMin  = 4096
-	maxPruneInterval          = time.Minute
-	minPruneInterval          = 10 * time.Millisecond
-	pruneIntervalsPerLifetime = 4
+	DefaultTimeout       = 150 * time.Second
+	DefaultMaxConcurrent = 64
+	DefaultResultTTL     = time.Hour
 )
 
 // Config configures a Service. Zero values take the documented defaults.
@@ -40,17 +37,15 @@ type Config struct {
 	// bounds the requests one GradeStream has in progress, so a client that
 	// sends faster than the graders answer is slowed by flow control.
 	MaxConcurrent int
-	// JournalPath, when set, is an append-only file of gradings that makes
-	// idempotency survive restarts. Only one Service may use a journal at a
-	// time.
-	JournalPath string
-	// JournalCompactMin is how many stale lines (expired or superseded) the
-	// journal may hold before it is rewritten; it is also rewritten once it
-	// holds more stale lines than live ones (4096).
-	JournalCompactMin int
+	// State is the NATS JetStream that keeps the gradings, in the bucket
+	// "osmo_gradings". Required. Every Service on the same NATS (replicas,
+	// or a Service started again) answers a resent sample from the
+	// grading any of them stored. The caller owns it: Close leaves it open.
+	State *natsstore.Store
 	// ResultTTL is how long a grading is remembered, and so how long a
 	// resent sample (same ids, same content) is answered without grading it
-	// again (1h).
+	// again (1h). It is also the bucket's TTL, so the Services sharing a
+	// NATS should agree on it: the last one started sets it.
 	ResultTTL time.Duration
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
@@ -82,8 +77,11 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("Default: unknown grader %q (known: %s)", c.Default, strings.Join(c.graderNames(), ", "))
 		}
 	}
-	if c.Timeout < 0 || c.MaxConcurrent < 0 || c.ResultTTL < 0 || c.JournalCompactMin < 0 {
-		return errors.New("Timeout, MaxConcurrent, ResultTTL and JournalCompactMin must not be negative")
+	if c.Timeout < 0 || c.MaxConcurrent < 0 || c.ResultTTL < 0 {
+		return errors.New("Timeout, MaxConcurrent and ResultTTL must not be negative")
+	}
+	if c.State == nil {
+		return errors.New("State: required: the NATS JetStream that keeps the gradings (natsstore.Open)")
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
@@ -93,9 +91,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ResultTTL == 0 {
 		c.ResultTTL = DefaultResultTTL
-	}
-	if c.JournalCompactMin == 0 {
-		c.JournalCompactMin = DefaultJournalCompactMin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -110,11 +105,4 @@ func (c *Config) graderNames() []string {
 	}
 	sort.Strings(names)
 	return names
-}
-
-// pruneInterval is how often expired gradings are dropped: a few times per
-// lifetime, so memory holds at most a little more than ResultTTL's worth.
-func (c *Config) pruneInterval() time.Duration {
-	d := c.ResultTTL / pruneIntervalsPerLifetime
-	return min(max(d, minPruneInterval), maxPruneInterval)
 }

@@ -15,10 +15,10 @@
 // same ids but another fingerprint (a new rollout reusing an id whose owner
 // forgot it, another rollout service's rollout) is graded anew, and that
 // grading replaces the stored one. Concurrent duplicates wait for the one
-// grading in progress. With a journal (Config.JournalPath) every grading is
-// written and fsync'd before it is answered, so a service that is killed and
-// started again on the same journal answers resent samples without grading
-// them again.
+// grading in progress. Gradings are kept in a NATS JetStream key-value
+// bucket (Config.State), written before they are answered, so every
+// replica of the service, and a service killed and started again, answers
+// resent samples without grading them again.
 //
 // Client is the rollout service's end: one GradeStream, kept open and
 // reopened with backoff, over which any number of Grade calls are

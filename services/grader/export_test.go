@@ -9,3 +9,6 @@ func PendingWaiters(c *Client, rid string) int {
 	}
 	return 0
 }
+
+// BucketName is the key-value bucket that holds the gradings.
+const BucketName = bucketName

@@ -3,8 +3,6 @@ package grader_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -21,6 +19,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/services/grader"
 )
 
@@ -66,7 +65,7 @@ func wantGrade(t *testing.T, what string, resp *graderv1.GradeResponse, i int, r
 // A rollout id names a rollout only for as long as its owner remembers it:
 // a request with the same ids but other content (a new rollout reusing the
 // id, or another rollout service's) is graded on its own content, and its
-// grading replaces the stored one, journal included.
+// grading replaces the stored one for every service on the store.
 func TestSampleWithOtherContentIsGradedAgain(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -88,9 +87,8 @@ func TestSampleWithOtherContentIsGradedAgain(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "grades.jsonl")
 			c := exactAnswer()
-			cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c, "other": c}, Default: "g", JournalPath: path}
+			cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c, "other": c}, Default: "g", State: openState(t, "")}
 			ts := startServer(t, "127.0.0.1:0", cfg)
 			client := stub(t, ts)
 			base := func() *graderv1.GradeRequest { return gradeReq(t, "r1", "6", "6") }
@@ -109,7 +107,8 @@ func TestSampleWithOtherContentIsGradedAgain(t *testing.T) {
 				t.Fatalf("grader ran %d times, want 3", c.count())
 			}
 
-			// After a restart the journal answers the latest content only.
+			// A service started again on the store (or another replica)
+			// answers the latest content only.
 			ts.kill(t)
 			c2 := exactAnswer()
 			cfg.Graders = map[string]osmo.Grader{"g": c2, "other": c2}
@@ -144,9 +143,8 @@ func TestResendIsCachedWhateverItsTraceOrTimeout(t *testing.T) {
 // A request of several samples of which one changed grades only that one;
 // the earlier grading keeps answering the others, across a restart too.
 func TestOneChangedSampleOfSeveral(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "grades.jsonl")
 	c := exactAnswer()
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", JournalPath: path}
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", State: openState(t, "")}
 	ts := startServer(t, "127.0.0.1:0", cfg)
 	client := stub(t, ts)
 	first := grade(t, client, gradeReq(t, "r1", "6", "6", "6"))
@@ -174,48 +172,64 @@ func TestOneChangedSampleOfSeveral(t *testing.T) {
 	}
 }
 
-// A journal written before gradings carried fingerprints cannot tell a
-// resend from a new rollout: its gradings answer nothing, and each such
-// sample is graded once more, then answered from that grading.
-func TestJournalLineWithoutFingerprintIsRegraded(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "grades.jsonl")
+// A stored value that cannot answer a sample (a grading without a
+// fingerprint, or a value that does not decode) has the sample graded once
+// more, and the new grading then answers it, here and on a restarted
+// service.
+func TestStoredValueThatAnswersNothingIsRegraded(t *testing.T) {
 	now := time.Now().UTC().Format(time.RFC3339Nano)
-	writeFile(t, path, `{"rollout_id":"r1","grader":"g","graded_at":"`+now+`","samples":[{"id":"s0","reward":0.25}]}`+"\n")
-	var sink logSink
-	c := exactAnswer()
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", JournalPath: path, Logger: sink.logger()}
-	ts := startServer(t, "127.0.0.1:0", cfg)
-	client := stub(t, ts)
-	wantGrade(t, "first request", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, false)
-	wantGrade(t, "resend", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, true)
-	if c.count() != 1 {
-		t.Fatalf("grader ran %d times, want 1", c.count())
+	tests := []struct {
+		name, value, logged string
+	}{
+		{"no fingerprint", `[{"rollout_id":"r1","grader":"g","graded_at":"` + now + `","samples":[{"id":"s0","reward":0.25}]}]`,
+			"grading anew samples whose earlier grading was of other content"},
+		{"not json", `[{"rollout_id":"r1",`, "stored gradings do not decode; their samples will be graded again"},
 	}
-	logged := false
-	for _, r := range sink.records() {
-		logged = logged || r.msg == "grading anew samples whose earlier grading was of other content"
-	}
-	if !logged {
-		t.Error("no record of the regrading")
-	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			state := openState(t, "")
+			var sink logSink
+			c := exactAnswer()
+			cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", State: state, Logger: sink.logger()}
+			ts := startServer(t, "127.0.0.1:0", cfg)
+			kv := gradingsBucket(t, state)
+			if _, err := kv.Put(testContext(t), natsstore.Key("r1"), []byte(tc.value)); err != nil {
+				t.Fatal(err)
+			}
+			client := stub(t, ts)
+			wantGrade(t, "first request", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, false)
+			wantGrade(t, "resend", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, true)
+			if c.count() != 1 {
+				t.Fatalf("grader ran %d times, want 1", c.count())
+			}
+			logged := false
+			for _, r := range sink.records() {
+				logged = logged || r.msg == tc.logged
+			}
+			if !logged {
+				t.Errorf("no record %q", tc.logged)
+			}
 
-	ts.kill(t)
-	c2 := exactAnswer()
-	cfg.Graders, cfg.Logger = map[string]osmo.Grader{"g": c2}, nil
-	client = stub(t, startServer(t, "127.0.0.1:0", cfg))
-	wantGrade(t, "after restart", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, true)
-	if c2.count() != 0 {
-		t.Fatalf("the restarted service graded %d times", c2.count())
-	}
-	// The rewrite at start kept only the latest grading of the sample.
-	if lines := journalLines(t, path); len(lines) != 1 || !strings.Contains(lines[0], `"fingerprint":"`) || !strings.Contains(lines[0], `"reward":1`) {
-		t.Fatalf("journal %q", lines)
+			ts.kill(t)
+			c2 := exactAnswer()
+			cfg.Graders, cfg.Logger = map[string]osmo.Grader{"g": c2}, nil
+			client = stub(t, startServer(t, "127.0.0.1:0", cfg))
+			wantGrade(t, "after restart", grade(t, client, gradeReq(t, "r1", "6", "6")), 0, 1, true)
+			if c2.count() != 0 {
+				t.Fatalf("the restarted service graded %d times", c2.count())
+			}
+			// The new grading replaced the value: one grading, with a
+			// fingerprint and the new reward.
+			if gs := storedGradings(t, kv, "r1"); len(gs) != 1 || len(gs[0].Samples) != 1 ||
+				gs[0].Samples[0].Fingerprint == "" || gs[0].Samples[0].Reward == nil || *gs[0].Samples[0].Reward != 1 {
+				t.Fatalf("stored %+v", gs)
+			}
+		})
 	}
 }
 
-// Compaction keeps the latest grading of a sample.
-func TestCompactionKeepsTheLatestGrading(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "grades.jsonl")
+// The store keeps the latest grading of a sample only.
+func TestStoreKeepsTheLatestGrading(t *testing.T) {
 	rewardIsLabel := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
 		r, err := strconv.ParseFloat(*gc.Label, 64)
 		if err != nil {
@@ -223,15 +237,15 @@ func TestCompactionKeepsTheLatestGrading(t *testing.T) {
 		}
 		return gc.SetSampleReward("s0", r)
 	})
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": rewardIsLabel}, Default: "g", JournalPath: path, JournalCompactMin: 1}
+	state := openState(t, "")
+	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": rewardIsLabel}, Default: "g", State: state}
 	ts := startServer(t, "127.0.0.1:0", cfg)
 	client := stub(t, ts)
 	for _, label := range []string{"1", "0.5", "0.25"} {
 		wantGrade(t, label, grade(t, client, gradeReq(t, "r1", label, "a")), 0, mustFloat(t, label), false)
 	}
-	waitFor(t, "compaction", func() bool { return len(journalLines(t, path)) == 1 })
-	if lines := journalLines(t, path); !strings.Contains(lines[0], `"reward":0.25`) {
-		t.Fatalf("journal %q", lines)
+	if gs := storedGradings(t, gradingsBucket(t, state), "r1"); len(gs) != 1 || gs[0].Samples[0].Reward == nil || *gs[0].Samples[0].Reward != 0.25 {
+		t.Fatalf("stored %+v", gs)
 	}
 	ts.kill(t)
 	c2 := newCounter(nil)
@@ -496,11 +510,4 @@ func mustFloat(t *testing.T, s string) float64 {
 		t.Fatal(err)
 	}
 	return f
-}
-
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -2,6 +2,7 @@ package grader_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -20,13 +22,14 @@ import (
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/services/grader"
 )
 
 // testTimeout bounds every wait in these tests.
 const testTimeout = 20 * time.Second
 
-func testContext(t *testing.T) context.Context {
+func testContext(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	t.Cleanup(cancel)
@@ -44,14 +47,75 @@ type testServer struct {
 	once sync.Once
 }
 
+// openState opens a NATS store for gradings: embedded, in memory, or on
+// disk under dir when dir is set. It is closed at cleanup.
+func openState(t testing.TB, dir string) *natsstore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	st, err := natsstore.Open(ctx, natsstore.Config{Dir: dir, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// gradingsBucket is the bucket in which the services on st keep their
+// gradings (one of them must have been built).
+func gradingsBucket(t testing.TB, st *natsstore.Store) jetstream.KeyValue {
+	t.Helper()
+	kv, err := st.JS.KeyValue(testContext(t), grader.BucketName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// storedGrading is a grading as the bucket holds it.
+type storedGrading struct {
+	RolloutID string    `json:"rollout_id"`
+	GradedAt  time.Time `json:"graded_at"`
+	Error     string    `json:"error"`
+	Samples   []struct {
+		ID          string   `json:"id"`
+		Reward      *float64 `json:"reward"`
+		Fingerprint string   `json:"fingerprint"`
+	} `json:"samples"`
+}
+
+// storedGradings reads rollout rid's gradings out of the bucket (none when
+// it has no key).
+func storedGradings(t testing.TB, kv jetstream.KeyValue, rid string) []storedGrading {
+	t.Helper()
+	e, err := kv.Get(testContext(t), natsstore.Key(rid))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gs []storedGrading
+	if err := json.Unmarshal(e.Value(), &gs); err != nil {
+		t.Fatalf("stored gradings of %s: %v: %s", rid, err, e.Value())
+	}
+	return gs
+}
+
 // startServer listens on addr ("127.0.0.1:0" for any port) and serves a
-// Service built from cfg. It is killed at cleanup.
+// Service built from cfg, on a store of its own unless cfg.State is set.
+// It is killed at cleanup.
 func startServer(t testing.TB, addr string, cfg grader.Config, opts ...grpc.ServerOption) *testServer {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
-	svc, err := grader.New(cfg)
+	if cfg.State == nil {
+		cfg.State = openState(t, "")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	svc, err := grader.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

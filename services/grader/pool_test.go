@@ -30,8 +30,9 @@ func TestPoolSpreadsOverReplicas(t *testing.T) {
 	perReplica := make([]atomic.Int32, replicas)
 	warm := make([]atomic.Int32, replicas)
 	addrs := make([]resolver.Address, replicas)
+	state := openState(t, "") // one store, as replicas share
 	for i := range replicas {
-		svc, err := grader.New(grader.Config{
+		svc, err := grader.New(testContext(t), grader.Config{
 			Graders: map[string]osmo.Grader{"warm": osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
 				warm[i].Add(1)
 				return gc.RemoveSample("s")
@@ -46,6 +47,7 @@ func TestPoolSpreadsOverReplicas(t *testing.T) {
 				return nil
 			})},
 			Default: "one",
+			State:   state,
 			Logger:  quietLogger(),
 		})
 		if err != nil {

@@ -19,15 +19,24 @@ func badField(field, format string, args ...any) error {
 	return fielderr.New(field, format, args...)
 }
 
+// maxRolloutIDBytes bounds rollout ids: an id is a key of the gradings
+// bucket, and so part of a NATS subject, which must fit the server's
+// control line (4 KiB by default) once base64-encoded. The rollout service
+// allows 256 characters, at most 1 KiB.
+const maxRolloutIDBytes = 1024
+
 // validate checks what grading and idempotency rely on: a rollout id, and
 // samples with distinct non-empty ids. Ids must be valid UTF-8 because the
-// journal (JSON) would otherwise store a different key than it was asked.
+// stored gradings (JSON) would otherwise hold a different id than asked.
 func validate(req *graderv1.GradeRequest) error {
 	if req.GetRolloutId() == "" {
 		return badField("rollout_id", "required")
 	}
 	if !utf8.ValidString(req.GetRolloutId()) {
 		return badField("rollout_id", "not valid UTF-8")
+	}
+	if n := len(req.GetRolloutId()); n > maxRolloutIDBytes {
+		return badField("rollout_id", "must be at most %d bytes, got %d", maxRolloutIDBytes, n)
 	}
 	if len(req.GetSamples()) == 0 {
 		return badField("samples", "required: at least one sample")

@@ -30,7 +30,6 @@ type Service struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *store
-	journal *journal // nil without Config.JournalPath
 	flight  singleflight.Group
 	slots   chan struct{} // one per running grader
 	metrics *metrics
@@ -40,31 +39,33 @@ type Service struct {
 	// ctx ends at Close; gradings run under it, not under the request's
 	// context, so a grading outlives a client that disconnects and its
 	// result answers the client's resend.
-	ctx      context.Context
-	cancel   context.CancelFunc
-	compactC chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	closed bool
-	wg     sync.WaitGroup // gradings in progress and the janitor
+	wg     sync.WaitGroup // gradings in progress
 }
 
 var _ graderv1.GraderServiceServer = (*Service)(nil)
 
-// New builds a Service. With a JournalPath it loads the journal (skipping
-// expired gradings and a torn last line) and rewrites it before returning.
-func New(cfg Config) (*Service, error) {
+// New builds a Service, creating the gradings bucket in cfg.State if it
+// does not exist yet (or setting its TTL to cfg.ResultTTL).
+func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("grader.New: %w", err)
 	}
+	st, err := openStore(ctx, cfg.State, cfg.ResultTTL, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("grader.New: %w", err)
+	}
 	s := &Service{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		store:    newStore(cfg.ResultTTL),
-		slots:    make(chan struct{}, cfg.MaxConcurrent),
-		compactC: make(chan struct{}, 1),
-		metrics:  newMetrics(cfg.Metrics),
-		prop:     cfg.Propagator,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		store:   st,
+		slots:   make(chan struct{}, cfg.MaxConcurrent),
+		metrics: newMetrics(cfg.Metrics),
+		prop:    cfg.Propagator,
 	}
 	if cfg.TracerProvider != nil {
 		s.tracer = cfg.TracerProvider.Tracer(tracerName)
@@ -72,47 +73,14 @@ func New(cfg Config) (*Service, error) {
 	if s.prop == nil {
 		s.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	if cfg.JournalPath != "" {
-		if err := s.openJournal(); err != nil {
-			return nil, fmt.Errorf("grader.New: %w", err)
-		}
-	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.wg.Add(1)
-	go s.janitor()
 	return s, nil
-}
-
-func (s *Service) openJournal() error {
-	gs, err := loadJournal(s.cfg.JournalPath, s.log)
-	if err != nil {
-		return err
-	}
-	// Lines are added in file order, so a later grading of a sample replaces
-	// an earlier one, and expired ones are dropped after.
-	now := time.Now()
-	for _, g := range gs {
-		s.store.add(g)
-	}
-	s.store.prune(now)
-	kept := s.store.len()
-	j, err := newJournal(s.cfg.JournalPath, s.cfg.JournalCompactMin, s.log)
-	if err != nil {
-		return err
-	}
-	// Rewriting at start drops expired gradings and any torn last line, so
-	// new lines never follow a partial one.
-	if err := j.compact(func() []*grading { return s.store.snapshot(now) }); err != nil {
-		return err
-	}
-	s.journal = j
-	s.log.Info("journal loaded", "path", s.cfg.JournalPath, "gradings", kept, "dropped", len(gs)-kept)
-	return nil
 }
 
 // Close stops the service: gradings in progress are abandoned (neither
 // stored nor answered, so the client's resend is graded wherever it goes
-// next), the journal is closed, and later requests fail with Unavailable.
+// next), and later requests fail with Unavailable. Config.State stays
+// open: it is the caller's.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -123,11 +91,6 @@ func (s *Service) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
-	if s.journal != nil {
-		if err := s.journal.close(); err != nil {
-			return fmt.Errorf("grader.Close: %w", err)
-		}
-	}
 	return nil
 }
 
@@ -220,7 +183,9 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
 						Error: "invalid request: " + st.Message(), ErrorCategory: string(outcome.Validation)}
 				case codes.Unavailable:
-					// Closing: end the stream so the client reconnects and resends.
+					// Closing, or the gradings cannot be read: end the stream
+					// so the client reconnects (to another replica, maybe)
+					// and resends.
 					cancel(err)
 					return
 				default:
@@ -249,7 +214,15 @@ func streamEnd(ctx context.Context) error {
 
 // answer grades req or answers it from earlier gradings. Errors are gRPC
 // statuses: InvalidArgument for bad requests, Unavailable when the service
-// is closed, and the context's status when ctx ends first.
+// is closed or the stored gradings cannot be read, and the context's
+// status when ctx ends first.
+//
+// A request whose stored gradings cannot be read (NATS unreachable) fails
+// rather than being graded: grading it blind could grade a sample twice
+// and answer a second, different reward for it (an LLM judge is neither
+// cheap nor deterministic), which is what the store is for. The client
+// resends on Unavailable until its deadline, so an outage of NATS costs
+// latency, not a duplicate grading.
 func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, err
@@ -272,7 +245,13 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 	log := s.log.With("rollout_id", rid)
 	ids := sampleIDs(req)
 	fps := fingerprints(name, req)
-	found, missing, _ := s.store.lookup(rid, ids, fps, time.Now())
+	found, missing, _, err := s.store.lookup(ctx, rid, ids, fps, time.Now())
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
 	if len(missing) == 0 {
 		log.DebugContext(ctx, "answered from an earlier grading", "samples", len(ids))
 	}
@@ -340,10 +319,10 @@ func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 }
 
 // gradeMissing is one grading pass: it looks in the store again (a pass
-// that just ended may have stored these samples), grades what is still
-// missing, and records the grading before anyone is answered. tctx carries
-// the trace of the request that leads the pass; the pass runs under the
-// service's context.
+// that just ended, here or on another replica, may have stored these
+// samples), grades what is still missing, and stores the grading before
+// anyone is answered. tctx carries the trace of the request that leads the
+// pass; the pass runs under the service's context.
 func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, fps map[string]string, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -354,7 +333,10 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	s.mu.Unlock()
 	defer s.wg.Done()
 
-	found, missing, changed := s.store.lookup(req.GetRolloutId(), ids, fps, time.Now())
+	found, missing, changed, err := s.store.lookup(tctx, req.GetRolloutId(), ids, fps, time.Now())
+	if err != nil {
+		return nil, err
+	}
 	fr := &flightResult{}
 	for _, o := range found {
 		fr.gradings = append(fr.gradings, o.g)
@@ -363,8 +345,7 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 		return fr, nil
 	}
 	if changed > 0 {
-		// A new rollout reusing the id, a request that is not a resend, or a
-		// grading journaled before fingerprints were kept.
+		// A new rollout reusing the id, or a request that is not a resend.
 		log.InfoContext(tctx, "grading anew samples whose earlier grading was of other content", "grader", name, "samples", changed)
 	}
 	start := time.Now()
@@ -375,11 +356,11 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	for i := range gr.Samples {
 		gr.Samples[i].Fingerprint = fps[gr.Samples[i].ID]
 	}
-	s.commit(gr, log)
+	stored := s.commit(tctx, gr, log)
 	s.metrics.observe(gr, time.Since(start))
-	if gr.Error == "" {
-		// Logged only once the grading is durable: each "graded" record is
-		// a grading no restart will repeat.
+	if gr.Error == "" && stored {
+		// Logged only once the grading is stored: each "graded" record is
+		// a grading no replica and no restart will repeat.
 		log.InfoContext(tctx, "graded", "grader", name, "samples", len(missing), "duration_ms", time.Since(start).Milliseconds())
 	}
 	fr.fresh = gr
@@ -387,23 +368,23 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	return fr, nil
 }
 
-// commit stores gr, first in the journal (fsync'd) when there is one. A
-// journal that cannot be written does not lose the answer: the grading is
-// kept in memory and answered, and only a restart could grade it again.
-func (s *Service) commit(gr *grading, log *slog.Logger) {
-	if s.journal == nil {
-		s.store.add(gr)
-		return
+// commitTimeout bounds the storing of one grading, its compare-and-set
+// retries included: long enough to ride out a NATS leader election.
+const commitTimeout = 10 * time.Second
+
+// commit stores gr and reports whether it did. A grading that cannot be
+// stored (NATS unreachable) is still answered, since the grader's work is
+// done and its result is right: only a resend could grade these samples
+// again. The write gets a deadline of its own (tctx has none) and is not
+// cut short by Close, so a grading that finished is stored.
+func (s *Service) commit(tctx context.Context, gr *grading, log *slog.Logger) bool {
+	ctx, cancel := context.WithTimeout(tctx, commitTimeout)
+	defer cancel()
+	if err := s.store.add(ctx, gr); err != nil {
+		log.ErrorContext(tctx, "grading not stored; a resend may grade these samples again", "error", err)
+		return false
 	}
-	if err := s.journal.append(gr, func() { s.store.add(gr) }); err != nil {
-		log.Error("grading not journaled; a restart may grade these samples again", "error", err)
-	}
-	if s.journal.needsCompaction(s.store.len()) {
-		select {
-		case s.compactC <- struct{}{}:
-		default:
-		}
-	}
+	return true
 }
 
 // respond builds the answer for ids from their outcomes. Any failed grading
@@ -437,35 +418,4 @@ func respond(rolloutID string, ids []string, found map[string]answer) *graderv1.
 		resp.Grades = nil
 	}
 	return resp
-}
-
-// janitor drops expired gradings and compacts the journal when it has
-// grown stale.
-func (s *Service) janitor() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.pruneInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-			if n := s.store.prune(time.Now()); n > 0 {
-				s.log.Debug("expired gradings dropped", "count", n)
-			}
-		case <-s.compactC:
-		}
-		s.maybeCompact()
-	}
-}
-
-func (s *Service) maybeCompact() {
-	if s.journal == nil || !s.journal.needsCompaction(s.store.len()) {
-		return
-	}
-	if err := s.journal.compact(func() []*grading { return s.store.snapshot(time.Now()) }); err != nil {
-		s.log.Error("journal compaction failed", "error", err)
-		return
-	}
-	s.log.Debug("journal compacted", "path", s.cfg.JournalPath, "gradings", s.store.len())
 }

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -254,6 +251,7 @@ func TestInvalidRequests(t *testing.T) {
 		field string
 	}{
 		{"no rollout id", func(r *graderv1.GradeRequest) { r.RolloutId = "" }, "rollout_id"},
+		{"rollout id too long", func(r *graderv1.GradeRequest) { r.RolloutId = strings.Repeat("x", 1025) }, "rollout_id"},
 		{"no samples", func(r *graderv1.GradeRequest) { r.Samples = nil }, "samples"},
 		{"empty sample id", func(r *graderv1.GradeRequest) { r.Samples[1].Id = "" }, "samples[1].id"},
 		{"duplicate sample id", func(r *graderv1.GradeRequest) { r.Samples[1].Id = "s0" }, "samples[1].id"},
@@ -304,10 +302,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"unknown default", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Default: "h"}, `unknown grader "h" (known: g)`},
 		{"nil grader", grader.Config{Graders: map[string]osmo.Grader{"g": nil}}, `grader "g" is nil`},
 		{"negative timeout", grader.Config{Graders: map[string]osmo.Grader{"g": g}, Timeout: -1}, "must not be negative"},
+		{"no state", grader.Config{Graders: map[string]osmo.Grader{"g": g}}, "State: required"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			svc, err := grader.New(tc.cfg)
+			svc, err := grader.New(testContext(t), tc.cfg)
 			if err == nil {
 				svc.Close()
 				t.Fatal("New succeeded")
@@ -650,171 +649,4 @@ func TestGradeStreamEndsWhenTheServiceCloses(t *testing.T) {
 	if _, err := stub(t, ts).Grade(ctx, gradeReq(t, "r3", "x", "a")); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Grade after Close: %v, want Unavailable", err)
 	}
-}
-
-func TestJournalAnswersAfterRestart(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sub", "grades.jsonl")
-	c1 := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
-		if gc.RolloutID == "fails" {
-			return errBoom
-		}
-		return gc.SetSampleReward("s0", 0.5)
-	})
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": c1}, Default: "g", JournalPath: path}
-	ts1 := startServer(t, "127.0.0.1:0", cfg)
-	ctx := testContext(t)
-	client1 := stub(t, ts1)
-	first, err := client1.Grade(ctx, gradeReq(t, "r1", "x", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	failed, err := client1.Grade(ctx, gradeReq(t, "fails", "x", "a"))
-	if err != nil || failed.GetError() == "" {
-		t.Fatalf("%v %v", failed, err)
-	}
-	ts1.kill(t)
-
-	c2 := newCounter(nil)
-	cfg.Graders = map[string]osmo.Grader{"g": c2}
-	ts2 := startServer(t, "127.0.0.1:0", cfg)
-	client2 := stub(t, ts2)
-	resp, err := client2.Grade(ctx, gradeReq(t, "r1", "x", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g := resp.GetGrades(); len(g) != 1 || !g[0].GetCached() || g[0].GetReward() != first.GetGrades()[0].GetReward() || resp.GetGrader() != "g" {
-		t.Fatalf("after restart: %v", resp)
-	}
-	if resp, err = client2.Grade(ctx, gradeReq(t, "fails", "x", "a")); err != nil || resp.GetError() != failed.GetError() {
-		t.Fatalf("failed grading after restart: %v %v", resp, err)
-	}
-	if c2.count() != 0 {
-		t.Fatalf("the restarted service graded %d times, want 0", c2.count())
-	}
-	// New gradings still work and are journaled.
-	if resp, err = client2.Grade(ctx, gradeReq(t, "r2", "x", "a")); err != nil || resp.GetGrades()[0].GetCached() || c2.count() != 1 {
-		t.Fatalf("new rollout: %v %v", resp, err)
-	}
-	if n := len(journalLines(t, path)); n != 3 {
-		t.Fatalf("journal has %d lines, want 3", n)
-	}
-}
-
-func TestJournalToleratesTornLastLine(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "grades.jsonl")
-	ctx := testContext(t)
-	// A first service journals r1, r3 and "expired"; the file is then
-	// damaged the ways a crash or a disk can: an expired grading, a corrupt
-	// line and a torn last line.
-	first := osmo.GraderFunc(func(_ context.Context, gc *osmo.GraderContext) error {
-		switch gc.RolloutID {
-		case "r1":
-			return gc.SetSampleReward("s0", 0.25)
-		case "r3":
-			return gc.RemoveSample("s0")
-		}
-		return gc.SetSampleReward("s0", 1)
-	})
-	cfg := grader.Config{Graders: map[string]osmo.Grader{"g": first}, Default: "g", JournalPath: path}
-	ts := startServer(t, "127.0.0.1:0", cfg)
-	client := stub(t, ts)
-	for _, rid := range []string{"r1", "expired", "r3"} {
-		if _, err := client.Grade(ctx, gradeReq(t, rid, "x", "a")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ts.kill(t)
-	lines := journalLines(t, path)
-	if len(lines) != 3 {
-		t.Fatalf("journal lines %q", lines)
-	}
-	old := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
-	expired := regexp.MustCompile(`"graded_at":"[^"]*"`).ReplaceAllString(lines[1], `"graded_at":"`+old+`"`)
-	content := lines[0] + "\n" + expired + "\n" + "not json at all\n" + lines[2] + "\n" +
-		`{"rollout_id":"r2","grader":"g","graded_at":"` + old + `","samp`
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c := newCounter(nil)
-	cfg.Graders = map[string]osmo.Grader{"g": c}
-	ts = startServer(t, "127.0.0.1:0", cfg)
-	client = stub(t, ts)
-	check := func(rid string, wantCached bool, wantReward *float64, wantRemove bool) {
-		t.Helper()
-		resp, err := client.Grade(ctx, gradeReq(t, rid, "x", "a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := resp.GetGrades()[0]
-		if g.GetCached() != wantCached || g.GetRemoveSample() != wantRemove || (wantReward == nil) != (g.Reward == nil) || (wantReward != nil && *wantReward != g.GetReward()) {
-			t.Fatalf("%s: %v", rid, g)
-		}
-	}
-	check("r1", true, proto.Float64(0.25), false)
-	check("r3", true, nil, true)
-	check("r2", false, proto.Float64(1), false)      // torn: graded again
-	check("expired", false, proto.Float64(1), false) // expired: graded again
-	if c.count() != 2 {
-		t.Fatalf("grader ran %d times, want 2", c.count())
-	}
-	// The rewrite at start dropped the expired, corrupt and torn lines, so
-	// the new lines are whole and a further restart reads them all.
-	lines = journalLines(t, path)
-	if len(lines) != 4 {
-		t.Fatalf("journal lines %q", lines)
-	}
-	ts.kill(t)
-	c2 := newCounter(nil)
-	cfg.Graders = map[string]osmo.Grader{"g": c2}
-	client = stub(t, startServer(t, "127.0.0.1:0", cfg))
-	for _, rid := range []string{"r1", "r2", "r3", "expired"} {
-		if resp, err := client.Grade(ctx, gradeReq(t, rid, "x", "a")); err != nil || !resp.GetGrades()[0].GetCached() {
-			t.Fatalf("%s after second restart: %v %v", rid, resp, err)
-		}
-	}
-	if c2.count() != 0 {
-		t.Fatalf("grader ran %d times after the second restart", c2.count())
-	}
-}
-
-func TestJournalIsCompacted(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "grades.jsonl")
-	ts := startServer(t, "127.0.0.1:0", grader.Config{
-		Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g",
-		JournalPath: path, JournalCompactMin: 1, ResultTTL: 300 * time.Millisecond,
-	})
-	client := stub(t, ts)
-	ctx := testContext(t)
-	for i := range 8 {
-		if _, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The last grading is live, so it is on file whatever was compacted.
-	if lines := journalLines(t, path); len(lines) == 0 || !strings.Contains(lines[len(lines)-1], `"rollout_id":"r7"`) {
-		t.Fatalf("journal before expiry: %q", lines)
-	}
-	// Once the gradings expire, the stale journal is rewritten.
-	waitFor(t, "compaction", func() bool { return len(journalLines(t, path)) == 0 })
-	if _, err := client.Grade(ctx, gradeReq(t, "after", "x", "a")); err != nil {
-		t.Fatal(err)
-	}
-	if lines := journalLines(t, path); len(lines) != 1 || !strings.Contains(lines[0], `"rollout_id":"after"`) {
-		t.Fatalf("journal after compaction: %q", lines)
-	}
-}
-
-func journalLines(t *testing.T, path string) []string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
 }

@@ -1,15 +1,31 @@
 package grader
 
 import (
-	"sort"
-	"sync"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
+// bucketName is the JetStream key-value bucket that holds the gradings:
+// one key per rollout, shared by every grader replica on the same NATS.
+const bucketName = "osmo_gradings"
+
+// minBucketTTL is the shortest MaxAge JetStream accepts for a stream.
+// Reads filter gradings by their own age, so a bucket that keeps a key a
+// little longer than ResultTTL answers nothing more for it.
+const minBucketTTL = 100 * time.Millisecond
+
 // grading is one run of a grader over samples of one rollout: an outcome per
-// sample, or one error for all of them. It is also the journal's line format.
+// sample, or one error for all of them. A rollout's key in the bucket holds
+// the list of its gradings (gradingList) as JSON.
 type grading struct {
 	RolloutID string    `json:"rollout_id"`
 	Grader    string    `json:"grader"`
@@ -27,8 +43,8 @@ type sampleResult struct {
 	Reward *float64 `json:"reward,omitempty"`
 	Remove bool     `json:"remove_sample,omitempty"`
 	// Fingerprint is that of the sample as graded (see fingerprints). The
-	// outcome answers only requests whose sample has the same one; journal
-	// lines written before fingerprints have none and answer nothing.
+	// outcome answers only requests whose sample has the same one; an
+	// outcome without one answers nothing.
 	Fingerprint string `json:"fingerprint,omitempty"`
 }
 
@@ -47,8 +63,8 @@ func (g *grading) sample(id string) (sampleResult, bool) {
 }
 
 // without returns g less the samples ids covers (g itself when it covers
-// none of them, nil when it covers nothing else). Gradings are shared once
-// stored, so it copies rather than edits.
+// none of them, nil when it covers nothing else). It copies rather than
+// edits, so answers already taken from g keep their grading.
 func (g *grading) without(ids map[string]bool) *grading {
 	keep := make([]sampleResult, 0, len(g.Samples))
 	for _, r := range g.Samples {
@@ -74,59 +90,45 @@ type answer struct {
 	fresh bool // graded for this very request
 }
 
-// store keeps gradings in memory for ttl, by rollout.
-type store struct {
-	ttl time.Duration
+// gradingList is one rollout's gradings, the value of its key.
+type gradingList []*grading
 
-	mu        sync.Mutex
-	byRollout map[string][]*grading
-	n         int
+func expired(g *grading, ttl time.Duration, now time.Time) bool {
+	return now.Sub(g.GradedAt) >= ttl
 }
 
-func newStore(ttl time.Duration) *store {
-	return &store{ttl: ttl, byRollout: map[string][]*grading{}}
-}
-
-func (s *store) expired(g *grading, now time.Time) bool {
-	return now.Sub(g.GradedAt) >= s.ttl
-}
-
-// add stores g, the latest grading of its samples: it replaces what earlier
-// gradings of the rollout hold for them (a sample graded anew because its
-// content differs from the stored grading's), so the store, and with it a
-// compacted journal, keeps one outcome per sample.
-func (s *store) add(g *grading) {
+// with returns gs plus g, the latest grading of its samples: it replaces
+// what earlier gradings hold for them (a sample graded anew because its
+// content differs from the stored grading's), so the list keeps one outcome
+// per sample. Expired gradings are dropped on the way, which keeps a
+// rollout's value from growing for as long as it is written to.
+func (gs gradingList) with(g *grading, ttl time.Duration, now time.Time) gradingList {
 	ids := make(map[string]bool, len(g.Samples))
 	for _, r := range g.Samples {
 		ids[r.ID] = true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := s.byRollout[g.RolloutID]
-	gs := make([]*grading, 0, len(old)+1)
-	for _, o := range old {
+	out := make(gradingList, 0, len(gs)+1)
+	for _, o := range gs {
+		if expired(o, ttl, now) {
+			continue
+		}
 		if o = o.without(ids); o != nil {
-			gs = append(gs, o)
+			out = append(out, o)
 		}
 	}
-	s.n -= len(old) - len(gs)
-	s.byRollout[g.RolloutID] = append(gs, g)
-	s.n++
+	return append(out, g)
 }
 
 // lookup finds the unexpired outcomes of ids that answer their fingerprint
 // in fps; missing lists, in order, the ids no live grading answers, and
 // changed counts those of them that a live grading holds with another
 // fingerprint (or none).
-func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, now time.Time) (found map[string]answer, missing []string, changed int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (gs gradingList) lookup(ids []string, fps map[string]string, ttl time.Duration, now time.Time) (found map[string]answer, missing []string, changed int) {
 	found = make(map[string]answer, len(ids))
-	gs := s.byRollout[rolloutID]
 	for _, id := range ids {
 		hit, held := false, false
 		for _, g := range gs {
-			if s.expired(g, now) {
+			if expired(g, ttl, now) {
 				continue
 			}
 			if r, ok := g.sample(id); ok {
@@ -148,49 +150,93 @@ func (s *store) lookup(rolloutID string, ids []string, fps map[string]string, no
 	return found, missing, changed
 }
 
-// prune drops expired gradings and reports how many it dropped.
-func (s *store) prune(now time.Time) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	dropped := 0
-	for id, gs := range s.byRollout {
-		live := gs[:0]
-		for _, g := range gs {
-			if s.expired(g, now) {
-				dropped++
-				continue
-			}
-			live = append(live, g)
+// store keeps gradings in the JetStream key-value bucket bucketName, where
+// every replica of the grader service finds them: the key of a rollout
+// (natsstore.Key of its id) holds its gradingList. The bucket's TTL drops a
+// rollout once ResultTTL has passed since its last grading; reads also skip
+// the gradings older than ResultTTL in a rollout that is still kept.
+type store struct {
+	kv  jetstream.KeyValue
+	ttl time.Duration
+	log *slog.Logger
+}
+
+// openStore creates the bucket, or sets its TTL to ttl if it exists: the
+// replicas sharing a NATS should agree on ResultTTL, or the last one
+// started sets the bucket's.
+func openStore(ctx context.Context, st *natsstore.Store, ttl time.Duration, log *slog.Logger) (*store, error) {
+	kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucketName,
+		Description: "osmo grader: the gradings of each rollout, so a resent sample is answered instead of graded again",
+		TTL:         max(ttl, minBucketTTL),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &store{kv: kv, ttl: ttl, log: log}, nil
+}
+
+// get reads rollout rid's gradings and the revision they were read at (0
+// when it has none). A value that does not decode is logged and read as
+// none: its samples are graded again, and the next write replaces it.
+func (s *store) get(ctx context.Context, rid string) (gradingList, uint64, error) {
+	e, err := s.kv.Get(ctx, natsstore.Key(rid))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("gradings of rollout %q: kv get: %w", rid, err)
+	}
+	var gs gradingList
+	if err := json.Unmarshal(e.Value(), &gs); err != nil {
+		s.log.ErrorContext(ctx, "stored gradings do not decode; their samples will be graded again", "rollout_id", rid, "revision", e.Revision(), "error", err)
+		return nil, e.Revision(), nil
+	}
+	return gs, e.Revision(), nil
+}
+
+// lookup is gradingList.lookup over rollout rid's stored gradings.
+func (s *store) lookup(ctx context.Context, rid string, ids []string, fps map[string]string, now time.Time) (found map[string]answer, missing []string, changed int, err error) {
+	gs, _, err := s.get(ctx, rid)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	found, missing, changed = gs.lookup(ids, fps, s.ttl, now)
+	return found, missing, changed, nil
+}
+
+// add stores g as the latest grading of its samples. It is a
+// compare-and-set loop: another replica that wrote the rollout's gradings
+// between the read and the write (grading other samples of it) makes the
+// write fail, and g is laid over what that replica wrote, so neither
+// grading is lost.
+func (s *store) add(ctx context.Context, g *grading) error {
+	key := natsstore.Key(g.RolloutID)
+	for {
+		gs, rev, err := s.get(ctx, g.RolloutID)
+		if err != nil {
+			return err
 		}
-		clear(gs[len(live):])
-		if len(live) == 0 {
-			delete(s.byRollout, id)
+		val, err := json.Marshal(gs.with(g, s.ttl, time.Now()))
+		if err != nil {
+			return fmt.Errorf("gradings of rollout %q: encode: %w", g.RolloutID, err)
+		}
+		if rev == 0 {
+			_, err = s.kv.Create(ctx, key, val)
 		} else {
-			s.byRollout[id] = live
+			_, err = s.kv.Update(ctx, key, val, rev)
 		}
-	}
-	s.n -= dropped
-	return dropped
-}
-
-func (s *store) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.n
-}
-
-// snapshot returns the live gradings, oldest first.
-func (s *store) snapshot(now time.Time) []*grading {
-	s.mu.Lock()
-	out := make([]*grading, 0, s.n)
-	for _, gs := range s.byRollout {
-		for _, g := range gs {
-			if !s.expired(g, now) {
-				out = append(out, g)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			if ctx.Err() != nil {
+				return fmt.Errorf("gradings of rollout %q: %w", g.RolloutID, ctx.Err())
 			}
+		case rev == 0:
+			return fmt.Errorf("gradings of rollout %q: kv create: %w", g.RolloutID, err)
+		default:
+			return fmt.Errorf("gradings of rollout %q: kv update: %w", g.RolloutID, err)
 		}
 	}
-	s.mu.Unlock()
-	sort.SliceStable(out, func(i, j int) bool { return out[i].GradedAt.Before(out[j].GradedAt) })
-	return out
 }

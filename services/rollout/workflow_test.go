@@ -29,6 +29,7 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/services/grader"
 	"github.com/osmo-rl/osmo/services/rollout"
 )
@@ -682,7 +683,7 @@ func TestG2TimeoutWithWorkflowIgnoringContext(t *testing.T) {
 func TestG2GraderFailures(t *testing.T) {
 	graderService := func(name string, fn osmo.GraderFunc) func(t *testing.T) rollout.Grader {
 		return func(t *testing.T) rollout.Grader {
-			svc, err := grader.New(grader.Config{Graders: map[string]osmo.Grader{name: fn}, Default: name, Logger: quietLogger()})
+			svc, err := grader.New(t.Context(), grader.Config{Graders: map[string]osmo.Grader{name: fn}, Default: name, State: newGraderState(t), Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1238,7 +1239,7 @@ func TestG2GraderTimeout(t *testing.T) {
 				}
 				return nil
 			})
-			svc, err := grader.New(grader.Config{Graders: map[string]osmo.Grader{"slow": slow}, Default: "slow", Logger: quietLogger()})
+			svc, err := grader.New(t.Context(), grader.Config{Graders: map[string]osmo.Grader{"slow": slow}, Default: "slow", State: newGraderState(t), Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1287,4 +1288,16 @@ func TestG2GraderTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newGraderState is an embedded, in-memory NATS store for a grader service
+// of a test, closed at cleanup.
+func newGraderState(t *testing.T) *natsstore.Store {
+	t.Helper()
+	st, err := natsstore.Open(t.Context(), natsstore.Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
 }
