@@ -38,7 +38,7 @@ func TestGraderExitsWhenNATSIsUnreachable(t *testing.T) {
 func TestServeFailsWhenNATSIsUnreachable(t *testing.T) {
 	url := "nats://" + freeAddr(t)
 	graderAddr := freeAddr(t)
-	res := runCLI(t, []string{"serve", "-p", "0", "-H", "127.0.0.1", "--grader-addr", graderAddr, "--nats", url, "--state", t.TempDir()})
+	res := runCLI(t, []string{"serve", "-p", "0", "-H", "127.0.0.1", "--grader-addr", graderAddr, "--nats", url})
 	if res.expired {
 		t.Fatalf("serve returned only when its context ended: it started serving; err %v", res.err)
 	}

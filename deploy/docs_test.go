@@ -85,7 +85,7 @@ func TestDocsEnvironment(t *testing.T) {
 
 // TestDocsEventLog checks that docs/observability.md lists every event the
 // Go code writes to the --log event files: rollout service events
-// (log.write), the admission events (s.start(ctx, rec, EVENT, ...)), the
+// (log.write), the admission events (s.enqueue(ctx, rec, EVENT, ...)), the
 // deliveries (a delivery's event, set as `event: EVENT` or by
 // w.callback(EVENT, ...)) and the LogEvent calls of the built-in workflows
 // and integrations.
@@ -96,7 +96,7 @@ func TestDocsEventLog(t *testing.T) {
 	}
 	doc := string(b)
 	eventRE := regexp.MustCompile(`(?:\blog\.write|\.LogEvent)\("([A-Za-z0-9_]+)"`)
-	otherRE := regexp.MustCompile(`(?:\bs\.start\(ctx, rec, |\bevent:\s*|\.callback\()"([a-z_]+)"`)
+	otherRE := regexp.MustCompile(`(?:\bs\.enqueue\(ctx, rec, |\bevent:\s*|\.callback\()"([a-z_]+)"`)
 	found := map[string]string{}
 	walkSources(t, []string{"deploy", "e2e", "third_party", "gen"}, func(path, src string) {
 		for _, m := range eventRE.FindAllStringSubmatch(src, -1) {

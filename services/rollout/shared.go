@@ -27,7 +27,7 @@ import (
 //	                        kept for the record TTL (a per-key TTL), so a
 //	                        duplicate start and a status query are answered
 //	                        from it.
-//	OSMO_WORK      (stream) the queue: one message per accepted rollout, on
+//	osmo_work      (stream) the queue: one message per accepted rollout, on
 //	                        a work-queue pull consumer every replica takes
 //	                        from up to its free slots. The replica that took
 //	                        it holds it (in-progress acks) until the
@@ -36,7 +36,7 @@ import (
 //	                        that dies stops holding it, and after the
 //	                        consumer's ack wait (--lost-after) another takes
 //	                        it and concludes the rollout from its lifecycle.
-//	OSMO_OUTBOX    (stream) callbacks whose first attempt failed: any
+//	osmo_outbox    (stream) callbacks whose first attempt failed: any
 //	                        replica posts them, JetStream redelivers them
 //	                        with a delay (nak) until the delivery deadline.
 //	osmo_records   (KV)     finished rollouts as GetRollout renders them,
@@ -48,8 +48,8 @@ import (
 const (
 	bucketRollouts  = "osmo_rollouts"
 	bucketRecords   = "osmo_records"
-	streamWork      = "OSMO_WORK"
-	streamOutbox    = "OSMO_OUTBOX"
+	streamWork      = "osmo_work"
+	streamOutbox    = "osmo_outbox"
 	subjectWork     = "osmo.work."
 	subjectQueued   = subjectWork + "q."
 	subjectControl  = subjectWork + "c."
