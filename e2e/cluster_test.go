@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/osmo-rl/osmo/internal/controller"
 )
 
@@ -107,6 +110,8 @@ type clusterItem struct {
 	truth  string
 	reward float64
 	first  int // the gateway of the first post
+	// repeats counts callbacks received again with the same bytes.
+	repeats int
 
 	// Set by the driver.
 	accepted bool
@@ -427,7 +432,7 @@ func TestClusterLosesNothing(t *testing.T) {
 		{at: 0.6, what: "SIGKILL rollout-1", kill: func() { replicas[1].Stop(syscall.SIGKILL, 5*time.Second) },
 			restartAfter: time.Second, restart: func() {
 				replicas[1] = start(t, "rollout-1-again", nil, rolloutArgs(rolloutIPs[1])...)
-				waitGRPC(t, replicas[1], rolloutIPs[1]+":"+rolloutPort)
+				waitGRPCWithin(t, replicas[1], rolloutIPs[1]+":"+rolloutPort, time.Minute)
 			}},
 	}
 	type restart struct {
@@ -476,6 +481,7 @@ faults:
 	t.Logf("%v: %d of %d rollouts ended; admission answers retried: %v", time.Since(began).Round(time.Millisecond), ended, n, adm.answers)
 	if ended < int64(n) {
 		fails.report(t)
+		t.Logf("the shared state's queues: %s", queueDump(nc.URL()))
 		t.Fatalf("only %d of %d rollouts ended in %v\n%s", ended, n, driveTimeout, output())
 	}
 
@@ -840,8 +846,18 @@ func checkClusterCallbacks(t *testing.T, items []*clusterItem, d *clusterDriver,
 			fails.add("LLM calls of an unknown rollout", "%q", id)
 		}
 	}
-	t.Logf("%d rollouts graded, %d concluded as lost with their replica; callback posts failed on purpose: G2 %d, v0.3 %d, G1 %d",
-		graded, lost, d.g2.FailedCallbacks(), d.v03.FailedCallbacks(), d.g1.FailedCompletions())
+	repeats := 0
+	for _, it := range items {
+		repeats += it.repeats
+	}
+	t.Logf("%d rollouts graded, %d concluded as lost with their replica; callback posts failed on purpose: G2 %d, v0.3 %d, G1 %d; "+
+		"callbacks received again with the same bytes (taken by the trainer in the instant before their replica's SIGKILL): %d",
+		graded, lost, d.g2.FailedCallbacks(), d.v03.FailedCallbacks(), d.g1.FailedCompletions(), repeats)
+	// Delivery is at least once: only a callback in flight when its
+	// replica is killed can come twice, and then with the same bytes.
+	if limit := max(4, len(items)/200); repeats > limit {
+		t.Errorf("%d callbacks came twice, want at most %d (those in flight at the two replica kills)", repeats, limit)
+	}
 	if lost == 0 {
 		t.Errorf("no rollout was concluded as lost: the replica kills hit no running rollout")
 	}
@@ -864,6 +880,11 @@ func checkItemCallbacks(it *clusterItem, d *clusterDriver, fails *failures) bool
 	switch it.wire {
 	case wireG1:
 		cs := d.g1.Completions(it.id)
+		raw := func(c controller.Completion) []byte { return c.Raw }
+		it.repeats = len(cs) - distinct(cs, raw)
+		if len(cs) != 1 && distinct(cs, raw) == 1 {
+			cs = cs[:1]
+		}
 		if len(cs) != 1 {
 			bad("not exactly one completion", "%d", len(cs))
 			return false
@@ -879,6 +900,14 @@ func checkItemCallbacks(it *clusterItem, d *clusterDriver, fails *failures) bool
 		}
 	case wireG2:
 		cs, gs := d.g2.Completions(it.id), d.g2.GraderCallbacks(it.id)
+		raw := func(c controller.G2Callback) []byte { return c.Raw }
+		it.repeats = len(cs) - distinct(cs, raw) + len(gs) - distinct(gs, raw)
+		if len(cs) != 1 && distinct(cs, raw) == 1 {
+			cs = cs[:1]
+		}
+		if len(gs) != 1 && distinct(gs, raw) == 1 {
+			gs = gs[:1]
+		}
 		if len(cs) != 1 || len(gs) != 1 {
 			bad("not exactly one completion and one grader callback", "%d and %d", len(cs), len(gs))
 			return false
@@ -894,11 +923,22 @@ func checkItemCallbacks(it *clusterItem, d *clusterDriver, fails *failures) bool
 			if len(g.Samples) == 0 {
 				bad("a graded rollout without samples", "%s", g.Raw)
 			}
+		case c.Status == "success" && lostFailure(g.Status, g.ErrCategory, g.ErrMessage):
+			// The run ended and was reported; its replica was lost while
+			// grading it (the samples went with it).
 		case !lostFailure(c.Status, c.ErrCategory, c.ErrMessage) || !lostFailure(g.Status, g.ErrCategory, g.ErrMessage):
 			bad("a failure other than a lost replica's", "completion %s, grader callback %s", c.Raw, g.Raw)
 		}
 	case wireV03:
 		cs, gs := d.v03.Completions(it.id), d.v03.GraderCallbacks(it.id)
+		raw := func(c controller.V03Callback) []byte { return c.Raw }
+		it.repeats = len(cs) - distinct(cs, raw) + len(gs) - distinct(gs, raw)
+		if len(cs) != 1 && distinct(cs, raw) == 1 {
+			cs = cs[:1]
+		}
+		if len(gs) != 1 && distinct(gs, raw) == 1 {
+			gs = gs[:1]
+		}
 		if len(cs) != 1 || len(gs) != 1 {
 			bad("not exactly one completion and one grader callback", "%d and %d", len(cs), len(gs))
 			return false
@@ -909,6 +949,9 @@ func checkItemCallbacks(it *clusterItem, d *clusterDriver, fails *failures) bool
 			if g.Sample == nil || g.Sample.Reward == nil || *g.Sample.Reward != it.reward {
 				bad("wrong reward", "grader callback %s, want reward %v", g.Raw, it.reward)
 			}
+		case c.Status == "success" && lostFailure(g.Status, g.ErrCategory, g.ErrMessage):
+			// The run ended and was reported; its replica was lost while
+			// grading it (the samples went with it).
 		case !lostFailure(c.Status, c.ErrCategory, c.ErrMessage) || !lostFailure(g.Status, g.ErrCategory, g.ErrMessage):
 			bad("a failure other than a lost replica's", "completion %s, grader callback %s", c.Raw, g.Raw)
 		}
@@ -962,4 +1005,45 @@ func opening(body map[string]any) bool {
 		}
 	}
 	return true
+}
+
+// queueDump describes the rollout service's consumers in the cluster at
+// urls, for a failure's report.
+func queueDump(urls string) string {
+	nc, err := nats.Connect(urls, nats.Timeout(5*time.Second))
+	if err != nil {
+		return err.Error()
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, sc := range [][2]string{{"osmo_work", "rollout-work"}, {"osmo_work", "rollout-control"}, {"osmo_outbox", "rollout-outbox"}} {
+		c, err := js.Consumer(ctx, sc[0], sc[1])
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v; ", sc[1], err)
+			continue
+		}
+		i := c.CachedInfo()
+		fmt.Fprintf(&b, "%s: pending %d, ack pending %d, redelivered %d, waiting %d, leader %s; ", sc[1], i.NumPending, i.NumAckPending, i.NumRedelivered, i.NumWaiting, i.Cluster.Leader)
+	}
+	return b.String()
+}
+
+// distinct counts the different bodies among callbacks: a callback the
+// trainer took in the instant before its replica was SIGKILLed, before the
+// delivery was marked, is posted again with the same bytes (at least once);
+// anything else sent twice differs.
+func distinct[T any](cbs []T, raw func(T) []byte) int {
+	var seen [][]byte
+	for _, c := range cbs {
+		if !slices.ContainsFunc(seen, func(b []byte) bool { return bytes.Equal(b, raw(c)) }) {
+			seen = append(seen, raw(c))
+		}
+	}
+	return len(seen)
 }

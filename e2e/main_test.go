@@ -97,13 +97,20 @@ func waitHTTP(t *testing.T, p *proc, url string) {
 // waitGRPC polls a gRPC health endpoint until SERVING.
 func waitGRPC(t *testing.T, p *proc, addr string) {
 	t.Helper()
+	waitGRPCWithin(t, p, addr, 20*time.Second)
+}
+
+// waitGRPCWithin is waitGRPC with a deadline of its own: a replica that
+// starts while a NATS node restarts waits for the cluster to settle.
+func waitGRPCWithin(t *testing.T, p *proc, addr string, d time.Duration) {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.Done():

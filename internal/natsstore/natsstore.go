@@ -56,6 +56,8 @@ type Config struct {
 	Name string
 	// Timeout bounds each JetStream request (5s).
 	Timeout time.Duration
+	// StartTimeout bounds waiting for JetStream to answer at start (30s).
+	StartTimeout time.Duration
 	// Logger receives connection events.
 	Logger *slog.Logger
 }
@@ -85,6 +87,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 30 * time.Second
 	}
 	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{})}
 	opts := []nats.Option{
@@ -141,11 +146,24 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("natsstore: %w", err)
 	}
 	s.NC, s.JS = nc, js
-	actx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	if _, err := js.AccountInfo(actx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("natsstore: NATS at %s has no JetStream for this account: %w", s.url, err)
+	// A cluster electing its JetStream leader (a node restarting) answers
+	// late: ask for up to StartTimeout; a server without JetStream says so
+	// at once.
+	deadline := time.Now().Add(cfg.StartTimeout)
+	for {
+		actx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		_, err := js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+			time.Now().After(deadline) || ctx.Err() != nil {
+			s.Close()
+			return nil, fmt.Errorf("natsstore: NATS at %s has no JetStream for this account: %w", s.url, err)
+		}
+		cfg.Logger.Warn("natsstore: JetStream does not answer yet; retrying", "url", s.url, "error", err)
+		time.Sleep(500 * time.Millisecond)
 	}
 	s.replicas = cfg.Replicas
 	if s.replicas <= 0 {

@@ -21,6 +21,9 @@ import (
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
+// admitTimeout bounds what admission asks of the shared state.
+const admitTimeout = 5 * time.Second
+
 // retryAfter is what a trainer is told to wait when the server is full.
 const retryAfter = 5 * time.Second
 
@@ -78,6 +81,11 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 // the state holds, whose duplicate start costs nothing.
 func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
 	defer rec.release()
+	// An admission the shared state cannot answer soon is refused (503,
+	// which trainers retry) rather than held: with NATS unreachable, each
+	// request would otherwise wait out every call's timeout in turn.
+	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
+	defer cancel()
 	if bounded {
 		if n, err := s.sh.queued(ctx); err != nil {
 			return nil, unavailable(err)
@@ -103,22 +111,28 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 		if existing.Key != rec.key {
 			return existing, errIDInUse
 		}
+		if existing.Phase == phaseQueued {
+			// Its first start may have failed to queue it: queue it again
+			// (a message still in the queue makes this one a duplicate the
+			// stream drops, or a stale one its taker ignores).
+			if err := s.sh.enqueue(ctx, existing); err != nil {
+				return nil, unavailable(err)
+			}
+		}
 		return existing, nil
 	}
 	return nil, nil
 }
 
 // enqueue puts an admitted rollout on the shared queue: once there, any
-// replica may run it. A rollout the queue could not take is forgotten and
-// refused (Unavailable): accepting it would promise a callback nothing
-// would send.
+// replica may run it. One the queue could not take is refused
+// (Unavailable) but its lifecycle stays: the publish may have been stored
+// and only its answer lost, and the trainer's retry of the start queues
+// it again (requeue) rather than starting a second one.
 func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields map[string]any) error {
 	lc := &lifecycle{ID: rec.id, Created: rec.created}
 	if err := s.sh.enqueue(ctx, lc); err != nil {
-		s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; refused it", "rollout_id", rec.id, "error", err)
-		if rerr := s.sh.remove(context.WithoutCancel(ctx), rec.id); rerr != nil {
-			s.log.ErrorContext(ctx, "shared state: could not take back the admission of a refused rollout", "rollout_id", rec.id, "error", rerr)
-		}
+		s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; its start is refused until retried", "rollout_id", rec.id, "error", err)
 		return unavailable(err)
 	}
 	rec.log.write(event, fields)

@@ -88,15 +88,12 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 			// Later callbacks of the stage wait for this one in the outbox.
 			direct = false
 		}
-		if rec != nil {
-			rec.handed.Store(true)
-		}
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err := s.sh.handOver(hctx, created, outboxMsg{ID: id, Stage: stage, Index: i, Attempts: attempts, Due: time.Now()})
-		cancel()
+		err := s.sh.handOver(context.WithoutCancel(ctx), created, outboxMsg{ID: id, Stage: stage, Index: i, Attempts: attempts, Due: time.Now()})
 		if err != nil {
-			log.Error("shared state: could not hand a callback to the outbox", "event", c.Event, "error", err)
+			log.Error("shared state: could not hand a callback to the outbox; the rollout is left for a replica to conclude again", "event", c.Event, "error", err)
 			ok = false
+		} else if rec != nil {
+			rec.handed.Store(true)
 		}
 	}
 	return ok
@@ -213,6 +210,7 @@ func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log
 	switch {
 	case err == nil:
 		s.sender.attempts.WithLabelValues("ok").Inc()
+		log.DebugContext(ctx, "callback delivered", "rollout_id", id, "event", d.event, "attempt", n)
 		return nil
 	case errors.Is(err, errPermanent):
 		s.sender.attempts.WithLabelValues("failed").Inc()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -96,19 +98,32 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	return w.resp, nil
 }
 
+// staleInit is how long an init may stay admitting (its tools being
+// computed) before a duplicate takes its replica for lost.
+const staleInit = 10 * time.Second
+
 // awaitInit is the answer of a duplicate init: the first init's, once its
 // tools are known (errGone when it failed).
 func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.InitRolloutResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	var rev uint64
 	for lc.Phase == phaseAdmitting {
+		if time.Since(lc.Created) > staleInit && rev != 0 {
+			// The replica computing its tools is gone (they take
+			// milliseconds): clear the init, so this one starts it afresh.
+			err := s.sh.rollouts.Delete(ctx, natsstore.Key(lc.ID), jetstream.LastRevision(rev))
+			if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+				return nil, errGone
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		var err error
-		if lc, _, err = s.sh.get(ctx, lc.ID); err != nil {
+		if lc, rev, err = s.sh.get(ctx, lc.ID); err != nil {
 			if errors.Is(err, errGone) {
 				return nil, err
 			}

@@ -103,7 +103,9 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	}
 	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, log)
 	ok = <-sent && ok
-	s.awaitDelivered(rec)
+	if ok {
+		s.awaitDelivered(rec)
+	}
 	s.finish(rec, final, ok, log)
 }
 

@@ -213,7 +213,16 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.ownState = true
 	}
-	if s.sh, err = openShared(context.Background(), st, cfg); err != nil {
+	// A cluster whose nodes are restarting answers late: keep asking for
+	// a while before giving up.
+	for giveUp := time.Now().Add(time.Minute); ; {
+		if s.sh, err = openShared(context.Background(), st, cfg); err == nil || time.Now().After(giveUp) {
+			break
+		}
+		s.log.Warn("shared state: could not set up the streams yet; retrying", "error", err)
+		time.Sleep(time.Second)
+	}
+	if err != nil {
 		ln.Close()
 		if s.ownState {
 			_ = st.Close()
@@ -225,6 +234,7 @@ func New(cfg Config) (*Service, error) {
 		s.metrics.stateBytes.Add(float64(n))
 	}
 	s.metrics.watchShared(cfg.Metrics, s.sh)
+	s.log.Info("rollout replica", "replica", s.replica, "nats", st.URL(), "lost_after", cfg.LostAfter)
 	return s, nil
 }
 

@@ -100,8 +100,9 @@ type lifecycle struct {
 	Phase string          `json:"phase"`
 	State rolloutv1.State `json:"state"`
 	Owner string          `json:"owner,omitempty"`
-	// Held names the queue whose message holds the rollout ("q" the work
-	// queue, "c" the control queue): a message of the other is stale.
+	// Held is the stream sequence of the work message that holds the
+	// rollout (from the queue, or the control queue for one cancelled
+	// while queued): another message for it is stale.
 	Held      string    `json:"held,omitempty"`
 	Started   time.Time `json:"started,omitzero"`
 	Cancelled bool      `json:"cancelled,omitempty"`
@@ -192,34 +193,45 @@ const maxAckPending = 1 << 20
 // openShared creates (or updates) the buckets, streams and consumers.
 // ackWait is how long a message taken by a replica that stopped renewing
 // it waits before another replica takes it.
+//
+// Each request is bounded by the store's request timeout (ctx carries no
+// deadline of its own); New retries the whole while the cluster settles.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
+	// Each bucket, stream and consumer is looked up first and created (or
+	// updated) only when it is missing or set otherwise: a lookup is
+	// answered by the leader at once, while a change goes through the
+	// cluster's meta layer, which a replica starting while a NATS node
+	// restarts would wait for.
 	var err error
 	// LimitMarkerTTL allows per-key TTLs (a finished lifecycle's) and
 	// leaves a marker when one expires.
-	if sh.rollouts, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
+	//
+	// Lifecycles are read from the stream's leader only: a direct get,
+	// which any replica answers, can return an older revision, and a
+	// replica acting on it (an outbox message whose stage it does not see
+	// yet) would drop work. Compare-and-set writes need the leader anyway.
+	if sh.rollouts, err = keyValue(ctx, st, jetstream.KeyValueConfig{
 		Bucket: bucketRollouts, Description: "osmo: rollout lifecycles", History: 1, LimitMarkerTTL: time.Minute,
 		MaxValueSize: natsstore.DefaultMaxPayload,
-	}); err != nil {
-		return nil, err
-	}
-	if sh.records, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: bucketRecords, Description: "osmo: finished rollouts", History: 1, TTL: cfg.RecordTTL,
-		MaxBytes: cfg.MaxRecordBytes, MaxValueSize: natsstore.DefaultMaxPayload,
+	}, func(c *jetstream.StreamConfig) bool {
+		ok := !c.AllowDirect && !c.MirrorDirect
+		c.AllowDirect, c.MirrorDirect = false, false
+		return ok
 	}); err != nil {
 		return nil, err
 	}
 	// A bucket refuses writes once full; finished records make room for
 	// the newest by dropping the oldest instead.
-	if rs, err := st.JS.Stream(ctx, "KV_"+bucketRecords); err != nil {
-		return nil, fmt.Errorf("rollout: records: %w", err)
-	} else if c := rs.CachedInfo().Config; c.Discard != jetstream.DiscardOld {
-		c.Discard = jetstream.DiscardOld
-		if _, err := st.JS.UpdateStream(ctx, c); err != nil {
-			return nil, fmt.Errorf("rollout: records: %w", err)
-		}
+	if sh.records, err = keyValue(ctx, st, jetstream.KeyValueConfig{
+		Bucket: bucketRecords, Description: "osmo: finished rollouts", History: 1, TTL: cfg.RecordTTL,
+		MaxBytes: cfg.MaxRecordBytes, MaxValueSize: natsstore.DefaultMaxPayload,
+	}, func(c *jetstream.StreamConfig) bool {
+		ok := c.Discard == jetstream.DiscardOld && c.MaxAge == cfg.RecordTTL && c.MaxBytes == cfg.MaxRecordBytes
+		c.Discard, c.MaxAge, c.MaxBytes = jetstream.DiscardOld, cfg.RecordTTL, cfg.MaxRecordBytes
+		return ok
+	}); err != nil {
+		return nil, err
 	}
 	for i, s := range []jetstream.StreamConfig{
 		{Name: streamWork, Description: "osmo: accepted rollouts waiting for, or held by, a replica", Subjects: []string{subjectWork + ">"},
@@ -227,9 +239,12 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 		{Name: streamOutbox, Description: "osmo: callbacks being retried", Subjects: []string{subjectOutbox + ">"},
 			Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute},
 	} {
-		str, err := st.Stream(ctx, s)
+		str, err := st.JS.Stream(ctx, s.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			str, err = st.Stream(ctx, s)
+		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rollout: stream %s: %w", s.Name, err)
 		}
 		if i == 0 {
 			sh.queue = str
@@ -244,6 +259,8 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 			if err := st.JS.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return nil, fmt.Errorf("rollout: consumer %s: %w", name, err)
 			}
+		} else if c, err := st.JS.Consumer(ctx, stream, name); err == nil && c.CachedInfo().Config.AckWait == cfg.LostAfter {
+			return c, nil
 		}
 		c, err := st.JS.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
 			Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.LostAfter,
@@ -264,6 +281,35 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 		return nil, err
 	}
 	return sh, nil
+}
+
+// keyValue looks a bucket up, or creates it; adjust, when given, says
+// whether the bucket's stream is set as wanted (and sets it so): if not,
+// the stream is updated.
+func keyValue(ctx context.Context, st *natsstore.Store, cfg jetstream.KeyValueConfig, adjust func(*jetstream.StreamConfig) bool) (jetstream.KeyValue, error) {
+	kv, err := st.JS.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = st.KeyValue(ctx, cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rollout: bucket %s: %w", cfg.Bucket, err)
+	}
+	if adjust == nil {
+		return kv, nil
+	}
+	str, err := st.JS.Stream(ctx, "KV_"+cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("rollout: bucket %s: %w", cfg.Bucket, err)
+	}
+	c := str.CachedInfo().Config
+	if adjust(&c) {
+		return kv, nil
+	}
+	if _, err := st.JS.UpdateStream(ctx, c); err != nil {
+		return nil, fmt.Errorf("rollout: bucket %s: %w", cfg.Bucket, err)
+	}
+	// The handle reads the stream's settings when it is made.
+	return st.JS.KeyValue(ctx, cfg.Bucket)
 }
 
 // errGone: the rollout has no lifecycle (never admitted, or expired).
@@ -375,9 +421,20 @@ func (sh *shared) remove(ctx context.Context, id string) error {
 	return sh.rollouts.Purge(ctx, natsstore.Key(id))
 }
 
-// enqueue puts an admitted rollout on the work queue.
+// enqueue puts an admitted rollout on the work queue. A publish whose
+// answer was lost is sent again (the stream drops the duplicate), for up
+// to 10s.
 func (sh *shared) enqueue(ctx context.Context, lc *lifecycle) error {
-	return sh.publishWork(ctx, subjectQueued, lc)
+	giveUp := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := sh.publishWork(pctx, subjectQueued, lc)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(giveUp) {
+			return err
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
 }
 
 // conclude asks any replica to conclude a rollout cancelled while queued,
@@ -421,8 +478,23 @@ type outboxMsg struct {
 }
 
 // handOver puts a callback into the outbox; a second hand-over of the same
-// callback within the dedup window is dropped by JetStream.
+// callback within the dedup window is dropped by JetStream, so a publish
+// whose answer was lost (a stream electing its leader) is sent again, for
+// up to 15s.
 func (sh *shared) handOver(ctx context.Context, created time.Time, m outboxMsg) error {
+	giveUp := time.Now().Add(15 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := sh.handOverOnce(pctx, created, m)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(giveUp) {
+			return err
+		}
+		sleepCtx(ctx, 500*time.Millisecond)
+	}
+}
+
+func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxMsg) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err

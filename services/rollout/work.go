@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -129,7 +130,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // cancelled while queued, concluded without a slot, and only if nobody
 // took it from the queue meanwhile.
 func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
-	ctx, cancel := context.WithTimeout(s.deliverCtx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(s.deliverCtx, 10*time.Second)
 	defer cancel()
 	prefix := subjectQueued
 	if control {
@@ -154,12 +155,14 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		release()
 		return
 	}
-	queue := "q"
-	if control {
-		queue = "c"
+	// The message that holds the rollout is known by its place in the
+	// stream: a redelivery of it means its holder was lost; any other
+	// message (a second enqueue, the cancel of a queued one) is stale.
+	queue := "?"
+	if meta, err := msg.Metadata(); err == nil {
+		queue = strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	if lc.Phase != phaseQueued && lc.Held != queue {
-		// The rollout is held through its other message.
 		_ = msg.Ack()
 		release()
 		return
