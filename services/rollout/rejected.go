@@ -28,7 +28,8 @@ const maxRejectedDeliveries = 64
 // Nothing is posted for a caller without the server's API key (the
 // interceptor refuses it before this runs; the check here keeps it so when
 // the service is called directly), nor for a refused start that names a
-// rollout this server holds: that rollout posts its own callbacks, once.
+// rollout the shared state holds: that rollout posts its own callbacks,
+// once.
 func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, id string, cause error) {
 	msg := status.Convert(cause).Message()
 	// The failure a rollout would report, sent only to the usable URLs.
@@ -51,9 +52,11 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		return
 	}
 	log := s.log.With("rollout_id", id)
-	if id != "" && s.store.get(id) != nil {
-		log.InfoContext(ctx, "refused start names a rollout held here: no callbacks for the refusal", "error", msg)
-		return
+	if id != "" {
+		if _, _, err := s.sh.get(ctx, id); err == nil {
+			log.InfoContext(ctx, "refused start names a rollout the cluster holds: no callbacks for the refusal", "error", msg)
+			return
+		}
 	}
 	select {
 	case s.rejectSem <- struct{}{}:
