@@ -137,9 +137,19 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 	rec.mu.Lock()
 	state, reward := rec.state, rec.reward
 	rec.mu.Unlock()
+	var written *owedStage // the stage, when an earlier try wrote it
 	lc, err := s.persist(ctx, rec.id, func(lc *lifecycle) error {
 		if lc.Owner != s.replica {
 			return errNotOwner
+		}
+		// A try whose answer was lost may have written the stage already;
+		// the mark of the first stage may even have started sending the
+		// final one since.
+		if prev := map[string]*owedStage{stageRan: lc.Ran, stageFinal: lc.Final}[stage]; prev != nil {
+			cp := *prev
+			cp.Sending = stage == stageRan
+			written = &cp
+			return errUnchanged
 		}
 		cp := *st
 		cp.Done = append([]bool(nil), st.Done...)
@@ -164,6 +174,9 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		settleFinished(lc)
 		return nil
 	})
+	if errors.Is(err, errUnchanged) && written != nil {
+		return written, nil
+	}
 	if err != nil {
 		return nil, err
 	}
