@@ -183,7 +183,7 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "concurrency", 64, "rollouts in flight while timing")
 	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
-	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory, to measure the state log's cost")
+	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
 }
 
 func (f *rolloutBenchFlags) check() error {
