@@ -1,9 +1,11 @@
 // Package rolloutbench measures `osmo serve` end to end: G2 rollouts per
 // second and their latency, and what a rollout costs the server in memory
 // and descriptors while it waits on the policy and once it is a finished
-// record; and what a rollout writes to the shared state. The server runs
-// as a process of its own, so its figures are its own; the trainer and the
-// policy double run in the measuring process, on loopback.
+// record; what a rollout writes to the shared state; and the same
+// throughput and state figures for a cluster (three `osmo rollout`
+// replicas behind `osmo gateway`, over a three-node NATS cluster). Servers
+// run as processes of their own, so their figures are their own; the
+// trainer and the policy double run in the measuring process, on loopback.
 package rolloutbench
 
 import (
@@ -50,6 +52,9 @@ type Config struct {
 	// embedded NATS server keeps the state in files there, and the
 	// figures include their writes.
 	StateDir string
+	// Cluster, when set, measures the same load on a cluster as well,
+	// once `osmo serve` is stopped.
+	Cluster *Cluster
 	// Timeout bounds the whole measurement.
 	Timeout time.Duration
 }
@@ -66,6 +71,10 @@ type Report struct {
 	Concurrency int
 	// Timed is `osmo serve`'s throughput run.
 	Timed
+	// Cluster is the same run on a cluster, when measured; else
+	// ClusterSkipped may say why not.
+	Cluster        *Timed
+	ClusterSkipped string
 
 	InFlight int
 	// Base is the server before any rollout; Held with InFlight rollouts
@@ -109,7 +118,8 @@ type Sample struct {
 	Records, RecordBytes float64
 }
 
-// Measure runs the server, measures, and stops it.
+// Measure runs the server, measures, and stops it; then, with
+// cfg.Cluster, does the same on a cluster.
 func Measure(ctx context.Context, cfg Config) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -118,7 +128,16 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer h.close()
-	return measureServe(ctx, h, cfg)
+	rep, err := measureServe(ctx, h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Cluster != nil {
+		if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	return rep, nil
 }
 
 // harness is the measuring side: the policy double behind a gate and the
@@ -518,8 +537,11 @@ func (r *Report) PerRecord() float64 {
 	return (r.Done.HeapInuse - r.Base.HeapInuse) / float64(max(r.InFlight+r.Rollouts, 1))
 }
 
-// RowEmbedded names the row of `osmo serve` in the throughput table.
-const RowEmbedded = "embedded (osmo serve)"
+// Names of the rows of the throughput table.
+const (
+	RowEmbedded = "embedded (osmo serve)"
+	RowCluster  = "cluster (3 rollout replicas, 3 NATS nodes)"
+)
 
 // WriteTable prints the report.
 func (r *Report) WriteTable(w io.Writer) {
@@ -534,11 +556,17 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Sprintf("%d/%d", t.Graded, t.Rollouts), t.WritesPerRollout(), kib(t.BytesPerRollout()))
 	}
 	row(RowEmbedded, &r.Timed)
+	switch {
+	case r.Cluster != nil:
+		row(RowCluster, r.Cluster)
+	case r.ClusterSkipped != "":
+		fmt.Fprintf(w, "  cluster: skipped: %s\n", r.ClusterSkipped)
+	}
 	state := "in memory"
 	if r.State {
 		state = "in files (--state)"
 	}
-	fmt.Fprintf(w, "  (state writes and bytes: per rollout; embedded: its NATS server's state %s)\n", state)
+	fmt.Fprintf(w, "  (state writes and bytes: per rollout, every replica's summed; embedded: its NATS server's state %s; cluster: JetStream files, 3 copies)\n", state)
 	graded := fmt.Sprint(r.AllGraded)
 	if r.GradeErr != "" {
 		graded += " (" + r.GradeErr + ")"
