@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/osmo-rl/osmo/cli"
+	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -131,32 +133,76 @@ func TestMeasureOneCoreCancel(t *testing.T) {
 	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
 }
 
-// TestBench runs `osmo bench` whole, the one-core section with this test
-// binary as osmo.
+// TestBench runs `osmo bench` whole, the one-core section and the servers
+// of the rollout figures with this test binary as osmo; the cluster row
+// too when a nats-server is to be had.
 func TestBench(t *testing.T) {
 	t.Setenv(osmoModeEnv, "1")
 	t.Setenv("GORACE", childGORACE())
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
+	// Found (or built) once here, for the bench to use as it is.
+	nats, natsErr := rolloutbench.FindNATS(ctx, os.Getenv("OSMO_NATS_BIN"))
+	if natsErr == nil {
+		t.Setenv("OSMO_NATS_BIN", nats)
+	}
 	var out, errOut bytes.Buffer
-	// Small enough for a race-enabled osmo serve: the figures are not
-	// judged here, only that every section runs.
+	// Small enough for race-enabled servers: the figures are not judged
+	// here, only that every section runs.
 	args := []string{"bench", "-n", "100", "--rollouts", "100", "--concurrency", "8", "--in-flight", "100"}
 	if err := cli.Run(ctx, args, &out, &errOut); err != nil {
 		t.Fatalf("osmo bench: %v\n%s", err, errOut.String())
 	}
+	t.Log("\n" + out.String())
 	// The proxies run at osmo's default GOGC unless the environment sets one.
 	gogc := os.Getenv("GOGC")
 	if gogc == "" {
 		gogc = strconv.Itoa(cli.DefaultGCPercent)
 	}
 	for _, s := range []string{"llmproxy - direct", "proxy process on one core", "capacity on one core", "proxy GOGC=" + gogc,
-		"llmproxy against reverseproxy", "Rollouts end to end", "100 in flight", "all graded when released: true"} {
+		"llmproxy against reverseproxy", "Rollouts end to end", "state writes", "state bytes", "100 in flight", "all graded when released: true"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("osmo bench output lacks %q:\n%s", s, out.String())
 		}
 	}
-	if strings.Contains(out.String(), "skipped") {
+	if strings.Contains(out.String(), "proxy process on one core: skipped") {
 		t.Errorf("osmo bench skipped the one-core section:\n%s", out.String())
 	}
+	checkRolloutRow(t, out.String(), rolloutbench.RowEmbedded, 100)
+	if natsErr != nil {
+		t.Logf("no nats-server (%v): the cluster row is not checked", natsErr)
+		if !strings.Contains(out.String(), "cluster: skipped: ") {
+			t.Errorf("osmo bench output says neither the cluster's figures nor why they were skipped:\n%s", out.String())
+		}
+		return
+	}
+	checkRolloutRow(t, out.String(), rolloutbench.RowCluster, 100)
+}
+
+// checkRolloutRow finds the row name of the rollout table in out and
+// checks that its rollouts/s and state figures are positive and that all
+// n of its rollouts were graded.
+func checkRolloutRow(t *testing.T, out, name string, n int) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		rest, ok := strings.CutPrefix(line, "  "+name)
+		if !ok {
+			continue
+		}
+		// rollouts/s, p50 "ms", p99 "ms", graded, writes, bytes "KiB"
+		f := strings.Fields(rest)
+		if len(f) != 9 {
+			t.Fatalf("row %q: %d fields, want 9: %q", name, len(f), line)
+		}
+		for _, i := range []int{0, 6, 7} {
+			if v, err := strconv.ParseFloat(f[i], 64); err != nil || v <= 0 {
+				t.Errorf("row %q: field %d is %q, want a positive number: %q", name, i, f[i], line)
+			}
+		}
+		if want := fmt.Sprintf("%d/%d", n, n); f[5] != want {
+			t.Errorf("row %q: graded %s, want %s: %q", name, f[5], want, line)
+		}
+		return
+	}
+	t.Errorf("osmo bench output has no row %q:\n%s", name, out)
 }

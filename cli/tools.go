@@ -175,7 +175,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 type rolloutBenchFlags struct {
 	rollouts, concurrency, inFlight int
 	workflow                        string
-	state                           bool
+	state, cluster                  bool
 }
 
 func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
@@ -183,7 +183,8 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "concurrency", 64, "rollouts in flight while timing")
 	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
-	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory, to measure the state log's cost")
+	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
+	fs.BoolVar(&f.cluster, "cluster", true, "also measure 3 osmo rollout replicas behind osmo gateway over a 3-node NATS cluster (nats-server from $OSMO_NATS_BIN or scripts/nats.sh)")
 }
 
 func (f *rolloutBenchFlags) check() error {
@@ -193,7 +194,8 @@ func (f *rolloutBenchFlags) check() error {
 	return nil
 }
 
-// run measures `osmo serve` end to end and prints the table.
+// run measures `osmo serve` end to end, then the cluster unless told not
+// to, and prints the table.
 func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 	serve, err := osmoCommand(e, "serve")
 	if err != nil {
@@ -201,7 +203,7 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 		return nil
 	}
 	cfg := rolloutbench.Config{
-		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 10 * time.Minute,
+		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 15 * time.Minute,
 	}
 	if f.state {
 		dir, err := os.MkdirTemp("", "osmo-bench-state-")
@@ -211,12 +213,35 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 		defer os.RemoveAll(dir)
 		cfg.StateDir = dir
 	}
+	var skipped string
+	if f.cluster {
+		if cfg.Cluster, err = f.clusterCommands(ctx, e); err != nil {
+			skipped = err.Error()
+		}
+	}
 	rep, err := rolloutbench.Measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	rep.ClusterSkipped = skipped
 	rep.WriteTable(e.stdout)
 	return nil
+}
+
+// clusterCommands are the programs of the cluster figure; the error says
+// why it cannot be measured.
+func (f *rolloutBenchFlags) clusterCommands(ctx context.Context, e *env) (*rolloutbench.Cluster, error) {
+	nats, err := rolloutbench.FindNATS(ctx, e.getenv("OSMO_NATS_BIN"))
+	if err != nil {
+		return nil, err
+	}
+	cl := &rolloutbench.Cluster{NATS: nats}
+	for sub, dst := range map[string]*func([]string) *exec.Cmd{"rollout": &cl.Rollout, "grader": &cl.Grader, "gateway": &cl.Gateway} {
+		if *dst, err = osmoCommand(e, sub); err != nil {
+			return nil, err
+		}
+	}
+	return cl, nil
 }
 
 func runBenchRollouts(ctx context.Context, e *env, args []string) error {

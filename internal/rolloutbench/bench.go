@@ -1,9 +1,11 @@
 // Package rolloutbench measures `osmo serve` end to end: G2 rollouts per
 // second and their latency, and what a rollout costs the server in memory
 // and descriptors while it waits on the policy and once it is a finished
-// record. The server runs as a process of its own, so its figures are its
-// own; the trainer and the policy double run in the measuring process, on
-// loopback.
+// record; what a rollout writes to the shared state; and the same
+// throughput and state figures for a cluster (three `osmo rollout`
+// replicas behind `osmo gateway`, over a three-node NATS cluster). Servers
+// run as processes of their own, so their figures are their own; the
+// trainer and the policy double run in the measuring process, on loopback.
 package rolloutbench
 
 import (
@@ -46,21 +48,33 @@ type Config struct {
 	// Workflow is the workflow the server runs (multiply when empty); its
 	// own grader grades.
 	Workflow string
-	// StateDir, when set, runs the server with --state StateDir: the
-	// figures then include the state log's fsyncs.
+	// StateDir, when set, runs the server with --state StateDir: its
+	// embedded NATS server keeps the state in files there, and the
+	// figures include their writes.
 	StateDir string
+	// Cluster, when set, measures the same load on a cluster as well,
+	// once `osmo serve` is stopped.
+	Cluster *Cluster
 	// Timeout bounds the whole measurement.
 	Timeout time.Duration
 }
 
+// limit is each server's --max-concurrent and --max-queued: room for
+// every rollout the bench has in flight at once, so none waits in a queue
+// or is refused.
+func (c *Config) limit() int { return max(c.InFlight, c.Concurrency) }
+
 // Report is what was measured.
 type Report struct {
-	// State says the server kept a state log (--state).
-	State          bool
-	Rollouts       int
-	Concurrency    int
-	RolloutsPerSec float64
-	P50, P99       time.Duration
+	// State says the server kept its state in files (--state).
+	State       bool
+	Concurrency int
+	// Timed is `osmo serve`'s throughput run.
+	Timed
+	// Cluster is the same run on a cluster, when measured; else
+	// ClusterSkipped may say why not.
+	Cluster        *Timed
+	ClusterSkipped string
 
 	InFlight int
 	// Base is the server before any rollout; Held with InFlight rollouts
@@ -71,6 +85,26 @@ type Report struct {
 	AllGraded bool
 	GradeErr  string
 }
+
+// Timed is one throughput run: Rollouts, each timed from its start to its
+// grader callback, and what they wrote to the shared state.
+type Timed struct {
+	Rollouts int
+	// Graded is how many rollouts' grader callbacks reported success.
+	Graded         int
+	RolloutsPerSec float64
+	P50, P99       time.Duration
+	// StateWrites and StateBytes are the writes to the shared state made
+	// during the run and the bytes they wrote, every replica's summed
+	// (osmo_state_writes_total, osmo_state_write_bytes_total).
+	StateWrites, StateBytes float64
+}
+
+// WritesPerRollout is the state's writes per rollout of the run.
+func (t *Timed) WritesPerRollout() float64 { return t.StateWrites / float64(max(t.Rollouts, 1)) }
+
+// BytesPerRollout is the bytes written to the state per rollout of the run.
+func (t *Timed) BytesPerRollout() float64 { return t.StateBytes / float64(max(t.Rollouts, 1)) }
 
 // Sample is the server's process as its /metrics reports it.
 type Sample struct {
@@ -84,31 +118,69 @@ type Sample struct {
 	Records, RecordBytes float64
 }
 
-// Measure runs the server, measures, and stops it.
+// Measure runs the server, measures, and stops it; then, with
+// cfg.Cluster, does the same on a cluster.
 func Measure(ctx context.Context, cfg Config) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
+	h, err := newHarness(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer h.close()
+	rep, err := measureServe(ctx, h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Cluster != nil {
+		if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	return rep, nil
+}
+
+// harness is the measuring side: the policy double behind a gate and the
+// G2 trainer double, both on loopback in this process.
+type harness struct {
+	gate   *Gate
+	policy *httptest.Server
+	ctl    *controller.G2
+	stop   func()
+}
+
+func newHarness(ctx context.Context) (*harness, error) {
 	gate := NewGate()
 	mock, err := mockllm.New(mockllm.Options{Logger: quiet()})
 	if err != nil {
 		return nil, err
 	}
 	policy := httptest.NewServer(gate.Wrap(mock))
-	defer policy.Close()
 	ctl, err := controller.NewG2("127.0.0.1:0", controller.G2Options{PolicyURL: policy.URL + "/v1", APIKey: "bench-key", Logger: quiet()})
 	if err != nil {
+		policy.Close()
 		return nil, err
 	}
 	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
 	ctlDone := make(chan struct{})
 	go func() { defer close(ctlDone); _ = ctl.Serve(ctlCtx) }()
-	defer func() { stopCtl(); <-ctlDone }()
+	return &harness{gate: gate, policy: policy, ctl: ctl, stop: func() { stopCtl(); <-ctlDone; policy.Close() }}, nil
+}
 
+func (h *harness) close() { h.stop() }
+
+// bench posts to the rollout service at base.
+func (h *harness) bench(base string) *bench {
+	return &bench{ctl: h.ctl, base: base, policy: h.policy.URL + "/v1"}
+}
+
+// measureServe measures `osmo serve`, and stops it.
+func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	limit := strconv.Itoa(max(cfg.InFlight, cfg.Concurrency))
+	limit := strconv.Itoa(cfg.limit())
 	workflow := cmp.Or(cfg.Workflow, "multiply")
 	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
 		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
@@ -132,14 +204,14 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("rolloutbench: osmo serve: %w\n%s", err, out.String())
 	}
 
-	b := &bench{ctl: ctl, base: base, policy: policy.URL + "/v1"}
-	rep := &Report{Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
+	b := h.bench(base)
+	rep := &Report{Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
 	if rep.Base, err = Scrape(ctx, base); err != nil {
 		return nil, err
 	}
 
 	// Held: the rollouts wait in their first LLM call.
-	gate.Close()
+	h.gate.Close()
 	held := make([]string, cfg.InFlight)
 	for i := range held {
 		held[i] = fmt.Sprintf("held-%05d", i)
@@ -147,48 +219,35 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 	if err := b.start(ctx, held, 64); err != nil {
 		return nil, err
 	}
-	if err := gate.WaitParked(ctx, cfg.InFlight); err != nil {
+	if err := h.gate.WaitParked(ctx, cfg.InFlight); err != nil {
 		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, tail(out.String()))
 	}
 	if rep.Held, err = Scrape(ctx, base); err != nil {
 		return nil, err
 	}
-	gate.Open()
+	h.gate.Open()
 	if err := b.waitGraded(ctx, held); err != nil {
 		rep.GradeErr = err.Error()
 	} else {
 		rep.AllGraded = true
 	}
 
-	// Throughput: Rollouts more, Concurrency at a time, each timed from
-	// its start to its grader callback.
-	ids := make([]string, cfg.Rollouts)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("run-%05d", i)
+	// Throughput: Rollouts more, Concurrency at a time. The held
+	// rollouts' last writes (their lifecycles finished once their
+	// callbacks are delivered) trail their grader callbacks: the state's
+	// counters are read once they stop moving, before and after.
+	before, err := settledState(ctx, []string{base})
+	if err != nil {
+		return nil, err
 	}
-	lat := make([]time.Duration, len(ids))
-	began := time.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(cfg.Concurrency)
-	for i, id := range ids {
-		g.Go(func() error {
-			t0 := time.Now()
-			if err := b.post(gctx, id); err != nil {
-				return err
-			}
-			if _, err := ctl.WaitGrader(gctx, id); err != nil {
-				return err
-			}
-			lat[i] = time.Since(t0)
-			return nil
-		})
+	if rep.Timed, err = b.timed(ctx, "run", cfg.Rollouts, cfg.Concurrency); err != nil {
+		return nil, err
 	}
-	if err := g.Wait(); err != nil {
-		return nil, fmt.Errorf("rolloutbench: %w", err)
+	after, err := settledState(ctx, []string{base})
+	if err != nil {
+		return nil, err
 	}
-	rep.RolloutsPerSec = float64(len(ids)) / time.Since(began).Seconds()
-	slices.Sort(lat)
-	rep.P50, rep.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	rep.StateWrites, rep.StateBytes = after.writes-before.writes, after.bytes-before.bytes
 	if rep.Done, err = Scrape(ctx, base); err != nil {
 		return nil, err
 	}
@@ -247,6 +306,41 @@ func (b *bench) waitGraded(ctx context.Context, ids []string) error {
 		}
 	}
 	return nil
+}
+
+// timed runs n rollouts (ids prefix-00000 on), concurrency at a time,
+// each timed from its start to its grader callback.
+func (b *bench) timed(ctx context.Context, prefix string, n, concurrency int) (Timed, error) {
+	lat := make([]time.Duration, n)
+	var graded atomic.Int64
+	began := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(concurrency)
+	for i := range n {
+		id := fmt.Sprintf("%s-%05d", prefix, i)
+		g.Go(func() error {
+			t0 := time.Now()
+			if err := b.post(gctx, id); err != nil {
+				return err
+			}
+			res, err := b.ctl.WaitGrader(gctx, id)
+			if err != nil {
+				return err
+			}
+			lat[i] = time.Since(t0)
+			if res.Status == "success" {
+				graded.Add(1)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return Timed{}, fmt.Errorf("rolloutbench: %w", err)
+	}
+	t := Timed{Rollouts: n, Graded: int(graded.Load()), RolloutsPerSec: float64(n) / time.Since(began).Seconds()}
+	slices.Sort(lat)
+	t.P50, t.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	return t, nil
 }
 
 // Gate holds the requests of the handler it wraps while closed, counting
@@ -327,17 +421,8 @@ func (g *Gate) WaitParked(ctx context.Context, n int) error {
 
 // Scrape reads a server's process figures from its /metrics.
 func Scrape(ctx context.Context, base string) (Sample, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	if err != nil {
-		return Sample{}, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return Sample{}, fmt.Errorf("rolloutbench: /metrics: %w", err)
-	}
-	defer resp.Body.Close()
 	var s Sample
-	want := map[string]*float64{
+	err := scrape(ctx, base, map[string]*float64{
 		"process_resident_memory_bytes": &s.RSS,
 		"go_memstats_heap_inuse_bytes":  &s.HeapInuse,
 		"go_memstats_stack_inuse_bytes": &s.StackInuse,
@@ -345,7 +430,24 @@ func Scrape(ctx context.Context, base string) (Sample, error) {
 		"go_goroutines":                 &s.Goroutines,
 		"osmo_rollout_records":          &s.Records,
 		"osmo_rollout_records_bytes":    &s.RecordBytes,
+	})
+	if err == nil && s.RSS == 0 {
+		return s, errors.New("rolloutbench: /metrics has no process_resident_memory_bytes (not Linux?)")
 	}
+	return s, err
+}
+
+// scrape reads the unlabeled metrics named in want from base's /metrics.
+func scrape(ctx context.Context, base string, want map[string]*float64) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("rolloutbench: /metrics: %w", err)
+	}
+	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -354,10 +456,41 @@ func Scrape(ctx context.Context, base string) (Sample, error) {
 			*dst, _ = strconv.ParseFloat(value, 64)
 		}
 	}
-	if s.RSS == 0 {
-		return s, errors.New("rolloutbench: /metrics has no process_resident_memory_bytes (not Linux?)")
+	return sc.Err()
+}
+
+// stateCount is what the rollout services at some bases have written to
+// the shared state so far, summed.
+type stateCount struct{ writes, bytes float64 }
+
+// settledState reads the state's counters of every base until two reads
+// 300 ms apart agree, for at most 10 s: a rollout's last write (its
+// lifecycle finished) follows the grader callback that ends its timing.
+func settledState(ctx context.Context, bases []string) (stateCount, error) {
+	var last stateCount
+	deadline := time.Now().Add(10 * time.Second)
+	for first := true; ; first = false {
+		var now stateCount
+		for _, base := range bases {
+			var w, b float64 = -1, -1
+			if err := scrape(ctx, base, map[string]*float64{"osmo_state_writes_total": &w, "osmo_state_write_bytes_total": &b}); err != nil {
+				return now, err
+			}
+			if w < 0 || b < 0 {
+				return now, fmt.Errorf("rolloutbench: %s/metrics has no osmo_state_writes_total or osmo_state_write_bytes_total", base)
+			}
+			now.writes, now.bytes = now.writes+w, now.bytes+b
+		}
+		if (!first && now == last) || time.Now().After(deadline) {
+			return now, nil
+		}
+		last = now
+		select {
+		case <-ctx.Done():
+			return now, ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
 	}
-	return s, sc.Err()
 }
 
 func waitHealthy(ctx context.Context, base string) error {
@@ -404,22 +537,45 @@ func (r *Report) PerRecord() float64 {
 	return (r.Done.HeapInuse - r.Base.HeapInuse) / float64(max(r.InFlight+r.Rollouts, 1))
 }
 
+// Names of the rows of the throughput table.
+const (
+	RowEmbedded = "embedded (osmo serve)"
+	RowCluster  = "cluster (3 rollout replicas, 3 NATS nodes)"
+)
+
 // WriteTable prints the report.
 func (r *Report) WriteTable(w io.Writer) {
 	kib := func(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 	mib := func(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
-	state := "state log off"
-	if r.State {
-		state = "state log on (--state): every acceptance and callback fsync'd"
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+	fmt.Fprintf(w, "Rollouts end to end (G2 trainer and policy double on loopback in this process; %d rollouts, %d at a time, each timed from its start to its grader callback)\n",
+		r.Rollouts, r.Concurrency)
+	fmt.Fprintf(w, "  %-44s %10s %10s %10s %11s %14s %14s\n", "", "rollouts/s", "p50", "p99", "graded", "state writes", "state bytes")
+	row := func(name string, t *Timed) {
+		fmt.Fprintf(w, "  %-44s %10.0f %10s %10s %11s %14.1f %14s\n", name, t.RolloutsPerSec, ms(t.P50), ms(t.P99),
+			fmt.Sprintf("%d/%d", t.Graded, t.Rollouts), t.WritesPerRollout(), kib(t.BytesPerRollout()))
 	}
-	fmt.Fprintf(w, "Rollouts end to end (osmo serve as its own process; G2 trainer and policy double on loopback; %s)\n", state)
-	fmt.Fprintf(w, "  throughput          %.0f rollouts/s (%d rollouts, %d at a time, start to grader callback)\n", r.RolloutsPerSec, r.Rollouts, r.Concurrency)
-	fmt.Fprintf(w, "  latency             p50 %s  p99 %s\n", r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond))
+	row(RowEmbedded, &r.Timed)
+	switch {
+	case r.Cluster != nil:
+		row(RowCluster, r.Cluster)
+	case r.ClusterSkipped != "":
+		fmt.Fprintf(w, "  cluster: skipped: %s\n", r.ClusterSkipped)
+	}
+	state := "in memory"
+	if r.State {
+		state = "in files (--state)"
+	}
+	fmt.Fprintf(w, "  (state writes and bytes: per rollout, every replica's summed; embedded: its NATS server's state %s; cluster: JetStream files, 3 copies)\n", state)
+	graded := fmt.Sprint(r.AllGraded)
+	if r.GradeErr != "" {
+		graded += " (" + r.GradeErr + ")"
+	}
 	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }
-	fmt.Fprintf(w, "  %d in flight      RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; all graded when released: %v\n",
+	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; all graded when released: %s\n",
 		r.InFlight, mib(r.Held.RSS), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
-		r.Held.FDs, r.Held.Goroutines, r.AllGraded)
-	fmt.Fprintf(w, "  %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
+		r.Held.FDs, r.Held.Goroutines, graded)
+	fmt.Fprintf(w, "  osmo serve, %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
 		r.Done.Records, mib(r.Done.RecordBytes), kib(r.Done.RecordBytes/math.Max(r.Done.Records, 1)),
 		mib(r.Done.HeapInuse), kib(math.Max(r.PerRecord(), 0)), mib(r.Done.RSS))
 }
