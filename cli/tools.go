@@ -176,6 +176,7 @@ type rolloutBenchFlags struct {
 	rollouts, concurrency, inFlight int
 	workflow                        string
 	state, cluster                  bool
+	stateSync                       string
 }
 
 func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
@@ -184,6 +185,7 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
 	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
+	fs.StringVar(&f.stateSync, "state-sync", "", `with --state: the server's --state-sync ("always", or an fsync interval such as 1s; default the server's, 2m)`)
 	fs.BoolVar(&f.cluster, "cluster", true, "also measure 3 osmo rollout replicas behind osmo gateway over a 3-node NATS cluster (nats-server from $OSMO_NATS_BIN or scripts/nats.sh)")
 }
 
@@ -211,7 +213,7 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		cfg.StateDir = dir
+		cfg.StateDir, cfg.StateSync = dir, f.stateSync
 	}
 	var skipped string
 	if f.cluster {

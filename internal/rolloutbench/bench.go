@@ -52,6 +52,8 @@ type Config struct {
 	// embedded NATS server keeps the state in files there, and the
 	// figures include their writes.
 	StateDir string
+	// StateSync is the server's --state-sync with StateDir ("" its default).
+	StateSync string
 	// Cluster, when set, measures the same load on a cluster as well,
 	// once `osmo serve` is stopped.
 	Cluster *Cluster
@@ -186,6 +188,9 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
 	if cfg.StateDir != "" {
 		args = append(args, "--state", cfg.StateDir)
+		if cfg.StateSync != "" {
+			args = append(args, "--state-sync", cfg.StateSync)
+		}
 	}
 	cmd := cfg.Serve(args)
 	// Every held rollout keeps its upstream connection open.

@@ -202,30 +202,51 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 			return nil, unavailable(err)
 		}
 	}
-	for _, id := range ids {
-		d, err := s.cancel(ctx, id)
-		if err != nil {
-			return nil, unavailable(err)
+	// Queued rollouts go first: cancelling a running one frees a slot that
+	// a queued one about to be cancelled would otherwise take.
+	pending := make([]string, 0, len(ids))
+	for _, queuedOnly := range []bool{true, false} {
+		pending = pending[:0]
+		for _, id := range ids {
+			d, err := s.cancel(ctx, id, queuedOnly)
+			if err != nil {
+				return nil, unavailable(err)
+			}
+			if d == "" { // not queued: the second pass
+				pending = append(pending, id)
+				continue
+			}
+			s.dispose(ctx, out, id, d, byID)
 		}
-		if d == dispositionNotFound && !byID {
-			// By prefix or all, only what this call stopped is listed: a
-			// rollout already over (still delivering its callbacks) is not.
-			continue
-		}
-		out.Dispositions[id] = d
-		if d != dispositionNotFound {
-			s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
-		}
+		ids = append([]string(nil), pending...)
 	}
 	return out, nil
 }
 
-// cancel cancels one rollout and says what it stopped.
-func (s *Service) cancel(ctx context.Context, id string) (string, error) {
+// dispose lists one rollout's disposition in out: every asked-for id,
+// but by prefix or all only what the call stopped (a rollout already over,
+// still delivering its callbacks, is not).
+func (s *Service) dispose(ctx context.Context, out *rolloutv1.CancelRolloutsResponse, id, d string, byID bool) {
+	if d == dispositionNotFound && !byID {
+		return
+	}
+	out.Dispositions[id] = d
+	if d != dispositionNotFound {
+		s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
+	}
+}
+
+// cancel cancels one rollout and says what it stopped; with queuedOnly,
+// one that is not queued is left alone and its disposition is "".
+func (s *Service) cancel(ctx context.Context, id string, queuedOnly bool) (string, error) {
 	d := dispositionNotFound
 	lc, err := s.sh.update(ctx, id, func(lc *lifecycle) error {
 		d = dispositionNotFound
 		if lc.Cancelled || lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING || lc.Phase == phaseFinished || lc.Phase == phaseAdmitting {
+			return errUnchanged
+		}
+		if queuedOnly && lc.Phase != phaseQueued {
+			d = ""
 			return errUnchanged
 		}
 		lc.Cancelled = true
@@ -236,7 +257,9 @@ func (s *Service) cancel(ctx context.Context, id string) (string, error) {
 		return nil
 	})
 	switch {
-	case errors.Is(err, errGone), errors.Is(err, errUnchanged):
+	case errors.Is(err, errUnchanged):
+		return d, nil
+	case errors.Is(err, errGone):
 		return dispositionNotFound, nil
 	case err != nil:
 		return "", err
