@@ -322,3 +322,55 @@ func TestG2WorkflowTrace(t *testing.T) {
 		}
 	}
 }
+
+// TestOutboxFinalStageTrace: a G2 rollout's completion callback fails
+// until after grading, so its grader callback is owed while the
+// completion waits in the outbox, and the outbox's delivery of the
+// completion is what sends it: the grader callback's span is still in the
+// rollout's trace, under its span, with its id.
+func TestOutboxFinalStageTrace(t *testing.T) {
+	g := &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+		return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "multiply",
+			Grades: []*graderv1.SampleGrade{{SampleId: req.GetSamples()[0].GetId(), Reward: osmo.Float(1)}}}, nil
+	}}
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	h := newHarness(t, harnessOpts{wf: multiply.New(), cfg: func(c *rollout.Config) { c.TracerProvider = tp; c.Grader = g }})
+	h.g2.SetDown(true)
+	h.start(t, h.startReq(t, "outbox-trace"))
+	// Graded, its grader callback owed behind the completion.
+	deadline := time.Now().Add(testTimeout)
+	for h.g2.FailedCallbacks() == 0 || h.status(t, "outbox-trace").GetStatus() != "success" {
+		if time.Now().After(deadline) {
+			t.Fatalf("not graded with its completion failing: status %v, %d failed posts", h.status(t, "outbox-trace"), h.g2.FailedCallbacks())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	h.g2.SetDown(false)
+	if c := h.waitCompletion(t, "outbox-trace"); c.Status != "success" {
+		t.Fatalf("completion %s", c.Raw)
+	}
+	h.waitGrader(t, "outbox-trace")
+	h.waitDone(t, "outbox-trace")
+	tr := waitSpan(t, exp, "rollout")
+	root := tr.one("rollout")
+	var delivers []tracetest.SpanStub
+	for _, name := range []string{"deliver_completion_callback", "deliver_grader_callback"} {
+		delivers = append(delivers, tr.named(name)...)
+	}
+	if len(tr.named("deliver_grader_callback")) != 1 || len(tr.named("deliver_completion_callback")) < 2 {
+		t.Fatalf("%d completion and %d grader callback spans, want the failed and the delivered attempts and one",
+			len(tr.named("deliver_completion_callback")), len(tr.named("deliver_grader_callback")))
+	}
+	for _, d := range delivers {
+		if d.SpanContext.TraceID() != root.SpanContext.TraceID() || d.Parent.SpanID() != root.SpanContext.SpanID() {
+			t.Errorf("%s (attempt %d) is in trace %v under %v, want the rollout's trace %v under its span %v", d.Name,
+				attrMap(d)["osmo.attempt"].AsInt64(), d.SpanContext.TraceID(), d.Parent.SpanID(), root.SpanContext.TraceID(), root.SpanContext.SpanID())
+		}
+		if got := attrMap(d)["osmo.rollout.id"].AsString(); got != "outbox-trace" {
+			t.Errorf("%s has osmo.rollout.id %q", d.Name, got)
+		}
+	}
+}

@@ -354,8 +354,11 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	}
 	p := s.policyOf(lc.Wire)
 	c := st.Callbacks[m.Index]
+	// The attempt, and the final stage it may start here, are spans of
+	// the rollout's trace, whichever replica ran it.
+	ctx = s.traceCtx(ctx, lc)
 	s.leases.hold(msg)
-	err = s.attempt(s.traceCtx(ctx, lc), m.ID, c.delivery(p), attempt, log)
+	err = s.attempt(ctx, m.ID, c.delivery(p), attempt, log)
 	s.leases.drop(msg)
 	if err != nil && !errors.Is(err, errPermanent) {
 		if ctx.Err() != nil {
