@@ -82,7 +82,11 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
 					ok = false
 				}
-				ok = s.send(ctx, rec, id, created, p, stageFinal, next, direct, log) && ok
+				// The owner (rec) posts the final stage itself; from the
+				// outbox it is handed over, as a replica concluding the
+				// rollout after a loss would hand it over too, and the
+				// outbox keeps one of the two.
+				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil, log) && ok
 				continue
 			}
 			// Later callbacks of the stage wait for this one in the outbox.
@@ -150,6 +154,8 @@ func (s *Service) awaitDelivered(rec *record) {
 	defer s.waiters.remove(rec.id)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	log := s.log.With("rollout_id", rec.id)
+	rehand := time.Now().Add(repairEvery)
 	for {
 		lc, _, err := s.sh.get(s.deliverCtx, rec.id)
 		if err == nil && lc.Ran.done() && lc.Final.done() {
@@ -158,11 +164,55 @@ func (s *Service) awaitDelivered(rec *record) {
 			rec.mu.Unlock()
 			return
 		}
+		if err == nil && time.Now().After(rehand) {
+			rehand = time.Now().Add(repairEvery)
+			s.repair(lc, log)
+		}
 		select {
 		case <-ch:
 		case <-t.C:
 		case <-s.deliverCtx.Done():
 			return
+		}
+	}
+}
+
+// repairEvery is how often a rollout awaiting its callbacks checks that the
+// outbox still holds them.
+const repairEvery = 5 * time.Second
+
+// repair hands over again each callback owed and being sent that the
+// outbox does not hold: a hand-over whose message was lost (a process
+// killed before its embedded server wrote it out, a NATS node that died
+// before it reached its peers) while the dedup window still remembers it.
+// One the outbox holds is left to it.
+func (s *Service) repair(lc *lifecycle, log *slog.Logger) {
+	for _, st := range []struct {
+		name string
+		st   *owedStage
+	}{{stageRan, lc.Ran}, {stageFinal, lc.Final}} {
+		if st.st == nil || !st.st.Sending {
+			continue
+		}
+		for i, done := range st.st.Done {
+			if done {
+				continue
+			}
+			held, err := s.sh.inOutbox(s.deliverCtx, lc.ID, st.name, i)
+			if err != nil {
+				log.Warn("shared state: could not look for a callback in the outbox", "stage", st.name, "index", i, "error", err)
+				break
+			}
+			if held {
+				log.Debug("outbox: holds the callback", "stage", st.name, "index", i)
+				break
+			}
+			log.Warn("shared state: a callback owed is not in the outbox; handing it over again", "stage", st.name, "index", i)
+			m := outboxMsg{ID: lc.ID, Stage: st.name, Index: i, Due: time.Now(), again: true}
+			if err := s.sh.handOver(s.deliverCtx, lc.Created, m); err != nil {
+				log.Error("shared state: could not hand a callback over again", "error", err)
+			}
+			break // the stage's later callbacks wait for this one
 		}
 	}
 }

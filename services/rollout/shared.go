@@ -178,6 +178,7 @@ type shared struct {
 	work     jetstream.Consumer
 	control  jetstream.Consumer
 	queue    jetstream.Stream
+	outboxes jetstream.Stream
 	outbox   jetstream.Consumer
 	// keep is how long a finished lifecycle is kept (the record TTL).
 	keep time.Duration
@@ -233,11 +234,14 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 	}); err != nil {
 		return nil, err
 	}
+	// A callback handed over twice within the dedup window is kept once:
+	// the window spans its whole delivery.
+	dedup := max(10*time.Minute, cfg.Callbacks.Deadline+5*time.Minute)
 	for i, s := range []jetstream.StreamConfig{
 		{Name: streamWork, Description: "osmo: accepted rollouts waiting for, or held by, a replica", Subjects: []string{subjectWork + ">"},
 			Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute},
 		{Name: streamOutbox, Description: "osmo: callbacks being retried", Subjects: []string{subjectOutbox + ">"},
-			Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute},
+			Retention: jetstream.WorkQueuePolicy, Duplicates: dedup},
 	} {
 		str, err := st.JS.Stream(ctx, s.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -248,6 +252,8 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 		}
 		if i == 0 {
 			sh.queue = str
+		} else {
+			sh.outboxes = str
 		}
 	}
 	cons := func(stream, name, filter string) (jetstream.Consumer, error) {
@@ -475,6 +481,21 @@ type outboxMsg struct {
 	// the delivery deadline counts from then.
 	Attempts int       `json:"attempts"`
 	Due      time.Time `json:"due"`
+	// again: a hand-over replacing one the outbox lost.
+	again bool
+}
+
+func outboxSubject(id, stage string, i int) string {
+	return subjectOutbox + natsstore.Key(id) + "." + stage + "." + strconv.Itoa(i)
+}
+
+// inOutbox reports whether the outbox holds a stage's callback i.
+func (sh *shared) inOutbox(ctx context.Context, id, stage string, i int) (bool, error) {
+	_, err := sh.outboxes.GetLastMsgForSubject(ctx, outboxSubject(id, stage, i))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // handOver puts a callback into the outbox; a second hand-over of the same
@@ -499,9 +520,15 @@ func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxM
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(subjectOutbox + natsstore.Key(m.ID) + "." + m.Stage + "." + strconv.Itoa(m.Index))
+	msg := nats.NewMsg(outboxSubject(m.ID, m.Stage, m.Index))
 	msg.Data = b
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s@%d/%s/%d", m.ID, created.UnixNano(), m.Stage, m.Index))
+	id := fmt.Sprintf("%s@%d/%s/%d", m.ID, created.UnixNano(), m.Stage, m.Index)
+	if m.again {
+		// Not the hand-over the dedup window remembers: that one's
+		// message is gone (see repair).
+		id += "/again@" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
 	_, err = sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	return err

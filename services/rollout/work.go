@@ -66,47 +66,49 @@ func (s *Service) concludeCancelled(ctx context.Context) {
 	s.serveConsumer(ctx, s.sh.control, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
 }
 
-// serveConsumer fetches from c and handles each message in a goroutine of
-// its own, at most limit at once, until ctx ends.
+// serveConsumer handles each message of c in a goroutine of its own, at
+// most limit at once, until ctx ends. It pulls continuously (a pull that
+// expires as a message is sent loses nothing) and holds each message from
+// the moment it arrives, so one waiting here for its turn is not given to
+// another replica meanwhile.
 func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit int, handle func(jetstream.Msg)) {
 	slots := make(chan struct{}, limit)
 	for ctx.Err() == nil {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
+		it, err := c.Messages(jetstream.PullMaxMessages(limit))
+		if err != nil {
+			s.log.Warn("shared state: could not pull from the queue", "consumer", c.CachedInfo().Name, "error", err)
+			sleepCtx(ctx, time.Second)
+			continue
 		}
-		n := 1
-	more:
-		for n < fetchBatch {
+		stop := context.AfterFunc(ctx, it.Stop)
+		for {
+			msg, err := it.Next()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					s.log.Warn("shared state: pulling from the queue failed", "consumer", c.CachedInfo().Name, "error", err)
+					sleepCtx(ctx, time.Second)
+				}
+				break
+			}
+			s.leases.hold(msg)
 			select {
 			case slots <- struct{}{}:
-				n++
-			default:
-				break more
+			case <-ctx.Done():
+				// Not taken: back to the queue for another replica.
+				s.leases.drop(msg)
+				_ = msg.Nak()
+				continue
 			}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer func() { <-slots }()
+				defer s.leases.drop(msg)
+				handle(msg)
+			}()
 		}
-		batch, err := c.Fetch(n, jetstream.FetchMaxWait(time.Second))
-		got := 0
-		if err == nil {
-			for msg := range batch.Messages() {
-				got++
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					defer func() { <-slots }()
-					handle(msg)
-				}()
-			}
-			err = batch.Error()
-		}
-		for range n - got {
-			<-slots
-		}
-		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-			s.log.Warn("shared state: could not fetch from the queue", "consumer", c.CachedInfo().Name, "error", err)
-			sleepCtx(ctx, time.Second)
-		}
+		it.Stop()
+		stop()
 	}
 }
 
@@ -323,13 +325,15 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	log := s.log.With("rollout_id", m.ID)
+	log := s.log.With("rollout_id", m.ID, "stage", m.Stage, "index", m.Index)
 	lc, _, err := s.sh.get(ctx, m.ID)
 	switch {
 	case errors.Is(err, errGone):
+		log.Debug("outbox: the rollout is gone; dropped")
 		_ = msg.Ack()
 		return
 	case err != nil:
+		log.Debug("outbox: could not read the rollout; later", "error", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -338,11 +342,21 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		st = lc.Final
 	}
 	if st == nil || m.Index >= len(st.Done) || m.Index >= len(st.Callbacks) || st.Done[m.Index] {
+		log.Debug("outbox: the callback is done with", "phase", lc.Phase)
+		// Done: but the mark may have let the final stage be sent by a
+		// replica that died before it handed it over; hand it over again
+		// (the outbox drops what it holds).
+		if m.Stage == stageRan && lc.Final != nil && lc.Final.Sending && !lc.Final.done() &&
+			!s.send(ctx, nil, m.ID, lc.Created, s.policyOf(lc.Wire), stageFinal, lc.Final, false, log) {
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
 		_ = msg.Ack()
 		return
 	}
 	for j := range m.Index {
 		if !st.Done[j] {
+			log.Debug("outbox: an earlier callback of the stage is not done; later")
 			_ = msg.NakWithDelay(250 * time.Millisecond)
 			return
 		}
@@ -380,7 +394,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	if !s.send(ctx, nil, m.ID, lc.Created, p, stageFinal, next, true, log) {
+	if !s.send(ctx, nil, m.ID, lc.Created, p, stageFinal, next, false, log) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
