@@ -21,6 +21,8 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 		if err := proto.Unmarshal(lc.Request, req); err != nil {
 			return nil, err
 		}
+		// Past its final stage the request is gone, its id with it.
+		req.RolloutId = lc.ID
 		var w *g1Wire
 		rec, w = s.g1Record(req, lc.Key)
 		w.resp = &rolloutv1.InitRolloutResponse{}
@@ -35,9 +37,16 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 			return nil, err
 		}
 		rec = s.g2Record(req, lc.ID)
-		if lc.Wire == wireV03 {
-			if _, ok := rec.wire.(*v03Wire); !ok {
-				rec.wire = &v03Wire{rec.wire.(*g2Wire)}
+		// The wire is the lifecycle's: the request that told them apart
+		// may be gone.
+		switch w := rec.wire.(type) {
+		case *g2Wire:
+			if lc.Wire == wireV03 {
+				rec.wire = &v03Wire{w}
+			}
+		case *v03Wire:
+			if lc.Wire == wireG2 {
+				rec.wire = w.g2Wire
 			}
 		}
 	default:

@@ -1,0 +1,62 @@
+package rollout
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/workflows/calculator"
+)
+
+// TestRestoreFromLifecycle: a replica concluding a rollout it did not
+// admit rebuilds its record from the lifecycle alone. Past the final
+// stage the request is dropped, so the id and the wire must come from the
+// lifecycle: a G1 record rebuilt without its id once handed its
+// completion to the outbox under an empty id, where it was dropped, and
+// the rollout never ended.
+func TestRestoreFromLifecycle(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	answer, err := proto.Marshal(&rolloutv1.InitRolloutResponse{RolloutId: "g1-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v03Request, err := proto.Marshal(&rolloutv1.StartRolloutRequest{RolloutId: "v03-a", LlmApiKey: proto.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		lc   lifecycle
+	}{
+		{"g1 past its final stage", lifecycle{ID: "g1-a", Key: "key-a", Wire: wireG1, Response: answer, Phase: phaseFinal}},
+		{"g2 past its final stage", lifecycle{ID: "g2-a", Key: "g2-a", Wire: wireG2, Phase: phaseFinal}},
+		{"v0.3 past its final stage", lifecycle{ID: "v03-b", Key: "v03-b", Wire: wireV03, Phase: phaseFinal}},
+		{"v0.3 with its request", lifecycle{ID: "v03-a", Key: "v03-a", Wire: wireV03, Request: v03Request, Phase: phaseRunning}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.lc.Created = created
+			rec, err := s.restore(&tc.lc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.id != tc.lc.ID {
+				t.Errorf("record id %q, want the lifecycle's %q", rec.id, tc.lc.ID)
+			}
+			if got := rec.wire.name(); got != tc.lc.Wire {
+				t.Errorf("record wire %q, want the lifecycle's %q", got, tc.lc.Wire)
+			}
+			if !rec.created.Equal(created) {
+				t.Errorf("record created %v, want %v", rec.created, created)
+			}
+		})
+	}
+}
