@@ -105,10 +105,14 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 
 // markDone marks a stage's callback done with (cbErr says how it failed,
 // nil when delivered) and returns the final stage when this mark is the
-// one that lets it be sent.
+// one that lets it be sent. The mark is retried while the shared state
+// does not answer (a NATS node lost, a leader being elected): the trainer
+// has the callback, and a mark given up on sends it again. A retry that
+// finds its own earlier write (its answer was lost) returns no final
+// stage; the outbox's check of what it holds sends that one.
 func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error) (*owedStage, error) {
 	var next *owedStage
-	lc, err := s.sh.update(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
+	lc, err := s.persist(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
 		next = nil
 		st := lc.Ran
 		if stage == stageFinal {

@@ -74,7 +74,11 @@ func (s *Service) concludeCancelled(ctx context.Context) {
 func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit int, handle func(jetstream.Msg)) {
 	slots := make(chan struct{}, limit)
 	for ctx.Err() == nil {
-		it, err := c.Messages(jetstream.PullMaxMessages(limit))
+		// The server sends a heartbeat each second while a pull waits: a
+		// pull lost with the consumer's leader (a NATS node that died) is
+		// noticed within two and issued again, instead of after the
+		// client's default of thirty, while callbacks wait in the outbox.
+		it, err := c.Messages(jetstream.PullMaxMessages(limit), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 		if err != nil {
 			s.log.Warn("shared state: could not pull from the queue", "consumer", c.CachedInfo().Name, "error", err)
 			sleepCtx(ctx, time.Second)
@@ -111,6 +115,13 @@ func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit
 		stop()
 	}
 }
+
+// A continuous pull is renewed every pullExpiry and heartbeats every
+// pullHeartbeat.
+const (
+	pullExpiry    = 5 * time.Second
+	pullHeartbeat = time.Second
+)
 
 // fetchBatch is the most rollouts taken from the queue at once.
 const fetchBatch = 32
@@ -371,9 +382,10 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	// The attempt, and the final stage it may start here, are spans of
 	// the rollout's trace, whichever replica ran it.
 	ctx = s.traceCtx(ctx, lc)
-	s.leases.hold(msg)
+	// The message stays held (serveConsumer renews it) until it is
+	// acknowledged or handed back: one delivered but not yet marked is not
+	// given to another replica to post again.
 	err = s.attempt(ctx, m.ID, c.delivery(p), attempt, log)
-	s.leases.drop(msg)
 	if err != nil && !errors.Is(err, errPermanent) {
 		if ctx.Err() != nil {
 			_ = msg.Nak()
