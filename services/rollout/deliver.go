@@ -77,7 +77,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				if err != nil && rec != nil {
 					rec.addCallbackError(c.Event, err)
 				}
-				next, merr := s.markDone(ctx, id, stage, i, c.Event, err)
+				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err)
 				if merr != nil {
 					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
 					ok = false
@@ -86,7 +86,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				// outbox it is handed over, as a replica concluding the
 				// rollout after a loss would hand it over too, and the
 				// outbox keeps one of the two.
-				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil, log) && ok
+				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil && !viaOutbox, log) && ok
 				continue
 			}
 			// Later callbacks of the stage wait for this one in the outbox.
@@ -107,18 +107,28 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 // nil when delivered) and returns the final stage when this mark is the
 // one that lets it be sent. The mark is retried while the shared state
 // does not answer (a NATS node lost, a leader being elected): the trainer
-// has the callback, and a mark given up on sends it again. A retry that
-// finds its own earlier write (its answer was lost) returns no final
-// stage; the outbox's check of what it holds sends that one.
-func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error) (*owedStage, error) {
-	var next *owedStage
+// has the callback, and a mark given up on sends it again.
+//
+// A retry may find the mark written already: by this replica's own
+// earlier try whose answer was lost, which may have let the final stage
+// go. That final stage is returned with viaOutbox set: it is to be handed
+// to the outbox, which keeps one hand-over of it, rather than posted.
+func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error) (next *owedStage, viaOutbox bool, err error) {
+	tries := 0
 	lc, err := s.persist(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
-		next = nil
+		tries++
+		next, viaOutbox = nil, false
 		st := lc.Ran
 		if stage == stageFinal {
 			st = lc.Final
 		}
-		if st == nil || i >= len(st.Done) || st.Done[i] {
+		if st == nil || i >= len(st.Done) {
+			return errUnchanged
+		}
+		if st.Done[i] {
+			if tries > 1 && stage == stageRan && lc.Final != nil && lc.Final.Sending && !lc.Final.done() {
+				next, viaOutbox = lc.Final, true
+			}
 			return errUnchanged
 		}
 		st.Done[i] = true
@@ -136,12 +146,12 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		return nil
 	})
 	if errors.Is(err, errUnchanged) || errors.Is(err, errGone) {
-		return nil, nil
+		return next, viaOutbox, nil
 	}
 	if err == nil && lc.Phase == phaseFinished {
 		s.waiters.notify(id)
 	}
-	return next, err
+	return next, false, err
 }
 
 // awaitDelivered waits, when some of a rollout's callbacks went to the
@@ -162,6 +172,10 @@ func (s *Service) awaitDelivered(rec *record) {
 	rehand := time.Now().Add(repairEvery)
 	for {
 		lc, _, err := s.sh.get(s.deliverCtx, rec.id)
+		if errors.Is(err, errGone) {
+			// Expired or removed: nothing is left to deliver.
+			return
+		}
 		if err == nil && lc.Ran.done() && lc.Final.done() {
 			rec.mu.Lock()
 			rec.callbackErr = lc.CallbackError

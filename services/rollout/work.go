@@ -400,7 +400,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		err = fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", c.URL, attempt, p.Deadline, err)
 		log.Error(c.Event+" failed", "error", err)
 	}
-	next, merr := s.markDone(ctx, m.ID, m.Stage, m.Index, c.Event, err)
+	next, _, merr := s.markDone(ctx, m.ID, m.Stage, m.Index, c.Event, err)
 	if merr != nil {
 		log.Warn("shared state: could not mark a callback done; it goes back", "error", merr)
 		_ = msg.NakWithDelay(time.Second)
