@@ -612,9 +612,9 @@ func TestOneTracePerRolloutAcrossReplicas(t *testing.T) {
 	// Each try is a fresh trainer whose first two callback posts fail: the
 	// completion's first attempt is the running replica's, the next two
 	// come from the outbox, the last one after a delay, from either
-	// replica; the replica that delivers the completion sends the grader
-	// callback (owed by then). Tries go on until that replica is the one
-	// that did not run the rollout.
+	// replica; the grader callback (owed by then) is sent by the running
+	// replica or handed to the outbox. Tries go on until a callback came
+	// from the replica that did not run the rollout.
 	const (
 		tries    = 8
 		failures = 2
@@ -716,7 +716,7 @@ func TestOneTracePerRolloutAcrossReplicas(t *testing.T) {
 		}
 		if len(graderCallback) != 1 {
 			t.Errorf("%s: grader callback spans from %v, want one", id, graderCallback)
-		} else if by[attempts] != ranOn && graderCallback[0] != ranOn {
+		} else if by[attempts] != ranOn || graderCallback[0] != ranOn {
 			crossed++
 		}
 		t.Logf("%s: ran on %s; completion attempts from %v (1 direct, the rest from the outbox); grader callback from %v", id, ranOn, by, graderCallback)

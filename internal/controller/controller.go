@@ -31,8 +31,9 @@ type Completion struct {
 	Reward        *float64         `json:"reward,omitempty"`
 	ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
 	Metrics       map[string]any   `json:"metrics,omitempty"`
-	// Raw is the body as received.
+	// Raw is the body as received, At when.
 	Raw json.RawMessage `json:"-"`
+	At  time.Time       `json:"-"`
 }
 
 // ChatCall is one LLM call the rollout server made to the controller.
@@ -200,7 +201,7 @@ func (c *Controller) completed(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"detail":"injected failure"}`, c.opts.FailStatus)
 		return
 	}
-	comp.Raw = body
+	comp.Raw, comp.At = body, time.Now()
 	c.completions[comp.RolloutID] = append(c.completions[comp.RolloutID], comp)
 	close(c.changed)
 	c.changed = make(chan struct{})

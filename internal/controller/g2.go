@@ -48,9 +48,11 @@ type G2Callback struct {
 	ErrCategory *string `json:"err_category"`
 	// Samples is set on grader callbacks only.
 	Samples map[string]G2Sample `json:"samples,omitempty"`
-	// Raw is the body as received and Header the request's headers.
+	// Raw is the body as received, Header the request's headers, At
+	// when it was received.
 	Raw    json.RawMessage `json:"-"`
 	Header http.Header     `json:"-"`
+	At     time.Time       `json:"-"`
 }
 
 // G2Sample is one sample of a grader callback.
@@ -343,7 +345,7 @@ func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
 		writeDetail(w, http.StatusUnprocessableEntity, err.Error())
 		return
 	}
-	cb.Raw, cb.Header = body, r.Header.Clone()
+	cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
 	c.mu.Lock()
 	if c.down || c.failed < c.opts.FailCallbacks || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
 		c.failed++

@@ -112,9 +112,11 @@ type V03Callback struct {
 	ExtraFields map[string]any `json:"extra_fields"`
 	// Sample is set on grader callbacks only, when the body has one.
 	Sample *V03Sample `json:"-"`
-	// Raw is the body as received and Header the request's headers.
+	// Raw is the body as received, Header the request's headers, At
+	// when it was received.
 	Raw    json.RawMessage `json:"-"`
 	Header http.Header     `json:"-"`
+	At     time.Time       `json:"-"`
 }
 
 // V03Result is how a rollout ended for the controller.
@@ -621,7 +623,7 @@ func (c *V03) callback(w http.ResponseWriter, r *http.Request, kind string) {
 		writeDetail(w, http.StatusUnprocessableEntity, err.Error())
 		return
 	}
-	cb.Raw, cb.Header = body, r.Header.Clone()
+	cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
 
 	c.mu.Lock()
 	sess, known := c.live[id], false
