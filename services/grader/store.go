@@ -212,6 +212,17 @@ func (s *store) lookup(ctx context.Context, rid string, ids []string, fps map[st
 // grading is lost.
 func (s *store) add(ctx context.Context, g *grading) error {
 	key := natsstore.Key(g.RolloutID)
+	// Most rollouts are graded once: their entry is created without a
+	// read first, and only one that exists is read and laid over.
+	val, err := json.Marshal(gradingList(nil).with(g, s.ttl, time.Now()))
+	if err != nil {
+		return fmt.Errorf("gradings of rollout %q: encode: %w", g.RolloutID, err)
+	}
+	if _, err := s.kv.Create(ctx, key, val); err == nil {
+		return nil
+	} else if !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("gradings of rollout %q: kv create: %w", g.RolloutID, err)
+	}
 	for {
 		gs, rev, err := s.get(ctx, g.RolloutID)
 		if err != nil {

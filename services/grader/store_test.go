@@ -244,7 +244,7 @@ func TestStoreUnreachable(t *testing.T) {
 	stored := false
 	for _, r := range sink.records() {
 		stored = stored || r.msg == "graded"
-		if r.msg == "grading not stored; a resend may grade these samples again" && !strings.Contains(fmt.Sprint(r.attrs["error"]), "kv get") {
+		if r.msg == "grading not stored; a resend may grade these samples again" && !strings.Contains(fmt.Sprint(r.attrs["error"]), "kv create") {
 			t.Errorf("error %v does not name the call that failed", r.attrs["error"])
 		}
 	}

@@ -287,7 +287,9 @@ func (s *Service) releaseWork(rec *record, done bool) {
 	}
 	s.leases.drop(msg)
 	if done {
-		if err := msg.DoubleAck(context.WithoutCancel(s.deliverCtx)); err != nil {
+		// Not waited for: an acknowledgement lost on the way only brings
+		// the message back, to a replica that finds the rollout finished.
+		if err := msg.Ack(); err != nil {
 			s.log.Warn("shared state: could not acknowledge a rollout's work; it will be concluded again from its lifecycle (its callbacks are done, so nothing is sent twice)",
 				"rollout_id", rec.id, "error", err)
 		}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -140,6 +142,32 @@ func (st *owedStage) done() bool {
 	return true
 }
 
+// clone is a copy of lc that a change may alter without altering lc: what
+// changes alter in place (a stage's Done marks and Sending) is copied, what
+// they only replace (the request, the trace, the callbacks) is shared.
+func (lc *lifecycle) clone() *lifecycle {
+	cp := *lc
+	cp.Ran, cp.Final = lc.Ran.clone(), lc.Final.clone()
+	if lc.Outcome != nil {
+		o := *lc.Outcome
+		cp.Outcome = &o
+	}
+	if lc.Reward != nil {
+		r := *lc.Reward
+		cp.Reward = &r
+	}
+	return &cp
+}
+
+func (st *owedStage) clone() *owedStage {
+	if st == nil {
+		return nil
+	}
+	cp := *st
+	cp.Callbacks, cp.Done = slices.Clone(st.Callbacks), slices.Clone(st.Done)
+	return &cp
+}
+
 type savedOutcome struct {
 	State    rolloutv1.State  `json:"state"`
 	Category outcome.Category `json:"category,omitempty"`
@@ -185,7 +213,69 @@ type shared struct {
 	// wrote counts each write to the shared state and its bytes (what a
 	// rollout costs the state: osmo_state_writes_total).
 	wrote func(bytes int)
+	// known holds the last lifecycles this replica read or wrote, so that
+	// a stage change of a rollout it runs writes without reading first.
+	known known
+	// depth is the queue's depth as last read, for admission.
+	depth queueDepth
 }
+
+// known is a bounded cache of lifecycles as stored, with their revision.
+// A revision that is not the latest any more costs nothing but a failed
+// compare-and-set, after which update reads the lifecycle.
+type known struct {
+	mu sync.Mutex
+	m  map[string]knownLifecycle
+}
+
+type knownLifecycle struct {
+	lc  *lifecycle // never changed: update changes a clone
+	rev uint64
+}
+
+// maxKnown bounds the cache: more than a replica runs at once. Lifecycles
+// read for status or by the outbox pass through it too.
+const maxKnown = 1 << 14
+
+func (k *known) get(id string) (knownLifecycle, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.m[id]
+	return e, ok
+}
+
+func (k *known) put(id string, lc *lifecycle, rev uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string]knownLifecycle{}
+	}
+	if _, ok := k.m[id]; !ok && len(k.m) >= maxKnown {
+		// Full: one goes, whichever the map yields first.
+		for old := range k.m {
+			delete(k.m, old)
+			break
+		}
+	}
+	k.m[id] = knownLifecycle{lc: lc, rev: rev}
+}
+
+func (k *known) drop(id string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.m, id)
+}
+
+// queueDepth caches the queue's depth for depthFresh: admission reads it
+// for every start, and a consumer's info is a large answer to build and
+// read, while the bound it checks is loose anyway (replicas admit at once).
+type queueDepth struct {
+	mu   sync.Mutex
+	n    int64
+	read time.Time
+}
+
+const depthFresh = 100 * time.Millisecond
 
 // maxAckPending bounds the rollouts held by all replicas together: far
 // above what any deployment runs at once.
@@ -212,12 +302,16 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 	// which any replica answers, can return an older revision, and a
 	// replica acting on it (an outbox message whose stage it does not see
 	// yet) would drop work. Compare-and-set writes need the leader anyway.
+	// A stream of one copy (the embedded server, a single NATS node) has
+	// no replica but its leader: its direct get, which skips the JSON API
+	// request and answer, is as fresh.
+	direct := st.Replicas() == 1
 	if sh.rollouts, err = keyValue(ctx, st, jetstream.KeyValueConfig{
 		Bucket: bucketRollouts, Description: "osmo: rollout lifecycles", History: 1, LimitMarkerTTL: time.Minute,
 		MaxValueSize: natsstore.DefaultMaxPayload,
 	}, func(c *jetstream.StreamConfig) bool {
-		ok := !c.AllowDirect && !c.MirrorDirect
-		c.AllowDirect, c.MirrorDirect = false, false
+		ok := c.AllowDirect == direct && !c.MirrorDirect
+		c.AllowDirect, c.MirrorDirect = direct, false
 		return ok
 	}); err != nil {
 		return nil, err
@@ -334,6 +428,9 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 	if err := json.Unmarshal(e.Value(), lc); err != nil {
 		return nil, 0, fmt.Errorf("rollout %q: lifecycle: %w", id, err)
 	}
+	if lc.Phase != phaseFinished {
+		sh.known.put(id, lc.clone(), e.Revision())
+	}
 	return lc, e.Revision(), nil
 }
 
@@ -369,7 +466,25 @@ var errUnchanged = errors.New("unchanged")
 // wrote in between; it returns what it stored. change returning
 // errUnchanged stops without a write (update returns the lifecycle read
 // and errUnchanged). A finished lifecycle is stored with the record TTL.
+//
+// The lifecycle last read or written here is changed first, without a
+// read: when the change applies and the revision is still the latest, that
+// is the whole update. Otherwise (the change refused an older state, or
+// another replica wrote since) the lifecycle is read and changed afresh, so
+// change may run twice and must not keep what an earlier run decided.
 func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
+	if k, ok := sh.known.get(id); ok {
+		if lc := k.lc.clone(); change(lc) == nil {
+			err := sh.put(ctx, lc, k.rev)
+			if err == nil {
+				return lc, nil
+			}
+			if !isWrongSequence(err) {
+				return nil, err
+			}
+		}
+		sh.known.drop(id)
+	}
 	for {
 		lc, rev, err := sh.get(ctx, id)
 		if err != nil {
@@ -395,10 +510,16 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 		return err
 	}
 	if lc.Phase != phaseFinished {
-		_, err = sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
+		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))
-		return err
+		if err != nil {
+			sh.known.drop(lc.ID)
+			return err
+		}
+		sh.known.put(lc.ID, lc.clone(), next)
+		return nil
 	}
+	sh.known.drop(lc.ID)
 	// The KV API sets a key's TTL only when it creates it; a finished
 	// lifecycle takes it as the stream's per-message TTL header on the
 	// same compare-and-set write.
@@ -464,11 +585,17 @@ func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle)
 
 // queued is how many rollouts wait in the queue, all replicas together.
 func (sh *shared) queued(ctx context.Context) (int64, error) {
+	sh.depth.mu.Lock()
+	defer sh.depth.mu.Unlock()
+	if time.Since(sh.depth.read) < depthFresh {
+		return sh.depth.n, nil
+	}
 	info, err := sh.work.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return int64(info.NumPending), nil
+	sh.depth.n, sh.depth.read = int64(info.NumPending), time.Now()
+	return sh.depth.n, nil
 }
 
 // outboxMsg names one owed callback in the outbox; the callback itself is
