@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,4 +206,60 @@ func checkRolloutRow(t *testing.T, out, name string, n int) {
 		return
 	}
 	t.Errorf("osmo bench output has no row %q:\n%s", name, out)
+}
+
+// TestBenchBaseline compares osmo serve with a baseline build (this test
+// binary again): one round of each, every rollout graded, the ratio line
+// printed.
+func TestBenchBaseline(t *testing.T) {
+	t.Setenv(osmoModeEnv, "1")
+	t.Setenv("GORACE", childGORACE())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	args := []string{"bench", "rollouts", "--baseline", os.Args[0], "--rounds", "2", "--rollouts", "100", "--concurrency", "8"}
+	if err := cli.Run(ctx, args, &out, &errOut); err != nil {
+		t.Fatalf("osmo bench rollouts --baseline: %v\n%s", err, errOut.String())
+	}
+	t.Log("\n" + out.String())
+	rows := map[string]int{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		for _, name := range []string{rolloutbench.RowCurrent, rolloutbench.RowBaseline} {
+			rest, ok := strings.CutPrefix(line, "  "+name)
+			if !ok {
+				continue
+			}
+			// round, rollouts/s, p50 "ms", p99 "ms", graded
+			f := strings.Fields(rest)
+			if len(f) != 7 {
+				t.Fatalf("row %q: %d fields, want 7", line, len(f))
+			}
+			if v, err := strconv.ParseFloat(f[1], 64); err != nil || v <= 0 {
+				t.Errorf("row %q: rollouts/s %q, want a positive number", line, f[1])
+			}
+			if f[6] != "100/100" {
+				t.Errorf("row %q: graded %s, want 100/100", line, f[6])
+			}
+			rows[name]++
+		}
+	}
+	if rows[rolloutbench.RowCurrent] != 2 || rows[rolloutbench.RowBaseline] != 2 {
+		t.Errorf("rows per server: %v, want 2 of each:\n%s", rows, out.String())
+	}
+	if !strings.Contains(out.String(), "this osmo serve against the baseline, medians: rollouts/s ") {
+		t.Errorf("no ratio line:\n%s", out.String())
+	}
+	if strings.Contains(out.String(), "in flight") || strings.Contains(out.String(), "cluster") {
+		t.Errorf("a comparison prints only itself:\n%s", out.String())
+	}
+}
+
+// TestBenchBaselineMissing: a baseline that is not a program is a usage
+// error naming the flag, before anything runs.
+func TestBenchBaselineMissing(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := cli.Run(context.Background(), []string{"bench", "rollouts", "--baseline", filepath.Join(t.TempDir(), "no-such-osmo")}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error()+errOut.String(), "--baseline") {
+		t.Fatalf("err %v, stderr %q: want a usage error naming --baseline", err, errOut.String())
+	}
 }

@@ -177,6 +177,10 @@ type rolloutBenchFlags struct {
 	workflow                        string
 	state, cluster                  bool
 	stateSync                       string
+	// baseline, when set, is another osmo build whose osmo serve is
+	// compared with this one's, rounds times each.
+	baseline string
+	rounds   int
 }
 
 func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
@@ -186,12 +190,20 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
 	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
 	fs.StringVar(&f.stateSync, "state-sync", "", `with --state: the server's --state-sync ("always", or an fsync interval such as 1s; default the server's, 2m)`)
+	fs.StringVar(&f.baseline, "baseline", "", "another osmo `binary` (an earlier build, say): time its osmo serve and this one's alternately with the same load, print both and their ratio, and nothing else")
+	fs.IntVar(&f.rounds, "rounds", 3, "with --baseline: runs of each server, alternately first")
 	fs.BoolVar(&f.cluster, "cluster", true, "also measure 3 osmo rollout replicas behind osmo gateway over a 3-node NATS cluster (nats-server from $OSMO_NATS_BIN or scripts/nats.sh)")
 }
 
 func (f *rolloutBenchFlags) check() error {
 	if f.rollouts < 100 || f.concurrency < 1 || f.inFlight < 1 {
 		return usagef("--rollouts (at least 100 for a p99), --concurrency and --in-flight must be positive")
+	}
+	if f.rounds < 1 {
+		return usagef("--rounds: must be at least 1, got %d", f.rounds)
+	}
+	if f.baseline != "" && f.state {
+		return usagef("--baseline compares osmo serve's default, in-memory state: drop --state")
 	}
 	return nil
 }
@@ -206,6 +218,9 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 	}
 	cfg := rolloutbench.Config{
 		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 15 * time.Minute,
+	}
+	if f.baseline != "" {
+		return f.compare(ctx, e, cfg)
 	}
 	if f.state {
 		dir, err := os.MkdirTemp("", "osmo-bench-state-")
@@ -227,6 +242,22 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 	}
 	rep.ClusterSkipped = skipped
 	rep.WriteTable(e.stdout)
+	return nil
+}
+
+// compare times this build's osmo serve against the baseline's.
+func (f *rolloutBenchFlags) compare(ctx context.Context, e *env, cfg rolloutbench.Config) error {
+	exe, err := exec.LookPath(f.baseline)
+	if err != nil {
+		return usagef("--baseline: %v", err)
+	}
+	baseline := programCommand(e, exe, "serve")
+	cfg.Timeout = time.Duration(f.rounds) * 10 * time.Minute
+	c, err := rolloutbench.Compare(ctx, cfg, f.baseline, baseline, f.rounds)
+	if err != nil {
+		return err
+	}
+	c.WriteTable(e.stdout)
 	return nil
 }
 
@@ -267,6 +298,12 @@ func osmoCommand(e *env, sub string) (func([]string) *exec.Cmd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot find this program's executable: %w", err)
 	}
+	return programCommand(e, exe, sub), nil
+}
+
+// programCommand builds commands running the osmo at exe with subcommand
+// sub, at osmo's default GOGC unless the environment sets one.
+func programCommand(e *env, exe, sub string) func([]string) *exec.Cmd {
 	environ := os.Environ()
 	if e.getenv("GOGC") == "" {
 		environ = append(environ, "GOGC="+strconv.Itoa(DefaultGCPercent))
@@ -275,7 +312,7 @@ func osmoCommand(e *env, sub string) (func([]string) *exec.Cmd, error) {
 		cmd := exec.Command(exe, append([]string{sub}, args...)...)
 		cmd.Env = slices.Clone(environ)
 		return cmd
-	}, nil
+	}
 }
 
 func runHealth(ctx context.Context, e *env, args []string) error {

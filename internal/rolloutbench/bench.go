@@ -178,36 +178,11 @@ func (h *harness) bench(base string) *bench {
 
 // measureServe measures `osmo serve`, and stops it.
 func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) {
-	addr, err := freeAddr()
+	srv, base, err := startServe(ctx, cfg, cfg.Serve)
 	if err != nil {
 		return nil, err
 	}
-	limit := strconv.Itoa(cfg.limit())
-	workflow := cmp.Or(cfg.Workflow, "multiply")
-	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
-		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
-	if cfg.StateDir != "" {
-		args = append(args, "--state", cfg.StateDir)
-		if cfg.StateSync != "" {
-			args = append(args, "--state-sync", cfg.StateSync)
-		}
-	}
-	cmd := cfg.Serve(args)
-	// Every held rollout keeps its upstream connection open.
-	if cmd.Env == nil {
-		cmd.Env = os.Environ()
-	}
-	cmd.Env = append(cmd.Env, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS="+strconv.Itoa(cfg.InFlight+cfg.Concurrency))
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("rolloutbench: start osmo serve: %w", err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	base := "http://" + addr
-	if err := waitHealthy(ctx, base); err != nil {
-		return nil, fmt.Errorf("rolloutbench: osmo serve: %w\n%s", err, out.String())
-	}
+	defer srv.stop(0)
 
 	b := h.bench(base)
 	rep := &Report{Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
@@ -225,7 +200,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 	if err := h.gate.WaitParked(ctx, cfg.InFlight); err != nil {
-		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, tail(out.String()))
+		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.out.String())
 	}
 	if rep.Held, err = Scrape(ctx, base); err != nil {
 		return nil, err
@@ -257,6 +232,41 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 	return rep, nil
+}
+
+// startServe starts the `osmo serve` that serve builds, with cfg's
+// workflow, limits and state, and waits until it is healthy; its caller
+// stops it. base is its URL.
+func startServe(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *proc, base string, err error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	limit := strconv.Itoa(cfg.limit())
+	workflow := cmp.Or(cfg.Workflow, "multiply")
+	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
+		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
+	if cfg.StateDir != "" {
+		args = append(args, "--state", cfg.StateDir)
+		if cfg.StateSync != "" {
+			args = append(args, "--state-sync", cfg.StateSync)
+		}
+	}
+	cmd := serve(args)
+	// Every held rollout keeps its upstream connection open.
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS="+strconv.Itoa(cfg.InFlight+cfg.Concurrency))
+	if srv, err = startProc("osmo serve", cmd); err != nil {
+		return nil, "", fmt.Errorf("rolloutbench: %w", err)
+	}
+	base = "http://" + addr
+	if err := srv.waitHTTP(ctx, base+"/health"); err != nil {
+		srv.stop(0)
+		return nil, "", fmt.Errorf("rolloutbench: %w", err)
+	}
+	return srv, base, nil
 }
 
 type bench struct {
@@ -494,24 +504,6 @@ func settledState(ctx context.Context, bases []string) (stateCount, error) {
 		case <-ctx.Done():
 			return now, ctx.Err()
 		case <-time.After(300 * time.Millisecond):
-		}
-	}
-}
-
-func waitHealthy(ctx context.Context, base string) error {
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
