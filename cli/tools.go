@@ -141,6 +141,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if err := rb.check(); err != nil {
 		return err
 	}
+	if rb.baseline != "" {
+		// A comparison is all that is asked for.
+		return rb.run(ctx, e)
+	}
 	// The traced setup runs the proxy's span pipeline, sampling every call,
 	// in front of an exporter that drops the batches: the cost measured is
 	// the proxy's, not a collector's.
@@ -190,7 +194,7 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
 	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
 	fs.StringVar(&f.stateSync, "state-sync", "", `with --state: the server's --state-sync ("always", or an fsync interval such as 1s; default the server's, 2m)`)
-	fs.StringVar(&f.baseline, "baseline", "", "another osmo `binary` (an earlier build, say): time its osmo serve and this one's alternately with the same load, print both and their ratio, and nothing else")
+	fs.StringVar(&f.baseline, "baseline", "", "another osmo `PROGRAM` (an earlier build, say): time its osmo serve and this one's alternately with the same load, print both and their ratio, and nothing else")
 	fs.IntVar(&f.rounds, "rounds", 3, "with --baseline: runs of each server, alternately first")
 	fs.BoolVar(&f.cluster, "cluster", true, "also measure 3 osmo rollout replicas behind osmo gateway over a 3-node NATS cluster (nats-server from $OSMO_NATS_BIN or scripts/nats.sh)")
 }

@@ -585,6 +585,16 @@ func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle)
 
 // queued is how many rollouts wait in the queue, all replicas together.
 func (sh *shared) queued(ctx context.Context) (int64, error) {
+	info, err := sh.work.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.NumPending), nil
+}
+
+// queuedRecently is queued as read at most depthFresh ago: admission's
+// bound, checked for every start.
+func (sh *shared) queuedRecently(ctx context.Context) (int64, error) {
 	sh.depth.mu.Lock()
 	defer sh.depth.mu.Unlock()
 	if time.Since(sh.depth.read) < depthFresh {
