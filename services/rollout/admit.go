@@ -87,7 +87,7 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	if bounded {
-		if n, err := s.sh.queuedRecently(ctx); err != nil {
+		if n, err := s.sh.queued(ctx); err != nil {
 			return nil, unavailable(err)
 		} else if n >= int64(s.cfg.MaxQueued) {
 			if lc, _, err := s.sh.get(ctx, rec.id); err == nil {

@@ -216,8 +216,6 @@ type shared struct {
 	// known holds the last lifecycles this replica read or wrote, so that
 	// a stage change of a rollout it runs writes without reading first.
 	known known
-	// depth is the queue's depth as last read, for admission.
-	depth queueDepth
 }
 
 // known is a bounded cache of lifecycles as stored, with their revision.
@@ -265,17 +263,6 @@ func (k *known) drop(id string) {
 	defer k.mu.Unlock()
 	delete(k.m, id)
 }
-
-// queueDepth caches the queue's depth for depthFresh: admission reads it
-// for every start, and a consumer's info is a large answer to build and
-// read, while the bound it checks is loose anyway (replicas admit at once).
-type queueDepth struct {
-	mu   sync.Mutex
-	n    int64
-	read time.Time
-}
-
-const depthFresh = 100 * time.Millisecond
 
 // maxAckPending bounds the rollouts held by all replicas together: far
 // above what any deployment runs at once.
@@ -590,22 +577,6 @@ func (sh *shared) queued(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	return int64(info.NumPending), nil
-}
-
-// queuedRecently is queued as read at most depthFresh ago: admission's
-// bound, checked for every start.
-func (sh *shared) queuedRecently(ctx context.Context) (int64, error) {
-	sh.depth.mu.Lock()
-	defer sh.depth.mu.Unlock()
-	if time.Since(sh.depth.read) < depthFresh {
-		return sh.depth.n, nil
-	}
-	info, err := sh.work.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	sh.depth.n, sh.depth.read = int64(info.NumPending), time.Now()
-	return sh.depth.n, nil
 }
 
 // outboxMsg names one owed callback in the outbox; the callback itself is
