@@ -107,13 +107,26 @@ func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 	}
 }
 
-// FreeAddr returns a loopback address with a port nothing listens on now.
+// FreeAddr returns a loopback address with a port nothing listens on now
+// and that no earlier call of this process returned: the kernel may hand
+// a port closed a moment ago to the next listener, so two addresses taken
+// before either process binds its own could otherwise be the same.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("proctest: no loopback port that was not handed out already")
+	return ""
 }
+
+// handedOut holds every address FreeAddr returned in this test process.
+var handedOut sync.Map

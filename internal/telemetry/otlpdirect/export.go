@@ -57,8 +57,14 @@ func (r *retryable) Unwrap() error { return r.err }
 func withRetries(ctx context.Context, rc RetryConfig, attempt func(context.Context) error) error {
 	start := time.Now()
 	interval := rc.InitialInterval
+	var prev error // the last attempt's failure
 	for {
 		err := attempt(ctx)
+		if err != nil && prev != nil && ctx.Err() != nil {
+			// Cut short by ctx: the answer before says more than the cut.
+			return fmt.Errorf("%w (retry abandoned: %w)", prev, context.Cause(ctx))
+		}
+		prev = err
 		var r *retryable
 		if err == nil || rc.Disabled || !errors.As(err, &r) {
 			return err
