@@ -87,9 +87,9 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	if bounded {
-		if n, err := s.sh.queued(ctx); err != nil {
+		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
 			return nil, unavailable(err)
-		} else if n >= int64(s.cfg.MaxQueued) {
+		} else if !room {
 			if lc, _, err := s.sh.get(ctx, rec.id); err == nil {
 				return lc, nil
 			}

@@ -216,7 +216,22 @@ type shared struct {
 	// known holds the last lifecycles this replica read or wrote, so that
 	// a stage change of a rollout it runs writes without reading first.
 	known known
+	// depth is the queue's depth as admission last read it.
+	depth queueDepth
 }
+
+// queueDepth is the queue's depth as read at read, and the starts this
+// replica admitted since.
+type queueDepth struct {
+	mu       sync.Mutex
+	n        int64
+	admitted int64
+	read     time.Time
+}
+
+// depthFresh is how long a read of the queue's depth stands in for the
+// next ones while the queue is far from full.
+const depthFresh = 100 * time.Millisecond
 
 // known is a bounded cache of lifecycles as stored, with their revision.
 // A revision that is not the latest any more costs nothing but a failed
@@ -577,6 +592,32 @@ func (sh *shared) queued(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	return int64(info.NumPending), nil
+}
+
+// admitQueued reports whether the queue has room for one more start under
+// bound, and the depth it went by. Reading the depth is a consumer's info,
+// a large answer: a read less than depthFresh old stands in for it while
+// that depth plus the starts admitted here since is under half the bound.
+// Rollouts taken from the queue since only make the estimate high, so one
+// process alone never admits past the bound; replicas admitting together
+// could already each read a depth under it.
+func (sh *shared) admitQueued(ctx context.Context, bound int64) (room bool, n int64, err error) {
+	d := &sh.depth
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.read) < depthFresh && d.n+d.admitted+1 < bound/2 {
+		d.admitted++
+		return true, d.n + d.admitted - 1, nil
+	}
+	if n, err = sh.queued(ctx); err != nil {
+		return false, 0, err
+	}
+	d.n, d.admitted, d.read = n, 0, time.Now()
+	if n >= bound {
+		return false, n, nil
+	}
+	d.admitted++
+	return true, n, nil
 }
 
 // outboxMsg names one owed callback in the outbox; the callback itself is
