@@ -123,23 +123,31 @@ type Sample struct {
 // Measure runs the server, measures, and stops it; then, with
 // cfg.Cluster, does the same on a cluster.
 func Measure(ctx context.Context, cfg Config) (*Report, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	return withHarness(ctx, cfg.Timeout, func(ctx context.Context, h *harness) (*Report, error) {
+		rep, err := measureServe(ctx, h, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Cluster != nil {
+			if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
+				return nil, fmt.Errorf("cluster: %w", err)
+			}
+		}
+		return rep, nil
+	})
+}
+
+// withHarness runs measure with a harness, both bounded by timeout.
+func withHarness[T any](ctx context.Context, timeout time.Duration, measure func(context.Context, *harness) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	h, err := newHarness(ctx)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
 	defer h.close()
-	rep, err := measureServe(ctx, h, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.Cluster != nil {
-		if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
-			return nil, fmt.Errorf("cluster: %w", err)
-		}
-	}
-	return rep, nil
+	return measure(ctx, h)
 }
 
 // harness is the measuring side: the policy double behind a gate and the

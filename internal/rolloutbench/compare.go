@@ -27,33 +27,28 @@ type Comparison struct {
 // osmo since the rollout table's first version takes; state and memory
 // figures are not compared.
 func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline func([]string) *exec.Cmd, rounds int) (*Comparison, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	h, err := newHarness(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer h.close()
 	// No rollouts are held: the servers' limits need room only for the
 	// timed ones.
 	cfg.InFlight = 0
-	c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency}
-	sides := []struct {
-		name  string
-		serve func([]string) *exec.Cmd
-		runs  *[]Timed
-	}{{"current", cfg.Serve, &c.Current}, {"baseline", serveBaseline, &c.Base}}
-	for round := range rounds {
-		for i := range sides {
-			side := sides[(i+round)%len(sides)]
-			t, err := timeServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
-			if err != nil {
-				return nil, fmt.Errorf("%s, round %d: %w", side.name, round+1, err)
+	return withHarness(ctx, cfg.Timeout, func(ctx context.Context, h *harness) (*Comparison, error) {
+		c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency}
+		sides := []struct {
+			name  string
+			serve func([]string) *exec.Cmd
+			runs  *[]Timed
+		}{{"current", cfg.Serve, &c.Current}, {"baseline", serveBaseline, &c.Base}}
+		for round := range rounds {
+			for i := range sides {
+				side := sides[(i+round)%len(sides)]
+				t, err := timeServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
+				if err != nil {
+					return nil, fmt.Errorf("%s, round %d: %w", side.name, round+1, err)
+				}
+				*side.runs = append(*side.runs, t)
 			}
-			*side.runs = append(*side.runs, t)
 		}
-	}
-	return c, nil
+		return c, nil
+	})
 }
 
 // timeServe starts a server, warms it up, times cfg.Rollouts rollouts
