@@ -2,11 +2,15 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -199,16 +203,17 @@ func graderBody(id string, o outcome.Outcome, samples []*rolloutv1.RolloutSample
 
 // wireSample is one sample of the grader callback: the fields of both
 // generations' RolloutSample, and llm_calls, the per-call records (token
-// ids, logprobs, usage) of the G3 wire.
+// ids, logprobs, usage) of the G3 wire. Its parts are the sample's own
+// messages, encoded by the one marshal of the callback body.
 type wireSample struct {
-	ID           string           `json:"id"`
-	Messages     []map[string]any `json:"messages"`
-	Label        *string          `json:"label"`
-	Reward       *float64         `json:"reward"`
-	RemoveSample bool             `json:"remove_sample"`
-	Metrics      map[string]any   `json:"metrics"`
-	ExtraFields  map[string]any   `json:"extra_fields"`
-	LLMCalls     []map[string]any `json:"llm_calls,omitempty"`
+	ID           string             `json:"id"`
+	Messages     []*structpb.Struct `json:"messages"`
+	Label        *string            `json:"label"`
+	Reward       *float64           `json:"reward"`
+	RemoveSample bool               `json:"remove_sample"`
+	Metrics      map[string]any     `json:"metrics"`
+	ExtraFields  *structpb.Struct   `json:"extra_fields"`
+	LLMCalls     []*wireLLMCall     `json:"llm_calls,omitempty"`
 }
 
 // newWireSample renders sm; its reward only when the rollout succeeded and
@@ -216,11 +221,14 @@ type wireSample struct {
 func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 	out := &wireSample{
 		ID:           sm.GetId(),
-		Messages:     fromStructs(sm.GetMessages()),
+		Messages:     nonNil(sm.GetMessages()),
 		Label:        sm.Label,
 		RemoveSample: sm.GetRemoveSample(),
 		Metrics:      protoMap(sm.GetMetrics()),
-		ExtraFields:  sm.GetExtraFields().AsMap(),
+		ExtraFields:  sm.GetExtraFields(),
+	}
+	if out.ExtraFields == nil {
+		out.ExtraFields = &structpb.Struct{} // {} rather than null, as the wires have it
 	}
 	if ok && !sm.GetRemoveSample() {
 		out.Reward = sm.Reward
@@ -231,17 +239,111 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 	return out
 }
 
-// wireCall is one record of a sample's llm_calls: the LLMCall with its
+// nonNil is msgs, or an empty list ([] rather than null).
+func nonNil(msgs []*structpb.Struct) []*structpb.Struct {
+	if msgs == nil {
+		return []*structpb.Struct{}
+	}
+	return msgs
+}
+
+// wireLLMCall is one record of a sample's llm_calls: the LLMCall with its
 // proto field names, which include the G3 names (prompt_tokens,
 // completion_tokens, cached_tokens, model_name) beside usage and model.
-// Token ids and logprobs the upstream did not return are left out rather
-// than sent as empty arrays, which would read as "no tokens".
-func wireCall(c *rolloutv1.LLMCall) map[string]any {
-	m := protoMap(c)
-	for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
-		if v, ok := m[k].([]any); ok && len(v) == 0 {
-			delete(m, k)
+// Every field is present, as protojson with EmitUnpopulated renders it,
+// except token ids and logprobs the upstream did not return: those are
+// left out rather than sent as empty arrays, which would read as "no
+// tokens".
+type wireLLMCall struct {
+	ID                 string             `json:"id"`
+	RequestedModel     string             `json:"requested_model"`
+	Model              string             `json:"model"`
+	RequestMessages    []*structpb.Struct `json:"request_messages"`
+	ResponseMessage    *structpb.Struct   `json:"response_message"`
+	FinishReason       string             `json:"finish_reason"`
+	Usage              *wireUsage         `json:"usage"`
+	LatencyMS          jsonFloat          `json:"latency_ms"`
+	TimeToFirstTokenMS jsonFloat          `json:"time_to_first_token_ms"`
+	Stream             bool               `json:"stream"`
+	PromptTokenIDs     []int32            `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int32            `json:"completion_token_ids,omitempty"`
+	Logprobs           jsonFloats         `json:"logprobs,omitempty"`
+	StatusCode         int32              `json:"status_code"`
+	Error              string             `json:"error"`
+	Attempts           int32              `json:"attempts"`
+	StartedAt          json.RawMessage    `json:"started_at"`
+	API                string             `json:"api"`
+	PromptTokens       int32              `json:"prompt_tokens"`
+	CompletionTokens   int32              `json:"completion_tokens"`
+	CachedTokens       int32              `json:"cached_tokens"`
+	ModelName          string             `json:"model_name"`
+}
+
+type wireUsage struct {
+	PromptTokens     int32 `json:"prompt_tokens"`
+	CompletionTokens int32 `json:"completion_tokens"`
+	TotalTokens      int32 `json:"total_tokens"`
+	CachedTokens     int32 `json:"cached_tokens"`
+}
+
+// wireCall renders c for the callback body.
+func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
+	w := &wireLLMCall{
+		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
+		RequestMessages: nonNil(c.GetRequestMessages()), ResponseMessage: c.GetResponseMessage(),
+		FinishReason: c.GetFinishReason(),
+		LatencyMS:    jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
+		Stream:         c.GetStream(),
+		PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(),
+		StatusCode: c.GetStatusCode(), Error: c.GetError(), Attempts: c.GetAttempts(),
+		StartedAt: json.RawMessage("null"), API: c.GetApi(),
+		PromptTokens: c.GetPromptTokens(), CompletionTokens: c.GetCompletionTokens(), CachedTokens: c.GetCachedTokens(),
+		ModelName: c.GetModelName(),
+	}
+	if u := c.GetUsage(); u != nil {
+		w.Usage = &wireUsage{PromptTokens: u.GetPromptTokens(), CompletionTokens: u.GetCompletionTokens(),
+			TotalTokens: u.GetTotalTokens(), CachedTokens: u.GetCachedTokens()}
+	}
+	w.Logprobs = c.GetLogprobs()
+	if t := c.GetStartedAt(); t != nil {
+		// The proto JSON form of a timestamp (RFC 3339, in UTC, with 0, 3,
+		// 6 or 9 fractional digits).
+		if b, err := protojson.Marshal(t); err == nil {
+			w.StartedAt = b
 		}
 	}
-	return m
+	return w
+}
+
+// jsonFloat is a double as proto JSON has it: a number, or "NaN",
+// "Infinity" and "-Infinity" as strings (which plain JSON cannot hold).
+type jsonFloat float64
+
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	switch {
+	case math.IsNaN(v):
+		return []byte(`"NaN"`), nil
+	case math.IsInf(v, 1):
+		return []byte(`"Infinity"`), nil
+	case math.IsInf(v, -1):
+		return []byte(`"-Infinity"`), nil
+	}
+	return json.Marshal(v)
+}
+
+// jsonFloats is a list of doubles as proto JSON has it (see jsonFloat).
+type jsonFloats []float64
+
+func (fs jsonFloats) MarshalJSON() ([]byte, error) {
+	for _, v := range fs {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			out := make([]jsonFloat, len(fs))
+			for i, v := range fs {
+				out[i] = jsonFloat(v)
+			}
+			return json.Marshal(out)
+		}
+	}
+	return json.Marshal([]float64(fs))
 }
