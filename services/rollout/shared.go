@@ -436,6 +436,19 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 	return lc, e.Revision(), nil
 }
 
+// queuedLifecycle is id's lifecycle for a replica that took it from the
+// queue: the one this replica admitted, without a read, while it is known
+// to be queued and unchanged since; else as read. A lifecycle changed
+// since by another replica (a cancel) fails the compare-and-set of the
+// write that starts it, which then reads it afresh.
+func (sh *shared) queuedLifecycle(ctx context.Context, id string) (*lifecycle, error) {
+	if k, ok := sh.known.get(id); ok && k.lc.Phase == phaseQueued {
+		return k.lc.clone(), nil
+	}
+	lc, _, err := sh.get(ctx, id)
+	return lc, err
+}
+
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
@@ -447,6 +460,7 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
 		if err == nil {
+			sh.known.put(lc.ID, lc.clone(), rev)
 			return nil, rev, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {

@@ -156,7 +156,7 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		release()
 		return
 	}
-	lc, _, err := s.sh.get(ctx, id)
+	lc, err := s.sh.queuedLifecycle(ctx, id)
 	switch {
 	case errors.Is(err, errGone):
 		_ = msg.Ack()
@@ -247,7 +247,7 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		s.store.remove(rec)
 		s.leases.drop(msg)
 		rec.rolloutSpan().End()
-		if errors.Is(err, errNotOwner) {
+		if errors.Is(err, errNotOwner) || errors.Is(err, errGone) {
 			_ = msg.Ack()
 			return
 		}
