@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -206,14 +207,14 @@ func graderBody(id string, o outcome.Outcome, samples []*rolloutv1.RolloutSample
 // ids, logprobs, usage) of the G3 wire. Its parts are the sample's own
 // messages, encoded by the one marshal of the callback body.
 type wireSample struct {
-	ID           string             `json:"id"`
-	Messages     []*structpb.Struct `json:"messages"`
-	Label        *string            `json:"label"`
-	Reward       *float64           `json:"reward"`
-	RemoveSample bool               `json:"remove_sample"`
-	Metrics      map[string]any     `json:"metrics"`
-	ExtraFields  *structpb.Struct   `json:"extra_fields"`
-	LLMCalls     []*wireLLMCall     `json:"llm_calls,omitempty"`
+	ID           string         `json:"id"`
+	Messages     []jsonStruct   `json:"messages"`
+	Label        *string        `json:"label"`
+	Reward       *float64       `json:"reward"`
+	RemoveSample bool           `json:"remove_sample"`
+	Metrics      map[string]any `json:"metrics"`
+	ExtraFields  jsonStruct     `json:"extra_fields"`
+	LLMCalls     []*wireLLMCall `json:"llm_calls,omitempty"`
 }
 
 // newWireSample renders sm; its reward only when the rollout succeeded and
@@ -221,14 +222,12 @@ type wireSample struct {
 func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 	out := &wireSample{
 		ID:           sm.GetId(),
-		Messages:     nonNil(sm.GetMessages()),
+		Messages:     jsonStructs(sm.GetMessages()),
 		Label:        sm.Label,
 		RemoveSample: sm.GetRemoveSample(),
 		Metrics:      protoMap(sm.GetMetrics()),
-		ExtraFields:  sm.GetExtraFields(),
-	}
-	if out.ExtraFields == nil {
-		out.ExtraFields = &structpb.Struct{} // {} rather than null, as the wires have it
+		// {} rather than null when unset, as the wires have it.
+		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
 	}
 	if ok && !sm.GetRemoveSample() {
 		out.Reward = sm.Reward
@@ -239,14 +238,6 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 	return out
 }
 
-// nonNil is msgs, or an empty list ([] rather than null).
-func nonNil(msgs []*structpb.Struct) []*structpb.Struct {
-	if msgs == nil {
-		return []*structpb.Struct{}
-	}
-	return msgs
-}
-
 // wireLLMCall is one record of a sample's llm_calls: the LLMCall with its
 // proto field names, which include the G3 names (prompt_tokens,
 // completion_tokens, cached_tokens, model_name) beside usage and model.
@@ -255,28 +246,28 @@ func nonNil(msgs []*structpb.Struct) []*structpb.Struct {
 // left out rather than sent as empty arrays, which would read as "no
 // tokens".
 type wireLLMCall struct {
-	ID                 string             `json:"id"`
-	RequestedModel     string             `json:"requested_model"`
-	Model              string             `json:"model"`
-	RequestMessages    []*structpb.Struct `json:"request_messages"`
-	ResponseMessage    *structpb.Struct   `json:"response_message"`
-	FinishReason       string             `json:"finish_reason"`
-	Usage              *wireUsage         `json:"usage"`
-	LatencyMS          jsonFloat          `json:"latency_ms"`
-	TimeToFirstTokenMS jsonFloat          `json:"time_to_first_token_ms"`
-	Stream             bool               `json:"stream"`
-	PromptTokenIDs     []int32            `json:"prompt_token_ids,omitempty"`
-	CompletionTokenIDs []int32            `json:"completion_token_ids,omitempty"`
-	Logprobs           jsonFloats         `json:"logprobs,omitempty"`
-	StatusCode         int32              `json:"status_code"`
-	Error              string             `json:"error"`
-	Attempts           int32              `json:"attempts"`
-	StartedAt          json.RawMessage    `json:"started_at"`
-	API                string             `json:"api"`
-	PromptTokens       int32              `json:"prompt_tokens"`
-	CompletionTokens   int32              `json:"completion_tokens"`
-	CachedTokens       int32              `json:"cached_tokens"`
-	ModelName          string             `json:"model_name"`
+	ID                 string          `json:"id"`
+	RequestedModel     string          `json:"requested_model"`
+	Model              string          `json:"model"`
+	RequestMessages    []jsonStruct    `json:"request_messages"`
+	ResponseMessage    jsonStruct      `json:"response_message"`
+	FinishReason       string          `json:"finish_reason"`
+	Usage              *wireUsage      `json:"usage"`
+	LatencyMS          jsonFloat       `json:"latency_ms"`
+	TimeToFirstTokenMS jsonFloat       `json:"time_to_first_token_ms"`
+	Stream             bool            `json:"stream"`
+	PromptTokenIDs     []int32         `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int32         `json:"completion_token_ids,omitempty"`
+	Logprobs           jsonFloats      `json:"logprobs,omitempty"`
+	StatusCode         int32           `json:"status_code"`
+	Error              string          `json:"error"`
+	Attempts           int32           `json:"attempts"`
+	StartedAt          json.RawMessage `json:"started_at"`
+	API                string          `json:"api"`
+	PromptTokens       int32           `json:"prompt_tokens"`
+	CompletionTokens   int32           `json:"completion_tokens"`
+	CachedTokens       int32           `json:"cached_tokens"`
+	ModelName          string          `json:"model_name"`
 }
 
 type wireUsage struct {
@@ -290,7 +281,7 @@ type wireUsage struct {
 func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
 	w := &wireLLMCall{
 		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
-		RequestMessages: nonNil(c.GetRequestMessages()), ResponseMessage: c.GetResponseMessage(),
+		RequestMessages: jsonStructs(c.GetRequestMessages()), ResponseMessage: jsonStruct{c.GetResponseMessage()},
 		FinishReason: c.GetFinishReason(),
 		LatencyMS:    jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
 		Stream:         c.GetStream(),
