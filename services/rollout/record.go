@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -254,16 +255,30 @@ func (r *record) finishedAt() time.Time {
 	return r.finished
 }
 
-// snapshot copies the samples: grading sets rewards on the originals while
-// callers read the copies without the lock.
+// snapshot copies the samples for callers that read them without the lock.
+// The copies are shallow: once collected, a sample's parts (its messages,
+// its calls) are never changed, only its own fields are, by grading (its
+// reward, remove_sample), which the copies do not see.
 func (r *record) snapshot() []*rolloutv1.RolloutSample {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*rolloutv1.RolloutSample, len(r.samples))
 	for i, s := range r.samples {
-		out[i] = proto.Clone(s).(*rolloutv1.RolloutSample)
+		out[i] = shallowCopy(s)
 	}
 	return out
+}
+
+// shallowCopy is a new message whose fields hold m's values: messages and
+// lists are shared, not copied.
+func shallowCopy[M proto.Message](m M) M {
+	src := m.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	return dst.Interface().(M)
 }
 
 // primary is the rollout's first registered sample (a copy), the one the
