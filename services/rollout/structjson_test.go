@@ -19,7 +19,7 @@ func TestJSONStructIsEncodingJSON(t *testing.T) {
 		for _, n := range []float64{0, -0.0, 1, -1, 0.1, 1.5e-7, 1e-6, 123456789, 1e20, 1e21, 1.7976931348623157e308, 5e-324, 42.42} {
 			m := map[string]any{
 				"s": s, s: n, "n": n, "b": true, "f": false, "null": nil,
-				"list": []any{s, n, nil, []any{}, map[string]any{}},
+				"list":   []any{s, n, nil, []any{}, map[string]any{}},
 				"nested": map[string]any{"z": 1.0, "a": []any{map[string]any{"k": s}}},
 			}
 			st, err := structpb.NewStruct(m)
