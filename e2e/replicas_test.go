@@ -22,6 +22,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/controller"
@@ -723,5 +724,68 @@ func TestOneTracePerRolloutAcrossReplicas(t *testing.T) {
 	}
 	if crossed == 0 {
 		t.Errorf("in %d rollouts the completion was never delivered from the outbox by the replica that did not run the rollout: the trace across replicas was not exercised", tries)
+	}
+}
+
+// TestLostReplicaRolloutsAdmittedByAnother admits every rollout through
+// one replica while both take work from the queue, then SIGKILLs the other
+// one with its rollouts running: the admitting replica, which knows each
+// of them as it admitted it (queued), must read what became of the lost
+// replica's ones when their work comes back to it, and conclude each once,
+// as interrupted.
+func TestLostReplicaRolloutsAdmittedByAnother(t *testing.T) {
+	const latency = 8 * time.Second
+	policy := "http://" + startMockPolicy(t, "--latency", latency.String()) + "/v1"
+	ctl := startController(t, controller.G2Options{PolicyURL: policy, APIKey: controllerKey, Logger: quietLog()})
+	c := startReplicas(t, replicaOptions{n: 2, args: []string{"--max-concurrent", "4", "--max-queued", "20"}})
+	admitter, lost := c.replicas[0], c.replicas[1]
+
+	d := &clusterDriver{g2: ctl}
+	var ids []string
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for i := range 8 {
+		it := newClusterItem(i)
+		it.id = fmt.Sprintf("lost-%d", i)
+		body, err := json.Marshal(d.g2Body(it))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &rolloutv1.StartRolloutRequest{}
+		if err := protojson.Unmarshal(body, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admitter.client.StartRollout(ctx, req); err != nil {
+			t.Fatalf("start %s on %s: %v", it.id, admitter.name, err)
+		}
+		ids = append(ids, it.id)
+	}
+	// Both replicas run some (each has four slots).
+	waitFor(t, "every rollout's LLM call", func() bool { return len(ctl.Chats()) == len(ids) })
+	held := holders(t, c.nats.URL(), ids)
+	var onLost []string
+	for id, h := range held {
+		if strings.HasPrefix(h, lost.name+"-") {
+			onLost = append(onLost, id)
+		}
+	}
+	if len(onLost) == 0 || len(onLost) == len(ids) {
+		t.Fatalf("holders %v: want rollouts on both replicas", held)
+	}
+	lost.proc.Stop(syscall.SIGKILL, 5*time.Second)
+
+	for _, id := range ids {
+		comp, err := ctl.WaitCompletion(ctx, id)
+		if err != nil {
+			t.Fatalf("%s (held by %s): %v", id, held[id], err)
+		}
+		if slices.Contains(onLost, id) != (comp.Status == "failure") {
+			t.Errorf("%s (held by %s): completion %s", id, held[id], comp.Raw)
+		}
+	}
+	for _, id := range ids {
+		if n := len(ctl.Completions(id)); n != 1 {
+			t.Errorf("%s: %d completion callbacks, want 1", id, n)
+		}
 	}
 }

@@ -437,12 +437,14 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 }
 
 // queuedLifecycle is id's lifecycle for a replica that took it from the
-// queue: the one this replica admitted, without a read, while it is known
-// to be queued and unchanged since; else as read. A lifecycle changed
-// since by another replica (a cancel) fails the compare-and-set of the
-// write that starts it, which then reads it afresh.
-func (sh *shared) queuedLifecycle(ctx context.Context, id string) (*lifecycle, error) {
-	if k, ok := sh.known.get(id); ok && k.lc.Phase == phaseQueued {
+// queue. On the message's first delivery, the lifecycle this replica
+// admitted is taken as it is, without a read, while it is known queued: the
+// only change a queued rollout sees before it is first taken is a cancel,
+// which fails the compare-and-set of the write that starts it (that write
+// then reads afresh and sees the cancel). A message delivered again may be
+// a lost replica's rollout, long past queued: it is read.
+func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery bool) (*lifecycle, error) {
+	if k, ok := sh.known.get(id); ok && firstDelivery && k.lc.Phase == phaseQueued {
 		return k.lc.clone(), nil
 	}
 	lc, _, err := sh.get(ctx, id)

@@ -156,7 +156,8 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		release()
 		return
 	}
-	lc, err := s.sh.queuedLifecycle(ctx, id)
+	meta, metaErr := msg.Metadata()
+	lc, err := s.sh.queuedLifecycle(ctx, id, metaErr == nil && meta.NumDelivered == 1)
 	switch {
 	case errors.Is(err, errGone):
 		_ = msg.Ack()
@@ -172,7 +173,7 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 	// stream: a redelivery of it means its holder was lost; any other
 	// message (a second enqueue, the cancel of a queued one) is stale.
 	queue := "?"
-	if meta, err := msg.Metadata(); err == nil {
+	if metaErr == nil {
 		queue = strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	if lc.Phase != phaseQueued && lc.Held != queue {
