@@ -24,6 +24,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/inproc"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
@@ -278,10 +279,7 @@ type stack struct {
 	graderSrv  *server.GRPC
 	graderHS   *health.Server
 	graderConn *grpc.ClientConn
-	// graderPoolConn carries the rollout service's gradings.
-	graderPoolConn *grpc.ClientConn
-	graderCli      *grader.Pool
-	graderSvc      *grader.Service
+	graderSvc  *grader.Service
 	rolloutSvc     *rollout.Service
 	rolloutSrv     *server.GRPC
 	rolloutHS      *health.Server
@@ -338,21 +336,20 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 		return nil, err
 	}
 	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
-	// The gateway forwards its clients' calls, with their own
-	// Authorization, on this connection; it is also the one traced.
+	// The gateway's streaming calls go over gRPC (and what the services'
+	// own listeners serve to other processes); its unary calls, the hot
+	// path, are made in process (see inproc.Conn), through the same
+	// interceptors. The clients' own Authorization is checked either way.
 	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop); err != nil {
 		return nil, err
 	}
-	// The rollout service's grade streams present the key on a connection
-	// of their own: on the gateway's, every client would pass with it.
-	if st.graderPoolConn, err = dial(st.graderSrv.Addr(), nil, tr.prop, graderCredentials(sc.rollout.apiKey)...); err != nil {
-		return nil, err
-	}
-	st.graderCli = grader.NewPool(st.graderPoolConn, 1, grader.ClientOptions{Logger: log, Propagator: tr.prop})
+	graderCalls := inproc.NewConn(&graderv1.GraderService_ServiceDesc, st.graderSvc, st.graderConn, server.RecoverUnary(log), gauth.Unary)
 
+	// The rollout service grades in process too: nothing is encoded, and
+	// no key is needed.
 	var g rollout.Grader
 	if spec != "" {
-		g = st.graderCli
+		g = localGrader{st.graderSvc}
 	}
 	cfg, err := sc.rollout.config(e, log, g, spec, st.state, reg, tr)
 	if err != nil {
@@ -370,7 +367,9 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	if st.rollConn, err = dial(st.rolloutSrv.Addr(), tr.gateway, tr.prop); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log,
+	rolloutCalls := inproc.NewConn(&rolloutv1.RolloutService_ServiceDesc, st.rolloutSvc, st.rollConn,
+		server.RecoverUnary(log), st.rolloutSvc.UnaryInterceptor)
+	gw, err := gateway.New(gateway.Config{Rollout: rolloutCalls, Grader: graderCalls, MaxBodyBytes: sc.maxBody, Logger: log,
 		TracerProvider: tr.gateway, Propagator: tr.prop})
 	if err != nil {
 		return nil, err
@@ -397,7 +396,7 @@ func (st *stack) release() {
 }
 
 func (st *stack) close() {
-	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn, st.graderPoolConn} {
+	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn} {
 		if c != nil {
 			_ = c.Close()
 		}
@@ -420,7 +419,6 @@ func (st *stack) run(ctx context.Context) error {
 	defer stopBack()
 	back, backCtx := errgroup.WithContext(backCtx)
 	back.Go(func() error { return st.graderSrv.Serve(backCtx) })
-	back.Go(func() error { return st.graderCli.Run(backCtx) })
 	st.graderHS.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 
 	frontParent, stopFront := context.WithCancel(ctx)
@@ -444,6 +442,14 @@ func (st *stack) run(ctx context.Context) error {
 	stopBack()
 	backErr := back.Wait()
 	return errors.Join(frontErr, backErr)
+}
+
+// localGrader is the stack's grader service as the rollout service's
+// Grader, in process.
+type localGrader struct{ svc *grader.Service }
+
+func (g localGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	return g.svc.GradeLocal(ctx, req)
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {

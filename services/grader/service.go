@@ -115,6 +115,37 @@ func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 	return resp, nil
 }
 
+// GradeLocal grades req for a caller in this process (osmo serve's rollout
+// service), answering as GradeStream answers a client: an invalid request
+// is an answer with Error set (a validation failure), not an error. While
+// the gradings cannot be read (the shared state is unreachable), it tries
+// again, as a stream's client resends, until ctx ends.
+func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		resp, err := s.Grade(ctx, req)
+		switch status.Code(err) {
+		case codes.OK:
+			return resp, nil
+		case codes.InvalidArgument:
+			return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(),
+				Error: "invalid request: " + status.Convert(err).Message(), ErrorCategory: string(outcome.Validation)}, nil
+		case codes.Unavailable:
+			if s.isClosed() {
+				return nil, err
+			}
+		default:
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+}
+
 // GradeStream implements graderv1.GraderServiceServer. Requests are graded
 // concurrently (at most Config.MaxConcurrent in progress per stream) and
 // answered as they complete. An invalid request is answered with Error set;

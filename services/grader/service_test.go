@@ -650,3 +650,32 @@ func TestGradeStreamEndsWhenTheServiceCloses(t *testing.T) {
 		t.Fatalf("Grade after Close: %v, want Unavailable", err)
 	}
 }
+
+// GradeLocal answers as a stream answers its client: a grading, and an
+// invalid request as an answer with Error set (a validation failure);
+// once the service is closed, an error.
+func TestGradeLocal(t *testing.T) {
+	c := newCounter(nil)
+	svc, err := grader.New(testContext(t), grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g", Logger: quietLogger(), State: openState(t, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := svc.GradeLocal(testContext(t), gradeReq(t, "local-1", "42", "42"))
+	if err != nil || resp.GetError() != "" || len(resp.GetGrades()) != 1 || resp.GetGrades()[0].GetReward() != 1 {
+		t.Fatalf("GradeLocal = %v, %v", resp, err)
+	}
+	// Again: answered from the stored grading.
+	if resp, err := svc.GradeLocal(testContext(t), gradeReq(t, "local-1", "42", "42")); err != nil || !resp.GetGrades()[0].GetCached() || c.runs != 1 {
+		t.Errorf("second GradeLocal = %v, %v (graded %d times)", resp, err, c.runs)
+	}
+	resp, err = svc.GradeLocal(testContext(t), &graderv1.GradeRequest{RolloutId: "local-2"})
+	if err != nil || !strings.Contains(resp.GetError(), "invalid request: ") || resp.GetErrorCategory() != "validation_error" {
+		t.Errorf("invalid request: %v, %v", resp, err)
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.GradeLocal(testContext(t), gradeReq(t, "local-3", "42", "42")); status.Code(err) != codes.Unavailable {
+		t.Errorf("after Close: %v, want Unavailable", err)
+	}
+}
