@@ -280,11 +280,11 @@ type stack struct {
 	graderHS   *health.Server
 	graderConn *grpc.ClientConn
 	graderSvc  *grader.Service
-	rolloutSvc     *rollout.Service
-	rolloutSrv     *server.GRPC
-	rolloutHS      *health.Server
-	rollConn       *grpc.ClientConn
-	http           *server.HTTP
+	rolloutSvc *rollout.Service
+	rolloutSrv *server.GRPC
+	rolloutHS  *health.Server
+	rollConn   *grpc.ClientConn
+	http       *server.HTTP
 	// state is the NATS JetStream of the stack's shared state (the
 	// rollout service's and the grader's); closed last.
 	state *natsstore.Store
