@@ -72,7 +72,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		ran, direct = resumed.Ran, false
 	} else {
 		var err error
-		if ran, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
+		if ran, _, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
 			s.abandon(rec, err, log)
 			return
 		}
@@ -94,12 +94,16 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		fin, final, finDirect = resumed.Final, resumed.Final.Outcome.outcome(), false
 		rec.settleFrom(resumed)
 	} else {
-		var err error
-		if fin, err = s.owe(ctx, rec, stageFinal, final, rec.wire.finished(rec, run, final), log); err != nil {
+		var (
+			err       error
+			viaOutbox bool
+		)
+		if fin, viaOutbox, err = s.owe(ctx, rec, stageFinal, final, rec.wire.finished(rec, run, final), log); err != nil {
 			<-sent
 			s.abandon(rec, err, log)
 			return
 		}
+		finDirect = !viaOutbox
 	}
 	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, log)
 	ok = <-sent && ok
@@ -122,8 +126,9 @@ func (s *Service) lostMessage(lc *lifecycle, when string) string {
 // lifecycle before any is posted, and returns the stage as stored: its
 // Sending says whether this replica is to send it now (always the first
 // stage; the final one once the first is done). A stage that owes nothing
-// is done at once.
-func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (*owedStage, error) {
+// is done at once. viaOutbox says the stage is to be handed to the outbox
+// rather than posted (see below).
+func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (_ *owedStage, viaOutbox bool, _ error) {
 	st := &owedStage{Outcome: saveOutcome(o), Callbacks: make([]savedCallback, len(ds)), Done: make([]bool, len(ds))}
 	for i, d := range ds {
 		payload, err := marshalBody(d.body)
@@ -139,16 +144,23 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 	rec.mu.Unlock()
 	var written *owedStage // the stage, when an earlier try wrote it
 	lc, err := s.persist(ctx, rec.id, func(lc *lifecycle) error {
+		written, viaOutbox = nil, false
 		if lc.Owner != s.replica {
 			return errNotOwner
 		}
 		// A try whose answer was lost may have written the stage already;
 		// the mark of the first stage may even have started sending the
 		// final one since.
+		//
+		// The first stage is this replica's to send either way. The final
+		// one is to be sent if the write said so (Sending: the first stage
+		// was done by then) or a mark of the first stage has said so since,
+		// and then its sender may already be posting it: it goes through
+		// the outbox, which keeps one hand-over and skips what is done.
 		if prev := map[string]*owedStage{stageRan: lc.Ran, stageFinal: lc.Final}[stage]; prev != nil {
 			cp := *prev
-			cp.Sending = stage == stageRan
-			written = &cp
+			cp.Sending = stage == stageRan || prev.Sending
+			written, viaOutbox = &cp, stage == stageFinal && prev.Sending
 			return errUnchanged
 		}
 		cp := *st
@@ -175,15 +187,15 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		return nil
 	})
 	if errors.Is(err, errUnchanged) && written != nil {
-		return written, nil
+		return written, viaOutbox, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if stage == stageRan {
-		return lc.Ran, nil
+		return lc.Ran, false, nil
 	}
-	return lc.Final, nil
+	return lc.Final, false, nil
 }
 
 // persist is update, retried while the shared state does not answer, for

@@ -233,7 +233,12 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		carrier = map[string]string{}
 		s.cfg.Propagator.Inject(rec.traced(context.Background()), propagation.MapCarrier(carrier))
 	}
-	stored, err := s.sh.update(ctx, lc.ID, func(lc *lifecycle) error {
+	// Retried while the state does not answer; a try whose answer was lost
+	// may have written already.
+	stored, err := s.persist(ctx, lc.ID, func(lc *lifecycle) error {
+		if lc.Phase == phaseRunning && lc.Owner == s.replica && lc.Held == queue {
+			return errUnchanged
+		}
 		if lc.Phase != phaseQueued {
 			return errNotOwner
 		}
@@ -243,6 +248,9 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		}
 		return nil
 	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	}
 	if err != nil {
 		release()
 		s.store.remove(rec)
