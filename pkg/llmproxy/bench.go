@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math"
 	"net"
 	"net/http"
@@ -306,6 +307,10 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport: rpTransport,
+		// A throughput run ends by cancelling the requests in flight: each
+		// would print "http: proxy error: context canceled" between the
+		// tables.
+		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	if s.reverseURL, err = s.serve(rp); err != nil {
 		return err

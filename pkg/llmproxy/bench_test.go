@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -279,9 +280,18 @@ func TestMeasureOverhead(t *testing.T) {
 	}
 	// The report states the collector setting it ran under.
 	defer debug.SetGCPercent(debug.SetGCPercent(250))
+	// What the measurement logs reaches the standard logger (where a
+	// ReverseProxy's errors go): `osmo bench` prints its tables and nothing
+	// else, so nothing may.
+	var logged bytes.Buffer
+	log.SetOutput(&logged)
+	defer log.SetOutput(os.Stderr)
 	rep, err := llmproxy.MeasureOverhead(ctx, 50, benchTracerProvider(t))
 	if err != nil {
 		t.Fatalf("MeasureOverhead: %v", err)
+	}
+	if logged.Len() > 0 {
+		t.Errorf("MeasureOverhead logged:\n%s", logged.String())
 	}
 	if rep.GCPercent != 250 {
 		t.Errorf("report GCPercent = %d, want the 250 in effect", rep.GCPercent)
