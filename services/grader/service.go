@@ -127,8 +127,7 @@ func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*
 		case codes.OK:
 			return resp, nil
 		case codes.InvalidArgument:
-			return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader(),
-				Error: "invalid request: " + status.Convert(err).Message(), ErrorCategory: string(outcome.Validation)}, nil
+			return invalidAnswer(req, status.Convert(err)), nil
 		case codes.Unavailable:
 			if s.isClosed() {
 				return nil, err
@@ -144,6 +143,14 @@ func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*
 		case <-t.C:
 		}
 	}
+}
+
+// invalidAnswer is the answer to a request refused as invalid (st): an
+// answer with Error set, a validation failure, for callers that take
+// answers rather than errors.
+func invalidAnswer(req *graderv1.GradeRequest, st *status.Status) *graderv1.GradeResponse {
+	return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
+		Error: "invalid request: " + st.Message(), ErrorCategory: string(outcome.Validation)}
 }
 
 // GradeStream implements graderv1.GraderServiceServer. Requests are graded
@@ -211,8 +218,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 				switch st.Code() {
 				case codes.InvalidArgument:
 					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
-					resp = &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
-						Error: "invalid request: " + st.Message(), ErrorCategory: string(outcome.Validation)}
+					resp = invalidAnswer(req, st)
 				case codes.Unavailable:
 					// Closing, or the gradings cannot be read: end the stream
 					// so the client reconnects (to another replica, maybe)
