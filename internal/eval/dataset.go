@@ -21,11 +21,14 @@ import (
 // if any, then the user prompt), the label only the grader sees, and the
 // metadata both see.
 type Row struct {
-	// Index is the row's 0-based position in the dataset file.
-	Index    int
-	Messages []map[string]any
-	Label    *string
-	Metadata map[string]any
+	// Index is the row's 0-based position within the rows a run selected
+	// (what results call row_index, as the Osmosis controller numbers
+	// them); SourceIndex is its 0-based position in the dataset file
+	// (source_row_index). They are equal until a selection is made.
+	Index, SourceIndex int
+	Messages           []map[string]any
+	Label              *string
+	Metadata           map[string]any
 }
 
 // The columns a row is made of; any other column goes into its metadata.
@@ -169,7 +172,7 @@ func readParquet(path string) ([]map[string]any, error) {
 // label is kept apart, and metadata is the metadata column (a JSON object,
 // or its text) with every other column laid into it.
 func normalize(raw map[string]any, index int) (Row, error) {
-	row := Row{Index: index}
+	row := Row{Index: index, SourceIndex: index}
 	if v, ok := raw[colMetadata]; ok && v != nil {
 		md, err := asObject(v)
 		if err != nil {
