@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/osmo-rl/osmo/internal/procgroup"
 )
 
 // runProcess runs spec's program in a process group of its own and returns
@@ -41,7 +43,7 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 		Env:         spec.env,
 		Stdout:      outW,
 		Stderr:      errW,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		SysProcAttr: procgroup.SysProcAttr(),
 	}
 	// Wait closes stdin once the leader exits, which also frees a writer
 	// blocked on a program that never reads it.
@@ -86,12 +88,12 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 		}
 	})
 
-	g := &group{pgid: pid}
+	g := procgroup.New(pid)
 	exited := make(chan struct{})
 	var watcher sync.WaitGroup
-	watcher.Go(func() { g.watch(ctx, exited, spec.grace, spec.logger) })
-	waitErr := waitLeader(cmd, func() {
-		g.reap()
+	watcher.Go(func() { watch(ctx, g, exited, spec.grace, spec.logger) })
+	waitErr := procgroup.WaitLeader(cmd, func() {
+		g.Reap()
 		close(exited)
 	})
 	watcher.Wait()
@@ -116,7 +118,7 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	writer.Wait()
 
 	res.stderrTail = stderr.Tail()
-	res.terminated, res.killed = g.signalled()
+	res.terminated, res.killed = g.Signalled()
 	st := cmd.ProcessState
 	if st == nil {
 		return nil, fmt.Errorf("wait: %w", waitErr)
@@ -134,69 +136,25 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	return res, nil
 }
 
-// group signals a process group while its leader is unreaped: as long as
-// the leader is a zombie at worst, its pid (the group id) cannot be reused,
-// so a signal cannot reach a stranger.
-type group struct {
-	pgid int
-
-	mu                 sync.Mutex
-	reaped             bool
-	terminated, killed bool
-}
-
 // watch sends SIGTERM to the group when ctx ends, and SIGKILL if the leader
 // has not exited grace later.
-func (g *group) watch(ctx context.Context, exited <-chan struct{}, grace time.Duration, log *slog.Logger) {
+func watch(ctx context.Context, g *procgroup.Group, exited <-chan struct{}, grace time.Duration, log *slog.Logger) {
 	select {
 	case <-exited:
 		return
 	case <-ctx.Done():
 	}
-	if !g.signal(syscall.SIGTERM) {
+	if !g.Signal(syscall.SIGTERM) {
 		return
 	}
-	log.Info("exec agent: context ended, process group sent SIGTERM", "pgid", g.pgid, "cause", ctx.Err())
+	log.Info("exec agent: context ended, process group sent SIGTERM", "pgid", g.ID(), "cause", ctx.Err())
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-exited:
 	case <-t.C:
-		if g.signal(syscall.SIGKILL) {
-			log.Info("exec agent: process group still running after the grace period, sent SIGKILL", "pgid", g.pgid, "grace", grace)
+		if g.Signal(syscall.SIGKILL) {
+			log.Info("exec agent: process group still running after the grace period, sent SIGKILL", "pgid", g.ID(), "grace", grace)
 		}
 	}
-}
-
-// signal sends sig to the group unless the leader was reaped.
-func (g *group) signal(sig syscall.Signal) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.reaped {
-		return false
-	}
-	switch sig {
-	case syscall.SIGTERM:
-		g.terminated = true
-	case syscall.SIGKILL:
-		g.killed = true
-	}
-	_ = syscall.Kill(-g.pgid, sig)
-	return true
-}
-
-// reap kills whatever is left of the group after the leader exited and
-// stops further signals: the leader is about to be reaped.
-func (g *group) reap() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	// ESRCH (nothing left) is the usual answer.
-	_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
-	g.reaped = true
-}
-
-func (g *group) signalled() (terminated, killed bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.terminated, g.killed
 }

@@ -1,4 +1,4 @@
-package execagent
+package procgroup
 
 import (
 	"errors"

@@ -1,6 +1,6 @@
 //go:build unix && !linux
 
-package execagent
+package procgroup
 
 import "os/exec"
 
