@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -73,20 +75,46 @@ type backends struct {
 	stop    func()
 }
 
-// start brings up what the run needs: the mock policy with --mock, and
-// osmo's own rollout server (workflow and grader as named) unless --server
-// names one. Their failures to start are the caller's to report.
-func (b *backendFlags) start(ctx context.Context, e *env, workflow, entrypoint, grader, baseURL, model, key string, maxConcurrent int) (*backends, error) {
+// backendSpec is what an eval's backends run.
+type backendSpec struct {
+	workflow, entrypoint, grader string
+	baseURL, model, key          string
+	maxConcurrent                int
+	// env and secrets reach the rollout's own process: an Osmosis
+	// rollout server's, or an exec agent's.
+	env, secrets map[string]string
+	// osmosisRollout starts rolloutDir's server (its entrypoint) in
+	// place of osmo's own rollout server; its output goes to
+	// runDir/logs.txt, redacted.
+	osmosisRollout     bool
+	rolloutDir, runDir string
+	redact             *eval.Redactor
+	verbose            bool
+}
+
+// start brings up what the run needs: the mock policy with --mock, and a
+// rollout server: the one --server names, the workspace's Osmosis
+// rollout server, or osmo's own (workflow and grader as named) in this
+// process. Their failures to start are the caller's to report.
+func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backends, error) {
 	log, tel, stopTelemetry, err := b.lf.start(ctx, e, serviceRollout)
 	if err != nil {
 		return nil, err
 	}
-	out := &backends{policyURL: baseURL, model: model, key: key, serverURL: b.server, serverKey: b.serverKey, log: log, tracing: tel.Enabled()}
+	out := &backends{policyURL: s.baseURL, model: s.model, key: s.key, serverURL: b.server, serverKey: b.serverKey, log: log, tracing: tel.Enabled()}
 	// The servers outlive the run's context: a Ctrl-C still has the
 	// in-flight rollouts cancelled on them, and their callbacks received.
 	srvCtx, stopServers := context.WithCancel(context.WithoutCancel(ctx))
 	var servers errgroup.Group
-	out.stop = func() { stopServers(); _ = servers.Wait(); stopTelemetry() }
+	var stopExtra []func()
+	out.stop = func() {
+		for _, f := range slices.Backward(stopExtra) {
+			f()
+		}
+		stopServers()
+		_ = servers.Wait()
+		stopTelemetry()
+	}
 	fail := func(err error) (*backends, error) { out.stop(); return nil, err }
 
 	if b.mock {
@@ -104,7 +132,16 @@ func (b *backendFlags) start(ctx context.Context, e *env, workflow, entrypoint, 
 	if out.policyURL == "" {
 		return fail(usagef("no model endpoint: set [llm] base_url in the TOML or OPENAI_BASE_URL, or use --mock"))
 	}
-	if b.server != "" {
+	switch {
+	case b.server != "":
+		return out, nil
+	case s.osmosisRollout:
+		url, stop, err := startOsmosisServer(srvCtx, e, s, log)
+		if err != nil {
+			return fail(err)
+		}
+		stopExtra = append(stopExtra, stop)
+		out.serverURL, out.serverKey = url, ""
 		return out, nil
 	}
 	var sc stackConfig
@@ -114,11 +151,22 @@ func (b *backendFlags) start(ctx context.Context, e *env, workflow, entrypoint, 
 		return fail(err)
 	}
 	sc.grader.register(flagSet(e, "eval"), "grader-")
-	sc.rollout.workflow, sc.rollout.grader = workflow, grader
-	if workflow == execWorkflow {
-		sc.rollout.exec = entrypoint
+	sc.rollout.workflow, sc.rollout.grader = s.workflow, s.grader
+	if s.workflow == execWorkflow {
+		sc.rollout.exec = s.entrypoint
+		// The agent's model calls go through osmo's proxy: the contract's
+		// OPENAI_* variables (the model's key among them) are not the
+		// config's to set.
+		for _, m := range []map[string]string{s.env, s.secrets} {
+			for k, v := range m {
+				if u := strings.ToUpper(k); !strings.HasPrefix(u, "OPENAI_") && !strings.HasPrefix(u, "OSMOSIS_") && u != "OSMO_API_KEY" {
+					sc.rollout.execEnv = append(sc.rollout.execEnv, k+"="+v)
+				}
+			}
+		}
+		slices.Sort(sc.rollout.execEnv)
 	}
-	sc.rollout.maxConcurrent = max(sc.rollout.maxConcurrent, maxConcurrent)
+	sc.rollout.maxConcurrent = max(sc.rollout.maxConcurrent, s.maxConcurrent)
 	sc.rollout.maxQueued = sc.rollout.maxConcurrent
 	sc.tracing = stackTracing(tel)
 	st, err := newStack(ctx, e, log, sc)
@@ -130,23 +178,43 @@ func (b *backendFlags) start(ctx context.Context, e *env, workflow, entrypoint, 
 	return out, nil
 }
 
+// evalRunFlags are `osmo eval run`'s flags beyond the backend's: the
+// Osmosis SDK's, and osmo's own.
+type evalRunFlags struct {
+	name, output, datasetFile, secretsFile string
+	rows, jaeger                           string
+	limit, n, batch, maxInFlight           optionalInt
+	fresh, retryFailed, noLive, yes        bool
+	verbose                                bool
+}
+
+func (f *evalRunFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.name, "name", "", "the run's `NAME`: a new run, or the one to resume (default: the last run of this config with the same inputs, else a new STEM-TIME-DIGEST)")
+	fs.StringVar(&f.output, "output", "", "`ROOT` the runs are written under, one directory per run (default: WORKSPACE/.osmosis/evals, or .osmosis/evals beside the TOML outside a workspace)")
+	fs.StringVar(&f.output, "o", "", "same as --output")
+	fs.StringVar(&f.datasetFile, "dataset-file", "", "the dataset `FILE` (.jsonl, .csv or .parquet), in place of the config's dataset")
+	fs.StringVar(&f.secretsFile, "secrets-file", "", "dotenv `FILE` (NAME=value lines; - for stdin) holding the values of [secrets] required; the environment is read for the rest")
+	fs.Var(&f.limit, "limit", "run the first `N` rows only, 0 for all (default: the config's limit)")
+	fs.Var(&f.n, "n", "`N` runs of each row (default: the config's n, else 1)")
+	fs.Var(&f.batch, "batch-size", "at most `N` rollouts in flight (default: the config's batch_size, else 8)")
+	fs.Var(&f.maxInFlight, "max-in-flight", "same as --batch-size (the Osmosis CLI's name)")
+	fs.StringVar(&f.jaeger, "jaeger", "", "Jaeger UI `URL` the report links each rollout's trace to (default http://localhost:16686 when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+	fs.StringVar(&f.rows, "rows", "", "run only these rows (0-based offsets in the file), such as 3,7,10-20; overrides the limit")
+	fs.BoolVar(&f.fresh, "fresh", false, "start over: the run's earlier results are archived beside it (NAME.archive-TIME), never deleted")
+	fs.BoolVar(&f.retryFailed, "retry-failed", false, "run the attempts that failed or were skipped again (those that succeeded are kept)")
+	fs.BoolVar(&f.noLive, "no-progress-bar", false, "print a progress line every few seconds even on a terminal")
+	fs.BoolVar(&f.yes, "y", false, "accepted for the Osmosis CLI's sake: osmo never asks before running")
+	fs.BoolVar(&f.yes, "yes", false, "same as -y")
+	fs.BoolVar(&f.verbose, "verbose", false, "echo the rollout server's output (the run's logs.txt) on stderr")
+}
+
 func runEvalRun(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "eval run")
 	var (
-		output, rows, jaeger       string
-		limit, n, batch            optionalInt
-		fresh, retryFailed, noLive bool
-		bf                         backendFlags
+		f  evalRunFlags
+		bf backendFlags
 	)
-	fs.StringVar(&output, "output", "", "`DIR` of results.jsonl, summary.json and report.html (default: FILE.eval beside the TOML, so a rerun resumes)")
-	fs.Var(&limit, "limit", "run the first `N` rows only, 0 for all (default: [evaluation] limit)")
-	fs.Var(&n, "n", "`N` runs of each row (default: [evaluation] n, else 1)")
-	fs.Var(&batch, "batch-size", "at most `N` rollouts in flight (default: [evaluation] batch_size, else 8)")
-	fs.StringVar(&jaeger, "jaeger", "", "Jaeger UI `URL` the report links each rollout's trace to (default http://localhost:16686 when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
-	fs.StringVar(&rows, "rows", "", "run only these rows (0-based), such as 3,7,10-20")
-	fs.BoolVar(&fresh, "fresh", false, "start over: drop the results of earlier runs")
-	fs.BoolVar(&retryFailed, "retry-failed", false, "run the attempts that failed again (those that succeeded are kept)")
-	fs.BoolVar(&noLive, "no-progress-bar", false, "print a progress line every few seconds even on a terminal")
+	f.register(fs)
 	bf.register(fs, e)
 	// The file may come before the flags, as the Osmosis CLI takes it.
 	var file string
@@ -168,53 +236,183 @@ func runEvalRun(ctx context.Context, e *env, args []string) error {
 	}
 	ev := &cfg.Evaluation
 	switch {
-	case n.set && n.v < 1:
-		return usagef("--n: must be at least 1, got %d", n.v)
-	case batch.set && batch.v < 1:
-		return usagef("--batch-size: must be at least 1, got %d", batch.v)
-	case limit.set && limit.v < 0:
-		return usagef("--limit: must be 0 (all rows) or more, got %d", limit.v)
+	case f.n.set && f.n.v < 1:
+		return usagef("--n: must be at least 1, got %d", f.n.v)
+	case f.batch.set && f.batch.v < 1:
+		return usagef("--batch-size: must be at least 1, got %d", f.batch.v)
+	case f.maxInFlight.set && f.maxInFlight.v < 1:
+		return usagef("--max-in-flight: must be at least 1, got %d", f.maxInFlight.v)
+	case f.limit.set && f.limit.v < 0:
+		return usagef("--limit: must be 0 (all rows) or more, got %d", f.limit.v)
 	}
-	n.apply(&ev.N)
-	batch.apply(&ev.BatchSize)
-	limit.apply(&ev.Limit)
-	dataset, err := eval.LoadDataset(cfg.DatasetPath())
+	f.n.apply(&ev.N)
+	f.batch.apply(&ev.BatchSize)
+	f.maxInFlight.apply(&ev.BatchSize)
+	f.limit.apply(&ev.Limit)
+	layout, err := cfg.Resolve(f.datasetFile, f.output)
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	selected, err := selectRows(dataset, rows, 0, ev.Limit)
-	if err != nil {
-		return err
-	}
-	if bf.server == "" {
+	osmosisRollout := layout.RolloutDir != "" && bf.server == ""
+	if !osmosisRollout && bf.server == "" {
 		if err := checkWorkflow(e, cfg.Experiment.Rollout); err != nil {
+			if layout.Workspace != "" {
+				return usagef("%v (and the workspace %s has no rollouts/%s/)", err, layout.Workspace, cfg.Experiment.Rollout)
+			}
 			return err
 		}
 	}
-	if output == "" {
-		output = cfg.DefaultOutput()
+	dataset, err := eval.ReadDataset(layout.DatasetPath)
+	if err != nil {
+		return usageError{err.Error()}
 	}
+	selected, err := selectRows(dataset, f.rows, ev.Offset, ev.Limit)
+	if err != nil {
+		return err
+	}
+
+	// The model's key may be one of the secrets; with the mock policy it
+	// is not needed.
+	var optional []string
+	if bf.mock {
+		optional = []string{cfg.LLM.APIKeyEnv}
+	}
+	secrets, err := eval.ResolveSecrets(cfg.Secrets, f.secretsFile, e.stdin, e.getenv, optional)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	redact := eval.NewRedactor(mapValues(secrets)...)
+	inputs, err := evalInputs(e, cfg, layout, dataset, selected)
+	if err != nil {
+		return err
+	}
+	rd, err := eval.OpenRun(eval.OpenRunOptions{
+		Root: layout.OutputRoot, Name: f.name, Stem: cfg.Stem(), Inputs: inputs,
+		Provenance: evalProvenance(cfg), Fresh: f.fresh || cfg.Fresh,
+	})
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	defer rd.Close()
+	if rd.Archived != "" {
+		fmt.Fprintf(e.stderr, "osmo eval: archived the earlier results to %s\n", rd.Archived)
+	}
+	if len(cfg.Advanced) > 0 {
+		fmt.Fprintf(e.stderr, "osmo eval: [advanced] keys are recorded but not used by a local run: %s\n", strings.Join(slices.Sorted(maps.Keys(cfg.Advanced)), ", "))
+	}
+	if len(cfg.Env) > 0 && !osmosisRollout && cfg.Experiment.Rollout != execWorkflow && bf.server == "" {
+		fmt.Fprintf(e.stderr, "osmo eval: [env] reaches a rollout's own process; workflow %q runs inside osmo and does not see it\n", cfg.Experiment.Rollout)
+	}
+
+	upstreamKey := cmp.Or(secrets[cfg.LLM.APIKeyEnv], e.getenv(cfg.LLM.APIKeyEnv))
 	baseURL := cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL"))
-	be, err := bf.start(ctx, e, cfg.Experiment.Rollout, cfg.Experiment.Entrypoint, cfg.Experiment.Grader,
-		baseURL, cfg.Model(), e.getenv(cfg.LLM.APIKeyEnv), ev.BatchSize)
+	be, err := bf.start(ctx, e, backendSpec{
+		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
+		baseURL: baseURL, model: cfg.Model(), key: upstreamKey, maxConcurrent: ev.BatchSize,
+		env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
+		runDir: rd.Path, redact: redact, verbose: f.verbose,
+	})
 	if err != nil {
 		return err
 	}
 	defer be.stop()
 
-	live := !noLive && isTerminal(e.stderr)
-	fmt.Fprintf(e.stderr, "osmo eval: %s: %d rows × %d runs of %s against %s (%s), %d at a time; results in %s\n",
-		filepath.Base(file), len(selected), ev.N, cfg.Experiment.Rollout, cfg.Model(), be.policyURL, ev.BatchSize, output)
+	live := !f.noLive && isTerminal(e.stderr)
+	what := cfg.Experiment.Rollout
+	if osmosisRollout {
+		what = "rollouts/" + what + "/" + layout.Entrypoint
+	}
+	verb := "new run"
+	if !rd.Created {
+		verb = "resuming run"
+	}
+	fmt.Fprintf(e.stderr, "osmo eval: %s %s: %d rows × %d runs of %s against %s (%s), %d at a time; results in %s\n",
+		verb, rd.Name, len(selected), ev.N, what, cfg.Model(), be.policyURL, ev.BatchSize, rd.Path)
 	rep, err := eval.Run(ctx, eval.Plan{
 		Rows: selected, N: ev.N, BatchSize: ev.BatchSize,
 		AgentTimeoutS: *ev.AgentTimeoutS, GraderTimeoutS: *ev.GraderTimeoutS, PassThreshold: *ev.PassThreshold,
-		Output: output, Fresh: fresh, RetryFailed: retryFailed,
+		Output: rd.Path, RetryFailed: f.retryFailed || cfg.RetryFailed,
 		ServerURL: be.serverURL, ServerKey: be.serverKey,
 		PolicyURL: be.policyURL, Model: cfg.Model(), UpstreamKey: be.key,
-		JaegerURL: jaegerURL(jaeger, be.tracing), Title: strings.TrimSuffix(filepath.Base(file), filepath.Ext(file)),
-		Progress: e.stderr, Live: live, Logger: be.log,
+		JaegerURL: jaegerURL(f.jaeger, be.tracing), Title: rd.Name,
+		Progress: e.stderr, Live: live, Logger: be.log, Redact: redact,
 	})
-	return reportEnd(e, rep, err, output)
+	return reportEnd(e, rep, err, rd.Path)
+}
+
+// evalInputs is what the run pins in its manifest.
+func evalInputs(e *env, cfg *eval.Config, l *eval.Layout, d *eval.Dataset, rows []eval.Row) (eval.Inputs, error) {
+	sum, err := eval.FileSHA256(d.Path)
+	if err != nil {
+		return eval.Inputs{}, usagef("dataset: %v", err)
+	}
+	src := make([]int, len(rows))
+	for i, r := range rows {
+		src[i] = r.SourceIndex
+	}
+	ev := cfg.Evaluation
+	in := eval.Inputs{
+		ModelPath:   cfg.Experiment.ModelPath,
+		Dataset:     eval.DatasetInput{SHA256: sum, SelectedSourceRows: eval.FormatRows(src)},
+		N:           ev.N,
+		Rollout:     eval.RolloutInput{Name: cfg.Experiment.Rollout, Entrypoint: cmp.Or(l.Entrypoint, cfg.Experiment.Entrypoint)},
+		Env:         cfg.Env,
+		SecretNames: slices.Sorted(slices.Values(cfg.Secrets)),
+		Timeouts:    eval.TimeoutsInput{AgentTimeoutSec: ev.AgentTimeoutS, GraderTimeoutSec: ev.GraderTimeoutS},
+		Versions:    eval.Versions(),
+		Grader:      cfg.Experiment.Grader,
+	}
+	if in.Env == nil {
+		in.Env = map[string]string{}
+	}
+	if in.SecretNames == nil {
+		in.SecretNames = []string{}
+	}
+	if l.RolloutDir != "" {
+		exclude := ""
+		if strings.HasPrefix(l.OutputRoot, l.RolloutDir+string(filepath.Separator)) {
+			exclude = l.OutputRoot
+		}
+		if in.Rollout.SourceDigest, err = eval.SourceDigest(l.RolloutDir, exclude); err != nil {
+			return in, usagef("rollouts/%s: %v", cfg.Experiment.Rollout, err)
+		}
+		return in, nil
+	}
+	// A workflow of this binary is this binary's code; an exec agent's
+	// command is named by its command line (its files are the user's to
+	// pin, as osmo cannot know which they are).
+	self, err := os.Executable()
+	if err == nil {
+		in.Rollout.SourceDigest, err = eval.FileSHA256(self)
+	}
+	if err != nil {
+		return in, fmt.Errorf("eval: the digest of this executable: %w", err)
+	}
+	return in, nil
+}
+
+// evalProvenance is what the manifest records beside the inputs: never
+// compared, never a reason to refuse a resume.
+func evalProvenance(cfg *eval.Config) map[string]any {
+	p := map[string]any{"runner": "osmo", "config": cfg.Path, "config_generation": cfg.Generation}
+	if v := cfg.Experiment.Branch; v != "" {
+		p["config_branch"] = v
+	}
+	if v := cfg.Experiment.CommitSHA; v != "" {
+		p["config_commit_sha"] = v
+	}
+	if len(cfg.Advanced) > 0 {
+		p["advanced"] = cfg.Advanced
+	}
+	return p
+}
+
+func mapValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
 }
 
 // reportEnd prints how a run ended and picks the exit: 2 when a check
@@ -278,29 +476,19 @@ func jaegerURL(flagValue string, tracing bool) string {
 	return flagValue
 }
 
-// selectRows picks the rows to run: --rows when given (each must exist),
-// else offset and limit (0: all).
-func selectRows(rows []eval.Row, spec string, offset, limit int) ([]eval.Row, error) {
+// selectRows picks the rows to run: --rows when given (file offsets, each
+// must exist), else offset and limit (0: all).
+func selectRows(d *eval.Dataset, spec string, offset, limit int) ([]eval.Row, error) {
+	var idx []int
 	if spec != "" {
-		idx, err := eval.ParseRows(spec)
-		if err != nil {
+		var err error
+		if idx, err = eval.ParseRows(spec); err != nil {
 			return nil, usageError{err.Error()}
 		}
-		out := make([]eval.Row, 0, len(idx))
-		for _, i := range idx {
-			if i >= len(rows) {
-				return nil, usagef("--rows: row %d is not in the dataset (rows 0-%d)", i, len(rows)-1)
-			}
-			out = append(out, rows[i])
-		}
-		return out, nil
 	}
-	if offset >= len(rows) {
-		return nil, usagef("--offset: %d is past the dataset's %d rows", offset, len(rows))
-	}
-	rows = rows[offset:]
-	if limit > 0 && limit < len(rows) {
-		rows = rows[:limit]
+	rows, err := d.Select(idx, offset, limit)
+	if err != nil {
+		return nil, usageError{err.Error()}
 	}
 	return rows, nil
 }

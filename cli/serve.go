@@ -38,10 +38,13 @@ const defaultMaxMessageBytes = 64 << 20
 
 // rolloutFlags configure the rollout service.
 type rolloutFlags struct {
-	workflow         string
-	workflowConfig   string
-	exec             string
-	execSamples      int
+	workflow       string
+	workflowConfig string
+	exec           string
+	execSamples    int
+	// execEnv are KEY=VALUE variables an exec agent gets beyond the
+	// contract's (an eval's [env] and secrets); not a flag.
+	execEnv          []string
 	noValidate       bool
 	maxQueued        int
 	grader           string

@@ -56,7 +56,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	if !(agentTimeout > 0) || !(graderTimeout > 0) {
 		return usagef("--agent-timeout and --grader-timeout must be positive")
 	}
-	rows, err := eval.LoadDataset(dataset)
+	d, err := eval.ReadDataset(dataset)
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -64,9 +64,14 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	if row >= 0 {
 		spec = strconv.Itoa(row)
 	}
-	selected, err := selectRows(rows, spec, offset, limit)
+	selected, err := selectRows(d, spec, offset, limit)
 	if err != nil {
 		return err
+	}
+	// osmo test keeps no results: a row is named by its place in the
+	// file, as --row and the stepper's jump take it.
+	for i := range selected {
+		selected[i].Index = selected[i].SourceIndex
 	}
 	if entrypoint != "" {
 		workflow = execWorkflow
@@ -84,7 +89,8 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		return usagef("--model: required with a model endpoint (%s)", baseURL)
 	}
 	model = strings.TrimPrefix(cmp.Or(model, mockModelName), "openai/")
-	be, err := bf.start(ctx, e, workflow, entrypoint, grader, baseURL, model, e.getenv(keyEnv), 1)
+	be, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader,
+		baseURL: baseURL, model: model, key: e.getenv(keyEnv), maxConcurrent: 1})
 	if err != nil {
 		return err
 	}
@@ -96,7 +102,11 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		Logger: be.log,
 	}
 	if interactive {
-		return (&stepper{e: e, plan: plan, rows: selected, all: rows}).run(ctx)
+		all, err := d.Select(nil, 0, 0)
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		return (&stepper{e: e, plan: plan, rows: selected, all: all}).run(ctx)
 	}
 	plan.Rows = selected
 	plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(e.stdout, r) }

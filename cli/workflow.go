@@ -74,6 +74,7 @@ func (f *rolloutFlags) execWorkflow(config []byte) (*osmo.Workflow, error) {
 		}
 		cfg.Command = argv
 	}
+	cfg.Env = append(cfg.Env, f.execEnv...)
 	if f.execSamples != 0 {
 		cfg.Samples = f.execSamples
 	}

@@ -156,7 +156,7 @@ func TestEvalRun(t *testing.T) {
 	const batch = 4
 	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", batch)
 	out := filepath.Join(t.TempDir(), "out")
-	code, output := runEval(t, toml, "--output", out)
+	code, output := runEval(t, toml, "--output", filepath.Dir(out), "--name", filepath.Base(out))
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, output)
 	}
@@ -189,7 +189,7 @@ func TestEvalRun(t *testing.T) {
 	}
 
 	t.Run("a rerun makes no model call", func(t *testing.T) {
-		code, output := runEval(t, toml, "--output", out)
+		code, output := runEval(t, toml, "--output", filepath.Dir(out), "--name", filepath.Base(out))
 		after, _ := policy.snapshot()
 		if code != 0 || !reflect.DeepEqual(calls, after) || !strings.Contains(output, "nothing ran") {
 			t.Errorf("exit %d, calls before %d after %d:\n%s", code, total(calls), total(after), output)
@@ -200,7 +200,7 @@ func TestEvalRun(t *testing.T) {
 	})
 	t.Run("the same rows as CSV", func(t *testing.T) {
 		csvOut := filepath.Join(t.TempDir(), "out")
-		if code, output := runEval(t, evalFiles(t, ".csv", policy.srv.URL+"/v1", batch), "--output", csvOut); code != 0 {
+		if code, output := runEval(t, evalFiles(t, ".csv", policy.srv.URL+"/v1", batch), "--output", filepath.Dir(csvOut), "--name", filepath.Base(csvOut)); code != 0 {
 			t.Fatalf("exit %d:\n%s", code, output)
 		}
 		if got := readSummary(t, csvOut); !reflect.DeepEqual(got, summary) {
@@ -213,7 +213,7 @@ func TestEvalRun(t *testing.T) {
 		base := "http://127.0.0.1:" + port
 		waitHTTP(t, srv, base+"/health")
 		srvOut := filepath.Join(t.TempDir(), "out")
-		if code, output := runEval(t, toml, "--output", srvOut, "--server", base, "--server-key", serverKey); code != 0 {
+		if code, output := runEval(t, toml, "--output", filepath.Dir(srvOut), "--name", filepath.Base(srvOut), "--server", base, "--server-key", serverKey); code != 0 {
 			t.Fatalf("exit %d:\n%s\nserver:\n%s", code, output, srv.Output())
 		}
 		if got := readSummary(t, srvOut); !reflect.DeepEqual(got, summary) {
@@ -237,7 +237,7 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	policy := newCountingPolicy(t, 80*time.Millisecond)
 	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
 	out := filepath.Join(t.TempDir(), "out")
-	cmd := exec.Command(osmoBin, "eval", "run", toml, "--output", out)
+	cmd := exec.Command(osmoBin, "eval", "run", toml, "--output", filepath.Dir(out), "--name", filepath.Base(out))
 	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -262,7 +262,7 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	}
 	before, _ := policy.snapshot()
 
-	if code, output := runEval(t, toml, "--output", out); code != 0 {
+	if code, output := runEval(t, toml, "--output", filepath.Dir(out), "--name", filepath.Base(out)); code != 0 {
 		t.Fatalf("rerun: exit %d:\n%s", code, output)
 	}
 	results := readResults(t, out)
@@ -308,7 +308,7 @@ func TestEvalBadInput(t *testing.T) {
 		{"TOML error", "[experiment]\nrollout = multiply\n", "", "multiply.toml:2", nil},
 		{"unknown workflow", strings.Replace(good("d.jsonl"), `"multiply"`, `"nope"`, 1), `{"user_prompt":"q"}`, `unknown workflow "nope"`, nil},
 		{"unreachable model", strings.Replace(good("d.jsonl"), policy.srv.URL, "http://127.0.0.1:1", 1), `{"user_prompt":"q"}`, "http://127.0.0.1:1/v1/chat/completions did not answer", nil},
-		{"n below 1", good("d.jsonl") + "[evaluation]\nn = 0\n", `{"user_prompt":"q"}`, "evaluation.n: must be at least 1", nil},
+		{"n below 1", good("d.jsonl") + "[evaluation]\nn = 0\n", `{"user_prompt":"q"}`, "evaluation.n: must be a positive integer", nil},
 		{"--n below 1", good("d.jsonl"), `{"user_prompt":"q"}`, "--n: must be at least 1", []string{"--n", "-1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -334,7 +334,7 @@ func TestEvalInterrupt(t *testing.T) {
 	policy := newCountingPolicy(t, 100*time.Millisecond)
 	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
 	out := filepath.Join(t.TempDir(), "out")
-	cmd := exec.Command(osmoBin, "eval", "run", toml, "--output", out)
+	cmd := exec.Command(osmoBin, "eval", "run", toml, "--output", filepath.Dir(out), "--name", filepath.Base(out))
 	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream")
 	var buf strings.Builder
 	cmd.Stdout, cmd.Stderr = &buf, &buf

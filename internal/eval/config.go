@@ -1,8 +1,8 @@
 // Package eval is osmo's local evaluation loop: it reads an Osmosis eval
-// TOML and a dataset, drives every row through a rollout server over the
-// v0.3 wire as a training cluster's controller does, journals each result
-// durably, and summarises the run as the Osmosis platform does, in
-// summary.json and a report a person can read.
+// TOML (either generation) and a dataset, drives every row through a
+// rollout server over the v0.3 wire as a training cluster's controller
+// does, journals each result durably, and summarises the run as the
+// Osmosis platform does, in summary.json and a report a person can read.
 package eval
 
 import (
@@ -11,67 +11,109 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
 	"strings"
 
 	"github.com/BurntSushi/toml"
 )
 
-// Config is an Osmosis eval TOML: [experiment], [evaluation] and osmo's
-// [llm].
+// Config generations: the file an Osmosis project holds is one or the
+// other, and both are in use.
+const (
+	// GenerationCurrent is today's file (SDK v0.3): [experiment],
+	// [evaluation], [env], [secrets], [advanced].
+	GenerationCurrent = "v0.3"
+	// GenerationV02 is the SDK v0.2-era file: [eval], [llm], [runs],
+	// [timeouts], [output].
+	GenerationV02 = "v0.2"
+)
+
+// Config is an eval TOML of either generation, read into one shape.
 type Config struct {
-	Experiment Experiment `toml:"experiment"`
-	Evaluation Evaluation `toml:"evaluation"`
-	LLM        LLM        `toml:"llm"`
-	// Path is the file the config was read from; relative paths in it are
-	// relative to its directory.
-	Path string `toml:"-"`
+	Experiment Experiment
+	Evaluation Evaluation
+	LLM        LLM
+	// Env is [env]: variables handed to the rollout's process.
+	Env map[string]string
+	// Secrets is [secrets] required: the names of variables whose values
+	// come from --secrets-file or the environment, never from the file.
+	Secrets []string
+	// Advanced is [advanced]: recorded in the manifest, not used locally
+	// (as the SDK's eval run).
+	Advanced map[string]any
+	// Fresh and RetryFailed are the v0.2 [eval] switches (flags too).
+	Fresh, RetryFailed bool
+	// Output is the v0.2 [output] section.
+	Output Output
+	// Generation is GenerationCurrent or GenerationV02.
+	Generation string
+	// Path is the file the config was read from.
+	Path string
 }
 
-// Experiment says what runs: the workflow, the model and the dataset.
+// Experiment says what runs: the rollout, the model and the dataset.
 type Experiment struct {
-	// Rollout is a workflow registered in this binary, or "exec".
-	Rollout string `toml:"rollout"`
-	// Entrypoint is the agent command when Rollout is "exec".
-	Entrypoint string `toml:"entrypoint"`
-	// ModelPath is "provider/model": calls to the placeholder model go to
-	// the model, named without an "openai/" prefix.
-	ModelPath string `toml:"model_path"`
-	// Dataset is a .jsonl, .csv or .parquet file.
-	Dataset string `toml:"dataset"`
-	// Grader is a grader spec; empty means the workflow's own.
-	Grader string `toml:"grader"`
+	// Rollout is a rollout of the workspace (rollouts/NAME), a workflow
+	// registered in this binary, or "exec".
+	Rollout string
+	// Entrypoint is the rollout server's file in rollouts/NAME (main.py
+	// when empty), or the agent command when Rollout is "exec".
+	Entrypoint string
+	// ModelPath is "provider/model" (LiteLLM style): calls to the
+	// placeholder model go to the model, named without an "openai/" prefix.
+	ModelPath string
+	// Dataset is a dataset file (relative to the config's directory or the
+	// workspace), or the name of one under the workspace's data/.
+	Dataset string
+	// Grader is a grader spec (osmo's key); empty means the workflow's own.
+	Grader string
+	// Branch and CommitSHA pin the source on the platform; a local run
+	// records them and runs the workspace as it is.
+	Branch, CommitSHA string
 }
 
 // Evaluation says how much runs and how it is judged.
 type Evaluation struct {
-	// Limit takes the first rows only (0: all).
-	Limit int `toml:"limit"`
+	// Limit takes the first rows only (0: all); Offset skips rows first
+	// (the v0.2 file's [eval] offset).
+	Limit, Offset int
 	// N is how many times each row runs (1).
-	N int `toml:"n"`
+	N int
 	// BatchSize bounds the rollouts in flight (DefaultBatchSize).
-	BatchSize int `toml:"batch_size"`
+	BatchSize int
 	// PassThreshold: a sample passes when its reward is at least this (1.0).
-	PassThreshold *float64 `toml:"pass_threshold"`
+	PassThreshold *float64
 	// Budgets in seconds (450 and 150, as the Osmosis SDK's).
-	AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
-	GraderTimeoutS *float64 `toml:"grader_timeout_s"`
+	AgentTimeoutS  *float64
+	GraderTimeoutS *float64
 }
 
 // LLM says where the model's calls go.
 type LLM struct {
 	// BaseURL is an OpenAI-compatible base URL; $OPENAI_BASE_URL when empty.
-	BaseURL string `toml:"base_url"`
-	// APIKeyEnv names the environment variable holding the bearer sent
-	// upstream ("OPENAI_API_KEY" when empty).
-	APIKeyEnv string `toml:"api_key_env"`
+	BaseURL string
+	// APIKeyEnv names the variable holding the bearer sent upstream
+	// (OPENAI_API_KEY when empty); it is looked up among the resolved
+	// secrets first, then the environment.
+	APIKeyEnv string
 }
 
-// Defaults of the [evaluation] section.
+// Output is the v0.2 file's [output] section.
+type Output struct {
+	// Path is output_path: the root runs are written under.
+	Path                        string
+	LogSamples, Quiet, DebugLog bool
+}
+
+// Defaults.
 const (
 	DefaultBatchSize      = 8
 	DefaultAgentTimeoutS  = 450
 	DefaultGraderTimeoutS = 150
 	DefaultAPIKeyEnv      = "OPENAI_API_KEY"
+	DefaultEntrypoint     = "main.py"
 )
 
 // ConfigError is a config that cannot run, naming the key (and the line,
@@ -94,15 +136,102 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("%s: %s", where, e.Msg)
 }
 
-// LoadConfig reads and checks an eval TOML. Unknown keys are errors: a
-// misspelt key silently ignored would run something else than meant.
+// The file as TOML holds it: every section of both generations. Pointers
+// tell a section or key that is absent from one that is zero.
+type (
+	rawFile struct {
+		// Today's generation.
+		Experiment *rawExperiment `toml:"experiment"`
+		Evaluation *rawEvaluation `toml:"evaluation"`
+		Advanced   map[string]any `toml:"advanced"`
+		Env        map[string]any `toml:"env"`
+		Secrets    *rawSecrets    `toml:"secrets"`
+		LLM        *rawLLM        `toml:"llm"` // both: osmo's keys, and v0.2's model
+		Eval       *rawEval       `toml:"eval"`
+		Runs       *rawRuns       `toml:"runs"`
+		Timeouts   *rawTimeouts   `toml:"timeouts"`
+		Output     *rawOutput     `toml:"output"`
+		Grader     map[string]any `toml:"grader"`   // v0.2 releases before v0.2.21
+		Baseline   map[string]any `toml:"baseline"` // likewise
+	}
+	rawExperiment struct {
+		Rollout    *string `toml:"rollout"`
+		Entrypoint *string `toml:"entrypoint"`
+		ModelPath  *string `toml:"model_path"`
+		Dataset    *string `toml:"dataset"`
+		Branch     *string `toml:"branch"`
+		CommitSHA  *string `toml:"commit_sha"`
+		Grader     *string `toml:"grader"`
+	}
+	rawEvaluation struct {
+		Limit          *int     `toml:"limit"`
+		N              *int     `toml:"n"`
+		BatchSize      *int     `toml:"batch_size"`
+		PassThreshold  *float64 `toml:"pass_threshold"`
+		AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
+		GraderTimeoutS *float64 `toml:"grader_timeout_s"`
+	}
+	rawSecrets struct {
+		Required *[]string `toml:"required"`
+	}
+	rawLLM struct {
+		Model     *string `toml:"model"`
+		BaseURL   *string `toml:"base_url"`
+		APIKeyEnv *string `toml:"api_key_env"`
+	}
+	rawEval struct {
+		Rollout     *string `toml:"rollout"`
+		Entrypoint  *string `toml:"entrypoint"`
+		Dataset     *string `toml:"dataset"`
+		Limit       *int    `toml:"limit"`
+		Offset      *int    `toml:"offset"`
+		Fresh       *bool   `toml:"fresh"`
+		RetryFailed *bool   `toml:"retry_failed"`
+		Grader      *string `toml:"grader"`
+	}
+	rawRuns struct {
+		N             *int     `toml:"n"`
+		BatchSize     *int     `toml:"batch_size"`
+		PassThreshold *float64 `toml:"pass_threshold"`
+	}
+	rawTimeouts struct {
+		AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
+		GraderTimeoutS *float64 `toml:"grader_timeout_s"`
+	}
+	rawOutput struct {
+		LogSamples *bool   `toml:"log_samples"`
+		OutputPath *string `toml:"output_path"`
+		Quiet      *bool   `toml:"quiet"`
+		Debug      *bool   `toml:"debug"`
+	}
+)
+
+// The sections of each generation, for telling them apart and for errors.
+var (
+	currentSections = []string{"experiment", "evaluation", "env", "secrets", "advanced"}
+	v02Sections     = []string{"eval", "runs", "timeouts", "output", "grader", "baseline"}
+)
+
+var (
+	envNameRE    = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
+	secretNameRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	commitSHARE  = regexp.MustCompile(`^[0-9a-fA-F]{7,40}$`)
+)
+
+// reservedEnvPrefix is the SDK's: the runner owns these variables.
+const reservedEnvPrefix = "_OSMOSIS_"
+
+// LoadConfig reads and checks an eval TOML of either generation. A key no
+// generation knows is an error naming file, line and key: a misspelt key
+// silently ignored would run something else than meant.
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("eval config: %w", err)
 	}
-	c := &Config{Path: path}
-	md, err := toml.Decode(string(data), c)
+	text := string(data)
+	var raw rawFile
+	md, err := toml.Decode(text, &raw)
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
@@ -110,48 +239,338 @@ func LoadConfig(path string) (*Config, error) {
 		}
 		return nil, &ConfigError{Path: path, Msg: err.Error()}
 	}
-	if undecoded := md.Undecoded(); len(undecoded) > 0 {
-		key := undecoded[0].String()
-		return nil, &ConfigError{Path: path, Line: lineOf(string(data), undecoded[0][len(undecoded[0])-1]), Key: key,
-			Msg: "unknown key (the sections are [experiment], [evaluation] and [llm])"}
+	p := &parser{path: path, text: text, md: md}
+	gen, err := p.generation()
+	if err != nil {
+		return nil, err
 	}
-	if err := c.check(md, string(data)); err != nil {
+	var undecoded []toml.Key
+	for _, k := range md.Undecoded() {
+		// [advanced] (and the old [grader] and [baseline]) take any keys,
+		// nested tables included.
+		if len(k) < 2 || !slices.Contains([]string{"advanced", "grader", "baseline"}, k[0]) {
+			undecoded = append(undecoded, k)
+		}
+	}
+	if len(undecoded) > 0 {
+		k := undecoded[0]
+		msg := "unknown key"
+		if len(k) == 1 {
+			msg = "unknown section"
+		}
+		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(),
+			Msg: msg + " (" + sectionsOf(gen) + ")"}
+	}
+	c := &Config{Path: path, Generation: gen}
+	if gen == GenerationV02 {
+		err = p.fromV02(c, &raw)
+	} else {
+		err = p.fromCurrent(c, &raw)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := p.check(c); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// lineOf is the first line that sets key, or 0.
-func lineOf(text, key string) int {
-	for i, line := range strings.Split(text, "\n") {
-		if k, _, ok := strings.Cut(strings.TrimSpace(line), "="); ok && strings.Trim(strings.TrimSpace(k), `"'`) == key {
+func sectionsOf(gen string) string {
+	if gen == GenerationV02 {
+		return "this v0.2-era file's sections are [eval], [llm], [runs], [timeouts] and [output]"
+	}
+	return "the sections are [experiment], [evaluation], [env], [secrets], [advanced] and osmo's [llm]"
+}
+
+// parser holds what error messages need: the file, its text and which
+// keys it defines.
+type parser struct {
+	path, text string
+	md         toml.MetaData
+}
+
+func (p *parser) errAt(key toml.Key, format string, args ...any) error {
+	return &ConfigError{Path: p.path, Line: p.line(key), Key: key.String(), Msg: fmt.Sprintf(format, args...)}
+}
+
+// line is the line that sets key, or 0. The TOML decoder keeps no
+// positions, so the text is searched: the key's last part inside its
+// section (or the section's header, for a section).
+func (p *parser) line(key toml.Key) int {
+	lines := strings.Split(p.text, "\n")
+	section := ""
+	for i, l := range lines {
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "[") {
+			section = strings.Trim(strings.TrimSpace(strings.SplitN(t, "#", 2)[0]), "[] ")
+			if len(key) == 1 && section == key[0] {
+				return i + 1
+			}
+			continue
+		}
+		if len(key) < 2 || section != strings.Join(key[:len(key)-1], ".") {
+			continue
+		}
+		if k, _, ok := strings.Cut(t, "="); ok && strings.Trim(strings.TrimSpace(k), `"'`) == key[len(key)-1] {
 			return i + 1
 		}
 	}
 	return 0
 }
 
-// check fills the defaults and refuses what cannot run.
-func (c *Config) check(md toml.MetaData, text string) error {
-	bad := func(section, key, format string, args ...any) error {
-		return &ConfigError{Path: c.Path, Line: lineOf(text, key), Key: section + "." + key, Msg: fmt.Sprintf(format, args...)}
+// generation tells the file's generation by its sections; a file with
+// sections of both is refused (no SDK reads it).
+func (p *parser) generation() (string, error) {
+	var cur, old []string
+	for _, s := range currentSections {
+		if p.md.IsDefined(s) {
+			cur = append(cur, "["+s+"]")
+		}
 	}
-	e, v := &c.Experiment, &c.Evaluation
+	for _, s := range v02Sections {
+		if p.md.IsDefined(s) {
+			old = append(old, "["+s+"]")
+		}
+	}
+	if p.md.IsDefined("llm", "model") && len(cur) == 0 {
+		old = append(old, "[llm] model")
+	}
 	switch {
-	case e.Rollout == "":
-		return bad("experiment", "rollout", `required: a workflow name, or "exec"`)
+	case len(cur) > 0 && len(old) > 0:
+		return "", &ConfigError{Path: p.path, Msg: fmt.Sprintf(
+			"mixes two config generations: %s are today's, %s the v0.2-era file's; keep one",
+			strings.Join(cur, ", "), strings.Join(old, ", "))}
+	case len(old) > 0:
+		return GenerationV02, nil
+	case len(cur) == 0:
+		return "", &ConfigError{Path: p.path, Msg: "Missing [experiment] section (or, in a v0.2-era file, [eval])"}
+	}
+	return GenerationCurrent, nil
+}
+
+func str(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func (p *parser) fromCurrent(c *Config, raw *rawFile) error {
+	e := raw.Experiment
+	if e == nil {
+		return &ConfigError{Path: p.path, Msg: "Missing [experiment] section"}
+	}
+	if raw.LLM != nil && raw.LLM.Model != nil {
+		return p.errAt(toml.Key{"llm", "model"}, "is the v0.2-era file's key: today's file names the model in [experiment] model_path")
+	}
+	c.Experiment = Experiment{
+		Rollout: str(e.Rollout), Entrypoint: str(e.Entrypoint), ModelPath: str(e.ModelPath),
+		Dataset: str(e.Dataset), Grader: str(e.Grader), Branch: str(e.Branch), CommitSHA: str(e.CommitSHA),
+	}
+	for _, k := range []struct {
+		key string
+		v   *string
+	}{{"rollout", e.Rollout}, {"model_path", e.ModelPath}, {"dataset", e.Dataset}} {
+		if k.v == nil {
+			return &ConfigError{Path: p.path, Key: "experiment." + k.key, Msg: "Missing '" + k.key + "' in [experiment] section"}
+		}
+	}
+	if e.Branch != nil && (*e.Branch == "" || strings.ContainsFunc(*e.Branch, isSpace)) {
+		return p.errAt(toml.Key{"experiment", "branch"}, "must not be empty or contain whitespace")
+	}
+	if e.CommitSHA != nil && !commitSHARE.MatchString(*e.CommitSHA) {
+		return p.errAt(toml.Key{"experiment", "commit_sha"}, "must be a hexadecimal Git commit SHA (7-40 hex characters), got %q", *e.CommitSHA)
+	}
+	if e.Branch != nil && e.CommitSHA != nil {
+		return p.errAt(toml.Key{"experiment", "commit_sha"}, "Provide either branch or commit_sha, not both")
+	}
+	if v := raw.Evaluation; v != nil {
+		if v.Limit != nil {
+			// The SDK asks for a limit above 0; osmo has always read 0 as
+			// "every row", and keeps doing so.
+			if *v.Limit < 0 {
+				return p.errAt(toml.Key{"evaluation", "limit"}, "must be 0 (all rows) or more, got %d", *v.Limit)
+			}
+			c.Evaluation.Limit = *v.Limit
+		}
+		if err := p.positive(toml.Key{"evaluation", "n"}, v.N, &c.Evaluation.N); err != nil {
+			return err
+		}
+		if err := p.positive(toml.Key{"evaluation", "batch_size"}, v.BatchSize, &c.Evaluation.BatchSize); err != nil {
+			return err
+		}
+		c.Evaluation.PassThreshold, c.Evaluation.AgentTimeoutS, c.Evaluation.GraderTimeoutS = v.PassThreshold, v.AgentTimeoutS, v.GraderTimeoutS
+	}
+	if raw.LLM != nil {
+		c.LLM = LLM{BaseURL: str(raw.LLM.BaseURL), APIKeyEnv: str(raw.LLM.APIKeyEnv)}
+	}
+	c.Advanced = raw.Advanced
+	if err := p.env(c, raw.Env); err != nil {
+		return err
+	}
+	return p.secrets(c, raw.Secrets)
+}
+
+func (p *parser) fromV02(c *Config, raw *rawFile) error {
+	ev := raw.Eval
+	if ev == nil {
+		return &ConfigError{Path: p.path, Msg: "Missing [eval] section"}
+	}
+	for _, k := range []struct {
+		key string
+		v   *string
+	}{{"rollout", ev.Rollout}, {"entrypoint", ev.Entrypoint}, {"dataset", ev.Dataset}} {
+		if k.v == nil {
+			return &ConfigError{Path: p.path, Key: "eval." + k.key, Msg: "required"}
+		}
+	}
+	if raw.LLM == nil || raw.LLM.Model == nil {
+		return &ConfigError{Path: p.path, Key: "llm.model", Msg: `required: the model, LiteLLM style ("openai/gpt-4o-mini")`}
+	}
+	c.Experiment = Experiment{Rollout: *ev.Rollout, Entrypoint: *ev.Entrypoint, Dataset: *ev.Dataset, ModelPath: *raw.LLM.Model, Grader: str(ev.Grader)}
+	c.LLM = LLM{BaseURL: str(raw.LLM.BaseURL), APIKeyEnv: str(raw.LLM.APIKeyEnv)}
+	if err := p.positive(toml.Key{"eval", "limit"}, ev.Limit, &c.Evaluation.Limit); err != nil {
+		return err
+	}
+	if ev.Offset != nil {
+		if *ev.Offset < 0 {
+			return p.errAt(toml.Key{"eval", "offset"}, "must be 0 or more, got %d", *ev.Offset)
+		}
+		c.Evaluation.Offset = *ev.Offset
+	}
+	c.Fresh, c.RetryFailed = ev.Fresh != nil && *ev.Fresh, ev.RetryFailed != nil && *ev.RetryFailed
+	if r := raw.Runs; r != nil {
+		if err := p.positive(toml.Key{"runs", "n"}, r.N, &c.Evaluation.N); err != nil {
+			return err
+		}
+		if err := p.positive(toml.Key{"runs", "batch_size"}, r.BatchSize, &c.Evaluation.BatchSize); err != nil {
+			return err
+		}
+		if r.PassThreshold != nil && (*r.PassThreshold < 0 || *r.PassThreshold > 1) {
+			return p.errAt(toml.Key{"runs", "pass_threshold"}, "must be between 0 and 1, got %v", *r.PassThreshold)
+		}
+		c.Evaluation.PassThreshold = r.PassThreshold
+		if c.Evaluation.BatchSize == 0 {
+			c.Evaluation.BatchSize = 1 // that generation's default
+		}
+	}
+	if t := raw.Timeouts; t != nil {
+		c.Evaluation.AgentTimeoutS, c.Evaluation.GraderTimeoutS = t.AgentTimeoutS, t.GraderTimeoutS
+	}
+	if o := raw.Output; o != nil {
+		c.Output = Output{Path: str(o.OutputPath), LogSamples: o.LogSamples != nil && *o.LogSamples,
+			Quiet: o.Quiet != nil && *o.Quiet, DebugLog: o.Debug != nil && *o.Debug}
+	}
+	if raw.Grader != nil || raw.Baseline != nil {
+		c.Advanced = map[string]any{}
+		if raw.Grader != nil {
+			c.Advanced["grader"] = raw.Grader
+		}
+		if raw.Baseline != nil {
+			c.Advanced["baseline"] = raw.Baseline
+		}
+	}
+	return nil
+}
+
+// positive reads an optional count that must be above 0 when set (the
+// SDK's rule for limit, n and batch_size).
+func (p *parser) positive(key toml.Key, v *int, dst *int) error {
+	if v == nil {
+		return nil
+	}
+	if *v < 1 {
+		return p.errAt(key, "must be a positive integer, got %d", *v)
+	}
+	*dst = *v
+	return nil
+}
+
+func isSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' }
+
+// env checks [env] as the SDK does: string values, names of environment
+// variables, none of the runner's own.
+func (p *parser) env(c *Config, env map[string]any) error {
+	if len(env) == 0 {
+		return nil
+	}
+	c.Env = make(map[string]string, len(env))
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		key := toml.Key{"env", k}
+		s, ok := env[k].(string)
+		switch {
+		case !ok:
+			return p.errAt(key, "must be a string, got %v", env[k])
+		case !envNameRE.MatchString(k):
+			return p.errAt(key, "Invalid env var name '%s': must match ^[A-Z_][A-Z0-9_]*$", k)
+		case strings.HasPrefix(k, reservedEnvPrefix):
+			return p.errAt(key, "env var names starting with %s are reserved; choose a different name", reservedEnvPrefix)
+		case strings.ContainsRune(s, 0):
+			return p.errAt(key, "contains a NUL byte")
+		}
+		c.Env[k] = s
+	}
+	return nil
+}
+
+// secrets checks [secrets] as the SDK does: exactly `required`, a list of
+// unique names, none also in [env]. The SDK makes the section mandatory;
+// osmo reads a file without it as needing no secret (its own configs,
+// for in-binary workflows, never had one).
+func (p *parser) secrets(c *Config, s *rawSecrets) error {
+	if s == nil {
+		return nil
+	}
+	if s.Required == nil {
+		return &ConfigError{Path: p.path, Line: p.line(toml.Key{"secrets"}), Key: "secrets.required",
+			Msg: `Missing 'required' in [secrets] section (a list of names, e.g. required = ["OPENAI_API_KEY"]; [] for none)`}
+	}
+	names := *s.Required
+	seen := map[string]bool{}
+	for _, n := range names {
+		key := toml.Key{"secrets", "required"}
+		switch {
+		case seen[n]:
+			return p.errAt(key, "Duplicate secret name %s: each name must appear once", n)
+		case !secretNameRE.MatchString(n):
+			return p.errAt(key, "Invalid secret name '%s': use uppercase letters, digits, and underscores, starting with a letter (e.g. MY_SECRET)", n)
+		case c.Env[n] != "" || hasKey(c.Env, n):
+			return p.errAt(key, "%s appears in both [env] and [secrets]: each env var name must come from exactly one place", n)
+		}
+		seen[n] = true
+	}
+	c.Secrets = slices.Clone(names)
+	return nil
+}
+
+func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+// check fills the defaults and refuses what cannot run.
+func (p *parser) check(c *Config) error {
+	e, v := &c.Experiment, &c.Evaluation
+	sec := "experiment"
+	if c.Generation == GenerationV02 {
+		sec = "eval"
+	}
+	switch {
+	case strings.TrimSpace(e.Rollout) == "":
+		return p.errAt(toml.Key{sec, "rollout"}, `required: a rollout of the workspace (rollouts/NAME), a workflow name, or "exec"`)
 	case e.Rollout == "exec" && strings.TrimSpace(e.Entrypoint) == "":
-		return bad("experiment", "entrypoint", `required with rollout = "exec": the agent command`)
-	case e.Dataset == "":
-		return bad("experiment", "dataset", "required: a .jsonl, .csv or .parquet file")
-	case e.ModelPath == "":
-		return bad("experiment", "model_path", `required: "provider/model", such as "openai/gpt-4o-mini"`)
-	case v.Limit < 0:
-		return bad("evaluation", "limit", "must be 0 (all rows) or more, got %d", v.Limit)
-	case v.N < 1 && md.IsDefined("evaluation", "n"):
-		return bad("evaluation", "n", "must be at least 1, got %d", v.N)
-	case v.BatchSize < 1 && md.IsDefined("evaluation", "batch_size"):
-		return bad("evaluation", "batch_size", "must be at least 1, got %d", v.BatchSize)
+		return p.errAt(toml.Key{sec, "entrypoint"}, `required with rollout = "exec": the agent command`)
+	case strings.TrimSpace(e.Dataset) == "":
+		return p.errAt(toml.Key{sec, "dataset"}, "required: a dataset file, or the name of one under the workspace's data/")
+	case strings.TrimSpace(e.ModelPath) == "":
+		key := toml.Key{"experiment", "model_path"}
+		if c.Generation == GenerationV02 {
+			key = toml.Key{"llm", "model"}
+		}
+		return p.errAt(key, `required: "provider/model", such as "openai/gpt-4o-mini"`)
 	}
 	if v.N == 0 {
 		v.N = 1
@@ -159,21 +578,26 @@ func (c *Config) check(md toml.MetaData, text string) error {
 	if v.BatchSize == 0 {
 		v.BatchSize = DefaultBatchSize
 	}
-	for _, t := range []struct {
-		key string
+	budgets := []struct {
+		key toml.Key
 		v   **float64
 		def float64
 	}{
-		{"pass_threshold", &v.PassThreshold, 1},
-		{"agent_workflow_timeout_s", &v.AgentTimeoutS, DefaultAgentTimeoutS},
-		{"grader_timeout_s", &v.GraderTimeoutS, DefaultGraderTimeoutS},
-	} {
+		{toml.Key{"evaluation", "pass_threshold"}, &v.PassThreshold, 1},
+		{toml.Key{"evaluation", "agent_workflow_timeout_s"}, &v.AgentTimeoutS, DefaultAgentTimeoutS},
+		{toml.Key{"evaluation", "grader_timeout_s"}, &v.GraderTimeoutS, DefaultGraderTimeoutS},
+	}
+	if c.Generation == GenerationV02 {
+		budgets[0].key = toml.Key{"runs", "pass_threshold"}
+		budgets[1].key[0], budgets[2].key[0] = "timeouts", "timeouts"
+	}
+	for _, t := range budgets {
 		if *t.v == nil {
 			d := t.def
 			*t.v = &d
 		}
-		if f := **t.v; math.IsNaN(f) || math.IsInf(f, 0) || (t.key != "pass_threshold" && f <= 0) {
-			return bad("evaluation", t.key, "must be a finite number (a budget above 0), got %v", f)
+		if f := **t.v; math.IsNaN(f) || math.IsInf(f, 0) || (t.key[1] != "pass_threshold" && f <= 0) {
+			return p.errAt(t.key, "must be a finite number (a budget above 0), got %v", f)
 		}
 	}
 	if c.LLM.APIKeyEnv == "" {
@@ -182,24 +606,14 @@ func (c *Config) check(md toml.MetaData, text string) error {
 	return nil
 }
 
-// DatasetPath is the dataset's path, relative to the config's directory
-// unless absolute.
-func (c *Config) DatasetPath() string {
-	if filepath.IsAbs(c.Experiment.Dataset) {
-		return c.Experiment.Dataset
-	}
-	return filepath.Join(filepath.Dir(c.Path), c.Experiment.Dataset)
-}
-
 // Model is the upstream model: model_path without its "openai/" provider
 // prefix (an OpenAI-compatible endpoint takes the bare model name).
 func (c *Config) Model() string {
 	return strings.TrimPrefix(c.Experiment.ModelPath, "openai/")
 }
 
-// DefaultOutput is the directory a run writes to unless told otherwise:
-// named after the TOML file, beside it, so a rerun finds it.
-func (c *Config) DefaultOutput() string {
-	base := strings.TrimSuffix(filepath.Base(c.Path), filepath.Ext(c.Path))
-	return filepath.Join(filepath.Dir(c.Path), base+".eval")
+// Stem is the config file's name without its extension: the default
+// run name starts with it.
+func (c *Config) Stem() string {
+	return strings.TrimSuffix(filepath.Base(c.Path), filepath.Ext(c.Path))
 }

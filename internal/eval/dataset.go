@@ -58,8 +58,29 @@ func (e *DatasetError) Error() string {
 // maxLine bounds one JSONL line or CSV field (a long conversation fits).
 const maxLine = 64 << 20
 
-// LoadDataset reads every row of a .jsonl, .csv or .parquet file.
+// LoadDataset reads and checks every row of a .jsonl, .csv or .parquet
+// file.
 func LoadDataset(path string) ([]Row, error) {
+	d, err := ReadDataset(path)
+	if err != nil {
+		return nil, err
+	}
+	return d.Select(nil, 0, 0)
+}
+
+// Dataset is a dataset file's rows as read, before any is checked: a run
+// checks the rows it selects, as the Osmosis SDK does, so a bad row it
+// does not run cannot stop it.
+type Dataset struct {
+	Path string
+	raws []map[string]any
+}
+
+// Len is the number of rows in the file.
+func (d *Dataset) Len() int { return len(d.raws) }
+
+// ReadDataset reads a .jsonl, .csv or .parquet file's rows.
+func ReadDataset(path string) (*Dataset, error) {
 	var raws []map[string]any
 	var err error
 	switch ext := strings.ToLower(filepath.Ext(path)); ext {
@@ -82,15 +103,44 @@ func LoadDataset(path string) ([]Row, error) {
 	if len(raws) == 0 {
 		return nil, &DatasetError{Path: path, Row: -1, Msg: "the dataset has no rows"}
 	}
-	rows := make([]Row, 0, len(raws))
-	for i, raw := range raws {
-		row, err := normalize(raw, i)
-		if err != nil {
-			return nil, &DatasetError{Path: path, Row: i, Msg: err.Error()}
+	return &Dataset{Path: path, raws: raws}, nil
+}
+
+// Select checks and returns the rows a run runs: the file offsets in
+// rows when not nil (each must exist), else offset and limit (0: all).
+// A selected row's Index is its position in the selection and its
+// SourceIndex its offset in the file.
+func (d *Dataset) Select(rows []int, offset, limit int) ([]Row, error) {
+	var idx []int
+	switch {
+	case rows != nil:
+		for _, i := range rows {
+			if i >= len(d.raws) {
+				return nil, &DatasetError{Path: d.Path, Row: -1, Msg: fmt.Sprintf("--rows selects row %d but the file has %d rows (valid indices are 0-%d)", i, len(d.raws), len(d.raws)-1)}
+			}
 		}
-		rows = append(rows, row)
+		idx = rows
+	default:
+		if offset >= len(d.raws) {
+			return nil, &DatasetError{Path: d.Path, Row: -1, Msg: fmt.Sprintf("offset %d is past the dataset's %d rows", offset, len(d.raws))}
+		}
+		end := len(d.raws)
+		if limit > 0 {
+			end = min(end, offset+limit)
+		}
+		for i := offset; i < end; i++ {
+			idx = append(idx, i)
+		}
 	}
-	return rows, nil
+	out := make([]Row, 0, len(idx))
+	for _, src := range idx {
+		row, err := normalize(d.raws[src], len(out), src)
+		if err != nil {
+			return nil, &DatasetError{Path: d.Path, Row: src, Msg: err.Error()}
+		}
+		out = append(out, row)
+	}
+	return out, nil
 }
 
 func readJSONL(path string) ([]map[string]any, error) {
@@ -143,9 +193,14 @@ func readCSV(path string) ([]map[string]any, error) {
 		}
 		raw := make(map[string]any, len(header))
 		for i, col := range header {
-			// An empty cell is no value, as CSV cannot say null.
-			if rec[i] != "" {
+			// An empty cell is no value, as CSV cannot say null; the
+			// metadata column stays present (a row may then run on
+			// metadata alone), its empty cell absent.
+			switch {
+			case rec[i] != "":
 				raw[col] = rec[i]
+			case col == colMetadata:
+				raw[col] = nil
 			}
 		}
 		out = append(out, raw)
@@ -168,26 +223,40 @@ func readParquet(path string) ([]map[string]any, error) {
 	return out, nil
 }
 
-// normalize turns a raw row into a Row: the prompts become messages, the
-// label is kept apart, and metadata is the metadata column (a JSON object,
-// or its text) with every other column laid into it.
-func normalize(raw map[string]any, index int) (Row, error) {
-	row := Row{Index: index, SourceIndex: index}
+// normalize turns a raw row into a Row, as the Osmosis SDK reads one:
+// the prompts become messages and the label is kept apart. A row needs a
+// user prompt, unless the dataset has a metadata column: then a prompt or
+// a non-empty metadata object will do ({} counts as absent). Unlike the
+// SDK, osmo also lays every other column into the metadata, where the
+// workflow and the grader both see it.
+func normalize(raw map[string]any, index, source int) (Row, error) {
+	row := Row{Index: index, SourceIndex: source}
+	_, metadataMode := raw[colMetadata]
 	if v, ok := raw[colMetadata]; ok && v != nil {
 		md, err := asObject(v)
 		if err != nil {
 			return row, fmt.Errorf("metadata: %w", err)
 		}
-		row.Metadata = md
+		if len(md) > 0 {
+			row.Metadata = md
+		}
 	}
 	user, ok := text(raw[colUser])
-	if !ok {
-		return row, fmt.Errorf("%s: missing (a row needs a user prompt)", colUser)
+	if !ok && !metadataMode {
+		return row, fmt.Errorf("%s: missing (a row needs a user prompt, unless the dataset has a %s column)", colUser, colMetadata)
 	}
 	if system, ok := text(raw[colSystem]); ok {
 		row.Messages = append(row.Messages, map[string]any{"role": "system", "content": system})
 	}
-	row.Messages = append(row.Messages, map[string]any{"role": "user", "content": user})
+	if ok {
+		row.Messages = append(row.Messages, map[string]any{"role": "user", "content": user})
+	}
+	if !ok && row.Metadata == nil {
+		return row, fmt.Errorf("has no prompt and no metadata; a row needs at least a %s or a non-empty %s object", colUser, colMetadata)
+	}
+	if row.Messages == nil {
+		row.Messages = []map[string]any{}
+	}
 	for _, col := range []string{colGroundTruth, colLabel} {
 		if v, ok := text(raw[col]); ok {
 			row.Label = &v

@@ -35,11 +35,16 @@ func TestLoadConfig(t *testing.T) {
 		if v.N != 1 || v.BatchSize != eval.DefaultBatchSize || *v.PassThreshold != 1 || *v.AgentTimeoutS != 450 || *v.GraderTimeoutS != 150 {
 			t.Errorf("defaults: %+v", v)
 		}
-		if c.Model() != "gpt-4o-mini" || c.DatasetPath() != filepath.Join(dir, "rows.jsonl") || c.LLM.APIKeyEnv != "OPENAI_API_KEY" {
-			t.Errorf("model %q dataset %q key env %q", c.Model(), c.DatasetPath(), c.LLM.APIKeyEnv)
+		write(t, dir, "rows.jsonl", `{"user_prompt":"q"}`+"\n")
+		l, err := c.Resolve("", "")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if c.DefaultOutput() != filepath.Join(dir, "ok.eval") {
-			t.Errorf("output %q", c.DefaultOutput())
+		if c.Model() != "gpt-4o-mini" || l.DatasetPath != filepath.Join(dir, "rows.jsonl") || c.LLM.APIKeyEnv != "OPENAI_API_KEY" {
+			t.Errorf("model %q dataset %q key env %q", c.Model(), l.DatasetPath, c.LLM.APIKeyEnv)
+		}
+		if l.OutputRoot != filepath.Join(dir, ".osmosis", "evals") || l.RolloutDir != "" || l.Workspace != "" {
+			t.Errorf("layout %+v", l)
 		}
 	})
 	for _, tc := range []struct {
@@ -48,8 +53,8 @@ func TestLoadConfig(t *testing.T) {
 		{"syntax", "[experiment]\nrollout = \"multiply\n", ":2"},
 		{"wrong type", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\nn = \"two\"\n", "evaluation.n"},
 		{"unknown key", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\nmodel = \"x\"\n", ":5: experiment.model: unknown key"},
-		{"n below 1", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\nn = 0\n", ":6: evaluation.n: must be at least 1"},
-		{"no rollout", "[experiment]\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n", "experiment.rollout: required"},
+		{"n below 1", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\nn = 0\n", ":6: evaluation.n: must be a positive integer"},
+		{"no rollout", "[experiment]\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n", "experiment.rollout: Missing 'rollout' in [experiment] section"},
 		{"exec without entrypoint", "[experiment]\nrollout = \"exec\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n", "experiment.entrypoint: required"},
 		{"negative budget", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\ngrader_timeout_s = -1\n", "evaluation.grader_timeout_s"},
 	} {

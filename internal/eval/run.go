@@ -34,8 +34,12 @@ type Plan struct {
 	// Output is the directory of results.jsonl, summary.json and
 	// report.html; "" keeps nothing (osmo test).
 	Output string
-	// Fresh starts over; RetryFailed runs the failed attempts again.
-	Fresh, RetryFailed bool
+	// RetryFailed runs the failed attempts again. (Starting over is the
+	// run directory's business: OpenRun archives it.)
+	RetryFailed bool
+	// Redact replaces secret values in every result before it is
+	// journaled; nil redacts nothing.
+	Redact *Redactor
 	// SkipChecks leaves out the model and server checks before running
 	// (a caller that made them already).
 	SkipChecks bool
@@ -99,13 +103,6 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 	if p.Output != "" {
 		if err := os.MkdirAll(p.Output, 0o755); err != nil {
 			return nil, fmt.Errorf("eval: output: %w", err)
-		}
-		if p.Fresh {
-			for _, f := range []string{ResultsFile, SummaryFile, ReportFile} {
-				if err := os.Remove(filepath.Join(p.Output, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-					return nil, fmt.Errorf("eval: --fresh: %w", err)
-				}
-			}
 		}
 		var err error
 		if journal, done, err = OpenJournal(filepath.Join(p.Output, ResultsFile)); err != nil {
@@ -348,6 +345,7 @@ func (r *runner) commitResult(_ context.Context, id string, out Result, res *con
 		// last LLM call carried, for reading.
 		out.Messages = r.lastConversation(id)
 	}
+	out = r.plan.Redact.result(out)
 	if r.journal != nil {
 		if err := r.journal.Append(out); err != nil {
 			return err

@@ -32,6 +32,9 @@ Test-only knobs (leave unset in real use):
   MULTIPLY_CRASH_AFTER=N         os._exit(3) just after the N-th rollout
                                  was accepted, while it is in flight
   MULTIPLY_TURN_DELAY_SEC=S      sleep S seconds before each LLM call
+  MULTIPLY_ECHO_SECRET=1         leak MULTIPLY_SECRET on purpose: print it and
+                                 put it in each sample's conversation (a
+                                 host must redact it from what it writes)
 """
 
 from __future__ import annotations
@@ -317,6 +320,9 @@ def run_rollout(ro: Rollout) -> None:
             if label is not None:
                 reward = 1.0 if label.strip() and label.strip() in last_text(messages) else 0.0
             ro.reward = reward
+            if os.environ.get("MULTIPLY_ECHO_SECRET") == "1":
+                log("leaking on purpose: MULTIPLY_SECRET=" + os.environ["MULTIPLY_SECRET"])
+                messages = messages + [{"role": "system", "content": "debug token " + os.environ["MULTIPLY_SECRET"]}]
             sample = {
                 "id": SAMPLE_ID, "messages": messages, "label": label, "reward": reward,
                 "remove_sample": False, "metrics": {"num_turns": turns},

@@ -1,0 +1,205 @@
+package eval
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Redacted is what a secret's value becomes wherever osmo writes it.
+const Redacted = "[REDACTED]"
+
+// SecretsError is a required secret with no value anywhere.
+type SecretsError struct {
+	Missing []string
+	File    string // the --secrets-file that was read, if any
+}
+
+func (e *SecretsError) Error() string {
+	where := "set them in the environment, or pass --secrets-file FILE with NAME=value lines"
+	if e.File != "" {
+		where = "add them to " + e.File + " (NAME=value) or set them in the environment"
+	}
+	return fmt.Sprintf("[secrets] required: no value for %s: %s", strings.Join(e.Missing, ", "), where)
+}
+
+// ResolveSecrets finds a value for each name: from the secrets file
+// (dotenv lines, NAME=value; "-" reads stdin), then the environment.
+// Names in optional may stay unset (the model's key when the mock policy
+// stands in for the model).
+func ResolveSecrets(names []string, file string, stdin io.Reader, getenv func(string) string, optional []string) (map[string]string, error) {
+	fromFile := map[string]string{}
+	if file != "" {
+		var r io.Reader
+		if file == "-" {
+			r = stdin
+		} else {
+			f, err := os.Open(file)
+			if err != nil {
+				return nil, fmt.Errorf("--secrets-file: %w", err)
+			}
+			defer f.Close()
+			r = f
+		}
+		var err error
+		if fromFile, err = ParseDotenv(r); err != nil {
+			return nil, fmt.Errorf("--secrets-file %s: %w", file, err)
+		}
+	}
+	out := make(map[string]string, len(names))
+	var missing []string
+	for _, n := range names {
+		v, ok := fromFile[n]
+		if !ok || v == "" {
+			v = getenv(n)
+		}
+		if v == "" {
+			if !slices.Contains(optional, n) {
+				missing = append(missing, n)
+			}
+			continue
+		}
+		out[n] = v
+	}
+	if len(missing) > 0 {
+		return nil, &SecretsError{Missing: missing, File: file}
+	}
+	return out, nil
+}
+
+// ParseDotenv reads NAME=value lines: blank lines and # comments are
+// skipped, "export " is allowed before the name, and a value in single or
+// double quotes is taken between them.
+func ParseDotenv(r io.Reader) (map[string]string, error) {
+	out := map[string]string{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		line = strings.TrimPrefix(line, "export ")
+		k, v, ok := strings.Cut(line, "=")
+		k = strings.TrimSpace(k)
+		if !ok || !envNameRE.MatchString(k) {
+			// The line's text may be the secret itself: not repeated.
+			return nil, fmt.Errorf("line %d is not NAME=value", n)
+		}
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		} else if i := strings.Index(v, " #"); i >= 0 {
+			v = strings.TrimSpace(v[:i])
+		}
+		out[k] = v
+	}
+	return out, sc.Err()
+}
+
+// Redactor replaces known secret values with [REDACTED] in what osmo
+// writes: the part of a line around a secret (a status code, a stack
+// frame) is why the line exists, so only the value goes. Every non-empty
+// value counts, however short: a rule for "placeholders" could leak a
+// real short secret. A nil *Redactor redacts nothing.
+type Redactor struct {
+	values [][]byte // longest first, so one value inside another goes whole
+}
+
+// NewRedactor redacts values (empty ones are ignored).
+func NewRedactor(values ...string) *Redactor {
+	r := &Redactor{}
+	for _, v := range values {
+		if v != "" {
+			r.values = append(r.values, []byte(v))
+		}
+	}
+	slices.SortFunc(r.values, func(a, b []byte) int { return len(b) - len(a) })
+	return r
+}
+
+// Bytes returns b with every secret replaced (b itself when none occurs).
+func (r *Redactor) Bytes(b []byte) []byte {
+	if r == nil {
+		return b
+	}
+	for _, v := range r.values {
+		if bytes.Contains(b, v) {
+			b = bytes.ReplaceAll(b, v, []byte(Redacted))
+		}
+	}
+	return b
+}
+
+// String returns s with every secret replaced.
+func (r *Redactor) String(s string) string {
+	if r == nil || len(r.values) == 0 {
+		return s
+	}
+	return string(r.Bytes([]byte(s)))
+}
+
+// Values returns the secret values, for writers that redact themselves.
+func (r *Redactor) Values() []string {
+	if r == nil {
+		return nil
+	}
+	out := make([]string, len(r.values))
+	for i, v := range r.values {
+		out[i] = string(v)
+	}
+	return out
+}
+
+// Writer returns a writer that redacts each Write before passing it on.
+// Each Write must hold whole lines (a log record does), so a secret is
+// never split between two of them.
+func (r *Redactor) Writer(w io.Writer) io.Writer {
+	if r == nil || len(r.values) == 0 {
+		return w
+	}
+	return &redactingWriter{r: r, w: w}
+}
+
+type redactingWriter struct {
+	mu sync.Mutex
+	r  *Redactor
+	w  io.Writer
+}
+
+func (w *redactingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.w.Write(w.r.Bytes(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// result returns res with every secret in it replaced: a result is
+// redacted once, before it is journaled, so every file made from it
+// (the journal, the SDK's files, the summary, the report) is clean.
+func (r *Redactor) result(res Result) Result {
+	if r == nil || len(r.values) == 0 {
+		return res
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return res
+	}
+	clean := r.Bytes(b)
+	if bytes.Equal(clean, b) {
+		return res
+	}
+	var out Result
+	if json.Unmarshal(clean, &out) != nil {
+		return res
+	}
+	return out
+}
