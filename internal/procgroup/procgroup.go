@@ -12,8 +12,15 @@ import (
 	"syscall"
 )
 
-// SysProcAttr puts a started process in a new process group of its own.
-func SysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+// SysProcAttr puts a started process in a new process group of its own
+// and, where the system can, has the kernel kill it when osmo dies (a
+// SIGKILLed osmo runs no cleanup, and an orphaned agent or rollout
+// server would run on, holding its port and calling a model for no one).
+func SysProcAttr() *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true}
+	dieWithParent(a)
+	return a
+}
 
 // Group is the process group led by a process started with SysProcAttr.
 type Group struct {
