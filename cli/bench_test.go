@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/osmo-rl/osmo/cli"
+	"github.com/osmo-rl/osmo/internal/proxybench"
 	"github.com/osmo-rl/osmo/internal/rolloutbench"
-	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // assertReaped fails the test if any of pids is still a process.
@@ -64,7 +64,7 @@ func TestMeasureOneCore(t *testing.T) {
 
 	before := affinity(t)
 	const requests = 400
-	rep, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{
+	rep, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{
 		Command:  func(args []string) *exec.Cmd { return osmoCommand(env, append([]string{"llmproxy"}, args...)...) },
 		Requests: requests, Rounds: 4, Clients: 4,
 	})
@@ -78,7 +78,7 @@ func TestMeasureOneCore(t *testing.T) {
 	if rep.Skipped != "" {
 		t.Fatalf("skipped: %s", rep.Skipped)
 	}
-	for _, s := range []llmproxy.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK} {
+	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK} {
 		if s.Requests != requests || s.Warmup <= 0 || s.Wall <= 0 || s.PID <= 0 {
 			t.Errorf("%s: %+v, want %d timed requests, a warm-up, a wall time and a pid", s.Name, s, requests)
 		}
@@ -91,7 +91,7 @@ func TestMeasureOneCore(t *testing.T) {
 	}
 	// Every call is a span, flushed when the proxy stops, whichever the
 	// pipeline.
-	for _, s := range []llmproxy.OneCoreSetup{rep.Tracing, rep.SDK} {
+	for _, s := range []proxybench.OneCoreSetup{rep.Tracing, rep.SDK} {
 		if calls := int64(s.Requests + s.Warmup); s.Spans < calls {
 			t.Errorf("the sink received %d spans from the %s proxy, want at least one per call (%d)", s.Spans, s.Name, calls)
 		}
@@ -121,7 +121,7 @@ func TestMeasureOneCoreCancel(t *testing.T) {
 	defer cancel()
 	time.AfterFunc(time.Second, cancel)
 	start := time.Now()
-	rep, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{
+	rep, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{
 		Command:  func(args []string) *exec.Cmd { return osmoCommand(nil, append([]string{"llmproxy"}, args...)...) },
 		Requests: 1 << 30, Rounds: 2, Clients: 2,
 	})

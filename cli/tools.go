@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/proxybench"
 	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
@@ -150,7 +151,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	// the proxy's, not a collector's.
 	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
 	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
-	rep, err := llmproxy.MeasureOverhead(ctx, n, tp)
+	rep, err := proxybench.MeasureOverhead(ctx, n, tp)
 	if err != nil {
 		return err
 	}
@@ -163,10 +164,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	// for /proc's 10 ms clock ticks.
 	command, err := osmoCommand(e, "llmproxy")
 	if err != nil {
-		llmproxy.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
+		proxybench.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
 		return nil
 	}
-	one, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Command: command, Requests: 4 * n, Rounds: 10, Clients: 8})
+	one, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{Command: command, Requests: 4 * n, Rounds: 10, Clients: 8})
 	if err != nil {
 		return err
 	}

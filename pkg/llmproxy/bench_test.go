@@ -5,16 +5,10 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -139,15 +133,6 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
-// benchTracerProvider is the proxy's span pipeline (every span sampled,
-// the baggage ids, batches) in front of an exporter that drops the
-// batches, so the benchmark measures the proxy's side of tracing.
-func benchTracerProvider(tb testing.TB) trace.TracerProvider {
-	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
-	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return tp
-}
-
 // exportingTracerProvider is a span pipeline exporting every span over
 // OTLP/HTTP to a loopback collector that drops them: the direct pipeline
 // or the OpenTelemetry SDK's (the SDK's OTLP exporter included, which
@@ -270,93 +255,4 @@ func BenchmarkProxySSE(b *testing.B) {
 		}
 	}
 	b.ReportMetric(chunks+1, "events/op")
-}
-
-func TestMeasureOverhead(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := llmproxy.MeasureOverhead(ctx, 0, nil); err == nil {
-		t.Error("MeasureOverhead(0) succeeded, want an error naming n")
-	}
-	// The report states the collector setting it ran under.
-	defer debug.SetGCPercent(debug.SetGCPercent(250))
-	// What the measurement logs reaches the standard logger (where a
-	// ReverseProxy's errors go): `osmo bench` prints its tables and nothing
-	// else, so nothing may.
-	var logged bytes.Buffer
-	log.SetOutput(&logged)
-	defer log.SetOutput(os.Stderr)
-	rep, err := llmproxy.MeasureOverhead(ctx, 50, benchTracerProvider(t))
-	if err != nil {
-		t.Fatalf("MeasureOverhead: %v", err)
-	}
-	if logged.Len() > 0 {
-		t.Errorf("MeasureOverhead logged:\n%s", logged.String())
-	}
-	if rep.GCPercent != 250 {
-		t.Errorf("report GCPercent = %d, want the 250 in effect", rep.GCPercent)
-	}
-	for name, l := range map[string]llmproxy.Latency{"direct": rep.Direct, "reverseproxy": rep.ReverseProxy, "llmproxy": rep.LLMProxy, "llmproxy+tracing": rep.TracedLLMProxy} {
-		if l.P50 <= 0 || l.P99 < l.P50 {
-			t.Errorf("%s latency %+v is not a distribution", name, l)
-		}
-	}
-	if rep.AddedOverDirect.P50 != rep.LLMProxy.P50-rep.Direct.P50 {
-		t.Errorf("added latency %v is not llmproxy minus direct", rep.AddedOverDirect)
-	}
-	if rep.Throughput <= 0 || rep.DirectThroughput <= 0 || rep.TracedThroughput <= 0 || rep.ReverseProxyThroughput <= 0 || rep.Requests != 50 {
-		t.Errorf("report %+v lacks throughput or request count", rep)
-	}
-	if !rep.Traced || rep.TracingThroughputRatio() != rep.TracedThroughput/rep.Throughput {
-		t.Errorf("tracing ratio %v is not traced over plain throughput (%+v)", rep.TracingThroughputRatio(), rep)
-	}
-	if rep.ReverseProxyThroughputRatio() != rep.Throughput/rep.ReverseProxyThroughput {
-		t.Errorf("reverse proxy ratio %v is not llmproxy's throughput over its (%+v)", rep.ReverseProxyThroughputRatio(), rep)
-	}
-	if rp := rep.ReverseProxy.P99 - rep.Direct.P99; rp > 0 && rep.AddedP99Ratio() != float64(rep.AddedOverDirect.P99)/float64(rp) {
-		t.Errorf("added p99 ratio %v is not llmproxy's added p99 over the reverse proxy's (%+v)", rep.AddedP99Ratio(), rep)
-	}
-	var out bytes.Buffer
-	rep.WriteTable(&out)
-	for _, s := range []string{"direct", "reverseproxy", "llmproxy", "llmproxy+tracing", "p99", "req/s", "% of llmproxy", "GOGC=250", "llmproxy against reverseproxy"} {
-		if !strings.Contains(out.String(), s) {
-			t.Errorf("table lacks %q:\n%s", s, out.String())
-		}
-	}
-}
-
-// TestMeasureOneCoreSkips checks the one-core measurement reports why it
-// did not run instead of failing, and refuses a configuration it cannot
-// run. cli's tests run it against real proxy processes.
-func TestMeasureOneCoreSkips(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Requests: 1, Rounds: 2, Clients: 1}); err == nil {
-		t.Error("MeasureOneCore with fewer requests than rounds succeeded, want an error")
-	}
-	commands := map[string]func([]string) *exec.Cmd{
-		"no command": nil,
-		"no such program": func(args []string) *exec.Cmd {
-			return exec.Command(filepath.Join(t.TempDir(), "no-such-osmo"), args...)
-		},
-		// The test binary does not know the proxy's flags: it exits at once.
-		"exits at once": func(args []string) *exec.Cmd { return exec.Command(os.Args[0], args...) },
-	}
-	for name, command := range commands {
-		t.Run(name, func(t *testing.T) {
-			rep, err := llmproxy.MeasureOneCore(ctx, llmproxy.OneCoreConfig{Command: command, Requests: 10, Rounds: 2, Clients: 1})
-			if err != nil || rep.Skipped == "" {
-				t.Fatalf("MeasureOneCore = %+v, %v; want it skipped, no error", rep, err)
-			}
-			t.Logf("skipped: %s", rep.Skipped)
-			var out bytes.Buffer
-			rep.WriteTable(&out)
-			if !strings.Contains(out.String(), "skipped ("+rep.Skipped+")") {
-				t.Errorf("table does not say why it skipped:\n%s", out.String())
-			}
-			if runtime.GOOS == "linux" && name != "no command" && !strings.Contains(rep.Skipped, "did not start") {
-				t.Errorf("skipped because %q, want the proxy that did not start named", rep.Skipped)
-			}
-		})
-	}
 }

@@ -58,8 +58,8 @@ type Config struct {
 	// a whole JSON body, or one SSE event (streams themselves are passed on
 	// as they come and may be longer); 0 means DefaultMaxResponseBytes.
 	MaxResponseBytes int64
-	// Transport carries upstream calls. Nil means a transport tuned for many
-	// concurrent calls to one policy endpoint.
+	// Transport carries upstream calls. Nil means DefaultTransport(), a
+	// transport tuned for many concurrent calls to one policy endpoint.
 	Transport http.RoundTripper
 	// Logger receives call logs; nil discards them.
 	Logger *slog.Logger
@@ -151,7 +151,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.maxResp = DefaultMaxResponseBytes
 	}
 	if p.transport == nil {
-		p.transport = newTransport()
+		p.transport = DefaultTransport()
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -209,12 +209,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mux.ServeHTTP(w, r)
 }
 
-// newTransport is the default upstream transport: keep-alive connections
-// sized for the G1 client's concurrency (100 calls in flight) so calls do
-// not pay for new connections under load. Connections are not capped:
-// queueing calls in the proxy would only hide load from the policy server,
-// which batches better the more it sees.
-func newTransport() *http.Transport {
+// DefaultTransport returns a new upstream transport set up as the one New
+// uses when Config.Transport is nil, for callers that wrap it (to add
+// instrumentation or TLS settings, say) or measure against it. Each call
+// returns a transport with a connection pool of its own.
+//
+// Its keep-alive connections are sized for the G1 client's concurrency
+// (100 calls in flight), so calls do not pay for new connections under
+// load. Connections are not capped: queueing calls in the proxy would only
+// hide load from the policy server, which batches better the more it sees.
+// Compression is off: responses are small or streamed, and gzip would cost
+// CPU on both ends and can hold SSE events back in the compressor.
+func DefaultTransport() *http.Transport {
 	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{
@@ -227,9 +233,7 @@ func newTransport() *http.Transport {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
-		// Responses are small or streamed; gzip would cost CPU on both ends
-		// and can hold SSE events back in the compressor.
-		DisableCompression: true,
+		DisableCompression:    true,
 	}
 }
 

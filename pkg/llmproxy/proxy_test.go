@@ -708,3 +708,17 @@ func TestLogsCarryIDs(t *testing.T) {
 		t.Errorf("logs = %q, want %q", levels, want)
 	}
 }
+
+// TestDefaultTransport: each call is a transport of its own (closing one's
+// idle connections leaves another's), with compression off so SSE events
+// are not held back in a compressor.
+func TestDefaultTransport(t *testing.T) {
+	a, b := llmproxy.DefaultTransport(), llmproxy.DefaultTransport()
+	if a == b {
+		t.Fatal("DefaultTransport returned the same transport twice")
+	}
+	if !a.DisableCompression || a.MaxIdleConnsPerHost < 100 {
+		t.Errorf("DefaultTransport: compression off %v, %d idle connections per host; want compression off and at least 100",
+			a.DisableCompression, a.MaxIdleConnsPerHost)
+	}
+}

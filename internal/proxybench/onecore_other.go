@@ -1,6 +1,6 @@
 //go:build !linux
 
-package llmproxy
+package proxybench
 
 import (
 	"errors"

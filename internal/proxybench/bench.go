@@ -1,4 +1,8 @@
-package llmproxy
+// Package proxybench measures what pkg/llmproxy adds to a call: in one
+// process against a plain httputil.ReverseProxy and a direct call
+// (MeasureOverhead), and as its own process alone on one core
+// (MeasureOneCore). `osmo bench` prints both.
+package proxybench
 
 import (
 	"bytes"
@@ -22,6 +26,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // Latency summarizes a latency distribution.
@@ -171,7 +177,7 @@ const benchCompletion = `{"id":"chatcmpl-bench","object":"chat.completion","crea
 // Everything runs in this process on 127.0.0.1.
 func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (OverheadReport, error) {
 	if n <= 0 {
-		return OverheadReport{}, fmt.Errorf("llmproxy.MeasureOverhead: n must be positive, got %d", n)
+		return OverheadReport{}, fmt.Errorf("proxybench.MeasureOverhead: n must be positive, got %d", n)
 	}
 	rep := OverheadReport{Requests: n, GOMAXPROCS: runtime.GOMAXPROCS(0), GCPercent: gcPercent(), Traced: tp != nil}
 	// Long enough to be steady for real runs, short for smoke tests.
@@ -181,7 +187,7 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 	var stack benchStack
 	defer stack.close()
 	if err := stack.start(tp); err != nil {
-		return rep, fmt.Errorf("llmproxy.MeasureOverhead: %w", err)
+		return rep, fmt.Errorf("proxybench.MeasureOverhead: %w", err)
 	}
 	targets := []string{stack.upstreamURL, stack.reverseURL, stack.proxyURL}
 	if tp != nil {
@@ -198,7 +204,7 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 	for range warm {
 		for i, t := range targets {
 			if err := benchRequest(ctx, clients[i], t); err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOverhead: warm-up: %w", err)
+				return rep, fmt.Errorf("proxybench.MeasureOverhead: warm-up: %w", err)
 			}
 		}
 	}
@@ -210,7 +216,7 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 		for i, t := range targets {
 			t0 := time.Now()
 			if err := benchRequest(ctx, clients[i], t); err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOverhead: %w", err)
+				return rep, fmt.Errorf("proxybench.MeasureOverhead: %w", err)
 			}
 			lat[i] = append(lat[i], time.Since(t0))
 		}
@@ -241,14 +247,14 @@ func MeasureOverhead(ctx context.Context, n int, tp trace.TracerProvider) (Overh
 		for j := range runs {
 			r := runs[(i+j)%len(runs)]
 			if err := r.run.add(ctx, r.client, r.target, rep.ThroughputClients, slice); err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
+				return rep, fmt.Errorf("proxybench.MeasureOverhead: throughput: %w", err)
 			}
 		}
 	}
 	rep.Throughput, rep.TracedThroughput, rep.ReverseProxyThroughput = plain.rate(), traced.rate(), reverse.rate()
 	var direct throughputRun
 	if err := direct.add(ctx, clients[0], stack.upstreamURL, rep.ThroughputClients, rep.ThroughputDuration); err != nil {
-		return rep, fmt.Errorf("llmproxy.MeasureOverhead: throughput: %w", err)
+		return rep, fmt.Errorf("proxybench.MeasureOverhead: throughput: %w", err)
 	}
 	rep.DirectThroughput = direct.rate()
 	return rep, nil
@@ -302,7 +308,7 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	}
 	s.upstreamURL = base + "/v1/chat/completions"
 	target, _ := url.Parse(base)
-	rpTransport, lpTransport, tracedTransport := newTransport(), newTransport(), newTransport()
+	rpTransport, lpTransport, tracedTransport := llmproxy.DefaultTransport(), llmproxy.DefaultTransport(), llmproxy.DefaultTransport()
 	s.transports = append(s.transports, rpTransport, lpTransport, tracedTransport)
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
@@ -316,9 +322,9 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 		return err
 	}
 	s.reverseURL += "/v1/chat/completions"
-	p, err := New(Config{
-		Router:    StaticRouter(Route{BaseURL: base + "/v1", Model: "bench-policy"}),
-		Recorder:  RecorderFunc(func(context.Context, *Call) {}),
+	p, err := llmproxy.New(llmproxy.Config{
+		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
+		Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
 		Transport: lpTransport,
 	})
 	if err != nil {
@@ -331,9 +337,9 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	if tp == nil {
 		return nil
 	}
-	traced, err := New(Config{
-		Router:         StaticRouter(Route{BaseURL: base + "/v1", Model: "bench-policy"}),
-		Recorder:       RecorderFunc(func(context.Context, *Call) {}),
+	traced, err := llmproxy.New(llmproxy.Config{
+		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
+		Recorder:       llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
 		Transport:      tracedTransport,
 		TracerProvider: tp,
 	})
@@ -363,8 +369,8 @@ func benchRequest(ctx context.Context, c *http.Client, target string) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderRolloutID, "bench")
-	req.Header.Set(HeaderSampleID, "s0")
+	req.Header.Set(llmproxy.HeaderRolloutID, "bench")
+	req.Header.Set(llmproxy.HeaderSampleID, "s0")
 	resp, err := c.Do(req)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package llmproxy
+package proxybench
 
 import (
 	"bytes"
@@ -219,7 +219,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
 		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}, SDK: OneCoreSetup{Name: "tracing-sdk"}}
 	if cfg.Requests <= 0 || cfg.Rounds <= 0 || cfg.Clients <= 0 || cfg.Requests < cfg.Rounds {
-		return rep, fmt.Errorf("llmproxy.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
+		return rep, fmt.Errorf("proxybench.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
 	}
 	if why := oneCoreUnsupported(); why != "" {
 		rep.Skipped = why
@@ -242,12 +242,12 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	defer stack.close()
 	upstream, err := stack.serve(http.HandlerFunc(benchUpstream))
 	if err != nil {
-		return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", err)
+		return rep, fmt.Errorf("proxybench.MeasureOneCore: %w", err)
 	}
 	sink := &spanSink{byPID: map[int64]int64{}}
 	sinkURL, err := stack.serve(sink)
 	if err != nil {
-		return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", err)
+		return rep, fmt.Errorf("proxybench.MeasureOneCore: %w", err)
 	}
 
 	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing, &rep.SDK}
@@ -281,7 +281,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %w", context.Cause(ctx))
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %w", context.Cause(ctx))
 			}
 			rep.Skipped = fmt.Sprintf("the %s proxy did not start: %v", s.Name, err)
 			return rep, nil
@@ -297,7 +297,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	warm := min(max(cfg.Requests/10, cfg.Clients), 1000)
 	for i, s := range setups {
 		if _, err := fixedLoad(ctx, clients[i], children[i].target, cfg.Clients, warm); err != nil {
-			return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s warm-up: %w", s.Name, err)
+			return rep, fmt.Errorf("proxybench.MeasureOneCore: %s warm-up: %w", s.Name, err)
 		}
 		s.Warmup = warm
 	}
@@ -312,15 +312,15 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 			s, c := setups[i], children[i]
 			before, err := procCPU(c.pid())
 			if err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			wall, err := fixedLoad(ctx, clients[i], c.target, cfg.Clients, n)
 			if err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			after, err := procCPU(c.pid())
 			if err != nil {
-				return rep, fmt.Errorf("llmproxy.MeasureOneCore: %s: %w", s.Name, err)
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			s.Requests += n
 			s.Wall += wall
