@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/osmo-rl/osmo/internal/retry"
 )
 
 // APIChatCompletions is Call.API for chat completions calls.
@@ -77,21 +81,20 @@ func (f RecorderFunc) RecordCall(ctx context.Context, c *Call) { f(ctx, c) }
 
 // RetryPolicy is the G1 client retry rule: 5xx, timeouts and transport errors
 // are retried up to MaxRetries times with delay BaseDelay*2^attempt capped at
-// MaxDelay; a 4xx fails at once.
+// MaxDelay (a MaxDelay of 0 keeps every delay at BaseDelay), exactly, as the
+// Osmosis G1 client waits; a 4xx fails at once.
 type RetryPolicy struct {
 	MaxRetries int
 	BaseDelay  time.Duration
 	MaxDelay   time.Duration
 }
 
-// Delay is the wait before retry number attempt (0-based).
-func (p RetryPolicy) Delay(attempt int) time.Duration {
-	d := p.BaseDelay
-	for i := 0; i < attempt && d < p.MaxDelay; i++ {
-		d *= 2
+// backOff is the policy's schedule of delays: BaseDelay doubling up to
+// MaxDelay, without jitter.
+func (p RetryPolicy) backOff() *backoff.ExponentialBackOff {
+	limit := p.MaxDelay
+	if limit == 0 {
+		limit = p.BaseDelay
 	}
-	if p.MaxDelay > 0 && d > p.MaxDelay {
-		d = p.MaxDelay
-	}
-	return d
+	return retry.Doubling(p.BaseDelay, limit, 0)
 }

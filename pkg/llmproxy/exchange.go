@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -178,37 +179,52 @@ func (x *exchange) forward(body []byte) {
 		defer x.endChat()
 	}
 
-	var last *upstreamError
-	for attempt := 0; attempt <= x.p.retry.MaxRetries; attempt++ {
-		if attempt > 0 {
-			d := x.p.retry.Delay(attempt - 1)
-			x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: retrying upstream call",
-				slog.String("rollout_id", x.call.RolloutID), slog.String("sample_id", x.call.SampleID),
-				slog.Int("attempt", attempt+1), slog.Duration("delay", d), slog.String("error", last.Error()))
-			x.retried(attempt, d, last)
-			t := time.Now()
-			ok := sleepCtx(ctx, d)
-			x.backoff += time.Since(t)
-			if !ok {
-				x.failContext(ctx, context.Cause(ctx))
-				return
-			}
-		}
-		x.call.Attempts = attempt + 1
-		last = x.attempt(ctx, url, header, body)
-		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
-		if last == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			x.failContext(ctx, context.Cause(ctx))
-			return
-		}
-		if !last.retry {
-			break
+	// Each attempt that fails in a way retrying can fix is tried again
+	// after the policy's next delay; any other failure, or the end of ctx,
+	// stops the call. waited is when the current wait began.
+	var (
+		last   *upstreamError
+		waited time.Time
+	)
+	endWait := func() {
+		if !waited.IsZero() {
+			x.backoff += time.Since(waited)
+			waited = time.Time{}
 		}
 	}
-	x.failUpstream(last)
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		endWait()
+		x.call.Attempts++
+		last = x.attempt(ctx, url, header, body)
+		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
+		switch {
+		case last == nil:
+			return struct{}{}, nil
+		case ctx.Err() != nil:
+			return struct{}{}, backoff.Permanent(context.Cause(ctx))
+		case !last.retry:
+			return struct{}{}, backoff.Permanent(last)
+		}
+		return struct{}{}, last
+	},
+		backoff.WithBackOff(x.p.retry.backOff()),
+		backoff.WithMaxTries(uint(x.p.retry.MaxRetries)+1),
+		backoff.WithMaxElapsedTime(0), // bounded by MaxRetries alone
+		backoff.WithNotify(func(_ error, d time.Duration) {
+			x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: retrying upstream call",
+				slog.String("rollout_id", x.call.RolloutID), slog.String("sample_id", x.call.SampleID),
+				slog.Int("attempt", x.call.Attempts+1), slog.Duration("delay", d), slog.String("error", last.Error()))
+			x.retried(x.call.Attempts, d, last)
+			waited = time.Now()
+		}))
+	endWait()
+	switch {
+	case err == nil:
+	case last != nil && err == error(last):
+		x.failUpstream(last)
+	default: // ctx ended, during an attempt or a wait
+		x.failContext(ctx, context.Cause(ctx))
+	}
 }
 
 // upstreamHeader builds the headers every attempt sends.

@@ -18,7 +18,6 @@ package llmproxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -256,18 +255,3 @@ var errAttemptTimeout = errors.New("upstream attempt timed out")
 
 // errRolloutEnded is the cancel cause when the route's context ends.
 var errRolloutEnded = errors.New("rollout ended")
-
-// sleepCtx waits d or until ctx ends; it reports whether the full wait passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/retry"
 )
 
 // Defaults of ClientOptions.
@@ -32,7 +32,7 @@ type ClientOptions struct {
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the backoff between attempts to
-	// open the stream (100ms, doubling up to 5s).
+	// open the stream (100ms, doubling up to 5s, each wait spread by ±20%).
 	ReconnectMin, ReconnectMax time.Duration
 	// Propagator writes the trace context of Grade's ctx into the request's
 	// trace_context, so the grader's spans join the caller's trace (W3C
@@ -193,7 +193,8 @@ func (c *Client) Run(ctx context.Context) error {
 		return errors.New("grader.Client.Run: already running")
 	}
 	defer c.running.Store(false)
-	delay := c.min
+	// Jittered so that clients do not reconnect in step.
+	b := retry.Doubling(c.min, c.max, 0.2)
 	for {
 		start := time.Now()
 		answered, err := c.session(ctx)
@@ -201,9 +202,9 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		}
 		if answered || time.Since(start) >= c.max {
-			delay = c.min // the stream worked: start the backoff over
+			b.Reset() // the stream worked: start the backoff over
 		}
-		wait := jitter(delay)
+		wait := b.NextBackOff()
 		c.log.Warn("grade stream ended; reconnecting", "error", err, "retry_in", wait, "pending", c.pendingCount())
 		t := time.NewTimer(wait)
 		select {
@@ -218,13 +219,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if r, ok := c.conn.(interface{ ResetConnectBackoff() }); ok {
 			r.ResetConnectBackoff()
 		}
-		delay = min(delay*2, c.max)
 	}
-}
-
-// jitter spreads d over [0.8d, 1.2d) so clients do not reconnect in step.
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 func (c *Client) pendingCount() int {

@@ -17,9 +17,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/retry"
 )
 
 // Service is the grader service. Create it with New and release it with
@@ -119,30 +121,31 @@ func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 // service), answering as GradeStream answers a client: an invalid request
 // is an answer with Error set (a validation failure), not an error. While
 // the gradings cannot be read (the shared state is unreachable), it tries
-// again, as a stream's client resends, until ctx ends.
+// again, as a stream's client resends, 100 ms doubling to 2 s apart, until
+// ctx ends.
 func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+	var last error
+	resp, err := backoff.Retry(ctx, func() (*graderv1.GradeResponse, error) {
 		resp, err := s.Grade(ctx, req)
+		last = err
 		switch status.Code(err) {
 		case codes.OK:
 			return resp, nil
 		case codes.InvalidArgument:
 			return invalidAnswer(req, status.Convert(err)), nil
 		case codes.Unavailable:
-			if s.isClosed() {
+			if !s.isClosed() {
 				return nil, err
 			}
-		default:
-			return nil, err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, err
-		case <-t.C:
-		}
+		return nil, backoff.Permanent(err)
+	},
+		backoff.WithBackOff(retry.SharedState()),
+		backoff.WithMaxElapsedTime(0)) // until ctx ends
+	if err != nil && last != nil {
+		err = last // ended while waiting: the grader's answer says more
 	}
+	return resp, err
 }
 
 // invalidAnswer is the answer to a request refused as invalid (st): an

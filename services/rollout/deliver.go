@@ -8,16 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/osmo-rl/osmo/internal/retry"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -326,7 +327,7 @@ func attemptSpanName(r *http.Request) string {
 // which answers count, Retryable which are worth another attempt (the rest
 // fail at once); a transport error is always retried. An attempt is
 // bounded by Timeout. Attempts go on, BaseDelay doubling up to MaxDelay
-// apart with jitter, until Deadline after the first: a trainer that
+// apart, until Deadline after the first: a trainer that
 // restarts, or a network that drops for minutes, loses nothing, and one
 // that refuses a callback for good is not asked again.
 type callbackPolicy struct {
@@ -355,16 +356,18 @@ func g2Retryable(code int) bool {
 	return false
 }
 
-// delay is the wait before attempt (from 1): BaseDelay*2^(attempt-1)
-// capped at MaxDelay, of which a random half is taken off, so the
-// deliveries of many rollouts that failed together do not retry together.
+// backOff is the policy's schedule of waits: BaseDelay doubling up to
+// MaxDelay, exactly as the wire documents it (G2 and v0.3: 0.5 s doubling
+// to 8 s), without jitter. Deliveries that fail together are spread
+// anyway: at most Callbacks.MaxInFlight attempts are open at once.
+func (p callbackPolicy) backOff() *backoff.ExponentialBackOff {
+	return retry.Doubling(p.BaseDelay, p.MaxDelay, 0)
+}
+
+// delay is the wait before retry attempt (from 1) of a callback retried
+// through the outbox, one attempt per delivery of its message.
 func (p callbackPolicy) delay(attempt int) time.Duration {
-	d := p.BaseDelay
-	for i := 1; i < attempt && d < p.MaxDelay; i++ {
-		d *= 2
-	}
-	d = min(d, p.MaxDelay)
-	return d/2 + rand.N(d/2+1)
+	return retry.Nth(p.backOff(), attempt)
 }
 
 // errPermanent marks a callback failure that retrying cannot fix.
@@ -396,16 +399,12 @@ func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, e
 		}
 	}
 	p := d.policy
-	giveUp := time.Now().Add(p.Deadline)
-	for attempt := 1; ; attempt++ {
-		err := c.postOnce(ctx, p, d.url, d.bearer, payload)
-		if err == nil {
-			attempts.WithLabelValues("ok").Inc()
-			return attempt, nil
-		}
-		wait := p.delay(attempt)
-		permanent := errors.Is(err, errPermanent)
-		retry := !permanent && ctx.Err() == nil && time.Now().Add(wait).Before(giveUp)
+	var (
+		attempt  int
+		last     error // the last attempt's failure
+		reported bool  // last was reported as retried
+	)
+	failed := func(err error, retry bool) {
 		log.WarnContext(ctx, "callback attempt failed", "url", d.url, "attempt", attempt, "retry", retry, "error", err)
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			span.AddEvent("attempt_failed", trace.WithAttributes(
@@ -414,26 +413,44 @@ func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, e
 				semconv.ExceptionMessage(err.Error()),
 			))
 		}
-		if !retry {
-			attempts.WithLabelValues("failed").Inc()
-			switch {
-			case permanent:
-				return attempt, fmt.Errorf("callback to %s: %w", d.url, err)
-			case ctx.Err() != nil:
-				return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), err)
-			}
-			return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, err)
-		}
-		attempts.WithLabelValues("retry").Inc()
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			attempts.WithLabelValues("failed").Inc()
-			return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), err)
-		case <-t.C:
-		}
 	}
+	opts := []backoff.RetryOption{
+		backoff.WithBackOff(p.backOff()),
+		// A retry whose wait would end past the deadline is not made.
+		backoff.WithMaxElapsedTime(p.Deadline),
+		backoff.WithNotify(func(err error, _ time.Duration) {
+			failed(err, true)
+			reported = true
+			attempts.WithLabelValues("retry").Inc()
+		}),
+	}
+	if p.Deadline <= 0 {
+		opts = append(opts, backoff.WithMaxTries(1))
+	}
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		attempt++
+		reported = false
+		last = c.postOnce(ctx, p, d.url, d.bearer, payload)
+		if errors.Is(last, errPermanent) {
+			return struct{}{}, backoff.Permanent(last)
+		}
+		return struct{}{}, last
+	}, opts...)
+	if err == nil {
+		attempts.WithLabelValues("ok").Inc()
+		return attempt, nil
+	}
+	if !reported {
+		failed(last, false)
+	}
+	attempts.WithLabelValues("failed").Inc()
+	switch {
+	case errors.Is(last, errPermanent):
+		return attempt, fmt.Errorf("callback to %s: %w", d.url, last)
+	case ctx.Err() != nil:
+		return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), last)
+	}
+	return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, last)
 }
 
 func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer string, payload []byte) error {

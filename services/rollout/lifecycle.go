@@ -11,9 +11,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/cenkalti/backoff/v5"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/retry"
 )
 
 // process takes a rollout this replica took from the queue through the
@@ -199,19 +201,30 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 }
 
 // persist is update, retried while the shared state does not answer, for
-// up to twice LostAfter: a NATS node that restarts, or a cluster that
-// loses its quorum for seconds, costs the rollout nothing.
+// up to twice LostAfter (retry.SharedState's waits): a NATS node that
+// restarts, or a cluster that loses its quorum for seconds, costs the
+// rollout nothing. errNotOwner, errGone and errUnchanged are answers, not
+// failures, and are returned at once, as is the error of an update
+// made when ctx ended.
 func (s *Service) persist(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
-	giveUp := time.Now().Add(2 * s.cfg.LostAfter)
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+	var last error
+	lc, err := backoff.Retry(ctx, func() (*lifecycle, error) {
 		lc, err := s.sh.update(ctx, id, change)
-		if err == nil || errors.Is(err, errNotOwner) || errors.Is(err, errGone) || errors.Is(err, errUnchanged) ||
-			ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
-			return lc, err
+		last = err
+		if err != nil && (errors.Is(err, errNotOwner) || errors.Is(err, errGone) || errors.Is(err, errUnchanged) || ctx.Err() != nil) {
+			return lc, backoff.Permanent(err)
 		}
-		s.log.Warn("shared state: a write failed; retrying", "rollout_id", id, "error", err)
-		sleepCtx(ctx, wait)
+		return lc, err
+	},
+		backoff.WithBackOff(retry.SharedState()),
+		backoff.WithMaxElapsedTime(2*s.cfg.LostAfter),
+		backoff.WithNotify(func(err error, _ time.Duration) {
+			s.log.Warn("shared state: a write failed; retrying", "rollout_id", id, "error", err)
+		}))
+	if err != nil && ctx.Err() != nil && last != nil {
+		err = last // ended while waiting: the write's own failure says more
 	}
+	return lc, err
 }
 
 // errNotOwner: another replica concluded the rollout (it took this one

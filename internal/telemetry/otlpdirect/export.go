@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/retry"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -56,7 +56,8 @@ func (r *retryable) Unwrap() error { return r.err }
 // retry budget or ctx runs out.
 func withRetries(ctx context.Context, rc RetryConfig, attempt func(context.Context) error) error {
 	start := time.Now()
-	interval := rc.InitialInterval
+	// Jitter of ±50%, as the OTLP exporters' backoff has.
+	b := retry.Doubling(rc.InitialInterval, rc.MaxInterval, 0.5)
 	var prev error // the last attempt's failure
 	for {
 		err := attempt(ctx)
@@ -69,11 +70,10 @@ func withRetries(ctx context.Context, rc RetryConfig, attempt func(context.Conte
 		if err == nil || rc.Disabled || !errors.As(err, &r) {
 			return err
 		}
+		// The collector's word wins, and leaves the schedule where it was.
 		wait := r.wait
 		if wait <= 0 {
-			// Jitter of ±50%, as the OTLP exporters' backoff does.
-			wait = interval/2 + rand.N(interval+1)
-			interval = min(2*interval, rc.MaxInterval)
+			wait = b.NextBackOff()
 		}
 		if time.Since(start)+wait > rc.MaxElapsedTime {
 			return err
