@@ -13,10 +13,12 @@ import (
 
 // batcher is a batching span processor. The SDK's own hands every ended
 // span to its export goroutine over a channel, waking that goroutine once
-// per span; on the LLM proxy, serving thousands of calls a second, that cost
-// about 3% of its throughput more than this one in osmo bench (interleaved
-// runs). Here ending a span is an append under a mutex, and the goroutine
-// wakes once per batch or per schedule delay.
+// per span. Here ending a span is an append under a mutex, and the
+// goroutine wakes once per batch or per schedule delay: with the same
+// allocations, the SDK's costs 20 to 30% more CPU per span in three of
+// the four setups of BenchmarkBatchSpanProcessor (2% more in the fourth,
+// parallel on two CPUs); docs/performance.md has the figures and the
+// command.
 type batcher struct {
 	exp     sdktrace.SpanExporter
 	cfg     otlpdirect.BatchConfig // with defaults
