@@ -131,6 +131,44 @@ func readResults(t *testing.T, dir string) []eval.Result {
 	return out
 }
 
+// sdkLine is a line of events.jsonl or index.jsonl.
+type sdkLine struct {
+	RowIndex           int    `json:"row_index"`
+	RunIndex           int    `json:"run_index"`
+	RolloutID          string `json:"rollout_id"`
+	Status             string `json:"status"`
+	TrajectoryFilename string `json:"trajectory_filename"`
+	Resumed            bool   `json:"resumed"`
+}
+
+func readLines(t *testing.T, path string) []sdkLine {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []sdkLine
+	for line := range strings.Lines(string(data)) {
+		if !strings.HasSuffix(line, "\n") {
+			break // torn by the kill
+		}
+		var l sdkLine
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func readEvents(t *testing.T, dir string) []sdkLine {
+	return readLines(t, filepath.Join(dir, eval.EventsFile))
+}
+
+func readIndex(t *testing.T, dir string) []sdkLine {
+	return readLines(t, filepath.Join(dir, eval.IndexFile))
+}
+
 func readSummary(t *testing.T, dir string) eval.Summary {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, eval.SummaryFile))
@@ -173,7 +211,7 @@ func TestEvalRun(t *testing.T) {
 		t.Fatalf("%d results for %d attempts, want 80 of 80", len(results), len(seen))
 	}
 	if summary.TotalSamples != 80 || summary.Passed != 80 || summary.Graded != 80 || summary.PassRate != 1 ||
-		summary.PassAtK["1"] != 1 || summary.PassAtK["2"] != 1 || summary.TokensUsed == 0 {
+		summary.NRuns != 2 || !reflect.DeepEqual(summary.PassAtK, []eval.PassAtKPoint{{K: 1, Value: 1}, {K: 2, Value: 1}}) || summary.TokensUsed == 0 {
 		t.Errorf("summary %+v", summary)
 	}
 	calls, peak := policy.snapshot()
@@ -252,13 +290,17 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
-	first := readResults(t, out)
+	// What a resume trusts is events.jsonl: a result line whose event the
+	// kill cut off was never acknowledged, and runs again.
+	first := readEvents(t, out)
 	if len(first) == 0 || len(first) >= 80 {
 		t.Fatalf("%d results when killed, want some but not all", len(first))
 	}
 	finished := map[eval.Key]bool{}
-	for _, r := range first {
-		finished[r.Key()] = true
+	carried := map[string]bool{}
+	for _, e := range first {
+		finished[eval.Key{Row: e.RowIndex, Run: e.RunIndex}] = true
+		carried[e.RolloutID] = true
 	}
 	before, _ := policy.snapshot()
 
@@ -272,6 +314,37 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	}
 	if len(seen) != 80 || len(results) != 80 {
 		t.Errorf("%d results for %d attempts after the rerun, want exactly one for each of 80", len(results), len(seen))
+	}
+	// results.jsonl and events.jsonl hold the same attempts in the same
+	// order; the index marks the carried ones resumed; every attempt has
+	// its trajectory.
+	events := readEvents(t, out)
+	if len(events) != 80 {
+		t.Errorf("%d events after the rerun, want 80", len(events))
+	}
+	for i, e := range events {
+		if i < len(results) && results[i].RolloutID != e.RolloutID {
+			t.Errorf("line %d: result %s, event %s", i+1, results[i].RolloutID, e.RolloutID)
+			break
+		}
+	}
+	index := readIndex(t, out)
+	if len(index) != 80 {
+		t.Errorf("%d index lines, want 80", len(index))
+	}
+	for _, l := range index {
+		if l.Resumed != carried[l.RolloutID] || l.TrajectoryFilename != "trajectory.json" {
+			t.Errorf("index line %+v: resumed should be %v", l, carried[l.RolloutID])
+		}
+		if _, err := os.Stat(filepath.Join(out, eval.TrajectoriesDir, fmt.Sprintf("row_%d_run_%d.json", l.RowIndex, l.RunIndex))); err != nil {
+			t.Error(err)
+		}
+	}
+	var metrics struct {
+		EvalRun struct{ Status string } `json:"eval_run"`
+	}
+	if b, err := os.ReadFile(filepath.Join(out, eval.MetricsFile)); err != nil || json.Unmarshal(b, &metrics) != nil || metrics.EvalRun.Status != "finished" {
+		t.Errorf("metrics.json: %v %+v", err, metrics)
 	}
 	after, _ := policy.snapshot()
 	for id, n := range after {
