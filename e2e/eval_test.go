@@ -111,6 +111,24 @@ func runEval(t *testing.T, args ...string) (int, string) {
 	return cmd.ProcessState.ExitCode(), string(out)
 }
 
+// runEvalSplit runs `osmo eval run` to its end and returns its exit code,
+// stdout and stderr.
+func runEvalSplit(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, osmoBin, append([]string{"eval", "run"}, args...)...)
+	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("osmo eval run: %v\n%s", err, stderr.String())
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
 func readResults(t *testing.T, dir string) []eval.Result {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dir, eval.ResultsFile))
@@ -234,6 +252,34 @@ func TestEvalRun(t *testing.T) {
 		}
 		if n := len(readResults(t, out)); n != 80 {
 			t.Errorf("%d results after the rerun, want 80", n)
+		}
+	})
+	t.Run("--json prints the result alone on stdout", func(t *testing.T) {
+		code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--json")
+		var got struct {
+			SchemaVersion int    `json:"schema_version"`
+			Status        string `json:"status"`
+			Operation     string `json:"operation"`
+			Resource      struct {
+				OutputPath     string               `json:"output_path"`
+				TotalWorkItems int                  `json:"total_work_items"`
+				Dispatched     int                  `json:"dispatched"`
+				Succeeded      int                  `json:"succeeded"`
+				Resumed        int                  `json:"resumed"`
+				Pending        int                  `json:"pending"`
+				Metrics        eval.PlatformSummary `json:"metrics"`
+				Summary        eval.Summary         `json:"summary"`
+				FailedRows     []any                `json:"failed_rows"`
+			} `json:"resource"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &got); err != nil || code != 0 || strings.Count(stdout, "\n") != 1 {
+			t.Fatalf("exit %d, stdout not one JSON object (%v):\n%s\nstderr:\n%s", code, err, stdout, stderr)
+		}
+		r := got.Resource
+		if got.SchemaVersion != 1 || got.Status != "success" || got.Operation != "eval.run" || r.OutputPath != out || r.TotalWorkItems != 80 ||
+			r.Dispatched != 0 || r.Succeeded != 80 || r.Resumed != 80 || r.Pending != 0 || len(r.FailedRows) != 0 ||
+			!reflect.DeepEqual(r.Metrics, summary.PlatformSummary) || r.Summary.ErrorsByCategory == nil {
+			t.Errorf("--json result %+v", got)
 		}
 	})
 	t.Run("the same rows as CSV", func(t *testing.T) {
@@ -360,6 +406,37 @@ func TestEvalResumesAfterKill(t *testing.T) {
 		if finished[eval.Key{Row: row, Run: run}] && before[id] == 0 {
 			t.Errorf("the rerun called the model for row %d run %d, which had finished", row, run)
 		}
+	}
+}
+
+// TestEvalPending: a rollout server that answers POST /rollout with 503
+// (restarting, say) stops the run without a result for any attempt: they
+// stay pending for a rerun, and the exit code is 1; --json says partial.
+func TestEvalPending(t *testing.T) {
+	policy := newCountingPolicy(t, 0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			_, _ = w.Write([]byte(`{"status":"ok"}`))
+			return
+		}
+		http.Error(w, "restarting", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
+	out := filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--server", srv.URL, "--json")
+	var got struct {
+		Status   string `json:"status"`
+		Resource struct {
+			Pending int    `json:"pending"`
+			Error   string `json:"error"`
+		} `json:"resource"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil || code != 1 || got.Status != "partial" || got.Resource.Pending != 80 || !strings.Contains(got.Resource.Error, "503") {
+		t.Fatalf("exit %d (want 1), result %+v (%v):\n%s\nstderr:\n%s", code, got, err, stdout, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, eval.EventsFile)); len(b) != 0 {
+		t.Errorf("events.jsonl holds %q: a refused start is no result of the row", b)
 	}
 }
 
