@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/eval"
 )
 
@@ -38,10 +39,14 @@ var runOfID = regexp.MustCompile(`-n(\d+)$`)
 // 1 with a removed sample, run 2 with a failed completion but a graded
 // sample (0.5), and refuses run 3 with 422.
 type fakeServer struct {
-	srv *httptest.Server
-	wg  sync.WaitGroup
-	mu  sync.Mutex
-	ids []string
+	// artifacts, when set, is where it writes the trajectory of a "pass"
+	// row's run 0 itself, as a Python rollout server does under
+	// _OSMOSIS_ROLLOUT_ARTIFACT_ROOT.
+	artifacts string
+	srv       *httptest.Server
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	ids       []string
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
@@ -121,6 +126,13 @@ func (f *fakeServer) play(t *testing.T, id, label string, run int, msgs []map[st
 		completion = map[string]any{"status": "failure", "rollout_id": id, "err_message": "workflow raised"}
 		sample["reward"] = 0.5
 	}
+	if f.artifacts != "" && label == "pass" && run == 0 {
+		dir := filepath.Join(f.artifacts, id)
+		doc := `{"schema_version":"ATIF-v1.7","session_id":"` + id + `","agent":{"name":"server","version":"1"},"steps":[{"step_id":1,"source":"user","message":"from the server"}]}`
+		if err := os.MkdirAll(dir, 0o755); err != nil || os.WriteFile(filepath.Join(dir, "trajectory.json"), []byte(doc), 0o644) != nil {
+			t.Errorf("writing the server's trajectory: %v", err)
+		}
+	}
 	post(t, completionURL, ctlKey, completion)
 	post(t, graderURL, ctlKey, grader)
 }
@@ -185,9 +197,31 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 func TestRunWritesSDKFiles(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
 	p := testPlan(t, out, 4)
+	srv := newFakeServer(t)
+	srv.artifacts = filepath.Join(out, eval.TrialsDir)
+	p.ServerURL = srv.srv.URL
+	// While the run goes, metrics.json says so.
+	var mu sync.Mutex
+	var running map[string]any
+	p.OnResult = func(eval.Result, *controller.V03Result) {
+		var m struct {
+			EvalRun map[string]any `json:"eval_run"`
+		}
+		// A snapshot may be being written by another commit: the first
+		// one read is kept.
+		b, err := os.ReadFile(filepath.Join(out, eval.MetricsFile))
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil && running == nil && json.Unmarshal(b, &m) == nil {
+			running = m.EvalRun
+		}
+	}
 	rep, err := eval.Run(context.Background(), p)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if running["status"] != "running" || running["completed_at"] != nil {
+		t.Errorf("eval_run during the run: %v", running)
 	}
 	if rep.Ran != 12 || rep.Total != 12 || rep.Pending != 0 || rep.Resumed != 0 || rep.RunID != "run-1" || rep.RunName != "multiply-test" {
 		t.Fatalf("report: ran %d total %d pending %d resumed %d id %q name %q", rep.Ran, rep.Total, rep.Pending, rep.Resumed, rep.RunID, rep.RunName)
@@ -314,6 +348,10 @@ func TestRunWritesSDKFiles(t *testing.T) {
 	canonical, _ := os.ReadFile(filepath.Join(out, eval.TrialsDir, id, "trajectory.json"))
 	if proj, _ := os.ReadFile(filepath.Join(out, eval.TrajectoriesDir, "row_1_run_2.json")); !bytes.Equal(canonical, proj) {
 		t.Errorf("the copy differs from rollout_trials/%s/trajectory.json", id)
+	}
+	// The trajectory the server wrote is the one.
+	if b, _ := os.ReadFile(filepath.Join(out, eval.TrajectoriesDir, "row_0_run_0.json")); !strings.Contains(string(b), "from the server") {
+		t.Errorf("row 0 run 0's trajectory is not the server's:\n%s", b)
 	}
 	if _, err := os.Stat(filepath.Join(out, eval.TrajectoriesDir, "row_2_run_3.json")); !os.IsNotExist(err) {
 		t.Errorf("a trajectory for the refused start: %v", err)
