@@ -3,6 +3,7 @@ package cli
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -185,7 +186,7 @@ type evalRunFlags struct {
 	rows, jaeger                           string
 	limit, n, batch, maxInFlight           optionalInt
 	fresh, retryFailed, noLive, yes        bool
-	verbose                                bool
+	verbose, json                          bool
 }
 
 func (f *evalRunFlags) register(fs *flag.FlagSet) {
@@ -205,6 +206,7 @@ func (f *evalRunFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noLive, "no-progress-bar", false, "print a progress line every few seconds even on a terminal")
 	fs.BoolVar(&f.yes, "y", false, "accepted for the Osmosis CLI's sake: osmo never asks before running")
 	fs.BoolVar(&f.yes, "yes", false, "same as -y")
+	fs.BoolVar(&f.json, "json", false, "print the result as one JSON object on stdout, and nothing else there")
 	fs.BoolVar(&f.verbose, "verbose", false, "echo the rollout server's output (the run's logs.txt) on stderr")
 }
 
@@ -336,8 +338,10 @@ func runEvalRun(ctx context.Context, e *env, args []string) error {
 		PolicyURL: be.policyURL, Model: cfg.Model(), UpstreamKey: be.key,
 		JaegerURL: jaegerURL(f.jaeger, be.tracing), Title: rd.Name,
 		Progress: e.stderr, Live: live, Logger: be.log, Redact: redact,
+		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
+		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
 	})
-	return reportEnd(e, rep, err, rd.Path)
+	return reportEnd(e, rep, err, rd.Path, f.json)
 }
 
 // evalInputs is what the run pins in its manifest.
@@ -415,26 +419,112 @@ func mapValues(m map[string]string) []string {
 	return out
 }
 
-// reportEnd prints how a run ended and picks the exit: 2 when a check
-// before it refused to run, 130 when interrupted.
-func reportEnd(e *env, rep *eval.Report, err error, output string) error {
+// reportEnd prints how a run ended (with asJSON, as one JSON object) and
+// picks the exit: 2 when a check before it refused to run, 130 when
+// interrupted, 1 when it failed or attempts remain pending.
+func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) error {
 	var pe *eval.PreflightError
 	if errors.As(err, &pe) {
 		return usageError{"the check before running failed: " + pe.Error()}
 	}
-	if rep != nil {
+	if rep != nil && asJSON {
+		if jerr := writeEvalJSON(e.stdout, rep, err, output); jerr != nil {
+			return errors.Join(err, jerr)
+		}
+	} else if rep != nil {
 		if rep.Ran == 0 && err == nil {
-			fmt.Fprintln(e.stdout, "every sample already has a result: nothing ran (--fresh starts over, --retry-failed reruns failures)")
+			fmt.Fprintln(e.stdout, "every sample already has a result: nothing ran (--fresh starts over, --retry-failed reruns failed and skipped ones)")
 		}
 		fmt.Fprintln(e.stdout, "summary:")
 		_ = rep.Summary.WriteTable(e.stdout)
 		if output != "" {
-			fmt.Fprintf(e.stdout, "\n%s\n%s\n%s\n", filepath.Join(output, eval.ResultsFile), filepath.Join(output, eval.SummaryFile), filepath.Join(output, eval.ReportFile))
+			fmt.Fprintln(e.stdout)
+			for _, f := range []string{eval.ResultsFile, eval.SummaryFile, eval.ReportFile, eval.MetricsFile} {
+				fmt.Fprintln(e.stdout, filepath.Join(output, f))
+			}
 		}
 	}
-	if errors.Is(err, eval.ErrInterrupted) {
+	switch {
+	case errors.Is(err, eval.ErrInterrupted):
 		return exitError{code: exitInterrupted, err: errors.New("interrupted: what finished is kept; run the same command again to run the rest")}
+	case err == nil && rep != nil && rep.Pending > 0:
+		return exitError{code: 1, err: fmt.Errorf("%d of %d attempts have no result: run the same command again to run them", rep.Pending, rep.Total)}
 	}
+	return err
+}
+
+// writeEvalJSON prints the run's result as the Osmosis CLI's --json prints
+// `osmosis eval run`'s: an operation envelope whose resource holds the
+// run, its counts, the platform's summary (metrics, as metrics.json has
+// it) and the attempts that did not succeed; osmo adds its own summary
+// (summary.json's) and the run's files.
+func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) error {
+	succeeded, failed, skipped := 0, 0, 0
+	failedRows := []map[string]any{}
+	for _, r := range rep.Results {
+		switch r.Status {
+		case eval.StatusSuccess:
+			succeeded++
+			continue
+		case eval.StatusFailed:
+			failed++
+		case eval.StatusSkipped:
+			skipped++
+		}
+		fr := map[string]any{"row_index": r.RowIndex, "source_row_index": r.SourceRowIndex, "run_index": r.RunIndex, "rollout_id": r.RolloutID, "error_type": nil}
+		if r.Status == eval.StatusFailed {
+			fr["error_type"] = cmp.Or(r.ErrCategory, "unknown")
+		}
+		if output != "" {
+			fr["rollout_dir"] = filepath.Join(output, eval.TrialsDir, r.RolloutID)
+		}
+		failedRows = append(failedRows, fr)
+	}
+	cancelled := errors.Is(runErr, eval.ErrInterrupted)
+	incomplete := cancelled || rep.Pending > 0 || runErr != nil
+	resource := map[string]any{
+		"total_work_items": rep.Total,
+		"dispatched":       rep.Ran,
+		"succeeded":        succeeded,
+		"failed":           failed,
+		"skipped":          skipped,
+		"resumed":          rep.Resumed,
+		"pending":          rep.Pending,
+		"cancelled":        cancelled,
+		"duration_ms":      rep.Summary.WallS * 1000,
+		"metrics":          rep.Summary.PlatformSummary,
+		"summary":          rep.Summary,
+		"failed_rows":      failedRows,
+	}
+	status, message := "success", "Evaluation run finished"
+	if incomplete {
+		status, message = "partial", "Evaluation run interrupted"
+	}
+	if output != "" {
+		resource["run_name"] = rep.RunName
+		resource["local_run_id"] = rep.RunID
+		resource["output_path"] = output
+		files := map[string]string{}
+		for k, f := range map[string]string{"results": eval.ResultsFile, "summary": eval.SummaryFile, "report": eval.ReportFile, "events": eval.EventsFile, "index": eval.IndexFile, "metrics": eval.MetricsFile, "progress": eval.ProgressFile} {
+			files[k] = filepath.Join(output, f)
+		}
+		resource["files"] = files
+		message += ": " + output
+	}
+	if runErr != nil && !cancelled {
+		resource["error"] = runErr.Error()
+	}
+	b, err := json.Marshal(map[string]any{
+		"schema_version": 1,
+		"status":         status,
+		"operation":      "eval.run",
+		"resource":       resource,
+		"message":        message,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
 }
 

@@ -111,7 +111,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	plan.Rows = selected
 	plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(e.stdout, r) }
 	rep, err := eval.Run(ctx, plan)
-	return reportEnd(e, rep, err, "")
+	return reportEnd(e, rep, err, "", false)
 }
 
 // mockModelName is the model the mock policy answers as.
@@ -211,7 +211,7 @@ func (s *stepper) run(ctx context.Context) error {
 			queue = append([]eval.Row{s.all[jump]}, queue...)
 			continue
 		case err != nil && !errors.Is(err, eval.ErrInterrupted):
-			return reportEnd(s.e, nil, err, "")
+			return reportEnd(s.e, nil, err, "", false)
 		}
 	}
 	fmt.Fprintln(s.e.stdout, "\nno more rows")

@@ -111,6 +111,24 @@ func runEval(t *testing.T, args ...string) (int, string) {
 	return cmd.ProcessState.ExitCode(), string(out)
 }
 
+// runEvalSplit runs `osmo eval run` to its end and returns its exit code,
+// stdout and stderr.
+func runEvalSplit(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, osmoBin, append([]string{"eval", "run"}, args...)...)
+	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("osmo eval run: %v\n%s", err, stderr.String())
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
 func readResults(t *testing.T, dir string) []eval.Result {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dir, eval.ResultsFile))
@@ -129,6 +147,44 @@ func readResults(t *testing.T, dir string) []eval.Result {
 		out = append(out, r)
 	}
 	return out
+}
+
+// sdkLine is a line of events.jsonl or index.jsonl.
+type sdkLine struct {
+	RowIndex           int    `json:"row_index"`
+	RunIndex           int    `json:"run_index"`
+	RolloutID          string `json:"rollout_id"`
+	Status             string `json:"status"`
+	TrajectoryFilename string `json:"trajectory_filename"`
+	Resumed            bool   `json:"resumed"`
+}
+
+func readLines(t *testing.T, path string) []sdkLine {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []sdkLine
+	for line := range strings.Lines(string(data)) {
+		if !strings.HasSuffix(line, "\n") {
+			break // torn by the kill
+		}
+		var l sdkLine
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func readEvents(t *testing.T, dir string) []sdkLine {
+	return readLines(t, filepath.Join(dir, eval.EventsFile))
+}
+
+func readIndex(t *testing.T, dir string) []sdkLine {
+	return readLines(t, filepath.Join(dir, eval.IndexFile))
 }
 
 func readSummary(t *testing.T, dir string) eval.Summary {
@@ -173,7 +229,7 @@ func TestEvalRun(t *testing.T) {
 		t.Fatalf("%d results for %d attempts, want 80 of 80", len(results), len(seen))
 	}
 	if summary.TotalSamples != 80 || summary.Passed != 80 || summary.Graded != 80 || summary.PassRate != 1 ||
-		summary.PassAtK["1"] != 1 || summary.PassAtK["2"] != 1 || summary.TokensUsed == 0 {
+		summary.NRuns != 2 || !reflect.DeepEqual(summary.PassAtK, []eval.PassAtKPoint{{K: 1, Value: 1}, {K: 2, Value: 1}}) || summary.TokensUsed == 0 {
 		t.Errorf("summary %+v", summary)
 	}
 	calls, peak := policy.snapshot()
@@ -196,6 +252,34 @@ func TestEvalRun(t *testing.T) {
 		}
 		if n := len(readResults(t, out)); n != 80 {
 			t.Errorf("%d results after the rerun, want 80", n)
+		}
+	})
+	t.Run("--json prints the result alone on stdout", func(t *testing.T) {
+		code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--json")
+		var got struct {
+			SchemaVersion int    `json:"schema_version"`
+			Status        string `json:"status"`
+			Operation     string `json:"operation"`
+			Resource      struct {
+				OutputPath     string               `json:"output_path"`
+				TotalWorkItems int                  `json:"total_work_items"`
+				Dispatched     int                  `json:"dispatched"`
+				Succeeded      int                  `json:"succeeded"`
+				Resumed        int                  `json:"resumed"`
+				Pending        int                  `json:"pending"`
+				Metrics        eval.PlatformSummary `json:"metrics"`
+				Summary        eval.Summary         `json:"summary"`
+				FailedRows     []any                `json:"failed_rows"`
+			} `json:"resource"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &got); err != nil || code != 0 || strings.Count(stdout, "\n") != 1 {
+			t.Fatalf("exit %d, stdout not one JSON object (%v):\n%s\nstderr:\n%s", code, err, stdout, stderr)
+		}
+		r := got.Resource
+		if got.SchemaVersion != 1 || got.Status != "success" || got.Operation != "eval.run" || r.OutputPath != out || r.TotalWorkItems != 80 ||
+			r.Dispatched != 0 || r.Succeeded != 80 || r.Resumed != 80 || r.Pending != 0 || len(r.FailedRows) != 0 ||
+			!reflect.DeepEqual(r.Metrics, summary.PlatformSummary) || r.Summary.ErrorsByCategory == nil {
+			t.Errorf("--json result %+v", got)
 		}
 	})
 	t.Run("the same rows as CSV", func(t *testing.T) {
@@ -252,13 +336,17 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
-	first := readResults(t, out)
+	// What a resume trusts is events.jsonl: a result line whose event the
+	// kill cut off was never acknowledged, and runs again.
+	first := readEvents(t, out)
 	if len(first) == 0 || len(first) >= 80 {
 		t.Fatalf("%d results when killed, want some but not all", len(first))
 	}
 	finished := map[eval.Key]bool{}
-	for _, r := range first {
-		finished[r.Key()] = true
+	carried := map[string]bool{}
+	for _, e := range first {
+		finished[eval.Key{Row: e.RowIndex, Run: e.RunIndex}] = true
+		carried[e.RolloutID] = true
 	}
 	before, _ := policy.snapshot()
 
@@ -272,6 +360,37 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	}
 	if len(seen) != 80 || len(results) != 80 {
 		t.Errorf("%d results for %d attempts after the rerun, want exactly one for each of 80", len(results), len(seen))
+	}
+	// results.jsonl and events.jsonl hold the same attempts in the same
+	// order; the index marks the carried ones resumed; every attempt has
+	// its trajectory.
+	events := readEvents(t, out)
+	if len(events) != 80 {
+		t.Errorf("%d events after the rerun, want 80", len(events))
+	}
+	for i, e := range events {
+		if i < len(results) && results[i].RolloutID != e.RolloutID {
+			t.Errorf("line %d: result %s, event %s", i+1, results[i].RolloutID, e.RolloutID)
+			break
+		}
+	}
+	index := readIndex(t, out)
+	if len(index) != 80 {
+		t.Errorf("%d index lines, want 80", len(index))
+	}
+	for _, l := range index {
+		if l.Resumed != carried[l.RolloutID] || l.TrajectoryFilename != "trajectory.json" {
+			t.Errorf("index line %+v: resumed should be %v", l, carried[l.RolloutID])
+		}
+		if _, err := os.Stat(filepath.Join(out, eval.TrajectoriesDir, fmt.Sprintf("row_%d_run_%d.json", l.RowIndex, l.RunIndex))); err != nil {
+			t.Error(err)
+		}
+	}
+	var metrics struct {
+		EvalRun struct{ Status string } `json:"eval_run"`
+	}
+	if b, err := os.ReadFile(filepath.Join(out, eval.MetricsFile)); err != nil || json.Unmarshal(b, &metrics) != nil || metrics.EvalRun.Status != "finished" {
+		t.Errorf("metrics.json: %v %+v", err, metrics)
 	}
 	after, _ := policy.snapshot()
 	for id, n := range after {
@@ -287,6 +406,37 @@ func TestEvalResumesAfterKill(t *testing.T) {
 		if finished[eval.Key{Row: row, Run: run}] && before[id] == 0 {
 			t.Errorf("the rerun called the model for row %d run %d, which had finished", row, run)
 		}
+	}
+}
+
+// TestEvalPending: a rollout server that answers POST /rollout with 503
+// (restarting, say) stops the run without a result for any attempt: they
+// stay pending for a rerun, and the exit code is 1; --json says partial.
+func TestEvalPending(t *testing.T) {
+	policy := newCountingPolicy(t, 0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			_, _ = w.Write([]byte(`{"status":"ok"}`))
+			return
+		}
+		http.Error(w, "restarting", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
+	out := filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--server", srv.URL, "--json")
+	var got struct {
+		Status   string `json:"status"`
+		Resource struct {
+			Pending int    `json:"pending"`
+			Error   string `json:"error"`
+		} `json:"resource"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil || code != 1 || got.Status != "partial" || got.Resource.Pending != 80 || !strings.Contains(got.Resource.Error, "503") {
+		t.Fatalf("exit %d (want 1), result %+v (%v):\n%s\nstderr:\n%s", code, got, err, stdout, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, eval.EventsFile)); len(b) != 0 {
+		t.Errorf("events.jsonl holds %q: a refused start is no result of the row", b)
 	}
 }
 

@@ -1,6 +1,7 @@
 package eval_test
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -155,19 +156,24 @@ func TestSummarize(t *testing.T) {
 	results := []eval.Result{
 		{RowIndex: 0, RunIndex: 0, Status: eval.StatusSuccess, Reward: f(1), Tokens: 10},
 		{RowIndex: 0, RunIndex: 1, Status: eval.StatusSuccess, Reward: f(0), Tokens: 10},
-		{RowIndex: 1, RunIndex: 0, Status: eval.StatusFailure, ErrCategory: "timeout", Tokens: 5},
-		{RowIndex: 1, RunIndex: 1, Status: eval.StatusFailure, ErrCategory: "agent_error"},
+		{RowIndex: 1, RunIndex: 0, Status: eval.StatusFailed, ErrCategory: "callback_timeout", Tokens: 5},
+		{RowIndex: 1, RunIndex: 1, Status: eval.StatusFailed, ErrCategory: "agent_error"},
 		{RowIndex: 2, RunIndex: 0, Status: eval.StatusSkipped, Tokens: 3},
 		{RowIndex: 2, RunIndex: 1, Status: eval.StatusSuccess, Reward: f(1)},
 	}
-	s := eval.Summarize(results, 2, 1.0, 1.5)
+	s := eval.Summarize(results, 1.0, 1.5)
 	want := eval.Summary{
-		TotalSamples: 6, CompletedSamples: 5, Graded: 3, Passed: 2, Failed: 2, Skipped: 1,
-		PassRate: 2.0 / 5, PassThreshold: 1, TokensUsed: 28, MeanReward: f(2.0 / 3),
-		// pass@1: rows 0 (1 of 2), 1 (0 of 2), 2 (1 of 1): (0.5+0+1)/3;
-		// pass@2: rows 0 and 1 only: (1+0)/2.
-		PassAtK:          map[string]float64{"1": 0.5, "2": 0.5},
-		ErrorsByCategory: map[string]int{"timeout": 1, "agent_error": 1},
+		PlatformSummary: eval.PlatformSummary{
+			TotalSamples: 6, CompletedSamples: 5, Graded: 3, Passed: 2, Failed: 2, Skipped: 1,
+			PassRate: 2.0 / 5, PassThreshold: 1, TokensUsed: 28,
+			RewardStats: &eval.RewardStats{Mean: 2.0 / 3, Median: 1, Std: math.Sqrt(2.0 / 9), Min: 0, Max: 1},
+			NRuns:       2,
+			// pass@1: rows 0 (1 of 2), 1 (0 of 2), 2 (1 of 1): (0.5+0+1)/3;
+			// pass@2: rows 0 and 1 only: (1+0)/2.
+			PassAtK: []eval.PassAtKPoint{{K: 1, Value: 0.5}, {K: 2, Value: 0.5}},
+		},
+		MeanReward:       f(2.0 / 3),
+		ErrorsByCategory: map[string]int{"callback_timeout": 1, "agent_error": 1},
 		WallS:            1.5,
 	}
 	if !reflect.DeepEqual(s, want) {
@@ -183,6 +189,45 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
+// TestSummarizePassAtKPoints: pass@k is a list of points at k = 1, 2, 4, …
+// up to the most runs of a row, written only with two points or more (as
+// the SDK writes it); one run per row has neither pass_at_k nor n_runs.
+func TestSummarizePassAtKPoints(t *testing.T) {
+	var results []eval.Result
+	for run := range 5 {
+		results = append(results, eval.Result{RowIndex: 0, RunIndex: run, Status: eval.StatusSuccess, Reward: f(float64(run % 2))})
+	}
+	s := eval.Summarize(results, 1, 0)
+	// Row 0 passed runs 1 and 3 of 5: pass@1 = 0.4, pass@2 = 1 - C(3,2)/C(5,2)
+	// = 0.7, pass@4 = 1 (3 failures cannot fill 4 draws).
+	want := []eval.PassAtKPoint{{K: 1, Value: 0.4}, {K: 2, Value: 0.7}, {K: 4, Value: 1}}
+	if s.NRuns != 5 || len(s.PassAtK) != len(want) {
+		t.Fatalf("n_runs %d, pass_at_k %+v", s.NRuns, s.PassAtK)
+	}
+	for i, p := range s.PassAtK {
+		if p.K != want[i].K || math.Abs(p.Value-want[i].Value) > 1e-12 {
+			t.Errorf("pass_at_k[%d] = %+v, want %+v", i, p, want[i])
+		}
+	}
+	one := eval.Summarize(results[:1], 1, 0)
+	b, _ := json.Marshal(one)
+	if one.NRuns != 0 || one.PassAtK != nil || strings.Contains(string(b), "pass_at_k") || strings.Contains(string(b), "n_runs") {
+		t.Errorf("one run per row: %s", b)
+	}
+	// Two runs of which only k=1 has a row with enough scored attempts: one
+	// point is no list.
+	two := eval.Summarize([]eval.Result{
+		{RowIndex: 0, RunIndex: 0, Status: eval.StatusSuccess, Reward: f(1)},
+		{RowIndex: 0, RunIndex: 1, Status: eval.StatusSkipped},
+	}, 1, 0)
+	if two.NRuns != 2 || two.PassAtK != nil {
+		t.Errorf("n_runs %d pass_at_k %+v, want 2 and none", two.NRuns, two.PassAtK)
+	}
+	if none := eval.Summarize(nil, 1, 0); none.RewardStats != nil || none.MeanReward != nil || none.PassRate != 0 {
+		t.Errorf("no results: %+v", none)
+	}
+}
+
 func TestJournal(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, eval.ResultsFile)
@@ -191,8 +236,8 @@ func TestJournal(t *testing.T) {
 		t.Fatal(done, err)
 	}
 	for _, r := range []eval.Result{
-		{RowIndex: 0, RunIndex: 0, RolloutID: "a", Status: eval.StatusFailure},
-		{RowIndex: 1, RunIndex: 0, RolloutID: "b", Status: eval.StatusSuccess, Reward: f(1)},
+		{RowIndex: 0, RunIndex: 0, RolloutID: "a", Status: eval.StatusFailed, ErrCategory: "agent_error"},
+		{RowIndex: 1, RunIndex: 0, SourceRowIndex: 7, RolloutID: "b", Status: eval.StatusSuccess, Reward: f(1), Tokens: 12, LatencyMS: 5},
 		{RowIndex: 0, RunIndex: 0, RolloutID: "c", Status: eval.StatusSuccess, Reward: f(1)},
 	} {
 		if err := j.Append(r); err != nil {
@@ -200,28 +245,116 @@ func TestJournal(t *testing.T) {
 		}
 	}
 	_ = j.Close()
-	// A kill -9 mid-write leaves a torn last line.
-	fh, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	_, _ = fh.WriteString(`{"row_index":2,"run_ind`)
-	_ = fh.Close()
+	events, _ := os.ReadFile(filepath.Join(dir, eval.EventsFile))
+	wantEvents := `{"duration_ms":0,"error_type":"agent_error","rollout_id":"a","row_index":0,"run_index":0,"source_row_index":0,"status":"failed","tokens":0}
+{"duration_ms":5,"reward":1,"rollout_id":"b","row_index":1,"run_index":0,"source_row_index":7,"status":"success","tokens":12}
+{"duration_ms":0,"reward":1,"rollout_id":"c","row_index":0,"run_index":0,"source_row_index":0,"status":"success","tokens":0}
+`
+	if string(events) != wantEvents {
+		t.Fatalf("events.jsonl:\n%s\nwant\n%s", events, wantEvents)
+	}
+	// A kill -9 mid-write leaves a torn last line; one between the two
+	// writes, a result without its event: neither was acknowledged.
+	appendTo(t, filepath.Join(dir, eval.EventsFile), `{"row_index":2,"run_ind`)
+	appendTo(t, path, `{"row_index":2,"run_index":0,"rollout_id":"x","status":"success","reward":1,"messages":[]}`+"\n"+`{"row_ind`)
 
 	j, done, err = eval.OpenJournal(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(done) != 2 || done[eval.Key{Row: 0, Run: 0}].RolloutID != "c" {
-		t.Fatalf("done = %v: want the last result per attempt and no torn line", done)
+	if len(done) != 2 || done[eval.Key{Row: 0, Run: 0}].RolloutID != "c" || done[eval.Key{Row: 1, Run: 0}].SourceRowIndex != 7 {
+		t.Fatalf("done = %v: want the last result per attempt, no torn line, no unacknowledged result", done)
 	}
 	if err := j.Append(eval.Result{RowIndex: 2, RunIndex: 0, RolloutID: "d", Status: eval.StatusSuccess}); err != nil {
 		t.Fatal(err)
 	}
 	_ = j.Close()
+	if ids := lineIDs(t, path); !reflect.DeepEqual(ids, []string{"a", "b", "c", "d"}) || !reflect.DeepEqual(lineIDs(t, filepath.Join(dir, eval.EventsFile)), ids) {
+		t.Errorf("results.jsonl %v and events.jsonl %v, want a b c d in both", ids, lineIDs(t, filepath.Join(dir, eval.EventsFile)))
+	}
 	if _, done, err = eval.OpenJournal(path); err != nil || len(done) != 3 {
-		t.Fatalf("after the torn line was cut: %v %v", done, err)
+		t.Fatalf("after the torn lines were cut: %v %v", done, err)
 	}
 	// A bad line that is not the last is not the writer's: refused.
-	write(t, dir, "bad.jsonl", "garbage\n{\"rollout_id\":\"x\"}\n")
-	if _, _, err := eval.OpenJournal(filepath.Join(dir, "bad.jsonl")); err == nil || !strings.Contains(err.Error(), "line 1") {
+	bad := t.TempDir()
+	write(t, bad, eval.ResultsFile, "garbage\n{\"rollout_id\":\"x\"}\n")
+	if _, _, err := eval.OpenJournal(filepath.Join(bad, eval.ResultsFile)); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("err = %v", err)
 	}
+	write(t, bad, eval.ResultsFile, "")
+	write(t, bad, eval.EventsFile, `{"row_index":0,"run_index":0,"rollout_id":"a","status":"failure"}`+"\n")
+	if _, _, err := eval.OpenJournal(filepath.Join(bad, eval.ResultsFile)); err == nil || !strings.Contains(err.Error(), `status "failure"`) {
+		t.Fatalf("an SDK journal with a status it does not write: err = %v", err)
+	}
+}
+
+// TestJournalOlderRun: a run directory of an older osmo (results.jsonl
+// with "failure", no source_row_index, no events.jsonl) resumes: failure
+// reads as failed and its events.jsonl is written from it. One the SDK
+// wrote (events.jsonl only) resumes too.
+func TestJournalOlderRun(t *testing.T) {
+	dir := t.TempDir()
+	path := write(t, dir, eval.ResultsFile, `{"row_index":3,"run_index":0,"rollout_id":"old-a","status":"failure","err_category":"timeout","reward":null,"latency_ms":10,"tokens":4,"messages":[]}
+{"row_index":4,"run_index":0,"rollout_id":"old-b","status":"success","reward":1,"latency_ms":12,"tokens":6,"messages":[{"role":"user","content":"q"}]}
+`)
+	j, done, err := eval.OpenJournal(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = j.Close()
+	a := done[eval.Key{Row: 3, Run: 0}]
+	if a.Status != eval.StatusFailed || a.SourceRowIndex != 3 || !j.Carried(a) || done[eval.Key{Row: 4, Run: 0}].Status != eval.StatusSuccess {
+		t.Fatalf("done = %+v", done)
+	}
+	events, _ := os.ReadFile(filepath.Join(dir, eval.EventsFile))
+	if !strings.HasPrefix(string(events), `{"duration_ms":10,"error_type":"timeout","rollout_id":"old-a","row_index":3,"run_index":0,"source_row_index":3,"status":"failed","tokens":4}`+"\n") {
+		t.Errorf("events.jsonl written from the results:\n%s", events)
+	}
+
+	sdk := t.TempDir()
+	write(t, sdk, eval.EventsFile, `{"duration_ms":1.5,"reward":0.25,"rollout_id":"0af3","row_index":0,"run_index":1,"source_row_index":9,"status":"success","tokens":3}
+{"duration_ms":2,"error_type":"grader_failed","rollout_id":"77c1","row_index":1,"run_index":0,"status":"failed"}
+`)
+	j, done, err = eval.OpenJournal(filepath.Join(sdk, eval.ResultsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = j.Close()
+	r := done[eval.Key{Row: 0, Run: 1}]
+	if len(done) != 2 || *r.Reward != 0.25 || r.SourceRowIndex != 9 || r.Tokens != 3 || r.LatencyMS != 1.5 || done[eval.Key{Row: 1, Run: 0}].ErrCategory != "grader_failed" {
+		t.Fatalf("done = %+v", done)
+	}
+	if ids := lineIDs(t, filepath.Join(sdk, eval.ResultsFile)); !reflect.DeepEqual(ids, []string{"0af3", "77c1"}) {
+		t.Errorf("results.jsonl written from the events: %v", ids)
+	}
+}
+
+func appendTo(t *testing.T, path, text string) {
+	t.Helper()
+	fh, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = fh.WriteString(text)
+	_ = fh.Close()
+}
+
+// lineIDs are the rollout_id of each line of a JSONL file.
+func lineIDs(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+		var v struct {
+			RolloutID string `json:"rollout_id"`
+		}
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Fatalf("%s: %q: %v", path, line, err)
+		}
+		ids = append(ids, v.RolloutID)
+	}
+	return ids
 }

@@ -6,32 +6,45 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 )
 
 // Result is one sample attempt's terminal result: a line of results.jsonl.
 type Result struct {
-	RowIndex  int    `json:"row_index"`
-	RunIndex  int    `json:"run_index"`
-	RolloutID string `json:"rollout_id"`
-	// Status is success, failure or skipped (the grader removed the
+	// RowIndex is the row's position within the selected rows (the SDK's
+	// row_index), SourceRowIndex its position in the dataset file.
+	RowIndex       int    `json:"row_index"`
+	RunIndex       int    `json:"run_index"`
+	SourceRowIndex int    `json:"source_row_index"`
+	RolloutID      string `json:"rollout_id"`
+	// Status is success, failed or skipped (the grader removed the
 	// sample: it is left out of the pass rate).
-	Status      string           `json:"status"`
-	ErrCategory string           `json:"err_category,omitempty"`
-	ErrMessage  string           `json:"err_message,omitempty"`
-	Reward      *float64         `json:"reward"`
-	LatencyMS   float64          `json:"latency_ms"`
-	Tokens      int              `json:"tokens"`
-	Messages    []map[string]any `json:"messages"`
+	Status string `json:"status"`
+	// ErrCategory is a failed attempt's error_type, in the SDK's words
+	// (callback_timeout, rollout_protocol_error, grader_failed,
+	// workflow_failed, or the rollout server's err_category).
+	ErrCategory string   `json:"err_category,omitempty"`
+	ErrMessage  string   `json:"err_message,omitempty"`
+	Reward      *float64 `json:"reward"`
+	LatencyMS   float64  `json:"latency_ms"`
+	Tokens      int      `json:"tokens"`
+	// Messages is the sample's conversation or, when the rollout sent
+	// none, the one its last LLM call carried.
+	Messages []map[string]any `json:"messages"`
 	// TraceID is the rollout's trace, when the run traced.
 	TraceID string `json:"trace_id,omitempty"`
 }
 
-// Result statuses.
+// Result statuses, as the Osmosis SDK and platform write them.
 const (
 	StatusSuccess = "success"
-	StatusFailure = "failure"
+	StatusFailed  = "failed"
 	StatusSkipped = "skipped"
+	// statusFailureOld is what osmo wrote for StatusFailed before it used
+	// the SDK's word; a results.jsonl of an older run still reads.
+	statusFailureOld = "failure"
 )
 
 // Key is a sample attempt: a row and a run of it.
@@ -40,68 +53,216 @@ type Key struct{ Row, Run int }
 // Key is the result's attempt.
 func (r Result) Key() Key { return Key{r.RowIndex, r.RunIndex} }
 
-// Journal is results.jsonl: one line per terminal result, each written and
-// fsync'd before the rollout is acknowledged, so a run killed at any point
-// (kill -9 included) leaves every acknowledged result on disk. A line cut
-// short by the kill is ignored when the journal is read again.
+// Journal is the run's durable record of terminal results: results.jsonl
+// (osmo's, with the conversation) and, beside it, events.jsonl (the SDK's
+// terminal journal). Append writes the result line, then the event line,
+// each fsync'd, before it returns: the rollout is acknowledged only then,
+// so a run killed at any point (kill -9 included) leaves every
+// acknowledged result on disk in both.
+//
+// events.jsonl is what a resume trusts: an attempt is done when it has an
+// event, the last event of an attempt wins, and results.jsonl supplies the
+// detail of that event's rollout. A result line without its event (a kill
+// between the two writes) was never acknowledged and is dropped, so a
+// rerun runs that attempt again. A line cut short by a kill is dropped
+// from either file. A run directory of an older osmo has results.jsonl
+// only: its events.jsonl is written from it. One of the SDK has
+// events.jsonl only: its results are read from the events.
 type Journal struct {
-	mu sync.Mutex
-	f  *os.File
+	mu      sync.Mutex
+	results *os.File
+	events  *os.File
+	// loaded are the rollout ids of the results read when it was opened:
+	// results carried from an earlier invocation.
+	loaded map[string]bool
 }
 
-// OpenJournal opens (creating) the journal at path for appending and
-// returns what it already holds: the last result per attempt. A line cut
-// short by a crash is cut off the file, so the next one starts clean.
+// OpenJournal opens (creating) the journal whose results.jsonl is path
+// (its events.jsonl beside it) for appending and returns what it already
+// holds: the last result per attempt. Lines cut short by a crash are cut
+// off the files, so the next ones start clean.
 func OpenJournal(path string) (*Journal, map[Key]Result, error) {
-	data, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("eval: journal: %w", err)
+	eventsPath := filepath.Join(filepath.Dir(path), EventsFile)
+	results, err := readLines(path, decodeResult)
+	if err != nil {
+		return nil, nil, err
 	}
-	whole := bytes.LastIndexByte(data, '\n') + 1
+	events, err := readLines(eventsPath, decodeEvent)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !events.exists && results.exists {
+		// An older osmo's run: its events are its results.
+		for _, r := range results.items {
+			events.items = append(events.items, eventOf(r))
+		}
+		if err := writeAtomic(eventsPath, jsonLines(events.items, func(e event) any { return e })); err != nil {
+			return nil, nil, err
+		}
+		events.whole = -1 // written whole just now
+	}
+	// The result of each event, in the events' order.
+	byID := make(map[string]Result, len(results.items))
+	for _, r := range results.items {
+		byID[r.RolloutID] = r
+	}
+	ordered := make([]Result, 0, len(events.items))
+	for _, e := range events.items {
+		r, ok := byID[e.RolloutID]
+		if !ok || r.Key() != (Key{e.RowIndex, e.RunIndex}) {
+			r = e.result()
+		}
+		ordered = append(ordered, r)
+	}
+	if !slices.EqualFunc(ordered, results.items, func(a, b Result) bool { return a.RolloutID == b.RolloutID }) {
+		// A result never acknowledged, or results missing: results.jsonl
+		// is rewritten to match the events.
+		if err := writeAtomic(path, jsonLines(ordered, func(r Result) any { return r })); err != nil {
+			return nil, nil, err
+		}
+		results.whole = -1
+	}
+	j := &Journal{loaded: map[string]bool{}}
 	done := map[Key]Result{}
-	for i, line := range bytes.Split(data[:whole], []byte("\n")) {
+	for _, r := range ordered {
+		done[r.Key()] = r
+		j.loaded[r.RolloutID] = true
+	}
+	if j.results, err = openAppend(path, results.whole); err != nil {
+		return nil, nil, err
+	}
+	if j.events, err = openAppend(eventsPath, events.whole); err != nil {
+		j.results.Close()
+		return nil, nil, err
+	}
+	return j, done, nil
+}
+
+// lines is what a journal file holds.
+type lines[T any] struct {
+	items  []T
+	exists bool
+	// whole is the length of its complete lines (a torn last line is cut
+	// off at it); -1 when the file was just rewritten whole.
+	whole int
+}
+
+// readLines reads the complete lines of a journal file. A bad line that
+// is not the last is not the writer's and is refused.
+func readLines[T any](path string, decode func([]byte) (T, error)) (lines[T], error) {
+	var out lines[T]
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return out, nil
+	}
+	if err != nil {
+		return out, fmt.Errorf("eval: journal: %w", err)
+	}
+	out.exists = true
+	out.whole = bytes.LastIndexByte(data, '\n') + 1
+	for i, line := range bytes.Split(data[:out.whole], []byte("\n")) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var r Result
-		if err := json.Unmarshal(line, &r); err != nil || r.RolloutID == "" {
-			return nil, nil, fmt.Errorf("eval: journal %s: line %d is not a result; move the file away to start over", path, i+1)
+		v, err := decode(line)
+		if err != nil {
+			return out, fmt.Errorf("eval: journal %s: line %d: %v; move the file away to start over", path, i+1, err)
 		}
-		done[r.Key()] = r
+		out.items = append(out.items, v)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		return nil, nil, fmt.Errorf("eval: journal: %w", err)
-	}
-	if whole < len(data) {
-		if err := f.Truncate(int64(whole)); err != nil {
-			f.Close()
-			return nil, nil, fmt.Errorf("eval: journal: dropping a torn last line: %w", err)
-		}
-	}
-	if _, err := f.Seek(int64(whole), 0); err != nil {
-		f.Close()
-		return nil, nil, fmt.Errorf("eval: journal: %w", err)
-	}
-	return &Journal{f: f}, done, nil
+	return out, nil
 }
 
-// Append writes r durably.
+func decodeResult(line []byte) (Result, error) {
+	var r Result
+	var probe struct {
+		SourceRowIndex *int `json:"source_row_index"`
+	}
+	if json.Unmarshal(line, &r) != nil || json.Unmarshal(line, &probe) != nil || r.RolloutID == "" {
+		return r, errors.New("not a result")
+	}
+	if probe.SourceRowIndex == nil {
+		// Written before rows were selected apart from their file
+		// position: the two were the same.
+		r.SourceRowIndex = r.RowIndex
+	}
+	switch r.Status {
+	case statusFailureOld:
+		r.Status = StatusFailed
+	case StatusSuccess, StatusFailed, StatusSkipped:
+	default:
+		return r, fmt.Errorf("status %q is not success, failed or skipped", r.Status)
+	}
+	if r.Messages == nil {
+		r.Messages = []map[string]any{}
+	}
+	return r, nil
+}
+
+// openAppend opens path for appending at whole (cutting off what follows:
+// a torn last line).
+func openAppend(path string, whole int) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("eval: journal: %w", err)
+	}
+	if whole >= 0 {
+		if err := f.Truncate(int64(whole)); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("eval: journal: dropping a torn last line: %w", err)
+		}
+	}
+	if _, err := f.Seek(0, 2); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("eval: journal: %w", err)
+	}
+	return f, nil
+}
+
+// Append writes r durably: its result line, then its event, each
+// fsync'd.
 func (j *Journal) Append(r Result) error {
 	line, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("eval: journal: %w", err)
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if _, err := j.f.Write(append(line, '\n')); err != nil {
+	ev, err := marshalLine(eventOf(r))
+	if err != nil {
 		return fmt.Errorf("eval: journal: %w", err)
 	}
-	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("eval: journal: fsync: %w", err)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	files := []*os.File{j.results, j.events}
+	var at [2]int64
+	for i, f := range files {
+		if at[i], err = f.Seek(0, 1); err != nil {
+			return fmt.Errorf("eval: journal: %w", err)
+		}
+	}
+	for i, data := range [][]byte{append(line, '\n'), ev} {
+		if _, err = files[i].Write(data); err == nil {
+			if err = files[i].Sync(); err != nil {
+				err = fmt.Errorf("fsync: %w", err)
+			}
+		}
+		if err != nil {
+			// Not durable, and not acknowledged: cut what was written, so
+			// the next line does not follow a partial one.
+			for i, f := range files {
+				_ = f.Truncate(at[i])
+				_, _ = f.Seek(at[i], 0)
+			}
+			return fmt.Errorf("eval: journal: %w", err)
+		}
 	}
 	return nil
 }
 
-// Close closes the journal file.
-func (j *Journal) Close() error { return j.f.Close() }
+// Carried reports whether r was read when the journal was opened: a
+// result of an earlier invocation (the SDK's resumed).
+func (j *Journal) Carried(r Result) bool { return j != nil && j.loaded[r.RolloutID] }
+
+// Close closes the journal's files.
+func (j *Journal) Close() error {
+	return errors.Join(j.results.Close(), j.events.Close())
+}

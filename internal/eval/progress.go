@@ -70,7 +70,7 @@ func (p *progress) add(r Result) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done++
-	if r.Status == StatusFailure {
+	if r.Status == StatusFailed {
 		p.failed++
 	}
 	if r.Status != StatusSkipped {

@@ -34,6 +34,7 @@ type reportData struct {
 	Generated string
 	Summary   Summary
 	PassAtK   []kv
+	Rewards   []kv
 	Errors    []kv
 	Histogram histogram
 	Rows      []reportRow
@@ -47,7 +48,9 @@ type kv struct {
 
 // reportRow is a dataset row with its runs.
 type reportRow struct {
-	Index  int
+	Index int
+	// Source is the row's position in the dataset file.
+	Source int
 	Prompt string
 	Label  string
 	Runs   []Result
@@ -80,8 +83,13 @@ func renderReport(w io.Writer, p Plan, rep *Report) error {
 		Summary:   rep.Summary,
 		JaegerURL: strings.TrimRight(p.JaegerURL, "/"),
 	}
-	for _, k := range sortedKeys(rep.Summary.PassAtK) {
-		d.PassAtK = append(d.PassAtK, kv{"pass@" + k, fmt.Sprintf("%.3f", rep.Summary.PassAtK[k])})
+	for _, pt := range rep.Summary.PassAtK {
+		d.PassAtK = append(d.PassAtK, kv{fmt.Sprintf("pass@%d", pt.K), fmt.Sprintf("%.3f", pt.Value)})
+	}
+	if st := rep.Summary.RewardStats; st != nil {
+		for _, s := range []kv{{"reward median", st.Median}, {"reward std", st.Std}, {"reward min", st.Min}, {"reward max", st.Max}} {
+			d.Rewards = append(d.Rewards, kv{s.K, fmt.Sprintf("%.4g", s.V)})
+		}
 	}
 	for _, k := range sortedKeys(rep.Summary.ErrorsByCategory) {
 		d.Errors = append(d.Errors, kv{k, rep.Summary.ErrorsByCategory[k]})
@@ -99,7 +107,7 @@ func renderReport(w io.Writer, p Plan, rep *Report) error {
 		if len(runs) == 0 {
 			continue
 		}
-		rr := reportRow{Index: row.Index, Runs: runs}
+		rr := reportRow{Index: row.Index, Source: row.SourceIndex, Runs: runs}
 		for _, m := range row.Messages {
 			if m["role"] == "user" {
 				rr.Prompt = messageText(m)

@@ -2,6 +2,7 @@ package eval
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -34,8 +35,9 @@ type Plan struct {
 	// Output is the directory of results.jsonl, summary.json and
 	// report.html; "" keeps nothing (osmo test).
 	Output string
-	// RetryFailed runs the failed attempts again. (Starting over is the
-	// run directory's business: OpenRun archives it.)
+	// RetryFailed runs the failed and skipped attempts again, under new
+	// rollout ids. (Starting over is the run directory's business:
+	// OpenRun archives it.)
 	RetryFailed bool
 	// Redact replaces secret values in every result before it is
 	// journaled; nil redacts nothing.
@@ -53,6 +55,18 @@ type Plan struct {
 	JaegerURL string
 	// Title names the run in the report.
 	Title string
+
+	// What metrics.json's eval_run and progress.json say of the run (the
+	// SDK's names in brackets). RunID [id] is the run's id, the same for
+	// every invocation of it (default: derived from Output); RunName [name]
+	// its name (default: Output's base name); DatasetName [dataset_name]
+	// the dataset as the config names it; ModelPath [model_name] the
+	// config's provider/model (default: Model); RolloutName
+	// [rollout_name] the config's rollout; TotalDatasetRows
+	// [total_dataset_rows] the rows of the whole dataset file, which Rows
+	// were selected from (default: len(Rows)).
+	RunID, RunName, DatasetName, ModelPath, RolloutName string
+	TotalDatasetRows                                    int
 
 	// Progress receives the progress display; Live draws it in place (a
 	// terminal), otherwise a line every few seconds.
@@ -77,6 +91,13 @@ type Report struct {
 	Results []Result
 	// Ran is how many attempts this invocation ran.
 	Ran int
+	// Total is how many attempts the plan has (rows × n); Pending how many
+	// of them have no result yet; Resumed how many of the results were
+	// carried from an earlier invocation.
+	Total, Pending, Resumed int
+	// RunID and RunName are metrics.json's eval_run id and name; empty
+	// without an output directory.
+	RunID, RunName string
 }
 
 // Output file names.
@@ -116,12 +137,13 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		byRow[row.Index] = row
 		for run := range p.N {
 			k := Key{row.Index, run}
-			if r, ok := done[k]; !ok || (p.RetryFailed && r.Status == StatusFailure) {
+			if r, ok := done[k]; !ok || (p.RetryFailed && (r.Status == StatusFailed || r.Status == StatusSkipped)) {
 				todo = append(todo, k)
 			}
 		}
 	}
 
+	files := newSDKFiles(p, journal, start)
 	ran := 0
 	var runErr error
 	if len(todo) > 0 && !p.SkipChecks {
@@ -133,21 +155,28 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		}
 	}
 	if len(todo) > 0 {
-		r := &runner{plan: p, journal: journal, done: done, byRow: byRow, starts: map[string]attempt{}}
+		r := &runner{plan: p, journal: journal, files: files, done: done, byRow: byRow, starts: map[string]attempt{}}
 		ran, runErr = r.run(ctx, todo)
 	}
 
-	rep := &Report{Ran: ran}
+	rep := &Report{Ran: ran, Total: len(p.Rows) * p.N}
 	for _, row := range p.Rows {
 		for run := range p.N {
 			if r, ok := done[Key{row.Index, run}]; ok {
 				rep.Results = append(rep.Results, r)
+				if journal.Carried(r) {
+					rep.Resumed++
+				}
 			}
 		}
 	}
-	rep.Summary = Summarize(rep.Results, p.N, p.PassThreshold, time.Since(start).Seconds())
+	rep.Pending = rep.Total - len(rep.Results)
+	if files != nil {
+		rep.RunID, rep.RunName = files.runID(), files.runName()
+	}
+	rep.Summary = Summarize(rep.Results, p.PassThreshold, time.Since(start).Seconds())
 	if p.Output != "" {
-		if err := writeOutputs(p, rep); err != nil {
+		if err := writeOutputs(p, rep, files); err != nil {
 			return rep, errors.Join(runErr, err)
 		}
 	}
@@ -165,6 +194,7 @@ type attempt struct {
 type runner struct {
 	plan    Plan
 	journal *Journal
+	files   *sdkFiles // nil without an output directory
 	ctl     *controller.V03
 
 	mu       sync.Mutex
@@ -288,44 +318,55 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 	switch {
 	case ctx.Err() != nil:
 		return nil // interrupted: no result, a rerun runs it again
-	case errors.As(err, &protoErr):
+	case errors.As(err, &protoErr) && protoErr.StatusCode >= 400 && protoErr.StatusCode < 500:
 		// The server refused this row (422 naming the field, say): that is
-		// the row's result.
-		return r.commitResult(ctx, id, Result{Status: StatusFailure, ErrCategory: "validation_error", ErrMessage: protoErr.Error()}, nil)
+		// the row's result, as the SDK records it.
+		return r.commitResult(ctx, id, Result{Status: StatusFailed, ErrCategory: "rollout_protocol_error", ErrMessage: protoErr.Error()}, nil)
 	case err != nil:
+		// Any other refusal (a 5xx of a server restarting, say) or a
+		// transport failure says nothing of the row: the run stops and the
+		// attempt stays pending, for a rerun to run.
 		return fmt.Errorf("eval: rollout %s: %w", id, err)
 	case res.Source == controller.SourceTimeout:
-		return r.commitResult(ctx, id, Result{Status: StatusFailure, ErrCategory: "timeout", ErrMessage: "callback_timeout: the rollout server sent no grader callback in time"}, &res)
+		return r.commitResult(ctx, id, Result{Status: StatusFailed, ErrCategory: "callback_timeout", ErrMessage: "the rollout server sent no grader callback in time"}, &res)
 	}
 	return nil // journaled by commit before the callback was acknowledged
 }
 
 // commit is the controller's OnTerminal: the grader callback's result is
-// journaled before the callback is acknowledged.
+// journaled before the callback is acknowledged. Its status and error_type
+// are the SDK's (_classify_terminal): a failed grader is failed (even when
+// it asked to drop the sample), with its err_category or grader_failed; a
+// removed sample is skipped, without a reward; a failed completion is
+// failed, with its err_category or workflow_failed. A failed attempt keeps
+// the reward its sample carried.
 func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
 	out := Result{Status: StatusSuccess}
-	switch {
-	case res.Status != "success":
-		out.Status = StatusFailure
-	case res.Sample != nil && res.Sample.RemoveSample:
-		out.Status = StatusSkipped
-	case res.Completion != nil && res.Completion.Status != "success":
-		out.Status = StatusFailure
-	}
-	if res.ErrMessage != nil {
-		out.ErrMessage = *res.ErrMessage
-	}
-	if res.ErrCategory != nil {
-		out.ErrCategory = *res.ErrCategory
-	}
-	if out.Status == StatusFailure && out.ErrCategory == "" && res.Completion != nil && res.Completion.ErrCategory != nil {
-		out.ErrCategory = *res.Completion.ErrCategory
-	}
-	if res.Sample != nil && out.Status == StatusSuccess {
+	if res.Sample != nil {
 		out.Reward = res.Sample.Reward
 		out.Messages = res.Sample.Messages
 	}
+	comp := res.Completion
+	switch {
+	case res.Status != "success":
+		out.Status = StatusFailed
+		out.ErrCategory = cmp.Or(deref(res.ErrCategory), "grader_failed")
+		out.ErrMessage = deref(res.ErrMessage)
+	case res.Sample != nil && res.Sample.RemoveSample:
+		out.Status, out.Reward = StatusSkipped, nil
+	case comp != nil && comp.Status != "success":
+		out.Status = StatusFailed
+		out.ErrCategory = cmp.Or(deref(comp.ErrCategory), "workflow_failed")
+		out.ErrMessage = cmp.Or(deref(res.ErrMessage), deref(comp.ErrMessage))
+	}
 	return r.commitResult(ctx, res.RolloutID, out, &res)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // commitResult completes out with what the runner knows of the attempt,
@@ -338,6 +379,7 @@ func (r *runner) commitResult(_ context.Context, id string, out Result, res *con
 		return fmt.Errorf("eval: a result for rollout %q, which this run did not start", id)
 	}
 	out.RowIndex, out.RunIndex, out.RolloutID, out.TraceID = a.key.Row, a.key.Run, id, a.traceID
+	out.SourceRowIndex = r.byRow[a.key.Row].SourceIndex
 	out.LatencyMS = float64(time.Since(a.started)) / float64(time.Millisecond)
 	out.Tokens = r.ctl.Tokens(id)
 	if out.Messages == nil {
@@ -354,11 +396,30 @@ func (r *runner) commitResult(_ context.Context, id string, out Result, res *con
 	r.mu.Lock()
 	r.done[a.key] = out
 	r.mu.Unlock()
+	if r.files != nil {
+		r.files.committed(out, r.planned)
+	}
 	r.progress.add(out)
 	if r.plan.OnResult != nil {
 		r.plan.OnResult(out, res)
 	}
 	return nil
+}
+
+// planned is the results of the plan's attempts so far, in row and run
+// order.
+func (r *runner) planned() []Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Result
+	for _, row := range r.plan.Rows {
+		for run := range r.plan.N {
+			if res, ok := r.done[Key{row.Index, run}]; ok {
+				out = append(out, res)
+			}
+		}
+	}
+	return out
 }
 
 // lastConversation is the messages of id's last LLM call, or an empty list.
@@ -455,8 +516,9 @@ func CheckServer(ctx context.Context, serverURL string) error {
 	return nil
 }
 
-// writeOutputs writes summary.json and report.html, each atomically.
-func writeOutputs(p Plan, rep *Report) error {
+// writeOutputs writes summary.json, report.html and the SDK's files, each
+// atomically.
+func writeOutputs(p Plan, rep *Report, files *sdkFiles) error {
 	summary, err := json.MarshalIndent(rep.Summary, "", "  ")
 	if err != nil {
 		return err
@@ -468,16 +530,5 @@ func writeOutputs(p Plan, rep *Report) error {
 	if err := renderReport(&page, p, rep); err != nil {
 		return fmt.Errorf("eval: report: %w", err)
 	}
-	return writeAtomic(filepath.Join(p.Output, ReportFile), page.Bytes())
-}
-
-func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("eval: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("eval: %w", err)
-	}
-	return nil
+	return errors.Join(writeAtomic(filepath.Join(p.Output, ReportFile), page.Bytes()), files.finish(rep))
 }

@@ -4,65 +4,98 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"slices"
-	"strconv"
+	"strings"
 	"text/tabwriter"
 )
 
-// Summary is summary.json: the Osmosis platform's summary of an eval
-// (its counts, pass rate and tokens, computed as it computes them), and
-// osmo's additions.
+// PlatformSummary is the Osmosis platform's summary of an eval, computed
+// as it computes it (the SDK's aggregate_metrics): the summary of
+// metrics.json, and the first fields of summary.json.
+type PlatformSummary struct {
+	TotalSamples int `json:"total_samples"`
+	// CompletedSamples is the samples not skipped: the pass rate's
+	// denominator.
+	CompletedSamples int `json:"completed_samples"`
+	// Graded is the samples with a reward, a failed one's included.
+	Graded int `json:"graded"`
+	// Passed is the samples whose reward is at least PassThreshold.
+	Passed        int     `json:"passed"`
+	Failed        int     `json:"failed"`
+	Skipped       int     `json:"skipped"`
+	PassRate      float64 `json:"pass_rate"`
+	PassThreshold float64 `json:"pass_threshold"`
+	TokensUsed    int     `json:"tokens_used"`
+	// RewardStats is over every reward; absent without one.
+	RewardStats *RewardStats `json:"reward_stats,omitempty"`
+	// NRuns is the most runs of a row (the highest run_index + 1); absent
+	// below 2.
+	NRuns int `json:"n_runs,omitempty"`
+	// PassAtK has a point for k = 1, 2, 4, … up to NRuns: the unbiased
+	// pass@k estimator averaged over the rows with at least k scored
+	// attempts. Absent unless it has at least two points.
+	PassAtK []PassAtKPoint `json:"pass_at_k,omitempty"`
+}
+
+// RewardStats describes the rewards: their mean, median, population
+// standard deviation (0 for one reward), least and greatest.
+type RewardStats struct {
+	Mean   float64 `json:"mean"`
+	Median float64 `json:"median"`
+	Std    float64 `json:"std"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+// PassAtKPoint is pass@k at one k.
+type PassAtKPoint struct {
+	K     int     `json:"k"`
+	Value float64 `json:"value"`
+}
+
+// Summary is summary.json: the platform's summary, and osmo's additions.
 type Summary struct {
-	TotalSamples     int     `json:"total_samples"`
-	CompletedSamples int     `json:"completed_samples"`
-	Graded           int     `json:"graded"`
-	Passed           int     `json:"passed"`
-	Failed           int     `json:"failed"`
-	Skipped          int     `json:"skipped"`
-	PassRate         float64 `json:"pass_rate"`
-	PassThreshold    float64 `json:"pass_threshold"`
-	TokensUsed       int     `json:"tokens_used"`
+	PlatformSummary
 
 	// MeanReward is the mean over the graded samples; nil with none.
 	MeanReward *float64 `json:"mean_reward"`
-	// PassAtK is the unbiased pass@k estimator for k = 1..n, averaged over
-	// the rows with at least k scored attempts.
-	PassAtK map[string]float64 `json:"pass_at_k"`
 	// ErrorsByCategory counts the failures by err_category.
 	ErrorsByCategory map[string]int `json:"errors_by_category"`
 	// WallS is how long this invocation ran.
 	WallS float64 `json:"wall_s"`
 }
 
-// Summarize computes the summary of results, n runs per row. As the
-// platform does: a skipped sample is out of every rate; a failed one is a
-// non-pass (dropping it would report the pass rate of the rows that
-// worked); graded counts the samples with a reward; tokens_used sums each
-// sample's tokens.
-func Summarize(results []Result, n int, threshold, wallS float64) Summary {
+// Summarize computes the summary of results. As the platform does: a
+// skipped sample is out of every rate; a failed one is a non-pass in the
+// denominator (dropping it would report the pass rate of the rows that
+// worked), and it counts as graded, and passes, if it carries a reward
+// that does; tokens_used sums each sample's tokens.
+func Summarize(results []Result, threshold, wallS float64) Summary {
 	s := Summary{
-		TotalSamples:     len(results),
-		PassThreshold:    threshold,
-		PassAtK:          map[string]float64{},
+		PlatformSummary:  PlatformSummary{TotalSamples: len(results), PassThreshold: threshold},
 		ErrorsByCategory: map[string]int{},
 		WallS:            wallS,
 	}
 	attempts, passes := map[int]int{}, map[int]int{}
-	var rewardSum float64
+	var rewards []float64
+	maxRun := -1
 	for _, r := range results {
+		maxRun = max(maxRun, r.RunIndex)
 		s.TokensUsed += r.Tokens
 		if r.Status == StatusSkipped {
 			s.Skipped++
 			continue
 		}
-		if r.Status == StatusFailure {
+		if r.Status == StatusFailed {
 			s.Failed++
 			s.ErrorsByCategory[cmp.Or(r.ErrCategory, "unknown")]++
 		}
 		pass := false
 		if r.Reward != nil {
 			s.Graded++
-			rewardSum += *r.Reward
+			rewards = append(rewards, *r.Reward)
 			pass = *r.Reward >= threshold
 		}
 		if pass {
@@ -75,24 +108,60 @@ func Summarize(results []Result, n int, threshold, wallS float64) Summary {
 	if s.CompletedSamples > 0 {
 		s.PassRate = float64(s.Passed) / float64(s.CompletedSamples)
 	}
-	if s.Graded > 0 {
-		mean := rewardSum / float64(s.Graded)
+	if len(rewards) > 0 {
+		s.RewardStats = rewardStats(rewards)
+		mean := s.RewardStats.Mean
 		s.MeanReward = &mean
 	}
-	for k := 1; k <= n; k++ {
-		var sum float64
-		rows := 0
-		for row, a := range attempts {
-			if a >= k {
-				sum += PassAtK(a, passes[row], k)
-				rows++
+	if n := maxRun + 1; n >= 2 {
+		s.NRuns = n
+		rows := make([]int, 0, len(attempts))
+		for row := range attempts {
+			rows = append(rows, row)
+		}
+		slices.Sort(rows)
+		var points []PassAtKPoint
+		for k := 1; k <= n; k *= 2 {
+			var sum float64
+			eligible := 0
+			for _, row := range rows {
+				if attempts[row] >= k {
+					sum += PassAtK(attempts[row], passes[row], k)
+					eligible++
+				}
+			}
+			if eligible > 0 {
+				points = append(points, PassAtKPoint{K: k, Value: sum / float64(eligible)})
 			}
 		}
-		if rows > 0 {
-			s.PassAtK[strconv.Itoa(k)] = sum / float64(rows)
+		if len(points) >= 2 {
+			s.PassAtK = points
 		}
 	}
 	return s
+}
+
+func rewardStats(rewards []float64) *RewardStats {
+	sorted := slices.Sorted(slices.Values(rewards))
+	var sum float64
+	for _, r := range sorted {
+		sum += r
+	}
+	n := len(sorted)
+	st := &RewardStats{Mean: sum / float64(n), Min: sorted[0], Max: sorted[n-1]}
+	if n%2 == 1 {
+		st.Median = sorted[n/2]
+	} else {
+		st.Median = (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	if n > 1 {
+		var sq float64
+		for _, r := range sorted {
+			sq += (r - st.Mean) * (r - st.Mean)
+		}
+		st.Std = math.Sqrt(sq / float64(n))
+	}
+	return st
 }
 
 // PassAtK is the unbiased estimator of pass@k for a row with n attempts of
@@ -115,13 +184,13 @@ func (s Summary) WriteTable(w io.Writer) error {
 	row("samples", fmt.Sprintf("%d (%d completed, %d skipped)", s.TotalSamples, s.CompletedSamples, s.Skipped))
 	row("passed", fmt.Sprintf("%d of %d (reward >= %g)", s.Passed, s.CompletedSamples, s.PassThreshold))
 	row("pass rate", fmt.Sprintf("%.1f%%", 100*s.PassRate))
-	mean := "-"
-	if s.MeanReward != nil {
-		mean = fmt.Sprintf("%.4g over %d graded", *s.MeanReward, s.Graded)
+	reward := "-"
+	if st := s.RewardStats; st != nil {
+		reward = fmt.Sprintf("mean %.4g · median %.4g · std %.4g · min %.4g · max %.4g over %d graded", st.Mean, st.Median, st.Std, st.Min, st.Max, s.Graded)
 	}
-	row("mean reward", mean)
-	for _, k := range sortedKeys(s.PassAtK) {
-		row("pass@"+k, fmt.Sprintf("%.3f", s.PassAtK[k]))
+	row("reward", reward)
+	if len(s.PassAtK) > 0 {
+		row("pass@k", s.passAtKText())
 	}
 	row("failed", s.Failed)
 	for _, c := range sortedKeys(s.ErrorsByCategory) {
@@ -132,19 +201,15 @@ func (s Summary) WriteTable(w io.Writer) error {
 	return tw.Flush()
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// passAtKText is the pass@k points on one line: k=1 0.500 · k=2 0.750.
+func (s Summary) passAtKText() string {
+	parts := make([]string, len(s.PassAtK))
+	for i, p := range s.PassAtK {
+		parts[i] = fmt.Sprintf("k=%d %.3f", p.K, p.Value)
 	}
-	slices.SortFunc(keys, func(a, b string) int {
-		// pass@k keys sort as numbers.
-		if x, errA := strconv.Atoi(a); errA == nil {
-			if y, errB := strconv.Atoi(b); errB == nil {
-				return cmp.Compare(x, y)
-			}
-		}
-		return cmp.Compare(a, b)
-	})
-	return keys
+	return strings.Join(parts, " · ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

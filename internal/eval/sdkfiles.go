@@ -1,0 +1,454 @@
+package eval
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The Osmosis SDK's run-directory files (PROTOCOL.md, "Run directory"),
+// written beside results.jsonl, summary.json and report.html with the
+// SDK's fields, so a run directory reads the same whichever wrote it.
+const (
+	// EventsFile is the SDK's terminal journal: one record per terminal
+	// attempt, written with results.jsonl by Journal.Append.
+	EventsFile = "events.jsonl"
+	// IndexFile and SummaryLinesFile are the same lines: the last event of
+	// every attempt, without source_row_index, with trajectory_filename
+	// and resumed, in row and run order.
+	IndexFile        = "index.jsonl"
+	SummaryLinesFile = "summary.jsonl"
+	// ProgressFile holds total_runs, sampled_rows and total_dataset_rows.
+	ProgressFile = "progress.json"
+	// MetricsFile holds eval_run (the run's identity and state) and summary
+	// (the platform's summary).
+	MetricsFile = "metrics.json"
+	// TrajectoriesDir holds row_<r>_run_<n>.json: the ATIF trajectory of
+	// each attempt's last result.
+	TrajectoriesDir = "trajectories"
+	// TrialsDir holds a directory per rollout id; its trajectory.json is the
+	// rollout's ATIF trajectory, as a Python rollout server writes it under
+	// _OSMOSIS_ROLLOUT_ARTIFACT_ROOT, or as osmo writes it when none did.
+	TrialsDir = "rollout_trials"
+	// trajectoryFile is a trajectory's name in its rollout's directory: the
+	// index's trajectory_filename.
+	trajectoryFile = "trajectory.json"
+)
+
+
+// event is a line of events.jsonl, the SDK's TerminalRecord: its keys
+// sorted, as the SDK writes them, and a nil one left out.
+type event struct {
+	DurationMS     float64  `json:"duration_ms"`
+	ErrorType      string   `json:"error_type,omitempty"`
+	Reward         *float64 `json:"reward,omitempty"`
+	RolloutID      string   `json:"rollout_id"`
+	RowIndex       int      `json:"row_index"`
+	RunIndex       int      `json:"run_index"`
+	SourceRowIndex *int     `json:"source_row_index,omitempty"`
+	Status         string   `json:"status"`
+	Tokens         *int     `json:"tokens,omitempty"`
+}
+
+// eventOf is r's event. Only a failed attempt has an error_type.
+func eventOf(r Result) event {
+	src, tokens := r.SourceRowIndex, r.Tokens
+	e := event{
+		DurationMS: r.LatencyMS, Reward: r.Reward, RolloutID: r.RolloutID, RowIndex: r.RowIndex, RunIndex: r.RunIndex,
+		SourceRowIndex: &src, Status: r.Status, Tokens: &tokens,
+	}
+	if r.Status == StatusFailed {
+		e.ErrorType = cmp.Or(r.ErrCategory, "unknown")
+	}
+	return e
+}
+
+// result is the result an event says, when results.jsonl has no detail
+// of it (a run directory the SDK wrote).
+func (e event) result() Result {
+	r := Result{
+		RowIndex: e.RowIndex, RunIndex: e.RunIndex, SourceRowIndex: e.RowIndex, RolloutID: e.RolloutID, Status: e.Status,
+		ErrCategory: e.ErrorType, Reward: e.Reward, LatencyMS: e.DurationMS, Messages: []map[string]any{},
+	}
+	if e.SourceRowIndex != nil {
+		r.SourceRowIndex = *e.SourceRowIndex
+	}
+	if e.Tokens != nil {
+		r.Tokens = *e.Tokens
+	}
+	return r
+}
+
+// decodeEvent reads an events.jsonl line as strictly as the SDK does.
+func decodeEvent(line []byte) (event, error) {
+	var e event
+	var required struct {
+		RowIndex  *int    `json:"row_index"`
+		RunIndex  *int    `json:"run_index"`
+		RolloutID *string `json:"rollout_id"`
+		Status    *string `json:"status"`
+	}
+	if err := json.Unmarshal(line, &e); err != nil {
+		return e, fmt.Errorf("not a terminal record: %v", err)
+	}
+	_ = json.Unmarshal(line, &required)
+	switch {
+	case required.RowIndex == nil || required.RunIndex == nil || required.RolloutID == nil || required.Status == nil:
+		return e, errors.New("not a terminal record: row_index, run_index, rollout_id and status are required")
+	case e.RolloutID == "" || e.RolloutID == "." || e.RolloutID == ".." || strings.ContainsAny(e.RolloutID, `/\`+"\x00"):
+		return e, fmt.Errorf("rollout_id %q is not one path segment", e.RolloutID)
+	case e.Status != StatusSuccess && e.Status != StatusFailed && e.Status != StatusSkipped:
+		return e, fmt.Errorf("status %q is not success, failed or skipped", e.Status)
+	}
+	return e, nil
+}
+
+// marshalLine is v as one line of compact JSON, as the SDK writes it
+// (no HTML escaping).
+func marshalLine(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// jsonLines is items as JSON lines.
+func jsonLines[T any](items []T, of func(T) any) []byte {
+	var b bytes.Buffer
+	for _, it := range items {
+		line, err := marshalLine(of(it))
+		if err != nil {
+			continue // nothing here fails to encode
+		}
+		b.Write(line)
+	}
+	return b.Bytes()
+}
+
+// marshalFile is v as the SDK writes a JSON file: indented by two, with
+// a final newline.
+func marshalFile(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// writeAtomic replaces path with data: a reader sees the old file or the
+// new one, never a part, a crash included (the data is synced before the
+// rename).
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("eval: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("eval: %w", err)
+	}
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err == nil {
+		// CreateTemp makes the file 0600; nothing here is a secret.
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("eval: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync() // the rename, durable where the filesystem allows it
+		d.Close()
+	}
+	return nil
+}
+
+// indexRow is a line of index.jsonl and summary.jsonl, the SDK's
+// build_index_row: its keys in the SDK's order, a nil one left out, and
+// resumed only when true.
+type indexRow struct {
+	RowIndex           int      `json:"row_index"`
+	RunIndex           int      `json:"run_index"`
+	RolloutID          string   `json:"rollout_id"`
+	TrajectoryFilename string   `json:"trajectory_filename,omitempty"`
+	Status             string   `json:"status"`
+	Reward             *float64 `json:"reward,omitempty"`
+	Tokens             *int     `json:"tokens,omitempty"`
+	DurationMS         float64  `json:"duration_ms"`
+	ErrorType          string   `json:"error_type,omitempty"`
+	Resumed            bool     `json:"resumed,omitempty"`
+}
+
+// progressFile is progress.json.
+type progressFile struct {
+	TotalRuns        int `json:"total_runs"`
+	SampledRows      int `json:"sampled_rows"`
+	TotalDatasetRows int `json:"total_dataset_rows"`
+}
+
+// evalRun is metrics.json's eval_run, the SDK's RunIdentity.
+type evalRun struct {
+	ID          string  `json:"id"`
+	Status      string  `json:"status"`
+	Name        string  `json:"name"`
+	DatasetName string  `json:"dataset_name"`
+	ModelName   string  `json:"model_name"`
+	RolloutName string  `json:"rollout_name"`
+	DurationMS  float64 `json:"duration_ms"`
+	StartedAt   string  `json:"started_at"`
+	CompletedAt string  `json:"completed_at,omitempty"`
+}
+
+// metricsFile is metrics.json.
+type metricsFile struct {
+	EvalRun evalRun         `json:"eval_run"`
+	Summary PlatformSummary `json:"summary"`
+}
+
+// eval_run statuses: running while results come, then finished when every
+// attempt has one, else incomplete.
+const (
+	runRunning    = "running"
+	runFinished   = "finished"
+	runIncomplete = "incomplete"
+)
+
+// sdkTime is how the SDK writes a time: UTC, microseconds, Z.
+func sdkTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
+
+// snapshotEvery bounds how often the snapshots (index, summary.jsonl,
+// progress, metrics) are rewritten while a run goes: each rewrite is of
+// every result.
+const snapshotEvery = time.Second
+
+// sdkFiles writes the SDK's projections of a run directory: the snapshots
+// and the trajectories. None of them decides what a resume reruns; each is
+// written whole, atomically.
+type sdkFiles struct {
+	p       Plan
+	journal *Journal
+	started time.Time
+	rows    map[int]Row
+
+	mu       sync.Mutex
+	lastSnap time.Time
+	// traj says which rollouts have their trajectory.json.
+	traj map[string]bool
+}
+
+// newSDKFiles is the writer of p's run directory; nil without one.
+func newSDKFiles(p Plan, j *Journal, started time.Time) *sdkFiles {
+	if p.Output == "" {
+		return nil
+	}
+	f := &sdkFiles{p: p, journal: j, started: started, rows: map[int]Row{}, traj: map[string]bool{}}
+	for _, r := range p.Rows {
+		f.rows[r.Index] = r
+	}
+	return f
+}
+
+// runID is the run's id: Plan.RunID, else one derived from its directory
+// (the same for every invocation of the run).
+func (f *sdkFiles) runID() string {
+	if f.p.RunID != "" {
+		return f.p.RunID
+	}
+	abs, err := filepath.Abs(f.p.Output)
+	if err != nil {
+		abs = f.p.Output
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return hex.EncodeToString(sum[:16])
+}
+
+// runName is the run's name: Plan.RunName, else its directory's.
+func (f *sdkFiles) runName() string { return cmp.Or(f.p.RunName, filepath.Base(f.p.Output)) }
+
+// committed is called once out is journaled: it writes out's trajectory
+// and, at most every snapshotEvery, the snapshots of planned(). A failure
+// here is logged: the result is durable already, and every projection is
+// written again at the end.
+func (f *sdkFiles) committed(out Result, planned func() []Result) {
+	if err := f.writeTrajectory(out, true); err != nil {
+		f.p.Logger.Warn("eval: writing a trajectory", "rollout_id", out.RolloutID, "error", err)
+	}
+	f.mu.Lock()
+	due := time.Since(f.lastSnap) >= snapshotEvery
+	if due {
+		f.lastSnap = time.Now()
+	}
+	f.mu.Unlock()
+	if due {
+		if err := f.snapshots(planned(), runRunning); err != nil {
+			f.p.Logger.Warn("eval: writing the run's snapshots", "error", err)
+		}
+	}
+}
+
+// finish writes every projection of rep, the run's last state.
+func (f *sdkFiles) finish(rep *Report) error {
+	var errs []error
+	for _, r := range rep.Results {
+		errs = append(errs, f.writeTrajectory(r, false))
+	}
+	status := runFinished
+	if rep.Pending > 0 {
+		status = runIncomplete
+	}
+	errs = append(errs, f.snapshots(rep.Results, status))
+	return errors.Join(errs...)
+}
+
+// snapshots writes index.jsonl, summary.jsonl, progress.json and
+// metrics.json of results (row and run order) with the run in status.
+func (f *sdkFiles) snapshots(results []Result, status string) error {
+	rows := make([]indexRow, len(results))
+	f.mu.Lock()
+	for i, r := range results {
+		e := eventOf(r)
+		rows[i] = indexRow{
+			RowIndex: r.RowIndex, RunIndex: r.RunIndex, RolloutID: r.RolloutID, Status: r.Status,
+			Reward: r.Reward, Tokens: e.Tokens, DurationMS: r.LatencyMS, ErrorType: e.ErrorType,
+			Resumed: f.journal.Carried(r),
+		}
+		if f.hasTrajectory(r.RolloutID) {
+			rows[i].TrajectoryFilename = trajectoryFile
+		}
+	}
+	f.mu.Unlock()
+	slices.SortFunc(rows, func(a, b indexRow) int {
+		return cmp.Or(cmp.Compare(a.RowIndex, b.RowIndex), cmp.Compare(a.RunIndex, b.RunIndex))
+	})
+	index := jsonLines(rows, func(r indexRow) any { return r })
+	now := time.Now()
+	run := evalRun{
+		ID: f.runID(), Status: status, Name: f.runName(),
+		DatasetName: f.p.DatasetName, ModelName: cmp.Or(f.p.ModelPath, f.p.Model), RolloutName: f.p.RolloutName,
+		DurationMS: float64(now.Sub(f.started)) / float64(time.Millisecond), StartedAt: sdkTime(f.started),
+	}
+	if status == runFinished {
+		run.CompletedAt = sdkTime(now)
+	}
+	progress, err := marshalFile(progressFile{
+		TotalRuns: len(f.p.Rows) * f.p.N, SampledRows: len(f.p.Rows), TotalDatasetRows: cmp.Or(f.p.TotalDatasetRows, len(f.p.Rows)),
+	})
+	if err != nil {
+		return err
+	}
+	metrics, err := marshalFile(metricsFile{EvalRun: run, Summary: Summarize(results, f.p.PassThreshold, 0).PlatformSummary})
+	if err != nil {
+		return err
+	}
+	return errors.Join(
+		writeAtomic(filepath.Join(f.p.Output, IndexFile), index),
+		writeAtomic(filepath.Join(f.p.Output, SummaryLinesFile), index),
+		writeAtomic(filepath.Join(f.p.Output, ProgressFile), progress),
+		writeAtomic(filepath.Join(f.p.Output, MetricsFile), metrics),
+	)
+}
+
+// hasTrajectory reports whether rollout id has its trajectory.json. Caller
+// holds mu.
+func (f *sdkFiles) hasTrajectory(id string) bool {
+	has, known := f.traj[id]
+	if !known {
+		_, err := os.Stat(filepath.Join(f.p.Output, TrialsDir, id, trajectoryFile))
+		has = err == nil
+		f.traj[id] = has
+	}
+	return has
+}
+
+// trajectoryPath is where r's trajectory is projected.
+func (f *sdkFiles) trajectoryPath(r Result) string {
+	return filepath.Join(f.p.Output, TrajectoriesDir, fmt.Sprintf("row_%d_run_%d.json", r.RowIndex, r.RunIndex))
+}
+
+// writeTrajectory puts r's trajectory in rollout_trials/<id>/trajectory.json
+// and its copy in trajectories/row_<r>_run_<n>.json. A trajectory the
+// rollout server wrote there (a Python server does, after the grader
+// callback is acknowledged) is the one; osmo writes its own, made of the
+// conversation it holds, when there is none. At the run's end (fresh
+// false) the copies are brought up to date: a server's trajectory that
+// came after osmo's replaces it; a result of an earlier invocation whose
+// copy is there is left alone.
+func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
+	canonical := filepath.Join(f.p.Output, TrialsDir, r.RolloutID, trajectoryFile)
+	proj := f.trajectoryPath(r)
+	if !fresh && f.journal.Carried(r) {
+		if _, err := os.Stat(proj); err == nil {
+			return nil
+		}
+	}
+	data, err := os.ReadFile(canonical)
+	switch {
+	case err == nil && validTrajectory(data, r.RolloutID):
+	case errors.Is(err, os.ErrNotExist):
+		doc := f.trajectory(r)
+		if doc == nil {
+			// Nothing to tell (no conversation): no trajectory, as the SDK
+			// has none without a sample.
+			return f.noTrajectory(r.RolloutID, proj)
+		}
+		if data, err = marshalFile(doc); err != nil {
+			return err
+		}
+		if err := writeAtomic(canonical, data); err != nil {
+			return err
+		}
+	default:
+		// Unreadable, or not this rollout's trajectory: none, as the SDK
+		// reads it (the file is the server's: left as it is).
+		return errors.Join(err, f.noTrajectory(r.RolloutID, proj))
+	}
+	// The server's document is its own to write; the copy is osmo's, so
+	// no secret value reaches it.
+	data = f.p.Redact.Bytes(data)
+	if old, err := os.ReadFile(proj); err != nil || !bytes.Equal(old, data) {
+		if err := writeAtomic(proj, data); err != nil {
+			return err
+		}
+	}
+	f.mu.Lock()
+	f.traj[r.RolloutID] = true
+	f.mu.Unlock()
+	return nil
+}
+
+// noTrajectory records that rollout id has no trajectory and removes the
+// copy at proj (an earlier attempt's, which this result did not make).
+func (f *sdkFiles) noTrajectory(id, proj string) error {
+	f.mu.Lock()
+	f.traj[id] = false
+	f.mu.Unlock()
+	if err := os.Remove(proj); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
