@@ -255,7 +255,7 @@ func TestEvalRun(t *testing.T) {
 		}
 	})
 	t.Run("--json prints the result alone on stdout", func(t *testing.T) {
-		code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--json")
+		code, stdout, stderr := runEvalSplit(t, toml, "--output", filepath.Dir(out), "--name", filepath.Base(out), "--json")
 		var got struct {
 			SchemaVersion int    `json:"schema_version"`
 			Status        string `json:"status"`
@@ -424,7 +424,7 @@ func TestEvalPending(t *testing.T) {
 	t.Cleanup(srv.Close)
 	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
 	out := filepath.Join(t.TempDir(), "out")
-	code, stdout, stderr := runEvalSplit(t, toml, "--output", out, "--server", srv.URL, "--json")
+	code, stdout, stderr := runEvalSplit(t, toml, "--output", filepath.Dir(out), "--name", filepath.Base(out), "--server", srv.URL, "--json")
 	var got struct {
 		Status   string `json:"status"`
 		Resource struct {

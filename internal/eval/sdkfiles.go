@@ -429,7 +429,7 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 	}
 	// The server's document is its own to write; the copy is osmo's, so
 	// no secret value reaches it.
-	data = f.p.Redact.Bytes(data)
+	data = f.p.Redact.JSON(data)
 	if old, err := os.ReadFile(proj); err != nil || !bytes.Equal(old, data) {
 		if err := writeAtomic(proj, data); err != nil {
 			return err

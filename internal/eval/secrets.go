@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -182,24 +183,71 @@ func (w *redactingWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// result returns res with every secret in it replaced: a result is
-// redacted once, before it is journaled, so every file made from it
-// (the journal, the SDK's files, the summary, the report) is clean.
+// result returns res with every secret in its text replaced: a result is
+// redacted once, before it is journaled, so every file made from it (the
+// journal, the SDK's files, the summary, the report) is clean. Values are
+// redacted, never the JSON around them: a short secret ("s") must not
+// turn "status" into something no reader can parse.
 func (r *Redactor) result(res Result) Result {
 	if r == nil || len(r.values) == 0 {
 		return res
 	}
-	b, err := json.Marshal(res)
+	res.ErrMessage = r.String(res.ErrMessage)
+	res.ErrCategory = r.String(res.ErrCategory)
+	if res.Messages != nil {
+		msgs := make([]map[string]any, len(res.Messages))
+		for i, m := range res.Messages {
+			msgs[i], _ = r.value(m).(map[string]any)
+		}
+		res.Messages = msgs
+	}
+	return res
+}
+
+// value returns v (decoded JSON) with every string in it redacted.
+func (r *Redactor) value(v any) any {
+	switch t := v.(type) {
+	case string:
+		return r.String(t)
+	case map[string]any:
+		out := make(map[string]any, len(t))
+		for k, e := range t {
+			out[k] = r.value(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(t))
+		for i, e := range t {
+			out[i] = r.value(e)
+		}
+		return out
+	case []map[string]any:
+		out := make([]map[string]any, len(t))
+		for i, e := range t {
+			out[i], _ = r.value(e).(map[string]any)
+		}
+		return out
+	}
+	return v
+}
+
+// JSON returns a JSON document with every secret in its strings replaced;
+// data unchanged when none occurs or it is no JSON.
+func (r *Redactor) JSON(data []byte) []byte {
+	if r == nil || len(r.values) == 0 {
+		return data
+	}
+	var doc any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return data
+	}
+	redacted := r.value(doc)
+	if reflect.DeepEqual(redacted, doc) {
+		return data // no secret: the document as it was written
+	}
+	clean, err := json.Marshal(redacted)
 	if err != nil {
-		return res
+		return data
 	}
-	clean := r.Bytes(b)
-	if bytes.Equal(clean, b) {
-		return res
-	}
-	var out Result
-	if json.Unmarshal(clean, &out) != nil {
-		return res
-	}
-	return out
+	return clean
 }

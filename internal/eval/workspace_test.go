@@ -301,3 +301,16 @@ func TestDatasetSelectionAsTheSDK(t *testing.T) {
 		t.Fatalf("no prompt: %v", err)
 	}
 }
+
+func TestRedactorKeepsJSONWhole(t *testing.T) {
+	r := eval.NewRedactor("s")
+	doc := []byte(`{"status":"success","messages":[{"role":"user","content":"s3cret is s"}]}`)
+	got := string(r.JSON(doc))
+	if got != `{"messages":[{"content":"[REDACTED]3cret i[REDACTED] [REDACTED]","role":"u[REDACTED]er"}],"status":"[REDACTED]ucce[REDACTED][REDACTED]"}` {
+		t.Errorf("redacted %s", got)
+	}
+	clean := []byte(`{"b": 1,  "a": "x"}`)
+	if got := r.JSON(clean); string(got) != string(clean) {
+		t.Errorf("a document without the secret was rewritten: %s", got)
+	}
+}
