@@ -45,7 +45,6 @@ const (
 	trajectoryFile = "trajectory.json"
 )
 
-
 // event is a line of events.jsonl, the SDK's TerminalRecord: its keys
 // sorted, as the SDK writes them, and a nil one left out.
 type event struct {
