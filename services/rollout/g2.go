@@ -79,12 +79,13 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 		w = &v03Wire{g2}
 	}
 	rec := s.newRecord(id, id, w)
+	rec.label = labelText(req.GetLabel())
 	rec.in = &osmo.WorkflowInput{
 		RolloutID: id,
 		Prompt:    fromStructs(req.GetInitialMessages()),
 		Metadata:  metadataMap(req.GetMetadata()),
+		Label:     rec.label,
 	}
-	rec.label = labelText(req.GetLabel())
 	rec.metadata = req.GetMetadata()
 	rec.extra = req.GetExtraFields()
 	// PROTOCOL.md's gate: a row is graded when it has a label or metadata.
