@@ -231,7 +231,10 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
 	}
 	if ok && !sm.GetRemoveSample() {
-		out.Reward = sm.Reward
+		// The grader's reward, else the agent's own (a workflow that grades
+		// itself, served without an osmo grader), as meanReward makes the
+		// rollout's.
+		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
 	for _, c := range sm.GetLlmCalls() {
 		out.LLMCalls = append(out.LLMCalls, wireCall(c))

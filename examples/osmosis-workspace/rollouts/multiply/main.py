@@ -72,8 +72,14 @@ TOOLS = [
 ]
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def log(msg: str) -> None:
-    print(f"[multiply pid={os.getpid()}] {msg}", flush=True)
+    # One write per line: print() from several threads can interleave.
+    with _LOG_LOCK:
+        sys.stdout.write(f"[multiply pid={os.getpid()}] {msg}\n")
+        sys.stdout.flush()
 
 
 def env_float(name: str, default: float) -> float:
