@@ -29,7 +29,7 @@ type osmosisFlags struct {
 func (f *osmosisFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "osmosis-rollout", "", "serve the Osmosis rollout in `DIR` (rollouts/NAME of an Osmosis workspace, run unchanged) as the workflow, instead of --workflow; its server's reward stands unless --grader names one")
 	fs.StringVar(&f.entrypoint, "entrypoint", "main.py", "with --osmosis-rollout: the rollout server's entrypoint `FILE`, in DIR")
-	fs.IntVar(&f.procs, "osmosis-rollout-procs", 1, "with --osmosis-rollout: server processes to keep running (each restarted if it dies)")
+	fs.IntVar(&f.procs, "osmosis-rollout-procs", 1, "with --osmosis-rollout: keep `N` server processes running (each restarted if it dies)")
 }
 
 // entry is the hosted rollout as the entry to serve, building its Host on
