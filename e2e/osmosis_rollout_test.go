@@ -120,6 +120,10 @@ func TestOsmosisRolloutHosted(t *testing.T) {
 		t.Fatalf("the killed server was not restarted: pids %v\n%s", now, tail(srv.Output(), 4000))
 	}
 	restarted := now[2]
+	// osmo polls a new process's /health every 0.2 s before it hands it
+	// rollouts: wait for it to answer, and a little more.
+	waitOsmosisRunning(t, srv, []int{restarted}, 0)
+	time.Sleep(500 * time.Millisecond)
 	if !strings.Contains(srv.Output(), "osmosis rollout server died; restarting it") {
 		t.Errorf("no log of the restart")
 	}
@@ -142,6 +146,34 @@ func TestOsmosisRolloutHosted(t *testing.T) {
 		t.Errorf("no rollout ran on the restarted process %d", restarted)
 	}
 	checkLLMCallsRecorded(t, runs, v03, g2)
+
+	// A G1 trainer's rollouts reach the server too, the label taken from
+	// metadata.ground_truth; the server's reward is the completion's.
+	g1 := startG1Controller(t, controller.Options{PolicyURL: policy, APIKey: controllerKey, Logger: quietLog()})
+	for i := range 4 {
+		id := fmt.Sprintf("osmosis-g1-%d", i)
+		a, b := 3+i, 4+i
+		truth, want := a*b, 1.0
+		if i%2 == 1 {
+			truth, want = truth+1, 0
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		code, body, err := g1.Init(ctx, base, serverKey, controller.InitRequest{
+			RolloutID:        id,
+			Messages:         []map[string]any{{"role": "user", "content": fmt.Sprintf("What is %d times %d?", a, b)}},
+			CompletionParams: map[string]any{},
+			Metadata:         map[string]any{"ground_truth": strconv.Itoa(truth)},
+		})
+		if err != nil || code != 202 {
+			cancel()
+			t.Fatalf("init %s: %d %s %v", id, code, body, err)
+		}
+		c, err := g1.Wait(ctx, id)
+		cancel()
+		if err != nil || c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != want || len(c.FinalMessages) != 4 || len(g1.Completions(id)) != 1 {
+			t.Errorf("G1 %s: %+v %v", id, c, err)
+		}
+	}
 	if strings.Contains(srv.Output(), "s3cret-value") {
 		t.Errorf("the secret reached the output")
 	}
@@ -237,7 +269,8 @@ func driveOsmosis(t *testing.T, base string, v03 *controller.V03, g2 *controller
 }
 
 // waitOsmosisRunning waits until the server processes together report at
-// least n rollouts running on their /health, each holding some.
+// least n rollouts running on their /health, each holding some (n = 0:
+// until each answers).
 func waitOsmosisRunning(t *testing.T, srv *proc, pids []int, n int) {
 	t.Helper()
 	urls := map[int]string{}
@@ -247,20 +280,21 @@ func waitOsmosisRunning(t *testing.T, srv *proc, pids []int, n int) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		total, all := 0, true
+		total, all, allUp := 0, true, true
 		for _, pid := range pids {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			code, body, err := getJSON(ctx, urls[pid]+"/health")
 			cancel()
-			running := 0
-			if c, ok := body["concurrency"].(map[string]any); ok && err == nil && code == 200 {
+			running, up := 0, err == nil && code == 200
+			if c, ok := body["concurrency"].(map[string]any); ok && up {
 				r, _ := c["running"].(float64)
 				running = int(r)
 			}
 			total += running
 			all = all && running > 0
+			allUp = allUp && up
 		}
-		if total >= n && all {
+		if n == 0 && allUp || n > 0 && total >= n && all {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
