@@ -83,6 +83,7 @@ func (f *rolloutFlags) startOsmosis(ctx context.Context, log *slog.Logger, out i
 	if err := o.host.Start(ctx); err != nil {
 		return nil, fmt.Errorf("--osmosis-rollout: %w", err)
 	}
+	f.workflow = o.host.Name()
 	return func() {
 		if err := o.host.Stop(context.Background()); err != nil {
 			log.Warn("osmosis rollout servers stopped with an error", "error", err)

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -172,6 +173,35 @@ func TestOsmosisRolloutHosted(t *testing.T) {
 		cancel()
 		if err != nil || c.Status != "COMPLETED" || c.Reward == nil || *c.Reward != want || len(c.FinalMessages) != 4 || len(g1.Completions(id)) != 1 {
 			t.Errorf("G1 %s: %+v %v", id, c, err)
+		}
+	}
+	// Shutdown drains: rollouts running when osmo gets SIGTERM finish on
+	// their servers, which are stopped only afterwards.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 2 {
+		id := fmt.Sprintf("osmosis-drain-%d", i)
+		body := g2.StartBody(id, []map[string]any{{"role": "user", "content": "What is 6 times 7?"}})
+		body["label"] = "42"
+		if code, _, data, err := g2.Start(ctx, base, serverKey, body); err != nil || code != 202 {
+			t.Fatalf("start %s: %d %s %v", id, code, data, err)
+		}
+	}
+	waitOsmosisRunning(t, srv, []int{pids[0], restarted}, 2)
+	srv.Stop(syscall.SIGTERM, 30*time.Second)
+	for i := range 2 {
+		id := fmt.Sprintf("osmosis-drain-%d", i)
+		gc, err := g2.WaitGrader(ctx, id)
+		if err != nil || gc.Status != "success" {
+			t.Errorf("%s during the drain: %+v %v", id, gc, err)
+		}
+	}
+	if srv.ExitCode() != 0 {
+		t.Errorf("osmo serve exited with %d after SIGTERM", srv.ExitCode())
+	}
+	for _, pid := range osmosisServerPIDs(srv.Output()) {
+		if !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			t.Errorf("server process %d outlived osmo serve", pid)
 		}
 	}
 	if strings.Contains(srv.Output(), "s3cret-value") {

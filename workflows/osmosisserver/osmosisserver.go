@@ -182,8 +182,10 @@ func (h *Host) CallbackURL() string { return "http://" + h.ln.Addr().String() }
 
 // Start opens the callback listener and starts every server process,
 // returning once each answered /health. A process that fails its first
-// start fails Start (everything started is stopped); later deaths are
-// restarted. The processes run until Stop or ctx ends.
+// start fails Start (everything started is stopped), as does ctx ending
+// first; later deaths are restarted. ctx bounds the start only: the
+// processes run until Stop, so a server shutting down can drain its
+// rollouts before it stops them.
 func (h *Host) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", h.cfg.CallbackAddr)
 	if err != nil {
@@ -206,10 +208,14 @@ func (h *Host) Start(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	stopOnCtx()
 	if err := errors.Join(errs...); err != nil {
-		stopOnCtx()
 		_ = h.Stop(context.Background())
 		return fmt.Errorf("osmosisserver: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		_ = h.Stop(context.Background())
+		return fmt.Errorf("osmosisserver: start abandoned: %w", err)
 	}
 	h.log.Info("osmosis rollout servers ready", "procs", len(h.slots), "pids", h.PIDs(), "callbacks", h.CallbackURL())
 	return nil
