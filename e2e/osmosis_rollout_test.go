@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -60,6 +61,9 @@ type osmosisRun struct {
 func TestOsmosisRolloutHosted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Python rollout servers")
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not on PATH")
 	}
 	mockAddr := startMockPolicy(t)
 	policy := "http://" + mockAddr + "/v1"

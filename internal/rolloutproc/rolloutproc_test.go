@@ -7,10 +7,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,6 +71,14 @@ func waitDone(t *testing.T, s *rolloutproc.Server, d time.Duration) {
 	if !gone(s.PID()) {
 		t.Errorf("process %d exited but is still there (a zombie?)", s.PID())
 	}
+}
+
+func TestMain(m *testing.M) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		fmt.Println("skipping: python3 is not on PATH")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }
 
 func start(t *testing.T, ctx context.Context, spec rolloutproc.Spec) *rolloutproc.Server {
@@ -130,17 +140,19 @@ func TestStartsTheFixture(t *testing.T) {
 func TestEnvironmentAndRedaction(t *testing.T) {
 	t.Setenv("VIRTUAL_ENV", "/some/venv")
 	t.Setenv("ROLLOUTPROC_TEST", "from-parent")
+	t.Setenv("ROLLOUTPROC_WITHHELD", "parent-only")
 	var out syncBuffer
 	root := t.TempDir()
 	s := start(t, t.Context(), rolloutproc.Spec{
 		Dir: "testdata", Entrypoint: "envdump.py", Output: &out, ArtifactRoot: root,
-		Env:     map[string]string{"ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret"},
-		Secrets: []string{"hunter2-secret", ""},
+		Env:      map[string]string{"ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret"},
+		Secrets:  []string{"hunter2-secret", ""},
+		Withhold: []string{"ROLLOUTPROC_WITHHELD"},
 	})
 	_, got := getHealth(t, s.URL())
 	abs, _ := filepath.Abs("testdata")
 	want := map[string]any{
-		"VIRTUAL_ENV": nil, "ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret",
+		"VIRTUAL_ENV": nil, "ROLLOUTPROC_WITHHELD": nil, "ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret",
 		"PYTHONUNBUFFERED": "1", "_OSMOSIS_ROLLOUT_PORT": strings.TrimPrefix(s.URL(), "http://127.0.0.1:"),
 		"_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": root, "_OSMOSIS_ROLLOUT_INSTANCE_ID": s.InstanceID(),
 		"cwd": abs, "artifact_root_exists": true,

@@ -297,9 +297,11 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 	log := h.log.With("slot", sl.n)
 	for attempt := 0; ; attempt++ {
 		srv, err := rolloutproc.Start(ctx, rolloutproc.Spec{
-			Dir:          h.cfg.Dir,
-			Entrypoint:   h.cfg.Entrypoint,
-			Env:          h.cfg.Env,
+			Dir:        h.cfg.Dir,
+			Entrypoint: h.cfg.Entrypoint,
+			Env:        h.cfg.Env,
+			// osmo's own bearer is never the rollout's business.
+			Withhold:     []string{"OSMO_API_KEY"},
 			Secrets:      h.cfg.Secrets,
 			ArtifactRoot: h.cfg.ArtifactRoot,
 			Output:       h.output(sl.n),
@@ -307,11 +309,9 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 			StopGrace:    h.cfg.StopGrace,
 			Logger:       log,
 		})
-		if attempt == 0 {
+		if attempt == 0 && err != nil {
 			first <- err
-			if err != nil {
-				return
-			}
+			return
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -329,6 +329,10 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 		sl.srv = srv
 		h.notify()
 		h.mu.Unlock()
+		if attempt == 0 {
+			// Only now: Start returns once every slot holds its server.
+			first <- nil
+		}
 		<-srv.Done()
 		h.mu.Lock()
 		sl.srv = nil

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +27,14 @@ import (
 
 // fixture is the example workspace's stand-in rollout server.
 const fixture = "../../examples/osmosis-workspace/rollouts/multiply"
+
+func TestMain(m *testing.M) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		fmt.Println("skipping: python3 is not on PATH")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // policy is the mock policy behind a recorder of the calls it was sent.
 type policy struct {
