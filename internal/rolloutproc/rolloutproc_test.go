@@ -302,3 +302,51 @@ func TestBadSpec(t *testing.T) {
 		})
 	}
 }
+
+// fakeUV puts a uv on PATH that logs its arguments to $dir/uv.log, fails
+// "sync" when $FAKE_UV_FAIL is set, and runs "run ... ENTRYPOINT" with
+// python3.
+func fakeUV(t *testing.T) (logFile string) {
+	dir := t.TempDir()
+	logFile = filepath.Join(dir, "uv.log")
+	script := `#!/bin/sh
+echo "$@" >> ` + logFile + `
+if [ "$1" = sync ]; then
+  if [ -n "$FAKE_UV_FAIL" ]; then echo "resolution failed" >&2; exit 2; fi
+  exit 0
+fi
+for last; do :; done
+exec python3 "$last"
+`
+	if err := os.WriteFile(filepath.Join(dir, "uv"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return logFile
+}
+
+// TestUsesUVWhenOnPath: with uv on PATH the rollout's project is synced,
+// then its entrypoint run with uv run --no-sync, as the SDK does.
+func TestUsesUVWhenOnPath(t *testing.T) {
+	logFile := fakeUV(t)
+	s := start(t, t.Context(), rolloutproc.Spec{Dir: "testdata", Entrypoint: "envdump.py"})
+	getHealth(t, s.URL())
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs("testdata")
+	if want := "sync --project " + abs + "\nrun --no-sync --project " + abs + " envdump.py\n"; string(b) != want {
+		t.Errorf("uv was run with\n%s\nwant\n%s", b, want)
+	}
+}
+
+// TestUVSyncFailure: a failed uv sync fails the start with its output.
+func TestUVSyncFailure(t *testing.T) {
+	fakeUV(t)
+	t.Setenv("FAKE_UV_FAIL", "1")
+	_, err := rolloutproc.Start(t.Context(), rolloutproc.Spec{Dir: "testdata", Entrypoint: "envdump.py", Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), "uv sync failed") || !strings.Contains(err.Error(), "resolution failed") {
+		t.Fatalf("err = %v", err)
+	}
+}

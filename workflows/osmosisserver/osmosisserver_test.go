@@ -145,7 +145,12 @@ var secretEnv = map[string]string{"MULTIPLY_SECRET": "s3cret", "MULTIPLY_GREETIN
 
 // run runs the workflow for one rollout.
 func run(ctx context.Context, t *testing.T, h *osmosisserver.Host, p *policy, id, prompt string, label *string) (*osmo.Rollout, error) {
-	r := osmo.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(tWriter{t}, nil)).With("rollout_id", id)})
+	return runLogged(ctx, tWriter{t}, h, p, id, prompt, label)
+}
+
+// runLogged is run with the rollout's log going to w.
+func runLogged(ctx context.Context, w io.Writer, h *osmosisserver.Host, p *policy, id, prompt string, label *string) (*osmo.Rollout, error) {
+	r := osmo.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(w, nil)).With("rollout_id", id)})
 	err := h.Workflow().Run(ctx, r, &osmo.WorkflowInput{
 		RolloutID: id,
 		Prompt:    []osmo.Message{{"role": "user", "content": prompt}},
@@ -386,5 +391,38 @@ func TestFirstStartFailureFailsStart(t *testing.T) {
 	}
 	if err := h.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "entrypoint") {
 		t.Fatalf("Start = %v", err)
+	}
+}
+
+// TestAtCapacityWaitsRetryAfter: a server at capacity answers 429; the
+// rollout waits its Retry-After and is taken later.
+func TestAtCapacityWaitsRetryAfter(t *testing.T) {
+	p := newPolicy(t)
+	env := map[string]string{"MULTIPLY_SECRET": "x", "MULTIPLY_MAX_CONCURRENT": "1", "MULTIPLY_RETRY_AFTER_SEC": "1", "MULTIPLY_TURN_DELAY_SEC": "0.3"}
+	var logs lines
+	out := &lines{}
+	h, err := osmosisserver.New(osmosisserver.Config{Dir: fixture, Env: env, Output: out, Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Stop(context.Background()) })
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range 3 {
+		wg.Go(func() {
+			_, errs[i] = runLogged(within(t, 30*time.Second), &logs, h, p, fmt.Sprintf("cap-%d", i), "What is 6 times 7?", ptr("42"))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("rollout %d: %v", i, err)
+		}
+	}
+	if !strings.Contains(logs.String(), "at capacity; waiting") || !strings.Contains(logs.String(), "retry_after=1s") {
+		t.Errorf("no 429 was waited out:\n%s", logs.String())
 	}
 }

@@ -32,6 +32,7 @@ Test-only knobs (leave unset in real use):
   MULTIPLY_CRASH_AFTER=N         os._exit(3) just after the N-th rollout
                                  was accepted, while it is in flight
   MULTIPLY_TURN_DELAY_SEC=S      sleep S seconds before each LLM call
+  MULTIPLY_RETRY_AFTER_SEC=S     Retry-After of a 429 (default 5, the SDK's)
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class State:
         self.accepted = 0
         self.crash_after = int(env_float("MULTIPLY_CRASH_AFTER", 0))
         self.turn_delay = env_float("MULTIPLY_TURN_DELAY_SEC", 0)
+        self.retry_after = max(1, int(env_float("MULTIPLY_RETRY_AFTER_SEC", 5)))
         self.stopping = threading.Event()
 
 
@@ -415,7 +417,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(202, {})  # a duplicate starts nothing new
                 return
             if STATE.running >= STATE.max_concurrent:
-                self.reply(429, {"detail": "at capacity"}, {"Retry-After": "5"})
+                self.reply(429, {"detail": "at capacity"}, {"Retry-After": str(STATE.retry_after)})
                 return
             ro = Rollout(req)
             STATE.rollouts[ro.id] = ro
