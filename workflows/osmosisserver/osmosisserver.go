@@ -659,7 +659,14 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 		smp.mu.Unlock()
 		return nil
 	}
-	wait := time.NewTimer(graderBudget + 5*time.Second)
+	// A server without a grader never posts the callback: it is waited for
+	// the grader's budget and a little more, but not past the rollout's
+	// deadline, so such a rollout still ends as a success.
+	patience := graderBudget + 5*time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		patience = max(min(patience, time.Until(dl)-500*time.Millisecond), 0)
+	}
+	wait := time.NewTimer(patience)
 	defer wait.Stop()
 	var gb callbackBody
 	select {
@@ -673,7 +680,7 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	case <-wait.C:
 		// A rollout without a grader posts no grader callback: the
 		// proxy's record stands for the sample, with no reward.
-		log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", graderBudget+5*time.Second)
+		log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", patience)
 		smp.mu.Lock()
 		smp.finish = "stop"
 		smp.mu.Unlock()

@@ -426,3 +426,35 @@ func TestAtCapacityWaitsRetryAfter(t *testing.T) {
 		t.Errorf("no 429 was waited out:\n%s", logs.String())
 	}
 }
+
+// TestServerWithoutGrader: a server that posts no grader callback still
+// ends its rollout as a success, before the rollout's deadline, with the
+// proxy's record as the sample and no reward; one that refuses a rollout
+// with 422 fails it as invalid input.
+func TestServerWithoutGrader(t *testing.T) {
+	p := newPolicy(t)
+	h, _ := startHost(t, osmosisserver.Config{Dir: "testdata", Entrypoint: "nograder.py", GraderTimeout: time.Second})
+	begin := time.Now()
+	r, err := run(within(t, 20*time.Second), t, h, p, "nograder", "What is 6 times 7?", ptr("42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took < 5*time.Second || took > 10*time.Second {
+		t.Errorf("took %s, want the grader's budget and 5 s", took)
+	}
+	if s := sampleOf(t, r); s.msgs != nil || s.reward != nil || s.finish != "stop" {
+		t.Errorf("sample %+v", s)
+	}
+	// With a deadline sooner than that, the wait ends before it.
+	begin = time.Now()
+	if _, err := run(within(t, 3*time.Second), t, h, p, "nograder-short", "What is 6 times 7?", ptr("42")); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took > 3*time.Second {
+		t.Errorf("took %s, past the deadline", took)
+	}
+	_, err = run(within(t, 10*time.Second), t, h, p, "refused", "What is 6 times 7?", ptr("bad"))
+	if !errors.Is(err, osmo.ErrInvalidInput) || !strings.Contains(err.Error(), "label is bad") {
+		t.Errorf("refused rollout: %v", err)
+	}
+}
