@@ -458,3 +458,27 @@ func TestServerWithoutGrader(t *testing.T) {
 		t.Errorf("refused rollout: %v", err)
 	}
 }
+
+// TestServerExitsMidRollout: a server that exits on its own while running
+// a rollout (MULTIPLY_CRASH_AFTER) fails that rollout naming its exit
+// status, and the next rollout runs on its replacement.
+func TestServerExitsMidRollout(t *testing.T) {
+	p := newPolicy(t)
+	env := map[string]string{"MULTIPLY_SECRET": "x", "MULTIPLY_CRASH_AFTER": "2"}
+	h, _ := startHost(t, osmosisserver.Config{Env: env})
+	first := h.PIDs()[0]
+	if _, err := run(within(t, 30*time.Second), t, h, p, "before", "What is 6 times 7?", ptr("42")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := run(within(t, 30*time.Second), t, h, p, "crashing", "What is 6 times 7?", ptr("42"))
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rollout server (pid %d) died while running the rollout: rollout server exited with status 3", first)) {
+		t.Fatalf("err = %v", err)
+	}
+	r, err := run(within(t, 30*time.Second), t, h, p, "after", "What is 6 times 7?", ptr("42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := sampleOf(t, r); s.reward == nil || *s.reward != 1 || s.extra["server_pid"] == float64(first) {
+		t.Errorf("after the restart: %+v", s)
+	}
+}

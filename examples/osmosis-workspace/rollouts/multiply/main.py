@@ -425,12 +425,14 @@ class Handler(BaseHTTPRequestHandler):
             STATE.accepted += 1
             crash = STATE.crash_after > 0 and STATE.accepted >= STATE.crash_after
         self.reply(202, {})
+        self.wfile.flush()
         log(f"rollout {ro.id}: accepted ({len(req['initial_messages'])} messages)")
-        threading.Thread(target=run_rollout, args=(ro,), daemon=True).start()
         if crash:
+            # The rollout was accepted and never finishes: the process dies
+            # holding it.
             log(f"MULTIPLY_CRASH_AFTER={STATE.crash_after} reached: exiting")
-            time.sleep(0.2)  # let the rollout make its first call
             os._exit(3)
+        threading.Thread(target=run_rollout, args=(ro,), daemon=True).start()
 
     def cancel(self, body) -> None:
         if not isinstance(body, dict):
