@@ -14,8 +14,8 @@ import (
 )
 
 // Errors of the rollout binding. The rollout service maps them to the G2
-// error categories (ErrInvalidInput: validation_error; the rest:
-// agent_error).
+// error categories (ErrInvalidInput: validation_error; ErrTimeout: timeout;
+// the rest: agent_error).
 var (
 	// ErrNoRollout: an integration was used outside AgentWorkflow.Run.
 	ErrNoRollout = errors.New("osmo: no active rollout: build agents, models and sessions inside AgentWorkflow.Run (its ctx carries the rollout)")
@@ -27,6 +27,10 @@ var (
 	// metadata, config) rather than by the agent: wrap it to have the
 	// rollout fail as validation_error.
 	ErrInvalidInput = errors.New("invalid input")
+	// ErrTimeout marks an error of a workflow whose agent ran out of a time
+	// budget of its own (a hosted rollout server's agent_timeout_sec): wrap
+	// it to have the rollout fail as timeout.
+	ErrTimeout = errors.New("timed out")
 )
 
 // Endpoint is where a sample's LLM calls go: an OpenAI-compatible base URL

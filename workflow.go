@@ -64,8 +64,20 @@ type WorkflowContext[T any] struct {
 	// Metadata is the row's metadata column; nil when the row has none. The
 	// row's label (ground truth) is never here: only graders see it.
 	Metadata map[string]any
+	// Label is the row's label, set only for workflows that grade inside
+	// themselves and say so (LabelReader); nil for every other workflow.
+	Label *string
 	// Rollout is the active rollout (also in ctx: RolloutFromContext).
 	Rollout *Rollout
+}
+
+// LabelReader is implemented by an AgentWorkflow whose samples are graded
+// by a grader of its own rather than by osmo's: a hosted Osmosis rollout
+// server grades inside the server, and its grader needs the row's label.
+// Only such a workflow sees WorkflowContext.Label; agents written for osmo
+// never do, so the ground truth cannot leak into a prompt by accident.
+type LabelReader interface {
+	ReadsLabel() bool
 }
 
 // WorkflowInput is one rollout's input, as the rollout service hands it to a
@@ -74,6 +86,9 @@ type WorkflowInput struct {
 	RolloutID string
 	Prompt    []Message
 	Metadata  map[string]any
+	// Label is the row's label (ground truth), nil when it has none. It
+	// reaches only workflows that are LabelReaders.
+	Label *string
 	// Request is the remote-rollout (G1) request the input came from, and
 	// Tools what the workflow offered for it (ToolsFor); both nil for
 	// rollouts started otherwise. AgentLoopWorkflow hands them to its loop.
@@ -156,14 +171,20 @@ func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
 		}
 		return nil
 	}
+	lr, readsLabel := any(w).(LabelReader)
+	readsLabel = readsLabel && lr.ReadsLabel()
 	wf.run = func(ctx context.Context, r *Rollout, in *WorkflowInput) error {
-		return w.Run(ctx, &WorkflowContext[T]{
+		wc := &WorkflowContext[T]{
 			RolloutID: in.RolloutID,
 			Prompt:    in.Prompt,
 			Config:    config,
 			Metadata:  in.Metadata,
 			Rollout:   r,
-		})
+		}
+		if readsLabel {
+			wc.Label = in.Label
+		}
+		return w.Run(ctx, wc)
 	}
 	wf.rebind = func(data []byte) (*Workflow, error) {
 		next := new(T)

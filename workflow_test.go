@@ -708,3 +708,34 @@ func TestWorkflowRun(t *testing.T) {
 		})
 	}
 }
+
+// labelSeer reports the label it was given; read says whether it asks for it.
+type labelSeer struct {
+	read bool
+	got  **string
+}
+
+func (l labelSeer) Name() string     { return "label-seer" }
+func (l labelSeer) ReadsLabel() bool { return l.read }
+func (l labelSeer) Run(_ context.Context, wc *osmo.WorkflowContext[struct{}]) error {
+	*l.got = wc.Label
+	return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil }))
+}
+
+// TestLabelReachesOnlyLabelReaders: the row's label is in WorkflowContext
+// only for a workflow that says it reads it (a hosted server's own grader
+// needs it); every other workflow sees nil.
+func TestLabelReachesOnlyLabelReaders(t *testing.T) {
+	label := "42"
+	for _, read := range []bool{true, false} {
+		var got *string
+		wf := osmo.MustWorkflow[struct{}](labelSeer{read: read, got: &got}, nil)
+		r := osmo.NewRollout("r", nil)
+		if err := wf.Run(context.Background(), r, &osmo.WorkflowInput{RolloutID: "r", Label: &label}); err != nil {
+			t.Fatal(err)
+		}
+		if read && (got == nil || *got != "42") || !read && got != nil {
+			t.Errorf("ReadsLabel %v: saw label %v", read, got)
+		}
+	}
+}

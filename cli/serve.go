@@ -63,6 +63,7 @@ type rolloutFlags struct {
 	replicaName      string
 	nats             natsFlags
 	env              osmosisEnv
+	osmosis          osmosisFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -93,6 +94,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.DurationVar(&f.lostAfter, "lost-after", rollout.DefaultLostAfter, "a replica that stops renewing its hold on its rollouts for this long (SIGKILLed, its node gone) is taken for lost: another replica concludes them")
 	fs.StringVar(&f.replicaName, "replica-name", e.getenv("POD_NAME"), "this replica's name in the shared state and in the messages of rollouts interrupted by its loss (env POD_NAME; default: the host name)")
 	f.nats.register(fs, e)
+	f.osmosis.register(fs)
 	return nil
 }
 
@@ -490,6 +492,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	sc.tracing = stackTracing(tel)
+	stopOsmosis, err := sc.rollout.startOsmosis(ctx, log, e.stderr)
+	if err != nil {
+		return err
+	}
+	// Stopped after the stack: rollouts still draining need their servers.
+	defer stopOsmosis()
 	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
@@ -517,15 +525,20 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	spec, err := rf.graderSpec(e)
-	if err != nil {
-		return err
-	}
 	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceRollout)
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
+	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
+	if err != nil {
+		return err
+	}
+	defer stopOsmosis()
+	spec, err := rf.graderSpec(e)
+	if err != nil {
+		return err
+	}
 	// The embedded LLM proxy's spans belong to a service of their own, as
 	// in `osmo serve`.
 	tr := tracing{rollout: tel.TracerProvider(), proxy: tel.DirectTracerProvider(serviceLLMProxy), prop: tel.Propagator(), content: tel.CaptureContent()}

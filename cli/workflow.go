@@ -33,6 +33,12 @@ func (f *rolloutFlags) resolve(e *env) (entry, error) {
 		}
 		config = b
 	}
+	if f.osmosis.dir != "" {
+		if f.exec != "" || config != nil {
+			return entry{}, usagef("--osmosis-rollout: not with --exec or --workflow-config")
+		}
+		return f.osmosis.entry()
+	}
 	if f.exec != "" || f.workflow == execWorkflow {
 		wf, err := f.execWorkflow(config)
 		if err != nil {

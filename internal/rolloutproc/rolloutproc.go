@@ -55,6 +55,9 @@ type Spec struct {
 	Entrypoint string
 	// Env is laid over the parent's environment ([env], then secrets).
 	Env map[string]string
+	// Withhold names variables of the parent's environment not passed on
+	// (VIRTUAL_ENV never is).
+	Withhold []string
 	// Secrets are values to replace with [REDACTED] in the output.
 	Secrets []string
 	// ArtifactRoot is _OSMOSIS_ROLLOUT_ARTIFACT_ROOT; "" means a temporary

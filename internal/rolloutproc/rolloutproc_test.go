@@ -7,10 +7,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,6 +71,14 @@ func waitDone(t *testing.T, s *rolloutproc.Server, d time.Duration) {
 	if !gone(s.PID()) {
 		t.Errorf("process %d exited but is still there (a zombie?)", s.PID())
 	}
+}
+
+func TestMain(m *testing.M) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		fmt.Println("skipping: python3 is not on PATH")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }
 
 func start(t *testing.T, ctx context.Context, spec rolloutproc.Spec) *rolloutproc.Server {
@@ -130,17 +140,19 @@ func TestStartsTheFixture(t *testing.T) {
 func TestEnvironmentAndRedaction(t *testing.T) {
 	t.Setenv("VIRTUAL_ENV", "/some/venv")
 	t.Setenv("ROLLOUTPROC_TEST", "from-parent")
+	t.Setenv("ROLLOUTPROC_WITHHELD", "parent-only")
 	var out syncBuffer
 	root := t.TempDir()
 	s := start(t, t.Context(), rolloutproc.Spec{
 		Dir: "testdata", Entrypoint: "envdump.py", Output: &out, ArtifactRoot: root,
-		Env:     map[string]string{"ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret"},
-		Secrets: []string{"hunter2-secret", ""},
+		Env:      map[string]string{"ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret"},
+		Secrets:  []string{"hunter2-secret", ""},
+		Withhold: []string{"ROLLOUTPROC_WITHHELD"},
 	})
 	_, got := getHealth(t, s.URL())
 	abs, _ := filepath.Abs("testdata")
 	want := map[string]any{
-		"VIRTUAL_ENV": nil, "ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret",
+		"VIRTUAL_ENV": nil, "ROLLOUTPROC_WITHHELD": nil, "ROLLOUTPROC_TEST": "from-env", "ROLLOUTPROC_SECRET": "hunter2-secret",
 		"PYTHONUNBUFFERED": "1", "_OSMOSIS_ROLLOUT_PORT": strings.TrimPrefix(s.URL(), "http://127.0.0.1:"),
 		"_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": root, "_OSMOSIS_ROLLOUT_INSTANCE_ID": s.InstanceID(),
 		"cwd": abs, "artifact_root_exists": true,
@@ -288,5 +300,53 @@ func TestBadSpec(t *testing.T) {
 				t.Fatal("started")
 			}
 		})
+	}
+}
+
+// fakeUV puts a uv on PATH that logs its arguments to $dir/uv.log, fails
+// "sync" when $FAKE_UV_FAIL is set, and runs "run ... ENTRYPOINT" with
+// python3.
+func fakeUV(t *testing.T) (logFile string) {
+	dir := t.TempDir()
+	logFile = filepath.Join(dir, "uv.log")
+	script := `#!/bin/sh
+echo "$@" >> ` + logFile + `
+if [ "$1" = sync ]; then
+  if [ -n "$FAKE_UV_FAIL" ]; then echo "resolution failed" >&2; exit 2; fi
+  exit 0
+fi
+for last; do :; done
+exec python3 "$last"
+`
+	if err := os.WriteFile(filepath.Join(dir, "uv"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return logFile
+}
+
+// TestUsesUVWhenOnPath: with uv on PATH the rollout's project is synced,
+// then its entrypoint run with uv run --no-sync, as the SDK does.
+func TestUsesUVWhenOnPath(t *testing.T) {
+	logFile := fakeUV(t)
+	s := start(t, t.Context(), rolloutproc.Spec{Dir: "testdata", Entrypoint: "envdump.py"})
+	getHealth(t, s.URL())
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs("testdata")
+	if want := "sync --project " + abs + "\nrun --no-sync --project " + abs + " envdump.py\n"; string(b) != want {
+		t.Errorf("uv was run with\n%s\nwant\n%s", b, want)
+	}
+}
+
+// TestUVSyncFailure: a failed uv sync fails the start with its output.
+func TestUVSyncFailure(t *testing.T) {
+	fakeUV(t)
+	t.Setenv("FAKE_UV_FAIL", "1")
+	_, err := rolloutproc.Start(t.Context(), rolloutproc.Spec{Dir: "testdata", Entrypoint: "envdump.py", Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), "uv sync failed") || !strings.Contains(err.Error(), "resolution failed") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -102,7 +102,7 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 		}
 		srv.tempRoot = root
 	}
-	env := childEnv(os.Environ(), s.Env,
+	env := childEnv(os.Environ(), s.Withhold, s.Env,
 		"_OSMOSIS_ROLLOUT_PORT="+strconv.Itoa(port),
 		"_OSMOSIS_ROLLOUT_ARTIFACT_ROOT="+root,
 		"_OSMOSIS_ROLLOUT_INSTANCE_ID="+srv.instance,
@@ -172,7 +172,7 @@ func command(ctx context.Context, dir, entrypoint string, out *lineWriter, log *
 	}
 	sync := exec.CommandContext(ctx, uv, "sync", "--project", dir)
 	sync.Dir = dir
-	sync.Env = childEnv(os.Environ(), nil)
+	sync.Env = childEnv(os.Environ(), nil, nil)
 	var buf bytes.Buffer
 	sync.Stdout, sync.Stderr = &buf, &buf
 	sync.SysProcAttr = procgroup.SysProcAttr()
@@ -191,12 +191,13 @@ func reserved(k string) bool {
 	return strings.HasPrefix(k, "_OSMOSIS_") || k == "PYTHONUNBUFFERED"
 }
 
-// childEnv is parent without VIRTUAL_ENV, then extra (in key order), then
-// fixed. os/exec keeps the last of duplicate keys.
-func childEnv(parent []string, extra map[string]string, fixed ...string) []string {
+// childEnv is parent without VIRTUAL_ENV and the withheld variables, then
+// extra (in key order), then fixed. os/exec keeps the last of duplicate
+// keys.
+func childEnv(parent, withhold []string, extra map[string]string, fixed ...string) []string {
 	env := make([]string, 0, len(parent)+len(extra)+len(fixed))
 	for _, kv := range parent {
-		if k, _, _ := strings.Cut(kv, "="); k != "VIRTUAL_ENV" {
+		if k, _, _ := strings.Cut(kv, "="); k != "VIRTUAL_ENV" && !slices.Contains(withhold, k) {
 			env = append(env, kv)
 		}
 	}

@@ -143,8 +143,8 @@ func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*reco
 	w := &g1Wire{req: req, policy: s.g1Policy}
 	rec := s.newRecord(req.GetRolloutId(), key, w)
 	g1req := sdkRequest(req)
-	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Request: g1req}
 	rec.label = g1Label(req)
+	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Label: rec.label, Request: g1req}
 	rec.metadata = req.GetMetadata()
 	rec.gradable = rec.label != nil
 	rec.upstream = llmproxy.Route{

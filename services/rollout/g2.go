@@ -79,12 +79,13 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 		w = &v03Wire{g2}
 	}
 	rec := s.newRecord(id, id, w)
+	rec.label = labelText(req.GetLabel())
 	rec.in = &osmo.WorkflowInput{
 		RolloutID: id,
 		Prompt:    fromStructs(req.GetInitialMessages()),
 		Metadata:  metadataMap(req.GetMetadata()),
+		Label:     rec.label,
 	}
-	rec.label = labelText(req.GetLabel())
 	rec.metadata = req.GetMetadata()
 	rec.extra = req.GetExtraFields()
 	// PROTOCOL.md's gate: a row is graded when it has a label or metadata.
@@ -230,7 +231,10 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
 	}
 	if ok && !sm.GetRemoveSample() {
-		out.Reward = sm.Reward
+		// The grader's reward, else the agent's own (a workflow that grades
+		// itself, served without an osmo grader), as meanReward makes the
+		// rollout's.
+		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
 	for _, c := range sm.GetLlmCalls() {
 		out.LLMCalls = append(out.LLMCalls, wireCall(c))

@@ -156,14 +156,17 @@ func (s *Service) interrupted(rec *record, ctx context.Context, when string) out
 }
 
 // classify names a workflow's error: when the rollout's context ended it
-// was interrupted; otherwise bad input is validation_error, a failed LLM
-// call http_error, anything else agent_error.
+// was interrupted; otherwise bad input is validation_error, a budget of the
+// workflow's own running out timeout, a failed LLM call http_error,
+// anything else agent_error.
 func (s *Service) classify(rec *record, ctx context.Context, err error) outcome.Outcome {
 	switch {
 	case ctx.Err() != nil:
 		return s.interrupted(rec, ctx, "while the workflow ran: "+err.Error())
 	case errors.Is(err, osmo.ErrInvalidInput):
 		return outcome.Failed(outcome.Validation, "%v", err)
+	case errors.Is(err, osmo.ErrTimeout):
+		return outcome.Failed(outcome.Timeout, "%v", err)
 	case rec.lastCallFailedUpstream():
 		return outcome.Failed(outcome.HTTP, "%v", err)
 	}

@@ -35,6 +35,7 @@ Test-only knobs (leave unset in real use):
   MULTIPLY_ECHO_SECRET=1         leak MULTIPLY_SECRET on purpose: print it and
                                  put it in each sample's conversation (a
                                  host must redact it from what it writes)
+  MULTIPLY_RETRY_AFTER_SEC=S     Retry-After of a 429 (default 5, the SDK's)
 """
 
 from __future__ import annotations
@@ -75,8 +76,14 @@ TOOLS = [
 ]
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def log(msg: str) -> None:
-    print(f"[multiply pid={os.getpid()}] {msg}", flush=True)
+    # One write per line: print() from several threads can interleave.
+    with _LOG_LOCK:
+        sys.stdout.write(f"[multiply pid={os.getpid()}] {msg}\n")
+        sys.stdout.flush()
 
 
 def env_float(name: str, default: float) -> float:
@@ -113,6 +120,7 @@ class State:
         self.accepted = 0
         self.crash_after = int(env_float("MULTIPLY_CRASH_AFTER", 0))
         self.turn_delay = env_float("MULTIPLY_TURN_DELAY_SEC", 0)
+        self.retry_after = max(1, int(env_float("MULTIPLY_RETRY_AFTER_SEC", 5)))
         self.stopping = threading.Event()
 
 
@@ -415,7 +423,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(202, {})  # a duplicate starts nothing new
                 return
             if STATE.running >= STATE.max_concurrent:
-                self.reply(429, {"detail": "at capacity"}, {"Retry-After": "5"})
+                self.reply(429, {"detail": "at capacity"}, {"Retry-After": str(STATE.retry_after)})
                 return
             ro = Rollout(req)
             STATE.rollouts[ro.id] = ro
@@ -423,12 +431,14 @@ class Handler(BaseHTTPRequestHandler):
             STATE.accepted += 1
             crash = STATE.crash_after > 0 and STATE.accepted >= STATE.crash_after
         self.reply(202, {})
+        self.wfile.flush()
         log(f"rollout {ro.id}: accepted ({len(req['initial_messages'])} messages)")
-        threading.Thread(target=run_rollout, args=(ro,), daemon=True).start()
         if crash:
+            # The rollout was accepted and never finishes: the process dies
+            # holding it.
             log(f"MULTIPLY_CRASH_AFTER={STATE.crash_after} reached: exiting")
-            time.sleep(0.2)  # let the rollout make its first call
             os._exit(3)
+        threading.Thread(target=run_rollout, args=(ro,), daemon=True).start()
 
     def cancel(self, body) -> None:
         if not isinstance(body, dict):
