@@ -28,7 +28,7 @@ func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Lo
 	if err != nil {
 		return "", nil, fmt.Errorf("eval: run log: %w", err)
 	}
-	var out io.Writer = &stampedLines{w: f}
+	var out io.Writer = &stampedLines{w: f, stamp: true}
 	if s.verbose {
 		out = io.MultiWriter(out, e.stderr)
 	}
@@ -70,16 +70,21 @@ func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Lo
 }
 
 // stampedLines prefixes each line written (one per Write, as rolloutproc
-// writes them) with the time, as a log file's reader expects.
+// writes them) with the time, as a log file's reader expects. Writes are
+// serialized: several server processes may share one.
 type stampedLines struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu    sync.Mutex
+	w     io.Writer
+	stamp bool
 }
 
 func (s *stampedLines) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	line := append([]byte(time.Now().UTC().Format("2006-01-02T15:04:05.000Z")+" "), p...)
+	line := p
+	if s.stamp {
+		line = append([]byte(time.Now().UTC().Format("2006-01-02T15:04:05.000Z")+" "), p...)
+	}
 	if _, err := s.w.Write(line); err != nil {
 		return 0, err
 	}

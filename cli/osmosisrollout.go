@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/osmo-rl/osmo/workflows/osmosisserver"
 )
@@ -76,7 +75,7 @@ func (f *rolloutFlags) startOsmosis(ctx context.Context, log *slog.Logger, out i
 	if f.exec != "" || f.workflowConfig != "" {
 		return nil, usagef("--osmosis-rollout: not with --exec or --workflow-config")
 	}
-	o.log, o.out = log, &lockedWriter{w: out}
+	o.log, o.out = log, &stampedLines{w: out}
 	if _, err := o.entry(); err != nil {
 		return nil, err
 	}
@@ -89,16 +88,4 @@ func (f *rolloutFlags) startOsmosis(ctx context.Context, log *slog.Logger, out i
 			log.Warn("osmosis rollout servers stopped with an error", "error", err)
 		}
 	}, nil
-}
-
-// lockedWriter serializes writes from the server processes' readers.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

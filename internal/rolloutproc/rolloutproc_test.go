@@ -3,11 +3,11 @@
 package rolloutproc_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,24 +38,6 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 // fixture is the example workspace's stand-in rollout server.
 const fixture = "../../examples/osmosis-workspace/rollouts/multiply"
-
-// syncBuffer collects output written from the reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // gone reports whether pid names no process, not even a zombie.
 func gone(pid int) bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
@@ -112,7 +93,7 @@ func getHealth(t *testing.T, url string) (http.Header, map[string]any) {
 // TestStartsTheFixture: the example's main.py starts, answers /health with
 // this instance's id, and stops on SIGTERM, exiting 0, leaving nothing.
 func TestStartsTheFixture(t *testing.T) {
-	var out syncBuffer
+	var out logtest.Buffer
 	s := start(t, t.Context(), rolloutproc.Spec{Dir: fixture, Output: &out, Env: map[string]string{"MULTIPLY_SECRET": "x"}, ReadyTimeout: 20 * time.Second})
 	if !strings.HasPrefix(s.URL(), "http://127.0.0.1:") {
 		t.Errorf("URL = %q", s.URL())
@@ -141,7 +122,7 @@ func TestEnvironmentAndRedaction(t *testing.T) {
 	t.Setenv("VIRTUAL_ENV", "/some/venv")
 	t.Setenv("ROLLOUTPROC_TEST", "from-parent")
 	t.Setenv("ROLLOUTPROC_WITHHELD", "parent-only")
-	var out syncBuffer
+	var out logtest.Buffer
 	root := t.TempDir()
 	s := start(t, t.Context(), rolloutproc.Spec{
 		Dir: "testdata", Entrypoint: "envdump.py", Output: &out, ArtifactRoot: root,

@@ -3,11 +3,11 @@
 package osmosisserver_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -82,24 +82,6 @@ func (rt *runtime) Logger() *slog.Logger                 { return rt.log }
 func (rt *runtime) LogEvent(string, map[string]any)      {}
 func (rt *runtime) RecordToolCall(string, time.Duration) {}
 
-// lines collects the servers' output.
-type lines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(p []byte) (int, error) {
@@ -107,9 +89,9 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func startHost(t *testing.T, cfg osmosisserver.Config) (*osmosisserver.Host, *lines) {
+func startHost(t *testing.T, cfg osmosisserver.Config) (*osmosisserver.Host, *logtest.Buffer) {
 	t.Helper()
-	out := &lines{}
+	out := &logtest.Buffer{}
 	if cfg.Dir == "" {
 		cfg.Dir = fixture
 	}
@@ -399,8 +381,8 @@ func TestFirstStartFailureFailsStart(t *testing.T) {
 func TestAtCapacityWaitsRetryAfter(t *testing.T) {
 	p := newPolicy(t)
 	env := map[string]string{"MULTIPLY_SECRET": "x", "MULTIPLY_MAX_CONCURRENT": "1", "MULTIPLY_RETRY_AFTER_SEC": "1", "MULTIPLY_TURN_DELAY_SEC": "0.3"}
-	var logs lines
-	out := &lines{}
+	var logs logtest.Buffer
+	out := &logtest.Buffer{}
 	h, err := osmosisserver.New(osmosisserver.Config{Dir: fixture, Env: env, Output: out, Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
