@@ -38,11 +38,14 @@ func FuzzDatasetRows(f *testing.F) {
 			t.Fatal("no error and no rows")
 		}
 		for i, r := range rows {
-			if r.Index != i {
-				t.Fatalf("row %d has index %d", i, r.Index)
+			if r.Index != i || r.SourceIndex != i {
+				t.Fatalf("row %d has index %d, source index %d", i, r.Index, r.SourceIndex)
 			}
-			if len(r.Messages) == 0 || r.Messages[len(r.Messages)-1]["role"] != "user" {
-				t.Fatalf("row %d has no user prompt: %v", i, r.Messages)
+			// A row runs on a user prompt or, in a dataset with a metadata
+			// column, on a non-empty metadata object alone.
+			prompt := len(r.Messages) > 0 && r.Messages[len(r.Messages)-1]["role"] == "user"
+			if !prompt && len(r.Metadata) == 0 {
+				t.Fatalf("row %d has neither a user prompt nor metadata: %v", i, r.Messages)
 			}
 		}
 	})
