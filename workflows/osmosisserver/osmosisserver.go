@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/retry"
 	"github.com/osmo-rl/osmo/internal/rolloutproc"
 )
 
@@ -293,7 +294,10 @@ func (h *Host) notify() {
 // supervise keeps sl's process running until ctx ends. The first start's
 // result goes to first.
 func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
-	backoff := MinRestartBackoff
+	// The restart schedule is the shared doubling backoff, without jitter
+	// (a single process restarting has no herd to spread).
+	restarts := retry.Doubling(MinRestartBackoff, MaxRestartBackoff, 0)
+	backoff := restarts.NextBackOff()
 	log := h.log.With("slot", sl.n)
 	for attempt := 0; ; attempt++ {
 		srv, err := rolloutproc.Start(ctx, rolloutproc.Spec{
@@ -321,7 +325,7 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 			if !sleep(ctx, backoff) {
 				return
 			}
-			backoff = min(backoff*2, MaxRestartBackoff)
+			backoff = restarts.NextBackOff()
 			continue
 		}
 		began := time.Now()
@@ -342,7 +346,8 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 			return
 		}
 		if time.Since(began) >= healthyRun {
-			backoff = MinRestartBackoff
+			restarts.Reset()
+			backoff = restarts.NextBackOff()
 		}
 		h.mu.Lock()
 		sl.restarts++
@@ -351,7 +356,7 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 		if !sleep(ctx, backoff) {
 			return
 		}
-		backoff = min(backoff*2, MaxRestartBackoff)
+		backoff = restarts.NextBackOff()
 	}
 }
 
