@@ -59,6 +59,9 @@ func writeFile(t *testing.T, name, content string) string {
 	return p
 }
 
+// osmosisRollout is the example workspace's Osmosis rollout.
+const osmosisRollout = "../examples/osmosis-workspace/rollouts/multiply"
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
 		name string
@@ -201,6 +204,19 @@ func TestValidate(t *testing.T) {
 			name:    "an exec command that does not parse",
 			args:    func(*testing.T) []string { return []string{"--exec", "sh -c 'exit 0"} },
 			want:    []string{"FAIL exec", "--exec"},
+			wantErr: true,
+		},
+		{
+			name:      "an Osmosis rollout directory",
+			args:      func(*testing.T) []string { return []string{"--osmosis-rollout", osmosisRollout} },
+			wantLines: []string{"ok   multiply (AgentWorkflow, tools: 0)"},
+			wantNot:   []string{"calculator"},
+		},
+		{
+			name:    "an Osmosis rollout without its entrypoint",
+			args:    func(*testing.T) []string { return []string{"--osmosis-rollout", osmosisRollout, "--entrypoint", "server.py"} },
+			want:    []string{"FAIL " + osmosisRollout, "--entrypoint: server.py not found"},
+			wantNot: []string{"ok   "},
 			wantErr: true,
 		},
 		{

@@ -135,6 +135,7 @@ func runValidate(_ context.Context, e *env, args []string) error {
 	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config, as for serve")
 	fs.StringVar(&f.exec, "exec", "", "validate this exec workflow command, as for serve")
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples per rollout")
+	f.osmosis.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -143,7 +144,7 @@ func runValidate(_ context.Context, e *env, args []string) error {
 		return errors.New("validation failed")
 	}
 	var entries []entry
-	if f.workflow == "" && f.exec == "" && f.workflowConfig == "" {
+	if f.workflow == "" && f.exec == "" && f.workflowConfig == "" && f.osmosis.dir == "" {
 		for _, name := range e.reg.order {
 			entries = append(entries, e.reg.entries[name])
 		}
@@ -154,8 +155,11 @@ func runValidate(_ context.Context, e *env, args []string) error {
 		ent, err := f.resolve(e)
 		if err != nil {
 			name := f.workflow
-			if f.exec != "" {
+			switch {
+			case f.exec != "":
 				name = execWorkflow
+			case f.osmosis.dir != "":
+				name = f.osmosis.dir
 			}
 			fmt.Fprintln(e.stdout, "FAIL", name+":", err)
 			return errors.New("validation failed")
