@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -169,7 +170,8 @@ func TestBench(t *testing.T) {
 	if strings.Contains(out.String(), "proxy process on one core: skipped") {
 		t.Errorf("osmo bench skipped the one-core section:\n%s", out.String())
 	}
-	checkRolloutRow(t, out.String(), rolloutbench.RowEmbedded, 100)
+	checkRolloutRow(t, out.String(), rolloutbench.RowEmbedded, 100, true)
+	checkPeakRSS(t, out.String())
 	if natsErr != nil {
 		t.Logf("no nats-server (%v): the cluster row is not checked", natsErr)
 		if !strings.Contains(out.String(), "cluster: skipped: ") {
@@ -177,35 +179,68 @@ func TestBench(t *testing.T) {
 		}
 		return
 	}
-	checkRolloutRow(t, out.String(), rolloutbench.RowCluster, 100)
+	checkRolloutRow(t, out.String(), rolloutbench.RowCluster, 100, false)
 }
 
 // checkRolloutRow finds the row name of the rollout table in out and
 // checks that its rollouts/s and state figures are positive and that all
-// n of its rollouts were graded.
-func checkRolloutRow(t *testing.T, out, name string, n int) {
+// n of its rollouts were graded; with cost, that its CPU and allocations
+// per rollout are positive, else that they read n/a.
+func checkRolloutRow(t *testing.T, out, name string, n int, cost bool) {
 	t.Helper()
 	for _, line := range strings.Split(out, "\n") {
 		rest, ok := strings.CutPrefix(line, "  "+name)
 		if !ok {
 			continue
 		}
-		// rollouts/s, p50 "ms", p99 "ms", graded, writes, bytes "KiB"
+		// rollouts/s, p50 "ms", p99 "ms", graded, writes, bytes "KiB",
+		// then CPU "µs", alloc "KiB", allocs; or n/a, n/a, n/a.
 		f := strings.Fields(rest)
-		if len(f) != 9 {
-			t.Fatalf("row %q: %d fields, want 9: %q", name, len(f), line)
+		want := []string{"", "", "ms", "", "ms", "", "", "", "KiB", "", "µs", "", "KiB", ""}
+		if !cost {
+			want = append(want[:9], "n/a", "n/a", "n/a")
 		}
-		for _, i := range []int{0, 6, 7} {
-			if v, err := strconv.ParseFloat(f[i], 64); err != nil || v <= 0 {
-				t.Errorf("row %q: field %d is %q, want a positive number: %q", name, i, f[i], line)
+		if len(f) != len(want) {
+			t.Fatalf("row %q: %d fields, want %d: %q", name, len(f), len(want), line)
+		}
+		for i, w := range want {
+			switch {
+			case w != "":
+				if f[i] != w {
+					t.Errorf("row %q: field %d is %q, want %q: %q", name, i, f[i], w, line)
+				}
+			case i == 5:
+				if want := fmt.Sprintf("%d/%d", n, n); f[i] != want {
+					t.Errorf("row %q: graded %s, want %s: %q", name, f[i], want, line)
+				}
+			default:
+				checkPositive(t, fmt.Sprintf("row %q: field %d", name, i), f[i])
 			}
-		}
-		if want := fmt.Sprintf("%d/%d", n, n); f[5] != want {
-			t.Errorf("row %q: graded %s, want %s: %q", name, f[5], want, line)
 		}
 		return
 	}
 	t.Errorf("osmo bench output has no row %q:\n%s", name, out)
+}
+
+// checkPositive fails the test unless s is a positive, finite number.
+func checkPositive(t *testing.T, what, s string) {
+	t.Helper()
+	if v, err := strconv.ParseFloat(s, 64); err != nil || !(v > 0) || math.IsInf(v, 0) {
+		t.Errorf("%s is %q, want a positive finite number", what, s)
+	}
+}
+
+// checkPeakRSS finds the peak RSS of the held rollouts in out: a positive
+// number of MiB.
+func checkPeakRSS(t *testing.T, out string) {
+	t.Helper()
+	_, rest, ok := strings.Cut(out, "; peak RSS ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 2 || f[1] != "MiB" {
+		t.Errorf("osmo bench output has no peak RSS in MiB:\n%s", out)
+		return
+	}
+	checkPositive(t, "peak RSS", f[0])
 }
 
 // TestBenchBaseline compares osmo serve with a baseline build (this test
@@ -217,7 +252,8 @@ func TestBenchBaseline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out, errOut bytes.Buffer
-	args := []string{"bench", "rollouts", "--baseline", os.Args[0], "--rounds", "2", "--rollouts", "100", "--concurrency", "8"}
+	args := []string{"bench", "rollouts", "--baseline", os.Args[0], "--rounds", "2", "--rollouts", "100", "--concurrency", "8", "--in-flight", "50",
+		"--server-env", "GOGC=400", "--baseline-env", "GOGC=100"}
 	if err := cli.Run(ctx, args, &out, &errOut); err != nil {
 		t.Fatalf("osmo bench rollouts --baseline: %v\n%s", err, errOut.String())
 	}
@@ -229,16 +265,20 @@ func TestBenchBaseline(t *testing.T) {
 			if !ok {
 				continue
 			}
-			// round, rollouts/s, p50 "ms", p99 "ms", graded
+			// round, rollouts/s, p50 "ms", p99 "ms", graded, CPU "µs",
+			// alloc "KiB", allocs, RSS held "MiB", peak RSS "MiB"
 			f := strings.Fields(rest)
-			if len(f) != 7 {
-				t.Fatalf("row %q: %d fields, want 7", line, len(f))
+			want := []string{"", "", "", "ms", "", "ms", "100/100", "", "µs", "", "KiB", "", "", "MiB", "", "MiB"}
+			if len(f) != len(want) {
+				t.Fatalf("row %q: %d fields, want %d", line, len(f), len(want))
 			}
-			if v, err := strconv.ParseFloat(f[1], 64); err != nil || v <= 0 {
-				t.Errorf("row %q: rollouts/s %q, want a positive number", line, f[1])
+			for i, w := range want {
+				if w != "" && f[i] != w {
+					t.Errorf("row %q: field %d is %q, want %q", line, i, f[i], w)
+				}
 			}
-			if f[6] != "100/100" {
-				t.Errorf("row %q: graded %s, want 100/100", line, f[6])
+			for _, i := range []int{1, 2, 4, 7, 9, 11, 12, 14} {
+				checkPositive(t, fmt.Sprintf("row %q: field %d", line, i), f[i])
 			}
 			rows[name]++
 		}
@@ -246,8 +286,20 @@ func TestBenchBaseline(t *testing.T) {
 	if rows[rolloutbench.RowCurrent] != 2 || rows[rolloutbench.RowBaseline] != 2 {
 		t.Errorf("rows per server: %v, want 2 of each:\n%s", rows, out.String())
 	}
-	if !strings.Contains(out.String(), "this osmo serve against the baseline, medians: rollouts/s ") {
+	_, ratios, ok := strings.Cut(out.String(), "this osmo serve against the baseline, medians: ")
+	ratios, _, _ = strings.Cut(ratios, "\n")
+	if !ok {
 		t.Errorf("no ratio line:\n%s", out.String())
+	}
+	// Every figure is compared: each ratio a positive number.
+	for _, name := range []string{"rollouts/s", "p50", "p99", "CPU/rollout", "alloc/rollout", "allocs/rollout", "RSS with 50 held", "peak RSS"} {
+		_, rest, ok := strings.Cut(ratios, name+" ")
+		x, _, _ := strings.Cut(rest, ",")
+		if v, found := strings.CutSuffix(x, "x"); !ok || !found {
+			t.Errorf("ratio line has no %s ratio: %q", name, ratios)
+		} else {
+			checkPositive(t, name+" ratio", v)
+		}
 	}
 	if strings.Contains(out.String(), "in flight") || strings.Contains(out.String(), "cluster") {
 		t.Errorf("a comparison prints only itself:\n%s", out.String())

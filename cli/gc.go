@@ -5,23 +5,18 @@ import (
 )
 
 // DefaultGCPercent is the garbage collector's GOGC for osmo processes whose
-// environment sets none (Go's own default is 100).
+// environment sets none: Go's own default. It is named so that `osmo
+// bench` can state what its processes run at.
 //
-// The services keep little memory alive (a proxy holds a few calls; a
-// rollout replica its running conversations and recent records) but
-// allocate with every request, mostly inside net/http. At GOGC=100 such a
-// process collects every few megabytes, several times per second under
-// load, and each cycle costs CPU and shows up as a latency spike in calls
-// that happen to overlap it. Measured with `osmo bench -n 5000` on 2 CPUs
-// (three runs each, docs/deploy.md), the proxy's added p99 over a direct
-// call in one process was +468..631 µs at GOGC=100 and +79..85 µs at 400,
-// and the standalone proxy alone on one core spent 48.5-50 µs of CPU per
-// call at GOGC=100 and 45.5-47.5 µs at 400 (60.5-63.5 and 51.5-53 µs with
-// every call's span exported over OTLP). The price is memory: the heap may
-// grow to five times what is live instead of twice. Containers should therefore set GOMEMLIMIT (the
-// Kubernetes manifests set it to the container's memory limit), under which
-// the collector works harder instead of letting the heap grow past it.
-const DefaultGCPercent = 400
+// A higher GOGC buys CPU with memory: the heap may grow to (1+GOGC/100)
+// times what is live. `osmo bench rollouts --baseline` comparing one build
+// at GOGC=400 and at 100 (docs/deploy.md, "Memory and the garbage
+// collector") found 400 faster only where it also held more memory, and no
+// better off where GOMEMLIMIT made both hold the same; so osmo keeps Go's
+// default, and containers set GOMEMLIMIT (the Kubernetes manifests set it
+// to the container's memory limit) as the ceiling under which the
+// collector works harder instead of growing the heap.
+const DefaultGCPercent = 100
 
 // applyGCDefault sets DefaultGCPercent unless the environment chose GOGC
 // itself (the runtime has already applied it then, "off" included). It is

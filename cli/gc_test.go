@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"os/exec"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -23,5 +26,27 @@ func TestApplyGCDefault(t *testing.T) {
 	})
 	if got := debug.SetGCPercent(100); got != 50 {
 		t.Errorf("with GOGC=50 set the collector runs at %d, want 50 left alone", got)
+	}
+}
+
+// TestProgramCommandEnv: the bench's osmo processes run at osmo's default
+// GOGC unless told otherwise, and --server-env's variables come last, so
+// they win.
+func TestProgramCommandEnv(t *testing.T) {
+	e := &env{getenv: func(string) string { return "" }}
+	gogc := func(cmd *exec.Cmd) string {
+		v := ""
+		for _, kv := range cmd.Environ() {
+			if val, ok := strings.CutPrefix(kv, "GOGC="); ok {
+				v = val
+			}
+		}
+		return v
+	}
+	if got, want := gogc(programCommand(e, "/bin/true", "serve")(nil)), strconv.Itoa(DefaultGCPercent); got != want {
+		t.Errorf("GOGC=%q, want osmo's default %s", got, want)
+	}
+	if got := gogc(programCommand(e, "/bin/true", "serve", "GOGC=100")(nil)); got != "100" {
+		t.Errorf("with GOGC=100 asked for: GOGC=%q", got)
 	}
 }

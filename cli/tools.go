@@ -186,6 +186,22 @@ type rolloutBenchFlags struct {
 	// compared with this one's, rounds times each.
 	baseline string
 	rounds   int
+	// serverEnv and baselineEnv are set in the environment of the osmo
+	// processes measured, this build's and the baseline's.
+	serverEnv, baselineEnv envVars
+}
+
+// envVars collects repeated NAME=value flags.
+type envVars []string
+
+func (v *envVars) String() string { return strings.Join(*v, " ") }
+
+func (v *envVars) Set(s string) error {
+	if name, _, ok := strings.Cut(s, "="); !ok || name == "" {
+		return fmt.Errorf("want NAME=value, got %q", s)
+	}
+	*v = append(*v, s)
+	return nil
 }
 
 func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
@@ -195,8 +211,10 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
 	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
 	fs.StringVar(&f.stateSync, "state-sync", "", `with --state: the server's --state-sync ("always", or an fsync interval such as 1s; default the server's, 2m)`)
-	fs.StringVar(&f.baseline, "baseline", "", "another osmo `PROGRAM` (an earlier build, say): time its osmo serve and this one's alternately with the same load, print both and their ratio, and nothing else")
+	fs.StringVar(&f.baseline, "baseline", "", "another osmo `PROGRAM` (an earlier build, say): run its osmo serve and this one's alternately with the same load (the timed rollouts, then --in-flight held), print both builds' figures and their ratios, and nothing else")
 	fs.IntVar(&f.rounds, "rounds", 3, "with --baseline: runs of each server, alternately first")
+	fs.Var(&f.serverEnv, "server-env", "`VAR`=value set in the environment of this build's osmo processes measured (repeatable; GOGC=100, say)")
+	fs.Var(&f.baselineEnv, "baseline-env", "with --baseline: `VAR`=value set in the environment of the baseline's osmo serve (repeatable)")
 	fs.BoolVar(&f.cluster, "cluster", true, "also measure 3 osmo rollout replicas behind osmo gateway over a 3-node NATS cluster (nats-server from $OSMO_NATS_BIN or scripts/nats.sh)")
 }
 
@@ -210,13 +228,16 @@ func (f *rolloutBenchFlags) check() error {
 	if f.baseline != "" && f.state {
 		return usagef("--baseline compares osmo serve's default, in-memory state: drop --state")
 	}
+	if f.baseline == "" && len(f.baselineEnv) > 0 {
+		return usagef("--baseline-env needs --baseline")
+	}
 	return nil
 }
 
 // run measures `osmo serve` end to end, then the cluster unless told not
 // to, and prints the table.
 func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
-	serve, err := osmoCommand(e, "serve")
+	serve, err := osmoCommand(e, "serve", f.serverEnv...)
 	if err != nil {
 		fmt.Fprintln(e.stdout, "Rollouts end to end: skipped:", err)
 		return nil
@@ -256,7 +277,7 @@ func (f *rolloutBenchFlags) compare(ctx context.Context, e *env, cfg rolloutbenc
 	if err != nil {
 		return usagef("--baseline: %v", err)
 	}
-	baseline := programCommand(e, exe, "serve")
+	baseline := programCommand(e, exe, "serve", f.baselineEnv...)
 	cfg.Timeout = time.Duration(f.rounds) * 10 * time.Minute
 	c, err := rolloutbench.Compare(ctx, cfg, f.baseline, baseline, f.rounds)
 	if err != nil {
@@ -275,7 +296,7 @@ func (f *rolloutBenchFlags) clusterCommands(ctx context.Context, e *env) (*rollo
 	}
 	cl := &rolloutbench.Cluster{NATS: nats}
 	for sub, dst := range map[string]*func([]string) *exec.Cmd{"rollout": &cl.Rollout, "grader": &cl.Grader, "gateway": &cl.Gateway} {
-		if *dst, err = osmoCommand(e, sub); err != nil {
+		if *dst, err = osmoCommand(e, sub, f.serverEnv...); err != nil {
 			return nil, err
 		}
 	}
@@ -297,22 +318,24 @@ func runBenchRollouts(ctx context.Context, e *env, args []string) error {
 
 // osmoCommand runs this program's command sub. Unless the environment sets
 // GOGC, the command gets GOGC=DefaultGCPercent, which it would apply
-// anyway, so that the report can state it.
-func osmoCommand(e *env, sub string) (func([]string) *exec.Cmd, error) {
+// anyway, so that the report can state it. vars (NAME=value) are set last.
+func osmoCommand(e *env, sub string, vars ...string) (func([]string) *exec.Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("cannot find this program's executable: %w", err)
 	}
-	return programCommand(e, exe, sub), nil
+	return programCommand(e, exe, sub, vars...), nil
 }
 
 // programCommand builds commands running the osmo at exe with subcommand
-// sub, at osmo's default GOGC unless the environment sets one.
-func programCommand(e *env, exe, sub string) func([]string) *exec.Cmd {
+// sub, at osmo's default GOGC unless the environment sets one; vars
+// (NAME=value) are set last, over both.
+func programCommand(e *env, exe, sub string, vars ...string) func([]string) *exec.Cmd {
 	environ := os.Environ()
 	if e.getenv("GOGC") == "" {
 		environ = append(environ, "GOGC="+strconv.Itoa(DefaultGCPercent))
 	}
+	environ = append(environ, vars...)
 	return func(args []string) *exec.Cmd {
 		cmd := exec.Command(exe, append([]string{sub}, args...)...)
 		cmd.Env = slices.Clone(environ)

@@ -605,8 +605,8 @@ func checkSecurity(t *testing.T, where string, pod, c *securityContext) {
 }
 
 // checkMemoryLimit checks that an osmo container gives the Go collector its
-// memory limit as GOMEMLIMIT: osmo runs at GOGC=400, and without a soft
-// limit its heap could outgrow the container's.
+// memory limit as GOMEMLIMIT: without a soft limit the collector paces the
+// heap by GOGC alone, and it could outgrow the container's.
 func checkMemoryLimit(t *testing.T, where string, c container) {
 	t.Helper()
 	if c.Resources.Limits["memory"] == "" {

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -61,6 +62,22 @@ func TestTenThousandInFlight(t *testing.T) {
 	}
 	if !rep.AllGraded {
 		t.Errorf("not every held rollout was graded once released: %s", rep.GradeErr)
+	}
+	// What a rollout costs the server, and its peak while the held ones
+	// finish: measured, whatever their size.
+	for name, v := range map[string]float64{"CPU per rollout": rep.CPU, "bytes allocated per rollout": rep.AllocBytes,
+		"objects allocated per rollout": rep.Allocs, "peak RSS": rep.PeakRSS} {
+		if !(v > 0) || math.IsInf(v, 0) {
+			t.Errorf("%s = %v, want a positive finite figure", name, v)
+		}
+	}
+	if rep.PeakRSS < rep.Held.RSS {
+		t.Errorf("peak RSS %.0f MiB, below the RSS with the rollouts held (%.0f MiB)", rep.PeakRSS/(1<<20), rep.Held.RSS/(1<<20))
+	}
+	for _, col := range []string{"CPU/rollout", "alloc/rollout", "allocs/rollout", "peak RSS"} {
+		if !strings.Contains(table.String(), col) {
+			t.Errorf("the table has no %q", col)
+		}
 	}
 }
 

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/osmo-rl/osmo/internal/procstat"
 )
 
 // OneCoreConfig says how MeasureOneCore runs the proxy and loads it.
@@ -310,7 +312,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		for k := range setups {
 			i := (round + k) % len(setups)
 			s, c := setups[i], children[i]
-			before, err := procCPU(c.pid())
+			before, err := procstat.CPU(c.pid())
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
@@ -318,7 +320,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
-			after, err := procCPU(c.pid())
+			after, err := procstat.CPU(c.pid())
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}

@@ -1,7 +1,6 @@
 package proxybench
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -10,44 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 func oneCoreUnsupported() string { return "" }
-
-// clockTicks is the unit of utime and stime in /proc/PID/stat. Those fields
-// are in USER_HZ, which the kernel fixes at 100 on every Linux architecture
-// whatever its internal tick rate (sysconf(_SC_CLK_TCK) returns it, and
-// golang.org/x/sys/unix has no sysconf).
-const clockTicks = 100
-
-// procCPU is the CPU time (user and system, all threads) process pid has
-// used so far, to 1/clockTicks of a second.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Field 2, the command name, is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state): utime and stime, fields 14 and 15, are f[11]
-	// and f[12].
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
-}
 
 // pinBench reserves the last CPU this process may use for the proxies and
 // moves every thread of this process to the others (when there are at

@@ -4,7 +4,6 @@ package proxybench
 
 import (
 	"errors"
-	"time"
 )
 
 func oneCoreUnsupported() string {
@@ -12,8 +11,6 @@ func oneCoreUnsupported() string {
 }
 
 var errOneCoreUnsupported = errors.New("not supported on this system")
-
-func procCPU(int) (time.Duration, error) { return 0, errOneCoreUnsupported }
 
 func pinBench() (benchPin, error) { return benchPin{}, errOneCoreUnsupported }
 

@@ -34,6 +34,7 @@ import (
 
 	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/procstat"
 )
 
 // Config says what to measure.
@@ -82,6 +83,10 @@ type Report struct {
 	// Base is the server before any rollout; Held with InFlight rollouts
 	// held in their LLM call; Done once those are finished records.
 	Base, Held, Done Sample
+	// PeakRSS is the most the server's process was resident by the time
+	// every held rollout was graded (VmHWM, /proc/PID/status), in bytes:
+	// the peak while they finish. NaN where /proc is not Linux's.
+	PeakRSS float64
 	// AllGraded: every held rollout was graded once released; GradeErr
 	// says what the first that was not got instead.
 	AllGraded bool
@@ -100,6 +105,53 @@ type Timed struct {
 	// during the run and the bytes they wrote, every replica's summed
 	// (osmo_state_writes_total, osmo_state_write_bytes_total).
 	StateWrites, StateBytes float64
+	// CPU is the server process's CPU time (user and system, every
+	// thread; /proc/PID/stat) over the run, in seconds per rollout. NaN
+	// where /proc is not Linux's, and for the cluster.
+	CPU float64
+	// AllocBytes and Allocs are what the server's Go runtime allocated
+	// over the run, bytes and objects per rollout, as its /metrics counts
+	// them (go_memstats_alloc_bytes_total, go_memstats_mallocs_total).
+	// NaN where /metrics has no such counter, and for the cluster.
+	AllocBytes, Allocs float64
+}
+
+// usage is what a server process has spent so far: CPU seconds, and the
+// bytes and objects its Go runtime allocated. NaN is unknown.
+type usage struct{ cpu, allocBytes, allocs float64 }
+
+// readUsage reads the usage of the server process pid whose /metrics is
+// at base.
+func readUsage(ctx context.Context, pid int, base string) (usage, error) {
+	u := usage{cpu: math.NaN(), allocBytes: math.NaN(), allocs: math.NaN()}
+	switch cpu, err := procstat.CPU(pid); {
+	case err == nil:
+		u.cpu = cpu.Seconds()
+	case !errors.Is(err, procstat.ErrUnsupported):
+		return u, fmt.Errorf("rolloutbench: %w", err)
+	}
+	err := scrape(ctx, base, map[string]*float64{"go_memstats_alloc_bytes_total": &u.allocBytes, "go_memstats_mallocs_total": &u.allocs})
+	return u, err
+}
+
+// spent sets t's CPU and allocations per rollout from the server's usage
+// before and after the run.
+func (t *Timed) spent(before, after usage) {
+	n := float64(max(t.Rollouts, 1))
+	t.CPU, t.AllocBytes, t.Allocs = (after.cpu-before.cpu)/n, (after.allocBytes-before.allocBytes)/n, (after.allocs-before.allocs)/n
+}
+
+// peakRSS is process pid's resident high-water mark in bytes, NaN where
+// /proc is not Linux's.
+func peakRSS(pid int) (float64, error) {
+	m, err := procstat.Mem(pid)
+	switch {
+	case errors.Is(err, procstat.ErrUnsupported):
+		return math.NaN(), nil
+	case err != nil:
+		return 0, fmt.Errorf("rolloutbench: %w", err)
+	}
+	return float64(m.Peak), nil
 }
 
 // WritesPerRollout is the state's writes per rollout of the run.
@@ -198,26 +250,20 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 
-	// Held: the rollouts wait in their first LLM call.
-	h.gate.Close()
-	held := make([]string, cfg.InFlight)
-	for i := range held {
-		held[i] = fmt.Sprintf("held-%05d", i)
-	}
-	if err := b.start(ctx, held, 64); err != nil {
+	gradeErr, err := h.hold(ctx, b, srv, "held", cfg.InFlight, func() (err error) {
+		rep.Held, err = Scrape(ctx, base)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	if err := h.gate.WaitParked(ctx, cfg.InFlight); err != nil {
-		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.out.String())
-	}
-	if rep.Held, err = Scrape(ctx, base); err != nil {
-		return nil, err
-	}
-	h.gate.Open()
-	if err := b.waitGraded(ctx, held); err != nil {
-		rep.GradeErr = err.Error()
+	if gradeErr != nil {
+		rep.GradeErr = gradeErr.Error()
 	} else {
 		rep.AllGraded = true
+	}
+	if rep.PeakRSS, err = peakRSS(srv.pid()); err != nil {
+		return nil, err
 	}
 
 	// Throughput: Rollouts more, Concurrency at a time. The held
@@ -228,7 +274,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	if rep.Timed, err = b.timed(ctx, "run", cfg.Rollouts, cfg.Concurrency); err != nil {
+	if rep.Timed, err = b.timedUsage(ctx, srv, "run", cfg.Rollouts, cfg.Concurrency); err != nil {
 		return nil, err
 	}
 	after, err := settledState(ctx, []string{base})
@@ -240,6 +286,29 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 	return rep, nil
+}
+
+// hold holds n rollouts (ids prefix-00000 on) in their first LLM call at
+// once, calls atHeld, then lets the policy answer and waits until every
+// one is graded. gradeErr says what the first that was not got instead.
+func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, n int, atHeld func() error) (gradeErr, err error) {
+	h.gate.Close()
+	defer h.gate.Open()
+	held := make([]string, n)
+	for i := range held {
+		held[i] = fmt.Sprintf("%s-%05d", prefix, i)
+	}
+	if err := b.start(ctx, held, 64); err != nil {
+		return nil, err
+	}
+	if err := h.gate.WaitParked(ctx, n); err != nil {
+		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.out.String())
+	}
+	if err := atHeld(); err != nil {
+		return nil, err
+	}
+	h.gate.Open()
+	return b.waitGraded(ctx, held), nil
 }
 
 // startServe starts the `osmo serve` that serve builds, with cfg's
@@ -331,6 +400,25 @@ func (b *bench) waitGraded(ctx context.Context, ids []string) error {
 	return nil
 }
 
+// timedUsage is timed, with what the server process srv spent over the
+// run.
+func (b *bench) timedUsage(ctx context.Context, srv *proc, prefix string, n, concurrency int) (Timed, error) {
+	before, err := readUsage(ctx, srv.pid(), b.base)
+	if err != nil {
+		return Timed{}, err
+	}
+	t, err := b.timed(ctx, prefix, n, concurrency)
+	if err != nil {
+		return Timed{}, err
+	}
+	after, err := readUsage(ctx, srv.pid(), b.base)
+	if err != nil {
+		return Timed{}, err
+	}
+	t.spent(before, after)
+	return t, nil
+}
+
 // timed runs n rollouts (ids prefix-00000 on), concurrency at a time,
 // each timed from its start to its grader callback.
 func (b *bench) timed(ctx context.Context, prefix string, n, concurrency int) (Timed, error) {
@@ -360,7 +448,8 @@ func (b *bench) timed(ctx context.Context, prefix string, n, concurrency int) (T
 	if err := g.Wait(); err != nil {
 		return Timed{}, fmt.Errorf("rolloutbench: %w", err)
 	}
-	t := Timed{Rollouts: n, Graded: int(graded.Load()), RolloutsPerSec: float64(n) / time.Since(began).Seconds()}
+	t := Timed{Rollouts: n, Graded: int(graded.Load()), RolloutsPerSec: float64(n) / time.Since(began).Seconds(),
+		CPU: math.NaN(), AllocBytes: math.NaN(), Allocs: math.NaN()}
 	slices.Sort(lat)
 	t.P50, t.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
 	return t, nil
@@ -555,10 +644,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "Rollouts end to end (G2 trainer and policy double on loopback in this process; %d rollouts, %d at a time, each timed from its start to its grader callback)\n",
 		r.Rollouts, r.Concurrency)
-	fmt.Fprintf(w, "  %-44s %10s %10s %10s %11s %14s %14s\n", "", "rollouts/s", "p50", "p99", "graded", "state writes", "state bytes")
+	fmt.Fprintf(w, "  %-44s %10s %10s %10s %11s %14s %14s %12s %14s %15s\n", "", "rollouts/s", "p50", "p99", "graded", "state writes", "state bytes",
+		"CPU/rollout", "alloc/rollout", "allocs/rollout")
 	row := func(name string, t *Timed) {
-		fmt.Fprintf(w, "  %-44s %10.0f %10s %10s %11s %14.1f %14s\n", name, t.RolloutsPerSec, ms(t.P50), ms(t.P99),
-			fmt.Sprintf("%d/%d", t.Graded, t.Rollouts), t.WritesPerRollout(), kib(t.BytesPerRollout()))
+		fmt.Fprintf(w, "  %-44s %10.0f %10s %10s %11s %14.1f %14s %12s %14s %15s\n", name, t.RolloutsPerSec, ms(t.P50), ms(t.P99),
+			fmt.Sprintf("%d/%d", t.Graded, t.Rollouts), t.WritesPerRollout(), kib(t.BytesPerRollout()),
+			fmtCPU(t.CPU), fmtKiB(t.AllocBytes), fmtCount(t.Allocs))
 	}
 	row(RowEmbedded, &r.Timed)
 	switch {
@@ -572,17 +663,52 @@ func (r *Report) WriteTable(w io.Writer) {
 		state = "in files (--state)"
 	}
 	fmt.Fprintf(w, "  (state writes and bytes: per rollout, every replica's summed; embedded: its NATS server's state %s; cluster: JetStream files, 3 copies)\n", state)
+	fmt.Fprintf(w, "  (CPU/rollout: osmo serve's user+system time over the timed run, /proc/PID/stat; alloc/rollout and allocs/rollout: bytes and objects its Go runtime allocated, go_memstats_alloc_bytes_total and go_memstats_mallocs_total on its /metrics; n/a for the cluster)\n")
 	graded := fmt.Sprint(r.AllGraded)
 	if r.GradeErr != "" {
 		graded += " (" + r.GradeErr + ")"
 	}
 	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }
-	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; all graded when released: %s\n",
+	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; peak RSS %s while they finish (VmHWM); all graded when released: %s\n",
 		r.InFlight, mib(r.Held.RSS), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
-		r.Held.FDs, r.Held.Goroutines, graded)
+		r.Held.FDs, r.Held.Goroutines, fmtMiB(r.PeakRSS), graded)
 	fmt.Fprintf(w, "  osmo serve, %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
 		r.Done.Records, mib(r.Done.RecordBytes), kib(r.Done.RecordBytes/math.Max(r.Done.Records, 1)),
 		mib(r.Done.HeapInuse), kib(math.Max(r.PerRecord(), 0)), mib(r.Done.RSS))
 }
+
+// fmtCPU prints seconds as microseconds, "n/a" when unknown.
+func fmtCPU(sec float64) string {
+	if !finite(sec) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f µs", sec*1e6)
+}
+
+// fmtKiB prints bytes in KiB, "n/a" when unknown.
+func fmtKiB(b float64) string {
+	if !finite(b) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f KiB", b/1024)
+}
+
+// fmtMiB prints bytes in MiB, "n/a" when unknown.
+func fmtMiB(b float64) string {
+	if !finite(b) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f MiB", b/(1<<20))
+}
+
+// fmtCount prints a count, "n/a" when unknown.
+func fmtCount(n float64) string {
+	if !finite(n) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f", n)
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -2,11 +2,15 @@ package rolloutbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os/exec"
 	"slices"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/procstat"
 )
 
 // Comparison is this build's `osmo serve` against another build's, under
@@ -16,69 +20,107 @@ type Comparison struct {
 	// Baseline names the other build (its path).
 	Baseline              string
 	Rollouts, Concurrency int
-	// Current and Base hold one timed run per round, in round order.
-	Current, Base []Timed
+	// InFlight rollouts were held at once in each run, after its timed
+	// rollouts (none when 0).
+	InFlight int
+	// Current and Base hold one run per round, in round order.
+	Current, Base []Run
 }
 
-// Compare times cfg.Serve's server and baseline's, rounds times each,
+// Run is one server's run in a comparison.
+type Run struct {
+	// Timed is the timed rollouts, with what they cost the server.
+	Timed
+	// HeldRSS is the server's resident memory with the comparison's
+	// InFlight rollouts held in their LLM call (VmRSS), PeakRSS the most
+	// it was resident by the time they were all graded (VmHWM), in bytes;
+	// NaN when none were held, or where /proc is not Linux's.
+	HeldRSS, PeakRSS float64
+	// GradeErr says what the first held rollout that was not graded got
+	// instead.
+	GradeErr string
+}
+
+// Compare runs cfg.Serve's server and baseline's, rounds times each,
 // alternating which goes first. Each run is a fresh server: a warm-up of
-// cfg.Concurrency rollouts, untimed, then cfg.Rollouts timed, cfg.Concurrency
-// at a time. The baseline is only asked to serve G2 with the flags every
-// osmo since the rollout table's first version takes; state and memory
-// figures are not compared.
+// cfg.Concurrency rollouts, untimed, then cfg.Rollouts timed,
+// cfg.Concurrency at a time, with the server's CPU time and allocations
+// over them; then, when cfg.InFlight is positive, that many held in
+// their first LLM call at once, the server's RSS read, and released. The
+// baseline is only asked to serve G2 with the flags every osmo since the
+// rollout table's first version takes; state figures are not compared.
 func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline func([]string) *exec.Cmd, rounds int) (*Comparison, error) {
-	// No rollouts are held: the servers' limits need room only for the
-	// timed ones.
-	cfg.InFlight = 0
 	return withHarness(ctx, cfg.Timeout, func(ctx context.Context, h *harness) (*Comparison, error) {
-		c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency}
+		c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight}
 		sides := []struct {
 			name  string
 			serve func([]string) *exec.Cmd
-			runs  *[]Timed
+			runs  *[]Run
 		}{{"current", cfg.Serve, &c.Current}, {"baseline", serveBaseline, &c.Base}}
 		for round := range rounds {
 			for i := range sides {
 				side := sides[(i+round)%len(sides)]
-				t, err := timeServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
+				r, err := runServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
 				if err != nil {
 					return nil, fmt.Errorf("%s, round %d: %w", side.name, round+1, err)
 				}
-				*side.runs = append(*side.runs, t)
+				*side.runs = append(*side.runs, r)
 			}
 		}
 		return c, nil
 	})
 }
 
-// timeServe starts a server, warms it up, times cfg.Rollouts rollouts
-// (ids prefixed by prefix) and stops it.
-func timeServe(ctx context.Context, h *harness, cfg Config, serve func([]string) *exec.Cmd, prefix string) (Timed, error) {
+// runServe starts a server, warms it up, times cfg.Rollouts rollouts (ids
+// prefixed by prefix), holds cfg.InFlight, and stops it.
+func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) *exec.Cmd, prefix string) (Run, error) {
+	r := Run{HeldRSS: math.NaN(), PeakRSS: math.NaN()}
 	srv, base, err := startServe(ctx, cfg, serve)
 	if err != nil {
-		return Timed{}, err
+		return r, err
 	}
 	defer srv.stop(5 * time.Second)
 	b := h.bench(base)
 	if _, err := b.timed(ctx, prefix+"-warm", cfg.Concurrency, cfg.Concurrency); err != nil {
-		return Timed{}, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
+		return r, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
 	}
-	t, err := b.timed(ctx, prefix, cfg.Rollouts, cfg.Concurrency)
+	if r.Timed, err = b.timedUsage(ctx, srv, prefix, cfg.Rollouts, cfg.Concurrency); err != nil {
+		return r, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
+	}
+	if cfg.InFlight <= 0 {
+		return r, nil
+	}
+	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, func() error {
+		switch m, err := procstat.Mem(srv.pid()); {
+		case err == nil:
+			r.HeldRSS = float64(m.RSS)
+		case !errors.Is(err, procstat.ErrUnsupported):
+			return fmt.Errorf("rolloutbench: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return Timed{}, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
+		return r, err
 	}
-	return t, nil
+	if gradeErr != nil {
+		r.GradeErr = gradeErr.Error()
+	}
+	r.PeakRSS, err = peakRSS(srv.pid())
+	return r, err
 }
 
-// median is the median of runs by f.
-func median(runs []Timed, f func(Timed) float64) float64 {
+// median is the median of runs by f, NaN when any is unknown.
+func median(runs []Run, f func(Run) float64) float64 {
 	v := make([]float64, len(runs))
-	for i, t := range runs {
-		v[i] = f(t)
+	for i, r := range runs {
+		v[i] = f(r)
+		if math.IsNaN(v[i]) {
+			return math.NaN()
+		}
 	}
 	slices.Sort(v)
 	if len(v) == 0 {
-		return 0
+		return math.NaN()
 	}
 	if len(v)%2 == 1 {
 		return v[len(v)/2]
@@ -86,15 +128,22 @@ func median(runs []Timed, f func(Timed) float64) float64 {
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
+// Ratio is this build's median of f over the baseline's: above 1 is more.
+// NaN when either is unknown.
+func (c *Comparison) Ratio(f func(Run) float64) float64 {
+	cur, base := median(c.Current, f), median(c.Base, f)
+	if base == 0 {
+		return math.NaN()
+	}
+	return cur / base
+}
+
 // Ratios are this build's medians over the baseline's: rollouts/s (above
 // 1 is faster), p50 and p99 (below 1 is faster).
 func (c *Comparison) Ratios() (perSec, p50, p99 float64) {
-	ratio := func(f func(Timed) float64) float64 {
-		return median(c.Current, f) / max(median(c.Base, f), 1e-9)
-	}
-	return ratio(func(t Timed) float64 { return t.RolloutsPerSec }),
-		ratio(func(t Timed) float64 { return float64(t.P50) }),
-		ratio(func(t Timed) float64 { return float64(t.P99) })
+	return c.Ratio(func(r Run) float64 { return r.RolloutsPerSec }),
+		c.Ratio(func(r Run) float64 { return float64(r.P50) }),
+		c.Ratio(func(r Run) float64 { return float64(r.P99) })
 }
 
 // Names of the comparison's rows.
@@ -106,11 +155,28 @@ const (
 // WriteTable prints every round, then the ratios of the medians.
 func (c *Comparison) WriteTable(w io.Writer) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
-	fmt.Fprintf(w, "osmo serve against a baseline (%s): %d rounds, each a fresh server of either, alternately first; %d rollouts timed per run, %d at a time, after %d untimed\n",
+	fmt.Fprintf(w, "osmo serve against a baseline (%s): %d rounds, each a fresh server of either, alternately first; %d rollouts timed per run, %d at a time, after %d untimed",
 		c.Baseline, len(c.Current), c.Rollouts, c.Concurrency, c.Concurrency)
-	fmt.Fprintf(w, "  %-22s %6s %10s %10s %10s %11s\n", "", "round", "rollouts/s", "p50", "p99", "graded")
-	row := func(name string, round int, t Timed) {
-		fmt.Fprintf(w, "  %-22s %6d %10.0f %10s %10s %11s\n", name, round, t.RolloutsPerSec, ms(t.P50), ms(t.P99), fmt.Sprintf("%d/%d", t.Graded, t.Rollouts))
+	if c.InFlight > 0 {
+		fmt.Fprintf(w, "; then %d held in their LLM call at once, and released", c.InFlight)
+	}
+	fmt.Fprintln(w)
+	held := func(r Run) string { return "" }
+	header := fmt.Sprintf("  %-22s %6s %10s %10s %10s %11s %12s %14s %15s", "", "round", "rollouts/s", "p50", "p99", "graded", "CPU/rollout", "alloc/rollout", "allocs/rollout")
+	if c.InFlight > 0 {
+		header += fmt.Sprintf(" %20s %20s", fmt.Sprintf("RSS, %d held", c.InFlight), "peak RSS (VmHWM)")
+		held = func(r Run) string {
+			s := fmt.Sprintf(" %20s %20s", fmtMiB(r.HeldRSS), fmtMiB(r.PeakRSS))
+			if r.GradeErr != "" {
+				s += "  not all graded: " + r.GradeErr
+			}
+			return s
+		}
+	}
+	fmt.Fprintln(w, header)
+	row := func(name string, round int, r Run) {
+		fmt.Fprintf(w, "  %-22s %6d %10.0f %10s %10s %11s %12s %14s %15s%s\n", name, round, r.RolloutsPerSec, ms(r.P50), ms(r.P99),
+			fmt.Sprintf("%d/%d", r.Graded, r.Rollouts), fmtCPU(r.CPU), fmtKiB(r.AllocBytes), fmtCount(r.Allocs), held(r))
 	}
 	for i := range c.Current {
 		row(RowCurrent, i+1, c.Current[i])
@@ -118,6 +184,24 @@ func (c *Comparison) WriteTable(w io.Writer) {
 			row(RowBaseline, i+1, c.Base[i])
 		}
 	}
+	x := func(f float64) string {
+		if !finite(f) {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2fx", f)
+	}
 	perSec, p50, p99 := c.Ratios()
-	fmt.Fprintf(w, "this osmo serve against the baseline, medians: rollouts/s %.2fx, p50 %.2fx, p99 %.2fx\n", perSec, p50, p99)
+	fmt.Fprintf(w, "this osmo serve against the baseline, medians: rollouts/s %s, p50 %s, p99 %s, CPU/rollout %s, alloc/rollout %s, allocs/rollout %s",
+		x(perSec), x(p50), x(p99), x(c.Ratio(func(r Run) float64 { return r.CPU })),
+		x(c.Ratio(func(r Run) float64 { return r.AllocBytes })), x(c.Ratio(func(r Run) float64 { return r.Allocs })))
+	if c.InFlight > 0 {
+		fmt.Fprintf(w, ", RSS with %d held %s, peak RSS %s", c.InFlight,
+			x(c.Ratio(func(r Run) float64 { return r.HeldRSS })), x(c.Ratio(func(r Run) float64 { return r.PeakRSS })))
+	}
+	fmt.Fprintln(w)
+	note := "(CPU/rollout: the server's user+system time over the timed run, /proc/PID/stat; alloc/rollout and allocs/rollout: bytes and objects its Go runtime allocated then, from its /metrics"
+	if c.InFlight > 0 {
+		note += "; RSS: VmRSS with the rollouts held, VmHWM once all are graded, /proc/PID/status"
+	}
+	fmt.Fprintln(w, note+")")
 }

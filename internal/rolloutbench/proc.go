@@ -33,6 +33,9 @@ func startProc(name string, cmd *exec.Cmd) (*proc, error) {
 	return p, nil
 }
 
+// pid is the process's id.
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
 // exited says the process has ended.
 func (p *proc) exited() bool {
 	select {
