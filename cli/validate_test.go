@@ -213,8 +213,10 @@ func TestValidate(t *testing.T) {
 			wantNot:   []string{"calculator"},
 		},
 		{
-			name:    "an Osmosis rollout without its entrypoint",
-			args:    func(*testing.T) []string { return []string{"--osmosis-rollout", osmosisRollout, "--entrypoint", "server.py"} },
+			name: "an Osmosis rollout without its entrypoint",
+			args: func(*testing.T) []string {
+				return []string{"--osmosis-rollout", osmosisRollout, "--entrypoint", "server.py"}
+			},
 			want:    []string{"FAIL " + osmosisRollout, "--entrypoint: server.py not found"},
 			wantNot: []string{"ok   "},
 			wantErr: true,
