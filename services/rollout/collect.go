@@ -14,7 +14,6 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // collect asks every sample source the workflow registered for its sample
@@ -44,10 +43,7 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 			Metadata:  rec.metadata,
 			Workflow:  rec.workflow,
 			Metrics:   sampleMetrics(calls, tools, recorded, started),
-			LlmCalls:  make([]*rolloutv1.LLMCall, 0, len(calls)),
-		}
-		for _, c := range calls {
-			sample.LlmCalls = append(sample.LlmCalls, callProto(c))
+			LlmCalls:  callProtos(calls),
 		}
 		if err == nil {
 			structs, cerr := toStructs(msgs)
@@ -103,8 +99,8 @@ func readSource(src osmo.SampleSource) (out sourced, err error) {
 }
 
 // callsOf returns the calls recorded for sampleID. Caller holds mu.
-func (r *record) callsOf(sampleID string) []*llmproxy.Call {
-	var out []*llmproxy.Call
+func (r *record) callsOf(sampleID string) []*recordedCall {
+	var out []*recordedCall
 	for _, c := range r.calls {
 		if c.SampleID == sampleID {
 			out = append(out, c)
@@ -122,27 +118,35 @@ func mergeExtra(base *structpb.Struct, extra map[string]any) map[string]any {
 
 // recordedConversation is the conversation the proxy saw for a sample: the
 // last successful call's request messages and its answer.
-func recordedConversation(calls []*llmproxy.Call) []osmo.Message {
-	for i := len(calls) - 1; i >= 0; i-- {
-		c := calls[i]
-		if c.Err != "" || len(c.ResponseMessage) == 0 {
-			continue
+func recordedConversation(calls []*recordedCall) []osmo.Message {
+	var last *recordedCall
+	var req, whole []json.RawMessage
+	for _, c := range calls {
+		whole = append(whole[:c.shared:c.shared], c.added...)
+		if c.Err == "" && len(c.ResponseMessage) > 0 {
+			last, req = c, whole
 		}
-		var msgs []osmo.Message
-		var answer osmo.Message
-		_ = json.Unmarshal(c.RequestMessages, &msgs)
-		if json.Unmarshal(c.ResponseMessage, &answer) == nil && answer != nil {
-			msgs = append(msgs, answer)
-		}
-		return msgs
 	}
-	return nil
+	if last == nil {
+		return nil
+	}
+	msgs := make([]osmo.Message, 0, len(req)+1)
+	for _, m := range req {
+		var msg osmo.Message
+		_ = json.Unmarshal(m, &msg)
+		msgs = append(msgs, msg)
+	}
+	var answer osmo.Message
+	if json.Unmarshal(last.ResponseMessage, &answer) == nil && answer != nil {
+		msgs = append(msgs, answer)
+	}
+	return msgs
 }
 
 // sampleMetrics sums a sample's calls. Its tool calls are those its agent
 // recorded (Rollout.RecordToolCall), or else the ones the policy asked for;
 // its latency is the workflow's run so far.
-func sampleMetrics(calls []*llmproxy.Call, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
+func sampleMetrics(calls []*recordedCall, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
 	m := callMetrics(calls, started, time.Now())
 	if recorded {
 		m.NumToolCalls, m.ToolLatencyMs = int32(tools.n), ms(tools.latency)
@@ -159,14 +163,14 @@ func sampleMetrics(calls []*llmproxy.Call, tools toolStats, recorded bool, start
 	return m
 }
 
-// callProto converts a proxy record to its wire form.
-func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
+// callProto converts a recorded call to its wire form, but for its request
+// messages (callProtos).
+func callProto(c *recordedCall) *rolloutv1.LLMCall {
 	out := &rolloutv1.LLMCall{
 		Id:                 c.ID,
 		RequestedModel:     c.RequestedModel,
 		Api:                c.API,
 		Model:              c.Model,
-		RequestMessages:    rawStructs(c.RequestMessages),
 		FinishReason:       c.FinishReason,
 		LatencyMs:          ms(c.Latency),
 		TimeToFirstTokenMs: ms(c.TimeToFirstToken),
@@ -196,22 +200,6 @@ func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
 		s := &structpb.Struct{}
 		if protojson.Unmarshal(c.ResponseMessage, s) == nil {
 			out.ResponseMessage = s
-		}
-	}
-	return out
-}
-
-// rawStructs decodes a JSON array of objects (the proxy refused requests
-// whose messages are not).
-func rawStructs(raw json.RawMessage) []*structpb.Struct {
-	var list structpb.ListValue
-	if len(raw) == 0 || protojson.Unmarshal(raw, &list) != nil {
-		return nil
-	}
-	out := make([]*structpb.Struct, 0, len(list.GetValues()))
-	for _, v := range list.GetValues() {
-		if s := v.GetStructValue(); s != nil {
-			out = append(out, s)
 		}
 	}
 	return out

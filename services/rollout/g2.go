@@ -236,9 +236,10 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		// rollout's.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	for _, c := range sm.GetLlmCalls() {
-		out.LLMCalls = append(out.LLMCalls, wireCall(c))
-	}
+	// Each call's request messages whole, expanded here, once.
+	wholeRequests(sm.GetLlmCalls(), func(c *rolloutv1.LLMCall, msgs []*structpb.Struct) {
+		out.LLMCalls = append(out.LLMCalls, wireCall(c, msgs))
+	})
 	return out
 }
 
@@ -281,11 +282,12 @@ type wireUsage struct {
 	CachedTokens     int32 `json:"cached_tokens"`
 }
 
-// wireCall renders c for the callback body.
-func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
+// wireCall renders c, whose whole request messages are msgs, for the
+// callback body.
+func wireCall(c *rolloutv1.LLMCall, msgs []*structpb.Struct) *wireLLMCall {
 	w := &wireLLMCall{
 		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
-		RequestMessages: jsonStructs(c.GetRequestMessages()), ResponseMessage: jsonStruct{c.GetResponseMessage()},
+		RequestMessages: jsonStructs(msgs), ResponseMessage: jsonStruct{c.GetResponseMessage()},
 		FinishReason: c.GetFinishReason(),
 		LatencyMS:    jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
 		Stream:         c.GetStream(),

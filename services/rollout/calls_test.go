@@ -1,0 +1,88 @@
+package rollout
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+)
+
+// A sample's calls keep only the request messages after those they share
+// with the previous call; every body that shows a call's request has it
+// whole, as the proxy recorded it.
+func TestRecordedCallsShareHistory(t *testing.T) {
+	reqs := []string{
+		`[{"role":"system","content":"s"},{"role":"user","content":"2*3?"}]`,
+		// Extends the first (with its own spacing between messages).
+		"[ {\"role\":\"system\",\"content\":\"s\"} ,\n{\"role\":\"user\",\"content\":\"2*3?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"t\",\"function\":{\"name\":\"mul\",\"arguments\":\"{\\\"a\\\":[2,3]}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"t\",\"content\":\"6\"}]",
+		// Rewrites the second message: shares one.
+		`[{"role":"system","content":"s"},{"role":"user","content":"2*3, please"}]`,
+		// A failed request recorded without messages.
+		``,
+		`[{"role":"system","content":"s"}]`,
+	}
+	rec := &record{}
+	for i, r := range reqs {
+		rec.addCall(&llmproxy.Call{SampleID: "a", ID: fmt.Sprint("a", i), RequestMessages: json.RawMessage(r), ResponseMessage: json.RawMessage(`{"role":"assistant","content":"ok"}`)})
+		// Another sample's calls in between change nothing of a's.
+		rec.addCall(&llmproxy.Call{SampleID: "b", ID: fmt.Sprint("b", i), RequestMessages: json.RawMessage(`[{"role":"user","content":"x"}]`)})
+	}
+	calls := rec.callsOf("a")
+	var shared []int
+	for _, c := range calls {
+		shared = append(shared, c.shared)
+		if c.RequestMessages != nil {
+			t.Errorf("%s keeps the request body", c.ID)
+		}
+	}
+	if want := []int{0, 2, 1, 0, 0}; !reflect.DeepEqual(shared, want) {
+		t.Errorf("shared = %v, want %v", shared, want)
+	}
+	stored := callProtos(calls)
+	if n := stored[1].GetSharedRequestMessages(); n != 2 || len(stored[1].GetRequestMessages()) != 2 {
+		t.Errorf("stored second call shares %d and holds %d", n, len(stored[1].GetRequestMessages()))
+	}
+	ws := newWireSample(&rolloutv1.RolloutSample{Id: "a", LlmCalls: stored}, true)
+	api := wholeCalls(stored)
+	for i, r := range reqs {
+		want := []any{}
+		if r != "" {
+			_ = json.Unmarshal([]byte(r), &want)
+		}
+		if got := generic(t, ws.LLMCalls[i].RequestMessages); !reflect.DeepEqual(got, want) {
+			t.Errorf("callback call %d: request_messages %v, want %v", i, got, want)
+		}
+		if got := generic(t, jsonStructs(api[i].GetRequestMessages())); !reflect.DeepEqual(got, want) || api[i].GetSharedRequestMessages() != 0 {
+			t.Errorf("API call %d: request_messages %v (shared %d), want %v", i, got, api[i].GetSharedRequestMessages(), want)
+		}
+	}
+	// The stored calls are not changed by expanding them.
+	if !proto.Equal(stored[1], callProtos(calls)[1]) || stored[1].GetSharedRequestMessages() != 2 {
+		t.Error("expanding changed the stored calls")
+	}
+	if got := recordedConversation(calls[:3]); len(got) != 3 || got[1]["content"] != "2*3, please" {
+		t.Errorf("recorded conversation = %v", got)
+	}
+}
+
+func TestSplitArray(t *testing.T) {
+	for in, want := range map[string]int{
+		`[]`: 0, ` [ {"a":"]}\"{"} , {"b":[{}]} ] `: 2, `[{"a":1},2]`: -1, `{"a":1}`: -1, ``: -1, `["x"]`: -1,
+	} {
+		got := splitArray([]byte(in))
+		if (got == nil && want != -1 && want != 0) || (want == -1 && got != nil) || (want >= 0 && len(got) != want) {
+			t.Errorf("splitArray(%q) = %q, want %d elements", in, got, want)
+		}
+		for _, m := range got {
+			if !json.Valid(m) || !strings.HasPrefix(string(m), "{") {
+				t.Errorf("splitArray(%q): element %q", in, m)
+			}
+		}
+	}
+}
