@@ -3,11 +3,14 @@ package rollout
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -83,6 +86,33 @@ func TestSplitArray(t *testing.T) {
 			if !json.Valid(m) || !strings.HasPrefix(string(m), "{") {
 				t.Errorf("splitArray(%q): element %q", in, m)
 			}
+		}
+	}
+}
+
+// toStruct's direct conversion gives what the conversion through JSON
+// gives, and falls back to it for everything else.
+func TestToStructAsThroughJSON(t *testing.T) {
+	type point struct{ X, Y int }
+	for i, m := range []map[string]any{
+		nil, {}, {"role": "user", "content": "hi <b>&</b> \u2028"},
+		{"n": 1.5e21, "i": 1 << 60, "i64": int64(-(1 << 62)), "i32": int32(7), "f": 1e-7, "z": 0.0, "b": true, "null": nil},
+		{"nested": map[string]any{"list": []any{1.0, "x", nil, []any{}, map[string]any{}}}, "nilmap": map[string]any(nil), "nillist": []any(nil)},
+		{"bad": "a\xffb"}, {"bad\xff": 1.0}, {"f32": float32(0.1)}, {"typed": []string{"a", "b"}}, {"s": point{1, 2}},
+		{"nan": math.NaN()}, {"inf": map[string]any{"x": math.Inf(1)}}, {"num": json.Number("12.50")},
+	} {
+		got, gerr := toStruct(m)
+		var want structpb.Struct
+		b, werr := json.Marshal(m)
+		if werr == nil {
+			werr = protojson.Unmarshal(b, &want)
+		}
+		if (gerr != nil) != (werr != nil) {
+			t.Errorf("%d: error %v, through JSON %v", i, gerr, werr)
+			continue
+		}
+		if gerr == nil && !proto.Equal(got, &want) {
+			t.Errorf("%d: %v, through JSON %v", i, got, &want)
 		}
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -205,15 +207,81 @@ func callProto(c *recordedCall) *rolloutv1.LLMCall {
 	return out
 }
 
-// toStruct converts a Go JSON-shaped object to a Struct through JSON, which
-// accepts every shape encoding/json does (typed slices, nested structs).
+// toStruct converts a Go JSON-shaped object to a Struct. An object of
+// JSON's own types (what decoding JSON gives) is converted directly;
+// anything else (typed slices, nested structs, float32s) goes through
+// JSON, which accepts every shape encoding/json does and gives the same
+// Struct for the rest.
 func toStruct(m map[string]any) (*structpb.Struct, error) {
+	if m != nil {
+		if s, ok := directStruct(m); ok {
+			return s, nil
+		}
+	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
 	s := &structpb.Struct{}
 	return s, protojson.Unmarshal(b, s)
+}
+
+// directStruct converts m when every value in it is JSON's own type and
+// converts exactly as through JSON: strings and keys valid UTF-8 (JSON
+// would replace what is not), finite numbers (JSON refuses the others),
+// ints that a float64 holds as JSON's decimal form would parse.
+func directStruct(m map[string]any) (*structpb.Struct, bool) {
+	fields := make(map[string]*structpb.Value, len(m))
+	for k, v := range m {
+		if !utf8.ValidString(k) {
+			return nil, false
+		}
+		pv, ok := directValue(v)
+		if !ok {
+			return nil, false
+		}
+		fields[k] = pv
+	}
+	return &structpb.Struct{Fields: fields}, true
+}
+
+func directValue(v any) (*structpb.Value, bool) {
+	switch v := v.(type) {
+	case nil:
+		return structpb.NewNullValue(), true
+	case string:
+		return structpb.NewStringValue(v), utf8.ValidString(v)
+	case bool:
+		return structpb.NewBoolValue(v), true
+	case float64:
+		return structpb.NewNumberValue(v), !math.IsNaN(v) && !math.IsInf(v, 0)
+	case int:
+		return structpb.NewNumberValue(float64(v)), true
+	case int64:
+		return structpb.NewNumberValue(float64(v)), true
+	case int32:
+		return structpb.NewNumberValue(float64(v)), true
+	case map[string]any:
+		if v == nil {
+			return structpb.NewNullValue(), true
+		}
+		s, ok := directStruct(v)
+		return structpb.NewStructValue(s), ok
+	case []any:
+		if v == nil {
+			return structpb.NewNullValue(), true
+		}
+		list := make([]*structpb.Value, len(v))
+		for i, e := range v {
+			ev, ok := directValue(e)
+			if !ok {
+				return nil, false
+			}
+			list[i] = ev
+		}
+		return structpb.NewListValue(&structpb.ListValue{Values: list}), true
+	}
+	return nil, false
 }
 
 func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {

@@ -97,3 +97,19 @@ func BenchmarkSampleTurns(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCollectMessages converts a 10-turn sample's messages, as a
+// sample source returns them (decoded JSON), to their wire form.
+func BenchmarkCollectMessages(b *testing.B) {
+	bodies := turnBodies(10)
+	var msgs []osmo.Message
+	if err := json.Unmarshal(bodies[len(bodies)-1], &msgs); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := toStructs(msgs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
