@@ -116,3 +116,28 @@ func TestToStructAsThroughJSON(t *testing.T) {
 		}
 	}
 }
+
+// A response's tool calls are counted from its decoded message as
+// decoding the raw one counted them.
+func TestToolCallsAsDecoded(t *testing.T) {
+	for _, raw := range []string{
+		``, `{}`, `{"tool_calls":null}`, `{"tool_calls":[]}`, `{"tool_calls":[{"id":"a"},{"id":"b"}]}`,
+		`{"tool_calls":"x"}`, `{"tool_calls":{"a":1}}`, `{"Tool_Calls":[1,2,3]}`, `{"tool_calls":[1],"TOOL_CALLS":[1,2]}`,
+		`{"tool_calls":[1],"tool_calls":[1,2]}`, `not json`, `[1]`,
+	} {
+		var want int
+		var resp struct {
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		}
+		if raw != "" && json.Unmarshal([]byte(raw), &resp) == nil {
+			want = len(resp.ToolCalls)
+		}
+		var decoded *structpb.Struct
+		if s := (&structpb.Struct{}); raw != "" && protojson.Unmarshal([]byte(raw), s) == nil {
+			decoded = s
+		}
+		if got := toolCalls(json.RawMessage(raw), decoded); got != want {
+			t.Errorf("%s: %d tool calls, want %d", raw, got, want)
+		}
+	}
+}

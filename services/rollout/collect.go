@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -44,9 +45,9 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 			Label:     rec.label,
 			Metadata:  rec.metadata,
 			Workflow:  rec.workflow,
-			Metrics:   sampleMetrics(calls, tools, recorded, started),
 			LlmCalls:  callProtos(calls),
 		}
+		sample.Metrics = sampleMetrics(calls, sample.LlmCalls, tools, recorded, started)
 		if err == nil {
 			structs, cerr := toStructs(msgs)
 			if cerr != nil {
@@ -145,24 +146,49 @@ func recordedConversation(calls []*recordedCall) []osmo.Message {
 	return msgs
 }
 
-// sampleMetrics sums a sample's calls. Its tool calls are those its agent
-// recorded (Rollout.RecordToolCall), or else the ones the policy asked for;
-// its latency is the workflow's run so far.
-func sampleMetrics(calls []*recordedCall, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
+// sampleMetrics sums a sample's calls (protos are their wire forms). Its
+// tool calls are those its agent recorded (Rollout.RecordToolCall), or
+// else the ones the policy asked for; its latency is the workflow's run
+// so far.
+func sampleMetrics(calls []*recordedCall, protos []*rolloutv1.LLMCall, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
 	m := callMetrics(calls, started, time.Now())
 	if recorded {
 		m.NumToolCalls, m.ToolLatencyMs = int32(tools.n), ms(tools.latency)
 		return m
 	}
-	for _, c := range calls {
+	for i, c := range calls {
+		m.NumToolCalls += int32(toolCalls(c.ResponseMessage, protos[i].GetResponseMessage()))
+	}
+	return m
+}
+
+// toolCalls counts the tool calls of a response message, raw and decoded
+// (nil if it did not decode): what decoding raw's "tool_calls" (a
+// case-insensitive key) as a list gives, read from the decoded message.
+func toolCalls(raw json.RawMessage, decoded *structpb.Struct) int {
+	if len(raw) == 0 {
+		return 0
+	}
+	var found *structpb.Value
+	n := 0
+	for k, v := range decoded.GetFields() {
+		if strings.EqualFold(k, "tool_calls") {
+			found = v
+			n++
+		}
+	}
+	if decoded == nil || n > 1 {
+		// Not a message protojson reads, or keys that differ by case,
+		// where the last in raw wins.
 		var resp struct {
 			ToolCalls []json.RawMessage `json:"tool_calls"`
 		}
-		if len(c.ResponseMessage) > 0 && json.Unmarshal(c.ResponseMessage, &resp) == nil {
-			m.NumToolCalls += int32(len(resp.ToolCalls))
+		if json.Unmarshal(raw, &resp) != nil {
+			return 0
 		}
+		return len(resp.ToolCalls)
 	}
-	return m
+	return len(found.GetListValue().GetValues())
 }
 
 // callProto converts a recorded call to its wire form, but for its request
