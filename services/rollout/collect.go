@@ -330,14 +330,3 @@ func fromStructs(in []*structpb.Struct) []map[string]any {
 	}
 	return out
 }
-
-// protoMap renders a message as a JSON object with the proto field names,
-// the shape of the callbacks.
-func protoMap(m proto.Message) map[string]any {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
-	var out map[string]any
-	if err != nil || json.Unmarshal(b, &out) != nil {
-		return nil
-	}
-	return out
-}

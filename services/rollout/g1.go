@@ -255,7 +255,7 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		body.Reward = rec.reward
 	}
 	// The rollout's metrics carry G1's names already.
-	body.Metrics = protoMap(rec.metricsLocked(time.Now()))
+	body.Metrics = newWireMetrics(rec.metricsLocked(time.Now()))
 	rec.mu.Unlock()
 	return []delivery{{
 		event:  "completion",
@@ -278,5 +278,5 @@ type g1Completion struct {
 	ErrorMessage  string           `json:"error_message,omitempty"`
 	Reward        *float64         `json:"reward,omitempty"`
 	ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
-	Metrics       map[string]any   `json:"metrics,omitempty"`
+	Metrics       *wireMetrics     `json:"metrics,omitempty"`
 }

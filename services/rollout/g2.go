@@ -213,7 +213,7 @@ type wireSample struct {
 	Label        *string        `json:"label"`
 	Reward       *float64       `json:"reward"`
 	RemoveSample bool           `json:"remove_sample"`
-	Metrics      map[string]any `json:"metrics"`
+	Metrics      *wireMetrics   `json:"metrics"`
 	ExtraFields  jsonStruct     `json:"extra_fields"`
 	LLMCalls     []*wireLLMCall `json:"llm_calls,omitempty"`
 }
@@ -226,7 +226,7 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		Messages:     jsonStructs(sm.GetMessages()),
 		Label:        sm.Label,
 		RemoveSample: sm.GetRemoveSample(),
-		Metrics:      protoMap(sm.GetMetrics()),
+		Metrics:      newWireMetrics(sm.GetMetrics()),
 		// {} rather than null when unset, as the wires have it.
 		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
 	}
@@ -273,6 +273,29 @@ type wireLLMCall struct {
 	CompletionTokens   int32           `json:"completion_tokens"`
 	CachedTokens       int32           `json:"cached_tokens"`
 	ModelName          string          `json:"model_name"`
+}
+
+// wireMetrics is a RolloutMetrics as its proto JSON form with every field
+// and the proto names has it, keys in encoding/json's order for a map.
+type wireMetrics struct {
+	LlmLatencyMs     jsonFloat `json:"llm_latency_ms"`
+	MaxContextTokens int32     `json:"max_context_tokens"`
+	NumLlmCalls      int32     `json:"num_llm_calls"`
+	NumToolCalls     int32     `json:"num_tool_calls"`
+	PromptTokens     int32     `json:"prompt_tokens"`
+	ResponseTokens   int32     `json:"response_tokens"`
+	ToolLatencyMs    jsonFloat `json:"tool_latency_ms"`
+	TotalLatencyMs   jsonFloat `json:"total_latency_ms"`
+}
+
+// newWireMetrics renders m; a nil m as zeros, as protojson renders it.
+func newWireMetrics(m *rolloutv1.RolloutMetrics) *wireMetrics {
+	return &wireMetrics{
+		LlmLatencyMs: jsonFloat(m.GetLlmLatencyMs()), MaxContextTokens: m.GetMaxContextTokens(),
+		NumLlmCalls: m.GetNumLlmCalls(), NumToolCalls: m.GetNumToolCalls(), PromptTokens: m.GetPromptTokens(),
+		ResponseTokens: m.GetResponseTokens(), ToolLatencyMs: jsonFloat(m.GetToolLatencyMs()),
+		TotalLatencyMs: jsonFloat(m.GetTotalLatencyMs()),
+	}
 }
 
 type wireUsage struct {

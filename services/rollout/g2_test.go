@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -101,4 +103,36 @@ func generic(t *testing.T, v any) any {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// protoMap renders a message as a JSON object with the proto field names,
+// the shape of the callbacks.
+func protoMap(m proto.Message) map[string]any {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	var out map[string]any
+	if err != nil || json.Unmarshal(b, &out) != nil {
+		return nil
+	}
+	return out
+}
+
+// The metrics are rendered as their proto JSON form through a map was,
+// byte for byte.
+func TestWireMetricsAreTheProtoJSONForm(t *testing.T) {
+	for _, m := range []*rolloutv1.RolloutMetrics{nil, {}, {
+		TotalLatencyMs: 1234.5678, LlmLatencyMs: 1e-7, ToolLatencyMs: 1.5e21, NumLlmCalls: 3, NumToolCalls: 2,
+		PromptTokens: 120, ResponseTokens: 45, MaxContextTokens: 165,
+	}, {TotalLatencyMs: math.NaN(), LlmLatencyMs: math.Inf(1), ToolLatencyMs: math.Inf(-1)}} {
+		got, err := json.Marshal(newWireMetrics(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := json.Marshal(protoMap(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%v:\n got %s\nwant %s", m, got, want)
+		}
+	}
 }
