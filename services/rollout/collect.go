@@ -58,8 +58,14 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sample %q: %w", src.ID, err))
 		}
-		if fields := mergeExtra(rec.extra, got.extra); len(fields) > 0 {
-			sample.ExtraFields, _ = toStruct(fields)
+		switch {
+		case len(got.extra) == 0:
+			// The request's own, which nothing changes.
+			if len(rec.extra.GetFields()) > 0 {
+				sample.ExtraFields = rec.extra
+			}
+		default:
+			sample.ExtraFields, _ = toStruct(mergeExtra(rec.extra, got.extra))
 		}
 		sample.FinishReason = got.finish
 		if got.reward != nil {
