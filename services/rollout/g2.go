@@ -6,12 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -325,12 +326,8 @@ func wireCall(c *rolloutv1.LLMCall, msgs []*structpb.Struct) *wireLLMCall {
 			TotalTokens: u.GetTotalTokens(), CachedTokens: u.GetCachedTokens()}
 	}
 	w.Logprobs = c.GetLogprobs()
-	if t := c.GetStartedAt(); t != nil {
-		// The proto JSON form of a timestamp (RFC 3339, in UTC, with 0, 3,
-		// 6 or 9 fractional digits).
-		if b, err := protojson.Marshal(t); err == nil {
-			w.StartedAt = b
-		}
+	if t := c.GetStartedAt(); t.IsValid() {
+		w.StartedAt = appendTimestamp(nil, t)
 	}
 	return w
 }
@@ -366,4 +363,25 @@ func (fs jsonFloats) MarshalJSON() ([]byte, error) {
 		}
 	}
 	return json.Marshal([]float64(fs))
+}
+
+// appendTimestamp appends the proto JSON form of a valid timestamp: RFC
+// 3339, in UTC, with 0, 3, 6 or 9 fractional digits, quoted.
+func appendTimestamp(b []byte, ts *timestamppb.Timestamp) []byte {
+	b = append(b, '"')
+	b = ts.AsTime().UTC().AppendFormat(b, "2006-01-02T15:04:05")
+	if n := ts.GetNanos(); n != 0 {
+		digits := 9
+		for digits > 3 && n%1000 == 0 {
+			n /= 1000
+			digits -= 3
+		}
+		b = append(b, '.')
+		frac := strconv.AppendInt(nil, int64(n), 10)
+		for range digits - len(frac) {
+			b = append(b, '0')
+		}
+		b = append(b, frac...)
+	}
+	return append(b, 'Z', '"')
 }

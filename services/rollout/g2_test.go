@@ -136,3 +136,21 @@ func TestWireMetricsAreTheProtoJSONForm(t *testing.T) {
 		}
 	}
 }
+
+// A call's started_at is the proto JSON form of its timestamp.
+func TestTimestampIsTheProtoJSONForm(t *testing.T) {
+	for _, ts := range []*timestamppb.Timestamp{
+		{}, {Seconds: 1764079751}, {Seconds: 1764079751, Nanos: 123000000}, {Seconds: 1764079751, Nanos: 123400000},
+		{Seconds: 1764079751, Nanos: 123456000}, {Seconds: 1764079751, Nanos: 1}, {Seconds: -62135596800}, {Seconds: 253402300799, Nanos: 999999999},
+		{Seconds: -1, Nanos: 500}, {Seconds: 253402300800}, {Nanos: -1}, nil,
+	} {
+		w := wireCall(&rolloutv1.LLMCall{StartedAt: ts}, nil)
+		want := "null"
+		if b, err := protojson.Marshal(ts); err == nil && ts != nil {
+			want = string(b)
+		}
+		if string(w.StartedAt) != want {
+			t.Errorf("%v: %s, want %s", ts, w.StartedAt, want)
+		}
+	}
+}
