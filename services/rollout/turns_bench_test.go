@@ -6,8 +6,10 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -109,6 +111,51 @@ func BenchmarkCollectMessages(b *testing.B) {
 	b.ReportAllocs()
 	for range b.N {
 		if _, err := toStructs(msgs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRenderCallback renders the grader callback of a sample of 10
+// calls with their start times (the body's one marshal).
+func BenchmarkRenderCallback(b *testing.B) {
+	rec := &record{id: "r"}
+	for i, body := range turnBodies(10) {
+		rec.addCall(&llmproxy.Call{RolloutID: "r", SampleID: "s", ID: fmt.Sprint("c", i), RequestMessages: body,
+			ResponseMessage: json.RawMessage(`{"role":"assistant","content":"ok"}`), StatusCode: 200, Attempts: 1,
+			StartedAt: time.Date(2026, 11, 25, 14, 9, 11, 123400000+i, time.UTC)})
+	}
+	r := osmo.NewRollout("r", nil)
+	_ = r.Register("s", recordedSource{})
+	if err := (&Service{}).collect(rec, r); err != nil {
+		b.Fatal(err)
+	}
+	samples := rec.snapshot()
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := marshalBody(graderBody("r", outcome.Outcome{State: rolloutv1.State_STATE_SUCCEEDED}, samples)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCollectExtra collects a one-call sample of a request with
+// extra fields its source adds nothing to.
+func BenchmarkCollectExtra(b *testing.B) {
+	extra, err := structpb.NewStruct(map[string]any{"dataset": "gsm8k", "split": "train", "row": 1234.0,
+		"tags": []any{"math", "arith"}, "source": map[string]any{"name": "x", "version": 3.0}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := turnBodies(1)[0]
+	b.ReportAllocs()
+	for range b.N {
+		rec := &record{id: "r", extra: extra}
+		rec.addCall(&llmproxy.Call{RolloutID: "r", SampleID: "s", RequestMessages: body,
+			ResponseMessage: json.RawMessage(`{"role":"assistant","content":"ok"}`), StatusCode: 200})
+		r := osmo.NewRollout("r", nil)
+		_ = r.Register("s", recordedSource{})
+		if err := (&Service{}).collect(rec, r); err != nil {
 			b.Fatal(err)
 		}
 	}
