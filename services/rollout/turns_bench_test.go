@@ -160,3 +160,30 @@ func BenchmarkCollectExtra(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkG1Completion renders a G1 completion whose sample has a
+// 10-turn conversation and extra fields.
+func BenchmarkG1Completion(b *testing.B) {
+	bodies := turnBodies(10)
+	var msgs []osmo.Message
+	if err := json.Unmarshal(bodies[len(bodies)-1], &msgs); err != nil {
+		b.Fatal(err)
+	}
+	structs, err := toStructs(msgs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	extra, err := structpb.NewStruct(map[string]any{"dataset": "gsm8k", "row": 1234.0})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := &record{id: "r", samples: []*rolloutv1.RolloutSample{{Id: "s", Messages: structs, ExtraFields: extra}}}
+	w := &g1Wire{req: &rolloutv1.InitRolloutRequest{ServerUrl: "http://x"}}
+	ok := outcome.Outcome{State: rolloutv1.State_STATE_SUCCEEDED}
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := marshalBody(w.finished(rec, ok, ok)[0].body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
