@@ -61,8 +61,11 @@ type SampleMetrics struct {
 
 // LLMCall is one recorded chat completion of a sample.
 type LLMCall struct {
-	ID              string
-	Model           string
+	ID    string
+	Model string
+	// RequestMessages are the messages of the request. Those a call
+	// repeats from the previous call's are the same Message values as
+	// there: read them, do not change them.
 	RequestMessages []Message
 	ResponseMessage Message
 	FinishReason    string

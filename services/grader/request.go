@@ -151,7 +151,12 @@ func gradedFields(rs *rolloutv1.RolloutSample) *rolloutv1.RolloutSample {
 			ResponseTokens: m.GetResponseTokens(), MaxContextTokens: m.GetMaxContextTokens(),
 		}
 	}
+	// A count of shared request messages beyond the previous call's is
+	// the same as that count, to a grader (toSample).
+	prevLen := 0
 	for _, c := range rs.GetLlmCalls() {
+		shared := max(0, min(c.GetSharedRequestMessages(), int32(prevLen)))
+		prevLen = int(shared) + len(c.GetRequestMessages())
 		v.LlmCalls = append(v.LlmCalls, &rolloutv1.LLMCall{
 			Id: c.GetId(), Model: c.GetModel(), FinishReason: c.GetFinishReason(),
 			Usage: &rolloutv1.Usage{
@@ -161,6 +166,7 @@ func gradedFields(rs *rolloutv1.RolloutSample) *rolloutv1.RolloutSample {
 			PromptTokenIds: c.GetPromptTokenIds(), CompletionTokenIds: c.GetCompletionTokenIds(), Logprobs: c.GetLogprobs(),
 			LatencyMs: c.GetLatencyMs(), StatusCode: c.GetStatusCode(), Error: c.GetError(),
 			RequestMessages: c.GetRequestMessages(), ResponseMessage: c.GetResponseMessage(),
+			SharedRequestMessages: shared,
 		})
 	}
 	return v
@@ -226,6 +232,10 @@ func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[str
 			ResponseTokens: int(m.GetResponseTokens()), MaxContextTokens: int(m.GetMaxContextTokens()),
 		}
 	}
+	// A call's request messages come compacted: the ones it shares with
+	// the previous call are counted, not sent again. The grader sees them
+	// whole; the shared messages are the same maps in both calls.
+	var prev []osmo.Message
 	for _, c := range rs.GetLlmCalls() {
 		call := osmo.LLMCall{
 			ID: c.GetId(), Model: c.GetModel(), FinishReason: c.GetFinishReason(),
@@ -236,9 +246,13 @@ func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[str
 			PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(), Logprobs: c.GetLogprobs(),
 			LatencyMS: c.GetLatencyMs(), StatusCode: int(c.GetStatusCode()), Error: c.GetError(),
 		}
+		if k := min(int(c.GetSharedRequestMessages()), len(prev)); k > 0 {
+			call.RequestMessages = prev[:k:k]
+		}
 		for _, m := range c.GetRequestMessages() {
 			call.RequestMessages = append(call.RequestMessages, m.AsMap())
 		}
+		prev = call.RequestMessages
 		if c.GetResponseMessage() != nil {
 			call.ResponseMessage = c.GetResponseMessage().AsMap()
 		}

@@ -73,7 +73,7 @@ func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rol
 		return nil, err
 	}
 	out.Sequence = int64(e.Revision())
-	return out, nil
+	return wholeRollout(out), nil
 }
 
 // askOwner asks the replica holding a rollout for its live record.
@@ -143,7 +143,7 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 			continue
 		}
 		out.Sequence = int64(meta.Sequence.Stream)
-		if err := stream.Send(out); err != nil {
+		if err := stream.Send(wholeRollout(out)); err != nil {
 			return err
 		}
 	}

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -14,7 +17,6 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // collect asks every sample source the workflow registered for its sample
@@ -43,12 +45,9 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 			Label:     rec.label,
 			Metadata:  rec.metadata,
 			Workflow:  rec.workflow,
-			Metrics:   sampleMetrics(calls, tools, recorded, started),
-			LlmCalls:  make([]*rolloutv1.LLMCall, 0, len(calls)),
+			LlmCalls:  callProtos(calls),
 		}
-		for _, c := range calls {
-			sample.LlmCalls = append(sample.LlmCalls, callProto(c))
-		}
+		sample.Metrics = sampleMetrics(calls, sample.LlmCalls, tools, recorded, started)
 		if err == nil {
 			structs, cerr := toStructs(msgs)
 			if cerr != nil {
@@ -59,8 +58,14 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sample %q: %w", src.ID, err))
 		}
-		if fields := mergeExtra(rec.extra, got.extra); len(fields) > 0 {
-			sample.ExtraFields, _ = toStruct(fields)
+		switch {
+		case len(got.extra) == 0:
+			// The request's own, which nothing changes.
+			if len(rec.extra.GetFields()) > 0 {
+				sample.ExtraFields = rec.extra
+			}
+		default:
+			sample.ExtraFields, _ = toStruct(mergeExtra(rec.extra, got.extra))
 		}
 		sample.FinishReason = got.finish
 		if got.reward != nil {
@@ -103,8 +108,8 @@ func readSource(src osmo.SampleSource) (out sourced, err error) {
 }
 
 // callsOf returns the calls recorded for sampleID. Caller holds mu.
-func (r *record) callsOf(sampleID string) []*llmproxy.Call {
-	var out []*llmproxy.Call
+func (r *record) callsOf(sampleID string) []*recordedCall {
+	var out []*recordedCall
 	for _, c := range r.calls {
 		if c.SampleID == sampleID {
 			out = append(out, c)
@@ -122,51 +127,84 @@ func mergeExtra(base *structpb.Struct, extra map[string]any) map[string]any {
 
 // recordedConversation is the conversation the proxy saw for a sample: the
 // last successful call's request messages and its answer.
-func recordedConversation(calls []*llmproxy.Call) []osmo.Message {
-	for i := len(calls) - 1; i >= 0; i-- {
-		c := calls[i]
-		if c.Err != "" || len(c.ResponseMessage) == 0 {
-			continue
+func recordedConversation(calls []*recordedCall) []osmo.Message {
+	var last *recordedCall
+	var req, whole []json.RawMessage
+	for _, c := range calls {
+		whole = append(whole[:c.shared:c.shared], c.added...)
+		if c.Err == "" && len(c.ResponseMessage) > 0 {
+			last, req = c, whole
 		}
-		var msgs []osmo.Message
-		var answer osmo.Message
-		_ = json.Unmarshal(c.RequestMessages, &msgs)
-		if json.Unmarshal(c.ResponseMessage, &answer) == nil && answer != nil {
-			msgs = append(msgs, answer)
-		}
-		return msgs
 	}
-	return nil
+	if last == nil {
+		return nil
+	}
+	msgs := make([]osmo.Message, 0, len(req)+1)
+	for _, m := range req {
+		var msg osmo.Message
+		_ = json.Unmarshal(m, &msg)
+		msgs = append(msgs, msg)
+	}
+	var answer osmo.Message
+	if json.Unmarshal(last.ResponseMessage, &answer) == nil && answer != nil {
+		msgs = append(msgs, answer)
+	}
+	return msgs
 }
 
-// sampleMetrics sums a sample's calls. Its tool calls are those its agent
-// recorded (Rollout.RecordToolCall), or else the ones the policy asked for;
-// its latency is the workflow's run so far.
-func sampleMetrics(calls []*llmproxy.Call, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
+// sampleMetrics sums a sample's calls (protos are their wire forms). Its
+// tool calls are those its agent recorded (Rollout.RecordToolCall), or
+// else the ones the policy asked for; its latency is the workflow's run
+// so far.
+func sampleMetrics(calls []*recordedCall, protos []*rolloutv1.LLMCall, tools toolStats, recorded bool, started time.Time) *rolloutv1.RolloutMetrics {
 	m := callMetrics(calls, started, time.Now())
 	if recorded {
 		m.NumToolCalls, m.ToolLatencyMs = int32(tools.n), ms(tools.latency)
 		return m
 	}
-	for _, c := range calls {
-		var resp struct {
-			ToolCalls []json.RawMessage `json:"tool_calls"`
-		}
-		if len(c.ResponseMessage) > 0 && json.Unmarshal(c.ResponseMessage, &resp) == nil {
-			m.NumToolCalls += int32(len(resp.ToolCalls))
-		}
+	for i, c := range calls {
+		m.NumToolCalls += int32(toolCalls(c.ResponseMessage, protos[i].GetResponseMessage()))
 	}
 	return m
 }
 
-// callProto converts a proxy record to its wire form.
-func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
+// toolCalls counts the tool calls of a response message, raw and decoded
+// (nil if it did not decode): what decoding raw's "tool_calls" (a
+// case-insensitive key) as a list gives, read from the decoded message.
+func toolCalls(raw json.RawMessage, decoded *structpb.Struct) int {
+	if len(raw) == 0 {
+		return 0
+	}
+	var found *structpb.Value
+	n := 0
+	for k, v := range decoded.GetFields() {
+		if strings.EqualFold(k, "tool_calls") {
+			found = v
+			n++
+		}
+	}
+	if decoded == nil || n > 1 {
+		// Not a message protojson reads, or keys that differ by case,
+		// where the last in raw wins.
+		var resp struct {
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		}
+		if json.Unmarshal(raw, &resp) != nil {
+			return 0
+		}
+		return len(resp.ToolCalls)
+	}
+	return len(found.GetListValue().GetValues())
+}
+
+// callProto converts a recorded call to its wire form, but for its request
+// messages (callProtos).
+func callProto(c *recordedCall) *rolloutv1.LLMCall {
 	out := &rolloutv1.LLMCall{
 		Id:                 c.ID,
 		RequestedModel:     c.RequestedModel,
 		Api:                c.API,
 		Model:              c.Model,
-		RequestMessages:    rawStructs(c.RequestMessages),
 		FinishReason:       c.FinishReason,
 		LatencyMs:          ms(c.Latency),
 		TimeToFirstTokenMs: ms(c.TimeToFirstToken),
@@ -201,31 +239,81 @@ func callProto(c *llmproxy.Call) *rolloutv1.LLMCall {
 	return out
 }
 
-// rawStructs decodes a JSON array of objects (the proxy refused requests
-// whose messages are not).
-func rawStructs(raw json.RawMessage) []*structpb.Struct {
-	var list structpb.ListValue
-	if len(raw) == 0 || protojson.Unmarshal(raw, &list) != nil {
-		return nil
-	}
-	out := make([]*structpb.Struct, 0, len(list.GetValues()))
-	for _, v := range list.GetValues() {
-		if s := v.GetStructValue(); s != nil {
-			out = append(out, s)
+// toStruct converts a Go JSON-shaped object to a Struct. An object of
+// JSON's own types (what decoding JSON gives) is converted directly;
+// anything else (typed slices, nested structs, float32s) goes through
+// JSON, which accepts every shape encoding/json does and gives the same
+// Struct for the rest.
+func toStruct(m map[string]any) (*structpb.Struct, error) {
+	if m != nil {
+		if s, ok := directStruct(m); ok {
+			return s, nil
 		}
 	}
-	return out
-}
-
-// toStruct converts a Go JSON-shaped object to a Struct through JSON, which
-// accepts every shape encoding/json does (typed slices, nested structs).
-func toStruct(m map[string]any) (*structpb.Struct, error) {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
 	s := &structpb.Struct{}
 	return s, protojson.Unmarshal(b, s)
+}
+
+// directStruct converts m when every value in it is JSON's own type and
+// converts exactly as through JSON: strings and keys valid UTF-8 (JSON
+// would replace what is not), finite numbers (JSON refuses the others),
+// ints that a float64 holds as JSON's decimal form would parse.
+func directStruct(m map[string]any) (*structpb.Struct, bool) {
+	fields := make(map[string]*structpb.Value, len(m))
+	for k, v := range m {
+		if !utf8.ValidString(k) {
+			return nil, false
+		}
+		pv, ok := directValue(v)
+		if !ok {
+			return nil, false
+		}
+		fields[k] = pv
+	}
+	return &structpb.Struct{Fields: fields}, true
+}
+
+func directValue(v any) (*structpb.Value, bool) {
+	switch v := v.(type) {
+	case nil:
+		return structpb.NewNullValue(), true
+	case string:
+		return structpb.NewStringValue(v), utf8.ValidString(v)
+	case bool:
+		return structpb.NewBoolValue(v), true
+	case float64:
+		return structpb.NewNumberValue(v), !math.IsNaN(v) && !math.IsInf(v, 0)
+	case int:
+		return structpb.NewNumberValue(float64(v)), true
+	case int64:
+		return structpb.NewNumberValue(float64(v)), true
+	case int32:
+		return structpb.NewNumberValue(float64(v)), true
+	case map[string]any:
+		if v == nil {
+			return structpb.NewNullValue(), true
+		}
+		s, ok := directStruct(v)
+		return structpb.NewStructValue(s), ok
+	case []any:
+		if v == nil {
+			return structpb.NewNullValue(), true
+		}
+		list := make([]*structpb.Value, len(v))
+		for i, e := range v {
+			ev, ok := directValue(e)
+			if !ok {
+				return nil, false
+			}
+			list[i] = ev
+		}
+		return structpb.NewListValue(&structpb.ListValue{Values: list}), true
+	}
+	return nil, false
 }
 
 func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {
@@ -245,17 +333,6 @@ func fromStructs(in []*structpb.Struct) []map[string]any {
 	out := make([]map[string]any, 0, len(in))
 	for _, s := range in {
 		out = append(out, s.AsMap())
-	}
-	return out
-}
-
-// protoMap renders a message as a JSON object with the proto field names,
-// the shape of the callbacks.
-func protoMap(m proto.Message) map[string]any {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
-	var out map[string]any
-	if err != nil || json.Unmarshal(b, &out) != nil {
-		return nil
 	}
 	return out
 }

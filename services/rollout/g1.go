@@ -234,16 +234,15 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		Status:        w.statusWord(final),
 		FinishReason:  "error",
 		ErrorMessage:  final.Message,
-		FinalMessages: []map[string]any{}, // Osmosis sends [] with an ERROR, never null.
+		FinalMessages: []jsonStruct{}, // Osmosis sends [] with an ERROR, never null.
 	}
 	sample := rec.primary()
 	if run.OK() && sample != nil {
 		// A run that succeeded keeps its conversation and extra fields, even
 		// when grading then failed.
-		body.FinalMessages = fromStructs(sample.GetMessages())
-		body.ExtraFields = sample.GetExtraFields().AsMap()
-		if len(body.ExtraFields) == 0 {
-			body.ExtraFields = nil
+		body.FinalMessages = jsonStructs(sample.GetMessages())
+		if x := sample.GetExtraFields(); len(x.GetFields()) > 0 {
+			body.ExtraFields = &jsonStruct{x}
 		}
 	}
 	rec.mu.Lock()
@@ -255,7 +254,7 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		body.Reward = rec.reward
 	}
 	// The rollout's metrics carry G1's names already.
-	body.Metrics = protoMap(rec.metricsLocked(time.Now()))
+	body.Metrics = newWireMetrics(rec.metricsLocked(time.Now()))
 	rec.mu.Unlock()
 	return []delivery{{
 		event:  "completion",
@@ -271,12 +270,12 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 // g1Completion is the body of POST {server_url}/v1/rollout/completed.
 // Fields that are None in the Osmosis server are omitted.
 type g1Completion struct {
-	RolloutID     string           `json:"rollout_id"`
-	Status        string           `json:"status"`
-	FinalMessages []map[string]any `json:"final_messages"`
-	FinishReason  string           `json:"finish_reason,omitempty"`
-	ErrorMessage  string           `json:"error_message,omitempty"`
-	Reward        *float64         `json:"reward,omitempty"`
-	ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
-	Metrics       map[string]any   `json:"metrics,omitempty"`
+	RolloutID     string       `json:"rollout_id"`
+	Status        string       `json:"status"`
+	FinalMessages []jsonStruct `json:"final_messages"`
+	FinishReason  string       `json:"finish_reason,omitempty"`
+	ErrorMessage  string       `json:"error_message,omitempty"`
+	Reward        *float64     `json:"reward,omitempty"`
+	ExtraFields   *jsonStruct  `json:"extra_fields,omitempty"`
+	Metrics       *wireMetrics `json:"metrics,omitempty"`
 }

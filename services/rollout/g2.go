@@ -6,12 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -213,7 +214,7 @@ type wireSample struct {
 	Label        *string        `json:"label"`
 	Reward       *float64       `json:"reward"`
 	RemoveSample bool           `json:"remove_sample"`
-	Metrics      map[string]any `json:"metrics"`
+	Metrics      *wireMetrics   `json:"metrics"`
 	ExtraFields  jsonStruct     `json:"extra_fields"`
 	LLMCalls     []*wireLLMCall `json:"llm_calls,omitempty"`
 }
@@ -226,7 +227,7 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		Messages:     jsonStructs(sm.GetMessages()),
 		Label:        sm.Label,
 		RemoveSample: sm.GetRemoveSample(),
-		Metrics:      protoMap(sm.GetMetrics()),
+		Metrics:      newWireMetrics(sm.GetMetrics()),
 		// {} rather than null when unset, as the wires have it.
 		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
 	}
@@ -236,9 +237,10 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		// rollout's.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	for _, c := range sm.GetLlmCalls() {
-		out.LLMCalls = append(out.LLMCalls, wireCall(c))
-	}
+	// Each call's request messages whole, expanded here, once.
+	wholeRequests(sm.GetLlmCalls(), func(c *rolloutv1.LLMCall, msgs []*structpb.Struct) {
+		out.LLMCalls = append(out.LLMCalls, wireCall(c, msgs))
+	})
 	return out
 }
 
@@ -274,6 +276,29 @@ type wireLLMCall struct {
 	ModelName          string          `json:"model_name"`
 }
 
+// wireMetrics is a RolloutMetrics as its proto JSON form with every field
+// and the proto names has it, keys in encoding/json's order for a map.
+type wireMetrics struct {
+	LlmLatencyMs     jsonFloat `json:"llm_latency_ms"`
+	MaxContextTokens int32     `json:"max_context_tokens"`
+	NumLlmCalls      int32     `json:"num_llm_calls"`
+	NumToolCalls     int32     `json:"num_tool_calls"`
+	PromptTokens     int32     `json:"prompt_tokens"`
+	ResponseTokens   int32     `json:"response_tokens"`
+	ToolLatencyMs    jsonFloat `json:"tool_latency_ms"`
+	TotalLatencyMs   jsonFloat `json:"total_latency_ms"`
+}
+
+// newWireMetrics renders m; a nil m as zeros, as protojson renders it.
+func newWireMetrics(m *rolloutv1.RolloutMetrics) *wireMetrics {
+	return &wireMetrics{
+		LlmLatencyMs: jsonFloat(m.GetLlmLatencyMs()), MaxContextTokens: m.GetMaxContextTokens(),
+		NumLlmCalls: m.GetNumLlmCalls(), NumToolCalls: m.GetNumToolCalls(), PromptTokens: m.GetPromptTokens(),
+		ResponseTokens: m.GetResponseTokens(), ToolLatencyMs: jsonFloat(m.GetToolLatencyMs()),
+		TotalLatencyMs: jsonFloat(m.GetTotalLatencyMs()),
+	}
+}
+
 type wireUsage struct {
 	PromptTokens     int32 `json:"prompt_tokens"`
 	CompletionTokens int32 `json:"completion_tokens"`
@@ -281,11 +306,12 @@ type wireUsage struct {
 	CachedTokens     int32 `json:"cached_tokens"`
 }
 
-// wireCall renders c for the callback body.
-func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
+// wireCall renders c, whose whole request messages are msgs, for the
+// callback body.
+func wireCall(c *rolloutv1.LLMCall, msgs []*structpb.Struct) *wireLLMCall {
 	w := &wireLLMCall{
 		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
-		RequestMessages: jsonStructs(c.GetRequestMessages()), ResponseMessage: jsonStruct{c.GetResponseMessage()},
+		RequestMessages: jsonStructs(msgs), ResponseMessage: jsonStruct{c.GetResponseMessage()},
 		FinishReason: c.GetFinishReason(),
 		LatencyMS:    jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
 		Stream:         c.GetStream(),
@@ -300,12 +326,8 @@ func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
 			TotalTokens: u.GetTotalTokens(), CachedTokens: u.GetCachedTokens()}
 	}
 	w.Logprobs = c.GetLogprobs()
-	if t := c.GetStartedAt(); t != nil {
-		// The proto JSON form of a timestamp (RFC 3339, in UTC, with 0, 3,
-		// 6 or 9 fractional digits).
-		if b, err := protojson.Marshal(t); err == nil {
-			w.StartedAt = b
-		}
+	if t := c.GetStartedAt(); t.IsValid() {
+		w.StartedAt = appendTimestamp(nil, t)
 	}
 	return w
 }
@@ -341,4 +363,25 @@ func (fs jsonFloats) MarshalJSON() ([]byte, error) {
 		}
 	}
 	return json.Marshal([]float64(fs))
+}
+
+// appendTimestamp appends the proto JSON form of a valid timestamp: RFC
+// 3339, in UTC, with 0, 3, 6 or 9 fractional digits, quoted.
+func appendTimestamp(b []byte, ts *timestamppb.Timestamp) []byte {
+	b = append(b, '"')
+	b = ts.AsTime().UTC().AppendFormat(b, "2006-01-02T15:04:05")
+	if n := ts.GetNanos(); n != 0 {
+		digits := 9
+		for digits > 3 && n%1000 == 0 {
+			n /= 1000
+			digits -= 3
+		}
+		b = append(b, '.')
+		frac := strconv.AppendInt(nil, int64(n), 10)
+		for range digits - len(frac) {
+			b = append(b, '0')
+		}
+		b = append(b, frac...)
+	}
+	return append(b, 'Z', '"')
 }

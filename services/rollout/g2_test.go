@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -68,8 +70,11 @@ func TestWireSampleIsTheProtoJSONForm(t *testing.T) {
 // referenceSample is the sample's proto JSON form, through a map.
 func referenceSample(sm *rolloutv1.RolloutSample) map[string]any {
 	calls := []any{}
-	for _, c := range sm.GetLlmCalls() {
+	// The callback's calls carry their request messages whole, without
+	// the stored form's count of those shared with the previous call.
+	for _, c := range wholeCalls(sm.GetLlmCalls()) {
 		m := protoMap(c)
+		delete(m, "shared_request_messages")
 		for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
 			if v, ok := m[k].([]any); ok && len(v) == 0 {
 				delete(m, k)
@@ -98,4 +103,54 @@ func generic(t *testing.T, v any) any {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// protoMap renders a message as a JSON object with the proto field names,
+// the shape of the callbacks.
+func protoMap(m proto.Message) map[string]any {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	var out map[string]any
+	if err != nil || json.Unmarshal(b, &out) != nil {
+		return nil
+	}
+	return out
+}
+
+// The metrics are rendered as their proto JSON form through a map was,
+// byte for byte.
+func TestWireMetricsAreTheProtoJSONForm(t *testing.T) {
+	for _, m := range []*rolloutv1.RolloutMetrics{nil, {}, {
+		TotalLatencyMs: 1234.5678, LlmLatencyMs: 1e-7, ToolLatencyMs: 1.5e21, NumLlmCalls: 3, NumToolCalls: 2,
+		PromptTokens: 120, ResponseTokens: 45, MaxContextTokens: 165,
+	}, {TotalLatencyMs: math.NaN(), LlmLatencyMs: math.Inf(1), ToolLatencyMs: math.Inf(-1)}} {
+		got, err := json.Marshal(newWireMetrics(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := json.Marshal(protoMap(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%v:\n got %s\nwant %s", m, got, want)
+		}
+	}
+}
+
+// A call's started_at is the proto JSON form of its timestamp.
+func TestTimestampIsTheProtoJSONForm(t *testing.T) {
+	for _, ts := range []*timestamppb.Timestamp{
+		{}, {Seconds: 1764079751}, {Seconds: 1764079751, Nanos: 123000000}, {Seconds: 1764079751, Nanos: 123400000},
+		{Seconds: 1764079751, Nanos: 123456000}, {Seconds: 1764079751, Nanos: 1}, {Seconds: -62135596800}, {Seconds: 253402300799, Nanos: 999999999},
+		{Seconds: -1, Nanos: 500}, {Seconds: 253402300800}, {Nanos: -1}, nil,
+	} {
+		w := wireCall(&rolloutv1.LLMCall{StartedAt: ts}, nil)
+		want := "null"
+		if b, err := protojson.Marshal(ts); err == nil && ts != nil {
+			want = string(b)
+		}
+		if string(w.StartedAt) != want {
+			t.Errorf("%v: %s, want %s", ts, w.StartedAt, want)
+		}
+	}
 }

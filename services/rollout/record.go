@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -72,11 +73,14 @@ type record struct {
 	span trace.Span
 	bag  baggage.Baggage
 
-	mu        sync.Mutex
-	state     rolloutv1.State
-	started   time.Time
-	finished  time.Time
-	calls     []*llmproxy.Call
+	mu       sync.Mutex
+	state    rolloutv1.State
+	started  time.Time
+	finished time.Time
+	calls    []*recordedCall
+	// convs holds each sample's last call's request messages (the calls'
+	// own bytes), which the sample's next call is compacted against.
+	convs     map[string][]json.RawMessage
 	tools     map[string]toolStats // by sample id
 	samples   []*rolloutv1.RolloutSample
 	cancelled bool
@@ -211,9 +215,15 @@ func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
 func (r *record) addCall(c *llmproxy.Call) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.frozen { // a call of an abandoned workflow, late
-		r.calls = append(r.calls, c)
+	if r.frozen { // a call of an abandoned workflow, late
+		return
 	}
+	if r.convs == nil {
+		r.convs = map[string][]json.RawMessage{}
+	}
+	rc, msgs := newRecordedCall(c, r.convs[c.SampleID])
+	r.convs[c.SampleID] = msgs
+	r.calls = append(r.calls, rc)
 }
 
 func (r *record) addToolCall(sampleID string, d time.Duration) {
@@ -302,7 +312,7 @@ func (r *record) metricsLocked(end time.Time) *rolloutv1.RolloutMetrics {
 }
 
 // callMetrics sums LLM calls; the latency is the run's so far.
-func callMetrics(calls []*llmproxy.Call, started, end time.Time) *rolloutv1.RolloutMetrics {
+func callMetrics(calls []*recordedCall, started, end time.Time) *rolloutv1.RolloutMetrics {
 	m := &rolloutv1.RolloutMetrics{NumLlmCalls: int32(len(calls))}
 	if !started.IsZero() {
 		m.TotalLatencyMs = ms(end.Sub(started))
@@ -322,10 +332,12 @@ func callMetrics(calls []*llmproxy.Call, started, end time.Time) *rolloutv1.Roll
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// proto renders the record for GetRollout.
-func (r *record) proto() *rolloutv1.Rollout { return r.render() }
+// proto renders the record for GetRollout: every call's request
+// messages whole.
+func (r *record) proto() *rolloutv1.Rollout { return wholeRollout(r.render()) }
 
-// render builds the record's GetRollout form from its parts.
+// render builds the record's stored form from its parts: GetRollout's,
+// with each call's request messages compacted (see recordedCall).
 func (r *record) render() *rolloutv1.Rollout {
 	samples := r.snapshot()
 	r.mu.Lock()
@@ -369,7 +381,7 @@ func (r *record) freeze() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.frozen = true
-	r.samples, r.calls, r.tools, r.in, r.metadata, r.extra = nil, nil, nil, nil, nil, nil
+	r.samples, r.calls, r.convs, r.tools, r.in, r.metadata, r.extra = nil, nil, nil, nil, nil, nil, nil
 	r.upstream, r.token = llmproxy.Route{}, ""
 	r.wire.forget()
 }

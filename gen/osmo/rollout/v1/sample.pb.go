@@ -290,7 +290,11 @@ type LLMCall struct {
 	RequestedModel string `protobuf:"bytes,2,opt,name=requested_model,json=requestedModel,proto3" json:"requested_model,omitempty"`
 	// The model sent upstream after routing.
 	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	// The messages of the request, exactly as sent.
+	// The messages of the request, exactly as sent. In osmo's own stored
+	// records and grader requests a call that shares leading messages with
+	// the sample's previous call holds only the messages after them (see
+	// shared_request_messages); the API's answers and the callbacks always
+	// carry every message.
 	RequestMessages []*structpb.Struct `protobuf:"bytes,4,rep,name=request_messages,json=requestMessages,proto3" json:"request_messages,omitempty"`
 	// choices[0].message of the response (assembled from deltas for streams).
 	ResponseMessage *structpb.Struct `protobuf:"bytes,5,opt,name=response_message,json=responseMessage,proto3" json:"response_message,omitempty"`
@@ -324,8 +328,14 @@ type LLMCall struct {
 	CompletionTokens int32  `protobuf:"varint,20,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
 	CachedTokens     int32  `protobuf:"varint,21,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
 	ModelName        string `protobuf:"bytes,22,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// How many leading messages of the request are the first messages of the
+	// previous call's (of the same sample): request_messages then holds only
+	// the rest, so that a rollout's calls do not each copy the conversation.
+	// Set only in osmo's stored records and grader requests; 0 in the API's
+	// answers and callbacks, whose request_messages are whole.
+	SharedRequestMessages int32 `protobuf:"varint,23,opt,name=shared_request_messages,json=sharedRequestMessages,proto3" json:"shared_request_messages,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *LLMCall) Reset() {
@@ -512,6 +522,13 @@ func (x *LLMCall) GetModelName() string {
 	return ""
 }
 
+func (x *LLMCall) GetSharedRequestMessages() int32 {
+	if x != nil {
+		return x.SharedRequestMessages
+	}
+	return 0
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -612,7 +629,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xcc\x06\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\x84\a\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -640,7 +657,8 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x11completion_tokens\x18\x14 \x01(\x05R\x10completionTokens\x12#\n" +
 	"\rcached_tokens\x18\x15 \x01(\x05R\fcachedTokens\x12\x1d\n" +
 	"\n" +
-	"model_name\x18\x16 \x01(\tR\tmodelName\"\xa1\x01\n" +
+	"model_name\x18\x16 \x01(\tR\tmodelName\x126\n" +
+	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
