@@ -39,13 +39,17 @@ func Main(opts ...Option) {
 	case err == nil:
 	case errors.Is(err, flag.ErrHelp):
 		os.Exit(0)
+	// An exit code chosen by the command wins over the kind of error it
+	// wraps.
+	case errors.As(err, new(exitError)):
+		ee, _ := errors.AsType[exitError](err)
+		if !ee.quiet {
+			fmt.Fprintln(os.Stderr, "osmo:", err)
+		}
+		os.Exit(ee.code)
 	case errors.As(err, new(usageError)):
 		fmt.Fprintln(os.Stderr, "osmo:", err)
 		os.Exit(2)
-	case errors.As(err, new(exitError)):
-		fmt.Fprintln(os.Stderr, "osmo:", err)
-		ee, _ := errors.AsType[exitError](err)
-		os.Exit(ee.code)
 	default:
 		fmt.Fprintln(os.Stderr, "osmo:", err)
 		os.Exit(1)

@@ -32,6 +32,8 @@ const exitInterrupted = 130
 type exitError struct {
 	code int
 	err  error
+	// quiet: the error was already reported (as JSON): Main only exits.
+	quiet bool
 }
 
 func (e exitError) Error() string { return e.err.Error() }
@@ -210,7 +212,7 @@ func (f *evalRunFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.verbose, "verbose", false, "echo the rollout server's output (the run's logs.txt) on stderr")
 }
 
-func runEvalRun(ctx context.Context, e *env, args []string) error {
+func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	fs := flagSet(e, "eval run")
 	var (
 		f  evalRunFlags
@@ -229,6 +231,15 @@ func runEvalRun(ctx context.Context, e *env, args []string) error {
 	if file == "" && fs.NArg() > 0 {
 		file = fs.Arg(0)
 	}
+	// With --json, a run that ends before its result is printed (a bad
+	// config, a missing secret, a server that does not start) says why in
+	// the Osmosis CLI's error envelope, on stderr.
+	printed := false
+	defer func() {
+		if err != nil && f.json && !printed {
+			err = jsonError(e.stderr, "eval run", err)
+		}
+	}()
 	if file == "" {
 		return usagef("usage: osmo eval run FILE.toml [flags]")
 	}
@@ -341,6 +352,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) error {
 		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
 		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
 	})
+	printed = rep != nil
 	return reportEnd(e, rep, err, rd.Path, f.json)
 }
 
@@ -451,6 +463,33 @@ func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) 
 		return exitError{code: 1, err: fmt.Errorf("%d of %d attempts have no result: run the same command again to run them", rep.Pending, rep.Total)}
 	}
 	return err
+}
+
+// jsonError writes err as the Osmosis CLI's JSON error envelope
+// ({"schema_version", "command", "cli_version", "error": {"code",
+// "message", "details"}}) and returns it as an exit that prints nothing
+// more: code VALIDATION for what was refused before anything ran (exit 2),
+// INTERNAL otherwise (exit 1, or the exit err carries).
+func jsonError(w io.Writer, command string, err error) error {
+	code, exit := "INTERNAL", 1
+	var ee exitError
+	switch {
+	case errors.As(err, new(usageError)):
+		code, exit = "VALIDATION", 2
+	case errors.As(err, &ee):
+		exit = ee.code
+	}
+	b, merr := json.Marshal(map[string]any{
+		"schema_version": 1,
+		"command":        command,
+		"cli_version":    Version,
+		"error":          map[string]any{"code": code, "message": err.Error(), "details": map[string]any{}},
+	})
+	if merr != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s\n", b)
+	return exitError{code: exit, err: err, quiet: true}
 }
 
 // writeEvalJSON prints the run's result as the Osmosis CLI's --json prints

@@ -131,6 +131,20 @@ func TestOsmosisWorkspaceEval(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "MULTIPLY_SECRET") {
 		t.Errorf("no secret: exit %d:\n%s", code, out)
 	}
+	// With --json, the refusal is the Osmosis CLI's error envelope, alone.
+	code, out = wsEval(t, ws, nil, "configs/eval/multiply.toml", "--mock", "--name", "nosecret", "--json")
+	var env struct {
+		SchemaVersion int    `json:"schema_version"`
+		Command       string `json:"command"`
+		Error         struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(out), &env); err != nil || code != 2 || env.SchemaVersion != 1 || env.Command != "eval run" ||
+		env.Error.Code != "VALIDATION" || !strings.Contains(env.Error.Message, "MULTIPLY_SECRET") {
+		t.Errorf("no secret, --json: exit %d, %v:\n%s", code, err, out)
+	}
 
 	// The dataset edited: resuming "first" is refused, naming what changed.
 	data := filepath.Join(ws, "data", "multiply.jsonl")
