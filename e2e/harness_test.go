@@ -66,9 +66,7 @@ func TestNATSClusterHarness(t *testing.T) {
 		js := natsJS(t, c.URL())
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "HARNESS", Subjects: []string{"harness.>"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
-			t.Fatal(err)
-		}
+		createStream(ctx, t, js, jetstream.StreamConfig{Name: "HARNESS", Subjects: []string{"harness.>"}, Replicas: 3, Storage: jetstream.FileStorage})
 		publish(ctx, t, js, 5)
 		big := make([]byte, 7<<20)
 		if _, err := js.Publish(ctx, "harness.big", big); err != nil {
@@ -128,6 +126,27 @@ func natsJS(t *testing.T, url string) jetstream.JetStream {
 
 // publish stores n messages, each retried until acknowledged: a stream's
 // leader may be moving.
+// createStream creates (or finds) a stream, asking again while a new
+// cluster settles: a JetStream API reply can be lost while the servers'
+// routes are still being made (a duplicate route is closed with what was
+// in flight on it), and a request whose reply is lost waits out its
+// context. CreateOrUpdateStream makes asking twice harmless.
+func createStream(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.CreateOrUpdateStream(actx, cfg)
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("stream %s: %v", cfg.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func publish(ctx context.Context, t *testing.T, js jetstream.JetStream, n int) {
 	t.Helper()
 	for i := range n {
