@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
@@ -37,17 +38,9 @@ func TestG1CompletionAsMaps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The body as it was built from maps.
-			var asMaps struct {
-				RolloutID     string           `json:"rollout_id"`
-				Status        string           `json:"status"`
-				FinalMessages []map[string]any `json:"final_messages"`
-				FinishReason  string           `json:"finish_reason,omitempty"`
-				ErrorMessage  string           `json:"error_message,omitempty"`
-				Reward        *float64         `json:"reward,omitempty"`
-				ExtraFields   map[string]any   `json:"extra_fields,omitempty"`
-				Metrics       map[string]any   `json:"metrics,omitempty"`
-			}
+			// The body as it was built from maps: the G1 controller's
+			// completion, whose fields are in the wire's order.
+			var asMaps controller.Completion
 			if err := json.Unmarshal(got, &asMaps); err != nil {
 				t.Fatal(err)
 			}
