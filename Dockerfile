@@ -65,6 +65,8 @@ USER 65532:65532
 #   9464  rollout --metrics-addr: GET /metrics
 #   9465  grader --metrics-addr: GET /metrics
 EXPOSE 9000 9090 9091 9002 9003 9464 9465
+# The default command listens on every interface, so it needs a key:
+#   docker run -e OSMO_API_KEY=... -p 9000:9000 osmo:local
 # No shell in this image: health checks run the binary itself, e.g.
 #   ["CMD", "/osmo", "health", "127.0.0.1:9090"]             (gRPC health)
 #   ["CMD", "/osmo", "health", "http://127.0.0.1:9000/health"] (HTTP)

@@ -60,7 +60,7 @@ type backendFlags struct {
 func (b *backendFlags) register(fs *flag.FlagSet, e *env) {
 	fs.BoolVar(&b.mock, "mock", false, "route the model's calls to the built-in mock policy: works offline, no key")
 	fs.StringVar(&b.server, "server", "", "an Osmosis-compatible rollout server to drive (`URL`); default: osmo's own, started in this process")
-	fs.StringVar(&b.serverKey, "server-key", e.getenv("OSMO_API_KEY"), "bearer for --server (env OSMO_API_KEY)")
+	secretVar(fs, &b.serverKey, "server-key", e.getenv("OSMO_API_KEY"), "bearer `TOKEN` for --server (env OSMO_API_KEY)")
 	b.lf.register(fs)
 	// Logs are for trouble: the run's own output is the progress and the
 	// summary.

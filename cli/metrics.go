@@ -19,10 +19,12 @@ func newMetricsRegistry() *prometheus.Registry {
 	return reg
 }
 
-// withMetrics serves GET /metrics from reg in front of h.
-func withMetrics(h http.Handler, reg *prometheus.Registry) http.Handler {
+// withMetrics serves GET /metrics from reg in front of h, behind key when
+// one is set (on a port that also serves the API, its callers need the key
+// for everything but /health; a metrics-only address is left open).
+func withMetrics(h http.Handler, reg *prometheus.Registry, key string) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", requireKeyHTTP(key, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
 	mux.Handle("/", h)
 	return mux
 }
@@ -33,7 +35,7 @@ func metricsServer(addr string, reg *prometheus.Registry) (func(ctx context.Cont
 	if addr == "" {
 		return func(ctx context.Context) error { <-ctx.Done(); return nil }, "", nil
 	}
-	srv, err := server.NewHTTP(addr, withMetrics(http.NotFoundHandler(), reg))
+	srv, err := server.NewHTTP(addr, withMetrics(http.NotFoundHandler(), reg, ""))
 	if err != nil {
 		return nil, "", err
 	}

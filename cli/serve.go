@@ -61,6 +61,7 @@ type rolloutFlags struct {
 	recordMaxBytes   byteSize
 	lostAfter        time.Duration
 	replicaName      string
+	guard            listenGuard
 	nats             natsFlags
 	env              osmosisEnv
 	osmosis          osmosisFlags
@@ -79,7 +80,8 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
 	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; G1 inits queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
-	fs.StringVar(&f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every request but /health (env OSMO_API_KEY)")
+	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)")
+	f.guard.register(fs, e)
 	fs.StringVar(&f.logDir, "log", "", "write one JSONL event file per rollout under `DIR`/<unix-time>/")
 	fs.StringVar(&f.model, "model", "", "model name that replaces the placeholder "+`"openai/osmosis-rollout"`+" on upstream calls (default: leave it to the trainer)")
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", oe.maxConcurrent, "rollouts run at once; the rest queue (env OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS)")
@@ -379,7 +381,7 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	if err != nil {
 		return nil, err
 	}
-	if st.http, err = server.NewHTTP(sc.httpAddr, withMetrics(gw, reg)); err != nil {
+	if st.http, err = server.NewHTTP(sc.httpAddr, withMetrics(gw, reg, sc.rollout.apiKey)); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -491,6 +493,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey != "",
+		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr}); err != nil {
+		return err
+	}
 	sc.tracing = stackTracing(tel)
 	stopOsmosis, err := sc.rollout.startOsmosis(ctx, log, e.stderr)
 	if err != nil {
@@ -530,6 +536,9 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey != "", listenAddr{"--grpc-addr", addr}); err != nil {
+		return err
+	}
 	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
 	if err != nil {
 		return err
@@ -615,7 +624,9 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
-	fs.StringVar(&apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
+	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
+	var guard listenGuard
+	guard.register(fs, e)
 	gf.register(fs, "")
 	nf.register(fs, e)
 	lf.register(fs)
@@ -627,6 +638,9 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	if err := guard.check(ctx, log, "grader", apiKey != "", listenAddr{"--grpc-addr", addr}); err != nil {
+		return err
+	}
 	state, err := nf.open(ctx, "osmo-grader", log)
 	if err != nil {
 		return err
@@ -660,14 +674,17 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 func runGateway(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "gateway")
 	var (
-		addr, rolloutAddr, graderAddr string
-		maxBody                       int64
-		lf                            logFlags
+		addr, rolloutAddr, graderAddr, apiKey string
+		maxBody                               int64
+		guard                                 listenGuard
+		lf                                    logFlags
 	)
 	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
+	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health, and forward it to the services (env OSMO_API_KEY); give them the same --api-key")
+	guard.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -680,6 +697,9 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	if err := guard.check(ctx, log, "gateway", apiKey != "", listenAddr{"--addr", addr}); err != nil {
+		return err
+	}
 	tp, prop := tel.TracerProvider(), tel.Propagator()
 	rconn, err := dial(rolloutAddr, tp, prop)
 	if err != nil {
@@ -699,7 +719,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.NewHTTP(addr, withMetrics(gw, newMetricsRegistry()))
+	srv, err := server.NewHTTP(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
 	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1 (required)")
 	fs.StringVar(&model, "model", "", `model that replaces the placeholder "openai/osmosis-rollout"`)
-	fs.StringVar(&apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
+	secretVar(fs, &apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer `TOKEN` sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
 	fs.IntVar(&retries, "max-retries", 3, "retries on 5xx, timeouts and transport errors")
 	fs.DurationVar(&timeout, "timeout", 300*time.Second, "per-attempt upstream timeout")
 	fs.DurationVar(&baseDelay, "retry-base-delay", time.Second, "first retry delay (doubles each retry)")
@@ -81,7 +81,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
 	})
 	mux.Handle("/", proxy)
-	srv, err := server.NewHTTP(addr, withMetrics(mux, reg))
+	srv, err := server.NewHTTP(addr, withMetrics(mux, reg, ""))
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	srv, err := server.NewHTTP(addr, withMetrics(h, newMetricsRegistry()))
+	srv, err := server.NewHTTP(addr, withMetrics(h, newMetricsRegistry(), ""))
 	if err != nil {
 		return err
 	}

@@ -494,7 +494,7 @@ func TestComposeFile(t *testing.T) {
 	})
 
 	t.Run("keys come from an optional .env", func(t *testing.T) {
-		for _, name := range []string{"rollout", "grader", "llmproxy"} {
+		for _, name := range []string{"gateway", "rollout", "grader", "llmproxy"} {
 			s, _ := bare.GetService(name)
 			if len(s.EnvFiles) != 1 || filepath.Base(s.EnvFiles[0].Path) != ".env" || bool(s.EnvFiles[0].Required) {
 				t.Errorf("service %s: env_file %+v, want .env with required: false", name, s.EnvFiles)
@@ -506,14 +506,16 @@ func TestComposeFile(t *testing.T) {
 		if v := r.Environment["OSMO_API_KEY"]; v != nil && *v != "" {
 			t.Errorf("without .env the rollout has OSMO_API_KEY=%q", *v)
 		}
-		// The grader checks the same key: the gateway forwards /v1/grade.
-		for _, name := range []string{"rollout", "grader"} {
+		// The gateway checks the key and forwards it; the services check it
+		// again (the grader's /v1/grade included). Each listens beyond
+		// loopback, where osmo refuses to start without a key.
+		for _, name := range []string{"gateway", "rollout", "grader"} {
 			r, _ = withEnv.GetService(name)
 			if v := r.Environment["OSMO_API_KEY"]; v == nil || *v == "" {
 				t.Errorf("with .env from .env.example the %s has no OSMO_API_KEY", name)
 			}
 		}
-		for _, name := range []string{"gateway", "mockllm"} {
+		for _, name := range []string{"mockllm"} {
 			s, _ := withEnv.GetService(name)
 			if _, leaked := s.Environment["OSMO_API_KEY"]; leaked {
 				t.Errorf("service %s receives OSMO_API_KEY, which it does not need", name)

@@ -662,15 +662,21 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 			service string
 			port    int
 			want    string
+			key     string // the gateway's port serves the API: its /metrics needs the key
 		}{
-			{"rollout", 9464, "osmo_rollouts_finished_total"},
-			{"grader", 9465, "osmo_grader_gradings_total"},
-			{"gateway", 9000, "go_goroutines"},
-			{"mockllm", 9003, "go_goroutines"},
-			{"llmproxy", 9002, "go_goroutines"},
+			{"rollout", 9464, "osmo_rollouts_finished_total", ""},
+			{"grader", 9465, "osmo_grader_gradings_total", ""},
+			{"gateway", 9000, "go_goroutines", st.apiKey},
+			{"mockllm", 9003, "go_goroutines", ""},
+			{"llmproxy", 9002, "go_goroutines", ""},
 		} {
 			url := fmt.Sprintf("http://%s/metrics", st.addr(t, target.service, target.port))
-			code, body := request(ctx, t, http.MethodGet, url, "", "")
+			if target.key != "" {
+				if code, _ := request(ctx, t, http.MethodGet, url, "", ""); code != http.StatusUnauthorized {
+					t.Errorf("GET %s (%s) without the key: %d, want 401", url, target.service, code)
+				}
+			}
+			code, body := request(ctx, t, http.MethodGet, url, target.key, "")
 			if code != http.StatusOK || !bytes.Contains(body, []byte(target.want)) {
 				t.Errorf("GET %s (%s): %d, want 200 with %s", url, target.service, code, target.want)
 			}

@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/osmo-rl/osmo/internal/server"
+)
+
+// secretValue is a string flag whose value never shows in usage text: the
+// flag package prints a flag's default, and a default read from the
+// environment (OSMO_API_KEY) would otherwise land on the terminal, and in
+// whatever collects it, at every -h and every mistyped flag.
+type secretValue struct{ p *string }
+
+// secretVar registers a secret string flag defaulting to def (usually an
+// environment variable's value), shown in usage as if it had no default.
+func secretVar(fs *flag.FlagSet, p *string, name, def, usage string) {
+	*p = def
+	fs.Var(secretValue{p}, name, usage)
+}
+
+// String is empty whatever the value: it is what usage text shows.
+func (s secretValue) String() string { return "" }
+
+func (s secretValue) Set(v string) error {
+	*s.p = v
+	return nil
+}
+
+// listenGuard refuses to serve without authentication beyond loopback: a
+// service that runs agents and makes requests on a caller's behalf is not
+// left open to a network by a forgotten flag.
+type listenGuard struct {
+	insecure bool
+}
+
+func (g *listenGuard) register(fs *flag.FlagSet, e *env) {
+	fs.BoolVar(&g.insecure, "insecure", e.getenv("OSMO_INSECURE") == "true",
+		"serve without authentication on a non-loopback address (env OSMO_INSECURE=true); without it such a start needs --api-key")
+}
+
+// check returns a usage error when a listen address reaches beyond this
+// machine and nothing authenticates its callers. listens maps each address
+// to the flag that sets it, for the message. With --insecure it logs a
+// warning instead, at every start.
+func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd string, authenticated bool, listens ...listenAddr) error {
+	if authenticated {
+		return nil
+	}
+	var open []string
+	for _, l := range listens {
+		if l.addr == "" {
+			continue
+		}
+		if !loopbackAddr(ctx, l.addr) {
+			open = append(open, fmt.Sprintf("%s %s", l.flag, l.addr))
+		}
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	if g.insecure {
+		log.Warn("serving WITHOUT authentication beyond loopback (--insecure): anyone who reaches these addresses can start rollouts",
+			"listen", strings.Join(open, ", "))
+		return nil
+	}
+	return usagef("osmo %s: %s reaches beyond this machine and no --api-key is set: pass --api-key KEY (or env OSMO_API_KEY), "+
+		"listen on loopback (127.0.0.1), or pass --insecure to serve without authentication on purpose", cmd, strings.Join(open, ", "))
+}
+
+// listenAddr is an address a command listens on and the flag that sets it.
+type listenAddr struct{ flag, addr string }
+
+// loopbackAddr reports whether addr (host:port) listens on loopback only.
+// An empty host listens on every interface. A name counts as loopback when
+// every address it resolves to is loopback ("localhost" always is).
+func loopbackAddr(ctx context.Context, addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if host == "" {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(strings.Trim(host, "[]")); ip != nil {
+		return ip.IsLoopback()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	if err != nil || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}
+
+// requireKeyHTTP puts the bearer check of key in front of h for every path
+// but /health, in the Osmosis 401 shape; a zero key lets everything through.
+// It guards what an HTTP port serves besides the gateway's RPCs (whose keys
+// the services check), such as /metrics.
+func requireKeyHTTP(key string, h http.Handler) http.Handler {
+	if key == "" {
+		return h
+	}
+	auth := server.NewBearerAuth(key)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" || auth.Check(r.Header.Values("Authorization")) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, "{\"detail\":%q}\n", server.AuthMessage)
+	})
+}
