@@ -57,6 +57,8 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 	if lc.Request, err = proto.Marshal(req); err != nil {
 		return nil, err
 	}
+	// The request holds the trainer's bearers: sealed in the shared state.
+	lc.Request = s.seal.bytes(lc.Request)
 	if resp != nil {
 		if lc.Response, err = proto.Marshal(resp); err != nil {
 			return nil, err

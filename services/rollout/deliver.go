@@ -275,7 +275,13 @@ func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log
 	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
 		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status), osmoattr.Attempt.Int(n))
 	defer span.End()
-	err := s.sender.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d.policy, d.url, d.bearer, d.payload)
+	// A bearer read back from the shared state is sealed (see seal).
+	bearer, err := s.seal.openText(d.bearer)
+	if err != nil {
+		err = fmt.Errorf("%w: the bearer: %w", errPermanent, err)
+	} else {
+		err = s.sender.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d.policy, d.url, bearer, d.payload)
+	}
 	switch {
 	case err == nil:
 		s.sender.attempts.WithLabelValues("ok").Inc()

@@ -139,7 +139,7 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 			log.Error("encode callback", "event", d.event, "error", err)
 			payload = []byte(`{}`)
 		}
-		st.Callbacks[i] = savedCallback{Event: d.event, Route: d.route, URL: d.url, Bearer: d.bearer, Status: d.status, Payload: payload}
+		st.Callbacks[i] = savedCallback{Event: d.event, Route: d.route, URL: d.url, Bearer: s.seal.text(d.bearer), Status: d.status, Payload: payload}
 	}
 	rec.mu.Lock()
 	state, reward := rec.state, rec.reward

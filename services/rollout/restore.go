@@ -18,7 +18,7 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 	switch lc.Wire {
 	case wireG1:
 		req := &rolloutv1.InitRolloutRequest{}
-		if err := proto.Unmarshal(lc.Request, req); err != nil {
+		if err := s.unmarshalRequest(lc, req); err != nil {
 			return nil, err
 		}
 		// Past its final stage the request is gone, its id with it.
@@ -33,7 +33,7 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 		rec.in.Tools = fromStructs(w.resp.GetTools())
 	case wireG2, wireV03:
 		req := &rolloutv1.StartRolloutRequest{}
-		if err := proto.Unmarshal(lc.Request, req); err != nil {
+		if err := s.unmarshalRequest(lc, req); err != nil {
 			return nil, err
 		}
 		rec = s.g2Record(req, lc.ID)
@@ -58,4 +58,13 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 		rec.started = lc.Started
 	}
 	return rec, nil
+}
+
+// unmarshalRequest decodes lc's request, sealed or not (see seal).
+func (s *Service) unmarshalRequest(lc *lifecycle, req proto.Message) error {
+	b, err := s.seal.open(lc.Request)
+	if err != nil {
+		return fmt.Errorf("rollout %s: %w", lc.ID, err)
+	}
+	return proto.Unmarshal(b, req)
 }

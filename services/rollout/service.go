@@ -47,7 +47,9 @@ type Service struct {
 	// configured Workflow, or the AgentLoop made one.
 	workflow *osmo.Workflow
 	auth     *server.BearerAuth
-	log      *slog.Logger
+	// seal encrypts the trainers' secrets the shared state keeps.
+	seal seal
+	log  *slog.Logger
 	// store holds the rollouts this replica runs or concludes; sh is the
 	// state every replica shares, and ownState says the Service opened
 	// (and closes) its store. replica names this process in it.
@@ -108,6 +110,10 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("rollout.New: %w", err)
 		}
 	}
+	sl, err := newSeal(cfg.APIKey)
+	if err != nil {
+		return nil, fmt.Errorf("rollout.New: %w", err)
+	}
 	logs, err := newEventLogs(cfg.LogDir, time.Now())
 	if err != nil {
 		return nil, err
@@ -118,6 +124,7 @@ func New(cfg Config) (*Service, error) {
 		// All RPCs need the key but Health (the Osmosis /health) and the
 		// standard health and reflection services.
 		auth:      server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
+		seal:      sl,
 		log:       cfg.Logger.With("service", "rollout"),
 		logs:      logs,
 		metrics:   newMetrics(cfg.Metrics),
