@@ -19,12 +19,14 @@ type eventLogs struct {
 	dir string // "" disables logging
 }
 
+// newEventLogs opens the event log directory under root. Its files hold
+// whole conversations: readable by their owner only.
 func newEventLogs(root string, start time.Time) (*eventLogs, error) {
 	if root == "" {
 		return &eventLogs{}, nil
 	}
 	dir := filepath.Join(root, fmt.Sprint(start.Unix()))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rollout: event log dir: %w", err)
 	}
 	return &eventLogs{dir: dir}, nil
@@ -122,7 +124,7 @@ func (l *eventLog) write(event string, data map[string]any) {
 		return
 	}
 	if l.f == nil {
-		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if l.err != nil {
 			return
 		}
