@@ -87,7 +87,8 @@ func DefaultDenied() []Rule {
 // A nil *Policy is the default one. A Policy is immutable and safe for
 // concurrent use.
 type Policy struct {
-	rules []Rule // most specific first, then by Source, highest first
+	rules    []Rule // most specific first, then by Source, highest first
+	resolver *net.Resolver
 }
 
 // Default is the policy of DefaultDenied alone.
@@ -120,6 +121,15 @@ func NewRules(rules []Rule) *Policy {
 		return cmp.Compare(b.Source, a.Source)
 	})
 	return p
+}
+
+// WithResolver is a copy of p whose Dialer resolves names with r (nil: the
+// system's) unless its base dialer names a resolver of its own. What r
+// answers is checked like any other answer.
+func (p *Policy) WithResolver(r *net.Resolver) *Policy {
+	c := *p.orDefault()
+	c.resolver = r
+	return &c
 }
 
 func (p *Policy) orDefault() *Policy {
@@ -174,6 +184,9 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	d := &net.Dialer{}
 	if base != nil {
 		*d = *base
+	}
+	if d.Resolver == nil {
+		d.Resolver = p.resolver
 	}
 	check := p.checkDialed
 	if ctl := d.ControlContext; ctl != nil {

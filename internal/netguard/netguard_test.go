@@ -2,7 +2,6 @@ package netguard
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -14,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
+	"github.com/osmo-rl/osmo/internal/netguard/netguardtest"
 )
 
 func prefixes(t *testing.T, list string) []netip.Prefix {
@@ -147,70 +146,6 @@ func TestParsePrefixes(t *testing.T) {
 	}
 }
 
-// fakeResolver answers A and AAAA queries for names (fully qualified) from
-// the map, in memory: the tests decide what a name resolves to.
-func fakeResolver(names map[string]netip.Addr) *net.Resolver {
-	return &net.Resolver{
-		PreferGo: true,
-		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			client, server := net.Pipe()
-			go serveDNS(server, names)
-			return client, nil
-		},
-	}
-}
-
-// serveDNS answers length-prefixed DNS queries on c (the resolver speaks
-// the TCP framing over a conn that is not a net.PacketConn).
-func serveDNS(c net.Conn, names map[string]netip.Addr) {
-	defer c.Close()
-	for {
-		var n uint16
-		if binary.Read(c, binary.BigEndian, &n) != nil {
-			return
-		}
-		query := make([]byte, n)
-		if _, err := io.ReadFull(c, query); err != nil {
-			return
-		}
-		var parser dnsmessage.Parser
-		h, err := parser.Start(query)
-		if err != nil {
-			return
-		}
-		q, err := parser.Question()
-		if err != nil {
-			return
-		}
-		addr, known := names[q.Name.String()]
-		hdr := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true}
-		if !known {
-			hdr.RCode = dnsmessage.RCodeNameError
-		}
-		b := dnsmessage.NewBuilder(nil, hdr)
-		_ = b.StartQuestions()
-		_ = b.Question(q)
-		_ = b.StartAnswers()
-		rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}
-		switch {
-		case known && q.Type == dnsmessage.TypeA && addr.Is4():
-			_ = b.AResource(rh, dnsmessage.AResource{A: addr.As4()})
-		case known && q.Type == dnsmessage.TypeAAAA && addr.Is6():
-			_ = b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: addr.As16()})
-		}
-		msg, err := b.Finish()
-		if err != nil {
-			return
-		}
-		if binary.Write(c, binary.BigEndian, uint16(len(msg))) != nil {
-			return
-		}
-		if _, err := c.Write(msg); err != nil {
-			return
-		}
-	}
-}
-
 // TestDialerChecksTheResolvedAddress: a name admission could not judge
 // fails when it resolves to a denied address, before any connection; one
 // that resolves to loopback is reached.
@@ -232,7 +167,7 @@ func TestDialerChecksTheResolvedAddress(t *testing.T) {
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	d := Default().Dialer(&net.Dialer{
 		Timeout: 5 * time.Second,
-		Resolver: fakeResolver(map[string]netip.Addr{
+		Resolver: netguardtest.Resolver(map[string]netip.Addr{
 			"metadata.test.":  netip.MustParseAddr("169.254.169.254"),
 			"metadata6.test.": netip.MustParseAddr("fe80::a9fe:a9fe"),
 			"mapped.test.":    netip.MustParseAddr("::ffff:169.254.169.254"),
@@ -304,7 +239,7 @@ func guardedClient(p *Policy, r *net.Resolver) *http.Client {
 }
 
 func TestClientRefusesMetadataThroughTheTransport(t *testing.T) {
-	c := guardedClient(Default(), fakeResolver(map[string]netip.Addr{"metadata.test.": netip.MustParseAddr("169.254.169.254")}))
+	c := guardedClient(Default(), netguardtest.Resolver(map[string]netip.Addr{"metadata.test.": netip.MustParseAddr("169.254.169.254")}))
 	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://metadata.test/latest/meta-data/", "http://[::ffff:169.254.169.254]/"} {
 		resp, err := c.Get(u)
 		if err == nil {
