@@ -63,6 +63,7 @@ type rolloutFlags struct {
 	replicaName      string
 	guard            listenGuard
 	nats             natsFlags
+	outbound         outboundFlags
 	env              osmosisEnv
 	osmosis          osmosisFlags
 }
@@ -96,6 +97,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.DurationVar(&f.lostAfter, "lost-after", rollout.DefaultLostAfter, "a replica that stops renewing its hold on its rollouts for this long (SIGKILLed, its node gone) is taken for lost: another replica concludes them")
 	fs.StringVar(&f.replicaName, "replica-name", e.getenv("POD_NAME"), "this replica's name in the shared state and in the messages of rollouts interrupted by its loss (env POD_NAME; default: the host name)")
 	f.nats.register(fs, e)
+	f.outbound.register(fs)
 	f.osmosis.register(fs)
 	return nil
 }
@@ -168,6 +170,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		MaxMetadataBytes: f.env.maxMetadataBytes,
 		Client:           f.env.client,
 		Model:            f.model,
+		Outbound:         f.outbound.policy(),
 		LogDir:           f.logDir,
 		Logger:           log,
 		Metrics:          reg,

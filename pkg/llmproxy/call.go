@@ -80,7 +80,7 @@ type RecorderFunc func(ctx context.Context, c *Call)
 func (f RecorderFunc) RecordCall(ctx context.Context, c *Call) { f(ctx, c) }
 
 // RetryPolicy is the G1 client retry rule: 5xx, timeouts and transport errors
-// are retried up to MaxRetries times with delay BaseDelay*2^attempt capped at
+// (but permanent ones, see Config.Transport) are retried up to MaxRetries times with delay BaseDelay*2^attempt capped at
 // MaxDelay (a MaxDelay of 0 keeps every delay at BaseDelay), exactly, as the
 // Osmosis G1 client waits; a 4xx fails at once.
 type RetryPolicy struct {

@@ -352,7 +352,16 @@ func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
 	if errors.Is(context.Cause(actx), errAttemptTimeout) {
 		return &upstreamError{kind: "timeout", detail: x.p.timeout.String(), retry: true}
 	}
-	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: true}
+	pe, ok := errors.AsType[permanentError](err)
+	permanent := ok && pe.Permanent()
+	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: !permanent}
+}
+
+// permanentError is a transport error that retrying cannot fix (see
+// Config.Transport).
+type permanentError interface {
+	error
+	Permanent() bool
 }
 
 // readBounded reads a whole upstream body into a pooled buffer the caller

@@ -59,6 +59,9 @@ type Config struct {
 	MaxResponseBytes int64
 	// Transport carries upstream calls. Nil means DefaultTransport(), a
 	// transport tuned for many concurrent calls to one policy endpoint.
+	// A transport error that wraps one with a Permanent() bool method
+	// answering true (a connection an outbound address policy refused, say)
+	// fails the call at once: retrying would be refused again.
 	Transport http.RoundTripper
 	// Logger receives call logs; nil discards them.
 	Logger *slog.Logger

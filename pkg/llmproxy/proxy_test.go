@@ -539,6 +539,39 @@ func TestUnreachableUpstream(t *testing.T) {
 	}
 }
 
+// refusedError is a transport error retrying cannot fix, as an outbound
+// address policy's refusal is.
+type refusedError struct{}
+
+func (refusedError) Error() string   { return "outbound address 169.254.169.254 denied" }
+func (refusedError) Permanent() bool { return true }
+
+// TestPermanentTransportErrorNotRetried: a transport error that says it is
+// permanent fails the call after one attempt, with its reason.
+func TestPermanentTransportErrorNotRetried(t *testing.T) {
+	var attempts atomic.Int32
+	h := newProxy(t, llmproxy.Config{
+		Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://169.254.169.254/v1"}),
+		Retry:  llmproxy.RetryPolicy{MaxRetries: 3, BaseDelay: time.Millisecond},
+		Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			attempts.Add(1)
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: refusedError{}}
+		}),
+	})
+	resp, body := post(t, h.url+"/v1/chat/completions", chatBody, ids)
+	e := decodeError(t, resp, body, http.StatusBadGateway)
+	if e.Error.Code != "upstream_unreachable" || !strings.Contains(e.Error.Message, "1 attempt") || !strings.Contains(e.Error.Message, "denied") {
+		t.Errorf("error = %+v", e.Error)
+	}
+	if n := attempts.Load(); n != 1 {
+		t.Errorf("%d attempts, want 1", n)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 func TestRouteContextCancelAbortsCall(t *testing.T) {
 	started := make(chan struct{})
 	observed := make(chan struct{})

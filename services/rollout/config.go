@@ -12,6 +12,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/internal/netguard"
 )
 
 // ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
@@ -142,8 +143,17 @@ type Config struct {
 	LogDir string
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
-	// HTTPClient overrides the client used for callbacks.
+	// HTTPClient overrides the client used for callbacks. It is used as
+	// given: Outbound does not reach its connections or redirects.
 	HTTPClient *http.Client
+	// Outbound is which addresses the service may connect to on a
+	// trainer's behalf: the policy URL of every wire (and so the routes of
+	// exec agents, which go through the embedded proxy) and the callbacks.
+	// Each connection's address is checked when it is made, and URLs whose
+	// host is a denied IP literal are refused at admission. Nil is
+	// netguard.Default(): link-local (cloud metadata), unspecified and
+	// multicast addresses denied, loopback and private ones allowed.
+	Outbound *netguard.Policy
 	// Metrics, when set, receives the service's Prometheus collectors and
 	// the embedded LLM proxy's (osmo_llmproxy_*).
 	Metrics prometheus.Registerer

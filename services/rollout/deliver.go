@@ -18,6 +18,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/osmo-rl/osmo/internal/netguard"
 	"github.com/osmo-rl/osmo/internal/retry"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
@@ -480,6 +481,11 @@ func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer str
 		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
 	resp, err := c.client.Do(req)
+	if netguard.Refused(err) {
+		// The outbound policy refuses this address (or the endpoint
+		// redirects elsewhere): it will again, however long we retry.
+		return fmt.Errorf("%w: %w", errPermanent, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func FuzzWireBodies(f *testing.F) {
 			if opts.Unmarshal(body, req) != nil {
 				return
 			}
-			msg, err = req, validateInit(req, 1<<10)
+			msg, err = req, validateInit(req, 1<<10, nil)
 			if err == nil {
 				checkURL(t, "server_url", req.GetServerUrl())
 				checkID(t, req.GetRolloutId())
@@ -49,7 +49,7 @@ func FuzzWireBodies(f *testing.F) {
 			if id == "" {
 				id = idFromCompletionURL(req.GetCompletionCallbackUrl())
 			}
-			msg, err = req, validateStart(req, id, 1<<10)
+			msg, err = req, validateStart(req, id, 1<<10, nil)
 			if err == nil {
 				checkID(t, id)
 				if strings.ContainsAny(id, "/\\") || id == "." || id == ".." {

@@ -37,7 +37,7 @@ type g1Wire struct {
 // key conflicts; and a failed one (its tools could not be computed) is
 // forgotten so that a retry starts afresh.
 func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
-	if err := validateInit(req, s.cfg.MaxMetadataBytes); err != nil {
+	if err := validateInit(req, s.cfg.MaxMetadataBytes, s.cfg.Outbound); err != nil {
 		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
 		return nil, err
 	}

@@ -43,7 +43,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	w := &g2Wire{req: req, id: id, policy: s.g2Policy}
 	var ds []delivery
 	for _, d := range append(w.ran(nil, o), w.finished(&record{}, o, o)...) {
-		if validateHTTPURL("url", d.url, true) == nil {
+		if validateHTTPURL(s.cfg.Outbound, "url", d.url, true) == nil {
 			d.bearer = bearer
 			ds = append(ds, d)
 		}

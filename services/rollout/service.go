@@ -28,6 +28,7 @@ import (
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/inproc"
 	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/internal/netguard"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -163,8 +164,13 @@ func New(cfg Config) (*Service, error) {
 			MaxDelay:   cfg.Client.RetryMaxDelay,
 		},
 		Timeout: cfg.Client.Timeout,
+		// Upstream calls go straight to the policy (no forward proxy), so
+		// the guarded dialer sees the address each one actually reaches.
+		// The proxy makes each attempt with RoundTrip, which follows no
+		// redirect.
 		Transport: &http.Transport{
 			Proxy:               nil,
+			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			MaxIdleConns:        cfg.Client.MaxConnections,
@@ -194,11 +200,19 @@ func New(cfg Config) (*Service, error) {
 	s.llmClient = &http.Client{Transport: inproc.Transport{Handler: proxy, Whole: notStreamed}}
 	callbackClient := cfg.HTTPClient
 	if callbackClient == nil {
-		callbackClient = &http.Client{Transport: &http.Transport{
-			MaxConnsPerHost:     cfg.Client.MaxConnections,
-			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		// As the proxy's: direct connections, each address checked, and
+		// no redirect to another host (where the dial check would be the
+		// only thing between a trainer's 307 and the metadata service).
+		callbackClient = &http.Client{
+			Transport: &http.Transport{
+				Proxy:               nil,
+				DialContext:         cfg.Outbound.Dialer(nil).DialContext,
+				MaxConnsPerHost:     cfg.Client.MaxConnections,
+				MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+				IdleConnTimeout:     90 * time.Second,
+			},
+			CheckRedirect: netguard.CheckRedirect,
+		}
 	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer(tracerName)

@@ -12,6 +12,7 @@ import (
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/fielderr"
+	"github.com/osmo-rl/osmo/internal/netguard"
 )
 
 // maxIDLength bounds rollout ids and idempotency keys (Osmosis: 1..256 chars).
@@ -42,13 +43,13 @@ func want(ok bool, field, format string, args ...any) error {
 }
 
 // validateInit checks a G1 init request against PROTOCOL.md.
-func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int) error {
+func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int, outbound *netguard.Policy) error {
 	return firstError(
 		validateID("rollout_id", req.GetRolloutId()),
-		validateHTTPURL("server_url", req.GetServerUrl(), true),
+		validateHTTPURL(outbound, "server_url", req.GetServerUrl(), true),
 		want(len(req.GetMessages()) > 0, "messages", "required: at least one chat message"),
 		want(req.CompletionParams != nil, "completion_params", "required: a JSON object of sampling parameters"),
-		validateHTTPURL("tool_server_url", req.GetToolServerUrl(), false),
+		validateHTTPURL(outbound, "tool_server_url", req.GetToolServerUrl(), false),
 		want(req.MaxTurns == nil || req.GetMaxTurns() > 0, "max_turns", "must be positive, got %d", req.GetMaxTurns()),
 		want(req.MaxTokensTotal == nil || req.GetMaxTokensTotal() > 0, "max_tokens_total", "must be positive, got %d", req.GetMaxTokensTotal()),
 		optional(req.IdempotencyKey != nil, func() error { return validateID("idempotency_key", req.GetIdempotencyKey()) }),
@@ -88,7 +89,11 @@ func validateID(field, v string) error {
 	return nil
 }
 
-func validateHTTPURL(field, raw string, required bool) error {
+// validateHTTPURL checks a URL a trainer names for osmo to call: http(s),
+// with a host that is not an IP literal outbound denies. Every wire's URLs
+// come through here; a host name is judged when it is dialled
+// (Config.Outbound), the check that holds whatever the name resolves to.
+func validateHTTPURL(outbound *netguard.Policy, field, raw string, required bool) error {
 	if raw == "" {
 		if required {
 			return badField(field, "required: an http(s) URL")
@@ -98,6 +103,9 @@ func validateHTTPURL(field, raw string, required bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return badField(field, "must be an http(s) URL with a host, got %q", raw)
+	}
+	if err := outbound.CheckURL(raw); err != nil {
+		return badField(field, "%v", err)
 	}
 	return nil
 }
@@ -110,7 +118,7 @@ const maxTimeoutSec = 24 * 60 * 60
 // and v0.3 rules (with the G3 rule that a rollout id is one safe path
 // segment); id is the request's rollout_id, or the one its completion URL
 // names when it has none.
-func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int) error {
+func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int, outbound *netguard.Policy) error {
 	labelKind := "" // what a label must not be
 	switch req.GetLabel().GetKind().(type) {
 	case *structpb.Value_StructValue:
@@ -122,10 +130,10 @@ func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataByt
 		want(id != "", "rollout_id", "required (unless completion_callback_url ends in /rollouts/{rollout_id}/completion, which then names it)"),
 		validateID("rollout_id", id),
 		validatePathSegment("rollout_id", id),
-		validateHTTPURL("chat_completions_url", req.GetChatCompletionsUrl(), true),
-		validateHTTPURL("completion_callback_url", req.GetCompletionCallbackUrl(), true),
+		validateHTTPURL(outbound, "chat_completions_url", req.GetChatCompletionsUrl(), true),
+		validateHTTPURL(outbound, "completion_callback_url", req.GetCompletionCallbackUrl(), true),
 		optional(req.GraderCallbackUrl != nil, func() error {
-			return validateHTTPURL("grader_callback_url", req.GetGraderCallbackUrl(), true)
+			return validateHTTPURL(outbound, "grader_callback_url", req.GetGraderCallbackUrl(), true)
 		}),
 		want(req.ControllerApiKey == nil || strings.TrimSpace(req.GetControllerApiKey()) != "",
 			"controller_api_key", "must not be blank: omit it (or send null) for no key"),
