@@ -94,6 +94,12 @@ func New(files Files, log *slog.Logger) (*Source, error) {
 			return nil, err
 		}
 		s.pair = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
+		// A private key anyone on the machine can read is no secret; it
+		// still works, so this is a warning (a Secret mounted with the
+		// default mode 0644 is the usual cause).
+		if fi, err := os.Stat(files.Key); err == nil && fi.Mode().Perm()&0o004 != 0 {
+			log.Warn("the TLS private key is readable by every user; make it 0600 (or 0400)", "file", files.Key, "mode", fi.Mode().Perm().String())
+		}
 	}
 	if files.CA != "" {
 		caPEM, err := os.ReadFile(files.CA)
