@@ -480,7 +480,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.grader.register(fs, "grader-")
-	sc.tls.register(fs)
+	sc.tls.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -529,7 +529,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := rf.register(fs, e); err != nil {
 		return err
 	}
-	tf.register(fs)
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -631,7 +631,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer token on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
 	gf.register(fs, "")
 	nf.register(fs, e)
-	tf.register(fs)
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -686,7 +686,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
-	tf.register(fs)
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -24,10 +24,13 @@ type tlsFlags struct {
 	src *tlsconfig.Source
 }
 
-func (f *tlsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.cert, "tls-cert", "", "serve TLS with the PEM certificate (chain) in `FILE`, and present it as a client; reloaded when it changes")
-	fs.StringVar(&f.key, "tls-key", "", "PEM private key `FILE` of --tls-cert (keep it 0600)")
-	fs.StringVar(&f.ca, "tls-ca", "", "verify servers against the PEM CA certificates in `FILE`; a TLS server then requires client certificates they signed (mutual TLS)")
+// register adds the flags; each defaults to an environment variable, so a
+// Kubernetes patch can set them without touching args (and osmo health, run
+// as an exec probe, finds them in its container's environment).
+func (f *tlsFlags) register(fs *flag.FlagSet, e *env) {
+	fs.StringVar(&f.cert, "tls-cert", e.getenv("OSMO_TLS_CERT"), "serve TLS with the PEM certificate (chain) in `FILE`, and present it as a client; reloaded when it changes (env OSMO_TLS_CERT)")
+	fs.StringVar(&f.key, "tls-key", e.getenv("OSMO_TLS_KEY"), "PEM private key `FILE` of --tls-cert, kept 0600 (env OSMO_TLS_KEY)")
+	fs.StringVar(&f.ca, "tls-ca", e.getenv("OSMO_TLS_CA"), "verify servers against the PEM CA certificates in `FILE`; a TLS server then requires client certificates they signed: mutual TLS (env OSMO_TLS_CA)")
 }
 
 // load reads the files given, if any. serves says the command's only

@@ -352,7 +352,7 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "give up after this long")
 	fs.StringVar(&service, "service", "", "gRPC health service name (empty: the whole server)")
 	var tf tlsFlags
-	tf.register(fs)
+	tf.register(fs, e)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
