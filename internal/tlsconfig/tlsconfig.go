@@ -119,10 +119,6 @@ func New(files Files, log *slog.Logger) (*Source, error) {
 // HasCert reports whether the Source has an identity to serve or present.
 func (s *Source) HasCert() bool { return s.files.Cert != "" }
 
-// HasCA reports whether the Source verifies peers against its own CA (and,
-// as a server, requires client certificates).
-func (s *Source) HasCA() bool { return s.files.CA != "" }
-
 // current checks the files if the interval has passed and returns what is
 // in use.
 func (s *Source) current() (loadedPair, loadedCA) {
