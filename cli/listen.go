@@ -72,7 +72,8 @@ func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd string, a
 		return nil
 	}
 	return usagef("osmo %s: %s reaches beyond this machine and no --api-key is set: pass --api-key KEY (or env OSMO_API_KEY), "+
-		"listen on loopback (127.0.0.1), or pass --insecure to serve without authentication on purpose", cmd, strings.Join(open, ", "))
+		"require client certificates (--tls-cert, --tls-key and --tls-ca), listen on loopback (127.0.0.1), "+
+		"or pass --insecure to serve without authentication on purpose", cmd, strings.Join(open, ", "))
 }
 
 // listenAddr is an address a command listens on and the flag that sets it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/tlsconfig/tlstest"
 )
 
 func TestLoopbackAddr(t *testing.T) {
@@ -224,5 +227,29 @@ func TestUsageHidesSecrets(t *testing.T) {
 				t.Errorf("osmo %s %v printed the key from the environment:\n%s", sub, args, out.String())
 			}
 		}
+	}
+}
+
+// Mutual TLS authenticates callers as a key does: a grader that requires
+// client certificates may listen beyond loopback without a key; one that
+// only serves TLS may not.
+func TestMutualTLSCountsAsAuthentication(t *testing.T) {
+	ca := tlstest.NewCA(t, "ca")
+	files := ca.Issue(t, "osmo", "localhost").Write(t, t.TempDir(), "osmo", ca)
+	base := []string{"grader", "--grpc-addr", "0.0.0.0:0", "--metrics-addr", "", "--log-level", "error",
+		"--tls-cert", files.Cert, "--tls-key", files.Key}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err, _ := runCommand(ctx, nil, base...)
+	if !strings.Contains(fmt.Sprint(err), "no --api-key is set") {
+		t.Errorf("TLS without client certificates: %v, want the refusal", err)
+	}
+
+	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	err, out := runCommand(ctx, nil, append(base, "--tls-ca", files.CA)...)
+	if ctx.Err() == nil {
+		t.Fatalf("mutual TLS: returned %v before its deadline, want it serving; output:\n%s", err, out)
 	}
 }

@@ -220,8 +220,9 @@ func (f *graderFlags) service(ctx context.Context, e *env, log *slog.Logger, reg
 
 // grpcServer builds a gRPC server with the options every service shares:
 // message limits, panic recovery, health and reflection, and tracing
-// through tp (nil: none).
-func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*server.GRPC, *health.Server, error) {
+// through tp (nil: none). extra adds options, such as the TLS credentials
+// of tlsFlags.serverOptions.
+func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.ServerOption) (*server.GRPC, *health.Server, error) {
 	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
 	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
 	opts := append(telemetry.GRPCServerOptions(tp, prop),
@@ -235,7 +236,7 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	)
-	srv, err := server.NewGRPC(addr, opts...)
+	srv, err := server.NewGRPC(addr, append(opts, extra...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -266,11 +267,12 @@ const (
 )
 
 // dial connects to a service; calls are traced through tp (nil: none).
-// extra adds options, such as the credentials of graderCredentials.
+// extra adds options, such as the credentials of graderCredentials, or
+// TLS transport credentials (tlsFlags.dialOptions) in place of plaintext.
 func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	opts := append(telemetry.GRPCDialOptions(tp, prop), extra...)
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, telemetry.GRPCDialOptions(tp, prop)...)
+	opts = append(opts, extra...)
 	opts = append(opts,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(roundRobin),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),
@@ -308,6 +310,7 @@ type stackConfig struct {
 	rollout     rolloutFlags
 	grader      graderFlags
 	tracing     tracing
+	tls         tlsFlags
 }
 
 func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
@@ -342,7 +345,7 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	// GraderService are as public as the rollout API.
 	gauth := server.NewBearerAuth(sc.rollout.apiKey)
 	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log,
-		[]grpc.UnaryServerInterceptor{gauth.Unary}, []grpc.StreamServerInterceptor{gauth.Stream}, tr.grader, tr.prop); err != nil {
+		[]grpc.UnaryServerInterceptor{gauth.Unary}, []grpc.StreamServerInterceptor{gauth.Stream}, tr.grader, tr.prop, sc.tls.serverOptions()...); err != nil {
 		return nil, err
 	}
 	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
@@ -350,7 +353,7 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	// own listeners serve to other processes); its unary calls, the hot
 	// path, are made in process (see inproc.Conn), through the same
 	// interceptors. The clients' own Authorization is checked either way.
-	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop); err != nil {
+	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
 		return nil, err
 	}
 	graderCalls := inproc.NewConn(&graderv1.GraderService_ServiceDesc, st.graderSvc, st.graderConn, server.RecoverUnary(log), gauth.Unary)
@@ -370,11 +373,11 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	}
 	if st.rolloutSrv, st.rolloutHS, err = grpcServer(sc.rolloutAddr, log,
 		[]grpc.UnaryServerInterceptor{st.rolloutSvc.UnaryInterceptor},
-		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}, tr.rollout, tr.prop); err != nil {
+		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}, tr.rollout, tr.prop, sc.tls.serverOptions()...); err != nil {
 		return nil, err
 	}
 	rolloutv1.RegisterRolloutServiceServer(st.rolloutSrv, st.rolloutSvc)
-	if st.rollConn, err = dial(st.rolloutSrv.Addr(), tr.gateway, tr.prop); err != nil {
+	if st.rollConn, err = dial(st.rolloutSrv.Addr(), tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
 		return nil, err
 	}
 	rolloutCalls := inproc.NewConn(&rolloutv1.RolloutService_ServiceDesc, st.rolloutSvc, st.rollConn,
@@ -384,7 +387,7 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	if err != nil {
 		return nil, err
 	}
-	if st.http, err = server.NewHTTP(sc.httpAddr, withMetrics(gw, reg, sc.rollout.apiKey)); err != nil {
+	if st.http, err = sc.tls.httpServer(sc.httpAddr, withMetrics(gw, reg, sc.rollout.apiKey)); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -482,6 +485,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.grader.register(fs, "grader-")
+	sc.tls.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -496,7 +500,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey != "",
+	if err := sc.tls.load(log, true); err != nil {
+		return err
+	}
+	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey != "" || sc.tls.mutual(),
 		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr}); err != nil {
 		return err
 	}
@@ -520,6 +527,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		addr, graderAddr string
 		rf               rolloutFlags
 		lf               logFlags
+		tf               tlsFlags
 	)
 	var metricsAddr string
 	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
@@ -530,6 +538,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := rf.register(fs, e); err != nil {
 		return err
 	}
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -539,7 +548,10 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey != "", listenAddr{"--grpc-addr", addr}); err != nil {
+	if err := tf.load(log, false); err != nil {
+		return err
+	}
+	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey != "" || tf.mutual(), listenAddr{"--grpc-addr", addr}); err != nil {
 		return err
 	}
 	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
@@ -562,7 +574,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		if graderAddr == "" {
 			return usagef("--grader-addr is required unless --grader none")
 		}
-		conn, err := dial(graderAddr, tr.rollout, tr.prop, graderCredentials(rf.apiKey)...)
+		conn, err := dial(graderAddr, tr.rollout, tr.prop, append(graderCredentials(rf.apiKey), tf.dialOptions()...)...)
 		if err != nil {
 			return err
 		}
@@ -588,7 +600,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor}, tr.rollout, tr.prop)
+	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor}, tr.rollout, tr.prop, tf.serverOptions()...)
 	if err != nil {
 		return err
 	}
@@ -622,6 +634,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		gf   graderFlags
 		nf   natsFlags
 		lf   logFlags
+		tf   tlsFlags
 	)
 	var metricsAddr, apiKey string
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
@@ -632,6 +645,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	guard.register(fs, e)
 	gf.register(fs, "")
 	nf.register(fs, e)
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -641,7 +655,10 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	if err := guard.check(ctx, log, "grader", apiKey != "", listenAddr{"--grpc-addr", addr}); err != nil {
+	if err := tf.load(log, true); err != nil {
+		return err
+	}
+	if err := guard.check(ctx, log, "grader", apiKey != "" || tf.mutual(), listenAddr{"--grpc-addr", addr}); err != nil {
 		return err
 	}
 	state, err := nf.open(ctx, "osmo-grader", log)
@@ -661,7 +678,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	}
 	defer svc.Close()
 	auth := server.NewBearerAuth(apiKey)
-	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{auth.Unary}, []grpc.StreamServerInterceptor{auth.Stream}, tr.grader, tr.prop)
+	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{auth.Unary}, []grpc.StreamServerInterceptor{auth.Stream}, tr.grader, tr.prop, tf.serverOptions()...)
 	if err != nil {
 		return err
 	}
@@ -681,6 +698,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		maxBody                               int64
 		guard                                 listenGuard
 		lf                                    logFlags
+		tf                                    tlsFlags
 	)
 	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
@@ -688,6 +706,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
 	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health, and forward it to the services (env OSMO_API_KEY); give them the same --api-key")
 	guard.register(fs, e)
+	tf.register(fs, e)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -700,18 +719,21 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	if err := guard.check(ctx, log, "gateway", apiKey != "", listenAddr{"--addr", addr}); err != nil {
+	if err := tf.load(log, false); err != nil {
+		return err
+	}
+	if err := guard.check(ctx, log, "gateway", apiKey != "" || tf.mutual(), listenAddr{"--addr", addr}); err != nil {
 		return err
 	}
 	tp, prop := tel.TracerProvider(), tel.Propagator()
-	rconn, err := dial(rolloutAddr, tp, prop)
+	rconn, err := dial(rolloutAddr, tp, prop, tf.dialOptions()...)
 	if err != nil {
 		return err
 	}
 	defer rconn.Close()
 	cfg := gateway.Config{Rollout: rconn, MaxBodyBytes: maxBody, Logger: log, TracerProvider: tp, Propagator: prop}
 	if graderAddr != "" {
-		gconn, err := dial(graderAddr, tp, prop)
+		gconn, err := dial(graderAddr, tp, prop, tf.dialOptions()...)
 		if err != nil {
 			return err
 		}
@@ -722,7 +744,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.NewHTTP(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
+	srv, err := tf.httpServer(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
 	if err != nil {
 		return err
 	}

@@ -351,7 +351,12 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 	)
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "give up after this long")
 	fs.StringVar(&service, "service", "", "gRPC health service name (empty: the whole server)")
+	var tf tlsFlags
+	tf.register(fs, e)
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := tf.load(nil, false); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -372,7 +377,11 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
+		client := http.DefaultClient
+		if cfg := tf.httpClientConfig(); cfg != nil {
+			client = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			return fmt.Errorf("health %s: %w", u, err)
 		}
@@ -384,7 +393,7 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, strings.TrimSpace(string(body)))
 		return nil
 	}
-	conn, err := dial(target, nil, nil)
+	conn, err := dial(target, nil, nil, tf.dialOptions()...)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,10 @@ type (
 				Name string `json:"name"`
 			} `json:"configMap"`
 			EmptyDir *struct{} `json:"emptyDir"`
+			Secret   *struct {
+				SecretName  string `json:"secretName"`
+				DefaultMode *int   `json:"defaultMode"`
+			} `json:"secret"`
 		} `json:"volumes"`
 		Affinity *struct {
 			PodAntiAffinity *struct {
@@ -158,6 +162,9 @@ type (
 		TCPSocket *struct {
 			Port json.RawMessage `json:"port"`
 		} `json:"tcpSocket"`
+		Exec *struct {
+			Command []string `json:"command"`
+		} `json:"exec"`
 	}
 	serviceSpec struct {
 		ClusterIP                string            `json:"clusterIP"`
@@ -563,8 +570,10 @@ func checkContainers(t *testing.T, r *rendered) {
 						_, err = portOf(c, p.HTTPGet.Port)
 					case p.TCPSocket != nil:
 						_, err = portOf(c, p.TCPSocket.Port)
+					case p.Exec != nil:
+						err = checkHealthProbe(c, p.Exec.Command)
 					default:
-						err = fmt.Errorf("no grpc, httpGet or tcpSocket handler")
+						err = fmt.Errorf("no grpc, httpGet, tcpSocket or exec handler")
 					}
 					if err != nil {
 						t.Errorf("%s: %s probe: %v", where, kind, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -74,6 +75,12 @@ func startBin(t *testing.T, name, bin string, env []string, args ...string) *pro
 // waitHTTP polls url until it answers 200.
 func waitHTTP(t *testing.T, p *proc, url string) {
 	t.Helper()
+	waitHTTPClient(t, p, http.DefaultClient, url)
+}
+
+// waitHTTPClient is waitHTTP with client (an https one, say).
+func waitHTTPClient(t *testing.T, p *proc, client *http.Client, url string) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
@@ -81,7 +88,7 @@ func waitHTTP(t *testing.T, p *proc, url string) {
 			t.Fatalf("%s exited early:\n%s", p.Name, p.Output())
 		default:
 		}
-		resp, err := http.Get(url)
+		resp, err := client.Get(url)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
@@ -104,7 +111,13 @@ func waitGRPC(t *testing.T, p *proc, addr string) {
 // starts while a NATS node restarts waits for the cluster to settle.
 func waitGRPCWithin(t *testing.T, p *proc, addr string, d time.Duration) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	waitGRPCCreds(t, p, addr, d, insecure.NewCredentials())
+}
+
+// waitGRPCCreds is waitGRPCWithin over creds (TLS ones, say).
+func waitGRPCCreds(t *testing.T, p *proc, addr string, d time.Duration, creds credentials.TransportCredentials) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

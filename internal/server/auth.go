@@ -86,7 +86,8 @@ func (a *BearerAuth) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // BearerCredentials presents key on every call of a connection. The
 // services talk plain gRPC inside a trusted network (or behind a mesh that
-// encrypts), so the credentials do not demand transport security.
+// encrypts) unless given TLS flags, so the credentials work over either and
+// do not demand transport security.
 type BearerCredentials string
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.

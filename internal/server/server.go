@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -63,29 +64,51 @@ func (s *GRPC) Serve(ctx context.Context) error {
 }
 
 // HTTP is an http.Server bound to a listener. It speaks HTTP/1.1 and
-// cleartext HTTP/2 (h2c), so gRPC and Connect clients can use the same port.
+// cleartext HTTP/2 (h2c), so gRPC and Connect clients can use the same port;
+// made by NewHTTPS, HTTP/1.1 and HTTP/2 over TLS instead, chosen by ALPN.
 type HTTP struct {
 	srv *http.Server
 	ln  net.Listener
+	tls bool
 }
 
 // NewHTTP listens on addr for h.
 func NewHTTP(addr string, h http.Handler) (*HTTP, error) {
+	return newHTTP(addr, h, nil)
+}
+
+// NewHTTPS listens on addr for h and serves TLS with cfg. cfg must offer
+// h2 and http/1.1 by ALPN (in NextProtos, or in those of the
+// configurations its GetConfigForClient returns): gRPC clients need h2.
+func NewHTTPS(addr string, h http.Handler, cfg *tls.Config) (*HTTP, error) {
+	if cfg == nil {
+		return nil, errors.New("server.NewHTTPS: no TLS configuration")
+	}
+	return newHTTP(addr, h, cfg)
+}
+
+func newHTTP(addr string, h http.Handler, cfg *tls.Config) (*HTTP, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("server.NewHTTP: %w", err)
 	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	if cfg != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	return &HTTP{
 		srv: &http.Server{
 			Handler:           h,
 			Protocols:         &protocols,
+			TLSConfig:         cfg,
 			ReadHeaderTimeout: 10 * time.Second,
 			MaxHeaderBytes:    1 << 20,
 		},
-		ln: ln,
+		ln:  ln,
+		tls: cfg != nil,
 	}, nil
 }
 
@@ -95,13 +118,25 @@ func (s *HTTP) Addr() string { return s.ln.Addr().String() }
 // Close releases the listener of a server that will not Serve.
 func (s *HTTP) Close() error { return s.ln.Close() }
 
-// URL is http://Addr.
-func (s *HTTP) URL() string { return "http://" + s.Addr() }
+// URL is http://Addr, or https://Addr.
+func (s *HTTP) URL() string {
+	if s.tls {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
 
 // Serve serves until ctx ends, then shuts down gracefully.
 func (s *HTTP) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() {
+		if s.tls {
+			// The certificate comes from TLSConfig.
+			errc <- s.srv.ServeTLS(s.ln, "", "")
+			return
+		}
+		errc <- s.srv.Serve(s.ln)
+	}()
 	select {
 	case err := <-errc:
 		if errors.Is(err, http.ErrServerClosed) {
