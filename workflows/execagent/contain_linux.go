@@ -224,6 +224,12 @@ func (j *jail) setup(pid int) error {
 		// Ignored for root; counts every process of the user.
 		errs = append(errs, set(unix.RLIMIT_NPROC, "RLIMIT_NPROC", j.lim.Processes))
 	}
+	if err := errors.Join(errs...); err != nil && j.lim.User != nil && errors.Is(err, syscall.EPERM) {
+		// Setting another user's rlimits takes CAP_SYS_RESOURCE, which a
+		// container's root may lack; the cgroup still holds the run.
+		j.log.Warn("exec agent: rlimits not set on a program run as another user (osmo lacks CAP_SYS_RESOURCE)", "error", err)
+		errs = nil
+	}
 	// The kernel's OOM killer picks the program before osmo.
 	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0); err != nil {
 		errs = append(errs, fmt.Errorf("oom_score_adj: %w", err))
