@@ -5,9 +5,11 @@
 // calls through the rollout's proxy (OPENAI_BASE_URL and
 // OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
 // OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID, OPENAI_DEFAULT_MODEL set to the
-// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); every other OPENAI_* and OSMOSIS_*
-// variable of the server, and OSMO_API_KEY, is withheld so nothing routes
-// around the proxy. Its stdin is one JSON object,
+// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); of the server's own
+// environment it gets only an allowlist (allowedEnv, Config.PassEnv), never
+// an OPENAI_* or OSMOSIS_* variable or OSMO_API_KEY, so nothing routes
+// around the proxy and no secret of the server's reaches it. Its stdin is
+// one JSON object,
 //
 //	{"prompt": [...], "metadata": {...} or null, "config": {...}}
 //
@@ -20,6 +22,11 @@
 // Each program runs in its own process group. When the rollout's context
 // ends, the group gets SIGTERM and, after Config.KillGrace, SIGKILL; once
 // the program exits, whatever it left behind in its group is killed too.
+//
+// Each run is contained (Limits, and "Containment" in docs/workflows.md): a
+// scratch directory as its TMPDIR, an oom_score_adj of 1000, rlimits, and
+// on Linux a cgroup of its own bounding its memory and processes where the
+// server may create one. A run that hits a limit ends with a *LimitError.
 package execagent
 
 import (
