@@ -42,6 +42,7 @@ type rolloutFlags struct {
 	workflowConfig string
 	exec           string
 	execSamples    int
+	execLimits     execLimitsFlag
 	// execEnv are KEY=VALUE variables an exec agent gets beyond the
 	// contract's (an eval's [env] and secrets); not a flag.
 	execEnv          []string
@@ -78,6 +79,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config (laid over its defaults); for exec: {\"name\", \"command\": [...], \"samples\", \"settings\", ...}")
 	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language; see docs/workflows.md); implies --workflow exec`)
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
+	fs.Var(&f.execLimits, "exec-limits", execLimitsUsage)
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
 	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; G1 inits queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)

@@ -63,7 +63,7 @@ func (f *rolloutFlags) resolve(e *env) (entry, error) {
 }
 
 // execWorkflow builds the exec workflow: the config file's fields, then
-// --exec and --exec-samples over them.
+// --exec, --exec-samples and --exec-limits over them.
 func (f *rolloutFlags) execWorkflow(config []byte) (*osmo.Workflow, error) {
 	var cfg execagent.Config
 	if config != nil {
@@ -84,6 +84,7 @@ func (f *rolloutFlags) execWorkflow(config []byte) (*osmo.Workflow, error) {
 	if f.execSamples != 0 {
 		cfg.Samples = f.execSamples
 	}
+	cfg.Limits = f.execLimits.over(cfg.Limits)
 	if len(cfg.Command) == 0 {
 		return nil, usagef(`--workflow exec needs a command: --exec "CMD ARGS" or "command" in --workflow-config`)
 	}

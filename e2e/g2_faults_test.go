@@ -78,7 +78,7 @@ func TestG2MisbehavingExecAgents(t *testing.T) {
 			t.Parallel()
 			agent := agentArgv(t, tc.agent)
 			pidDir := t.TempDir()
-			args := []string{"--exec", commandLine(agent), "--grader", "multiply"}
+			args := append([]string{"--exec", commandLine(agent), "--grader", "multiply"}, passEnv(t, "E2E_PID_DIR", "FLOOD_MIB")...)
 			env := []string{"E2E_PID_DIR=" + pidDir, "FLOOD_MIB=" + strconv.Itoa(floodMiB)}
 			if tc.serve != nil {
 				args, env = tc.serve(t, agent, pidDir)
@@ -222,6 +222,7 @@ func stdinServe(t *testing.T, agent []string, pidDir string) (args, env []string
 		"name":     "echo-agent",
 		"command":  agent,
 		"settings": map[string]any{"flavour": "plain", "max_turns": 3},
+		"pass_env": []string{"E2E_PID_DIR"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -394,4 +395,20 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatalf("no VmHWM in /proc/%d/status", pid)
 	return 0
+}
+
+// passEnv returns the arguments that pass the server's variables names to
+// its exec agents, which get only an allowlist of the server's environment
+// otherwise.
+func passEnv(t *testing.T, names ...string) []string {
+	t.Helper()
+	cfg, err := json.Marshal(map[string]any{"pass_env": names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "pass-env.json")
+	if err := os.WriteFile(path, cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--workflow-config", path}
 }

@@ -320,7 +320,7 @@ func TestG2CancelLeavesNothingRunning(t *testing.T) {
 	}
 	pidDir := t.TempDir()
 	s := startG2(t, []string{"--fail-mode", "hang", "--fail-every", "1"}, []string{"E2E_PID_DIR=" + pidDir},
-		"--exec", py+" "+script)
+		append([]string{"--exec", py + " " + script}, passEnv(t, "E2E_PID_DIR")...)...)
 
 	const id = "cancel-me"
 	if code, data := s.startRollout(t, id, "What is 6 times 7?", "42", nil); code != 202 {

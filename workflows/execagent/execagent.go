@@ -5,9 +5,11 @@
 // calls through the rollout's proxy (OPENAI_BASE_URL and
 // OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
 // OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID, OPENAI_DEFAULT_MODEL set to the
-// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); every other OPENAI_* and OSMOSIS_*
-// variable of the server, and OSMO_API_KEY, is withheld so nothing routes
-// around the proxy. Its stdin is one JSON object,
+// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); of the server's own
+// environment it gets only an allowlist (allowedEnv, Config.PassEnv), never
+// an OPENAI_* or OSMOSIS_* variable or OSMO_API_KEY, so nothing routes
+// around the proxy and no secret of the server's reaches it. Its stdin is
+// one JSON object,
 //
 //	{"prompt": [...], "metadata": {...} or null, "config": {...}}
 //
@@ -20,6 +22,11 @@
 // Each program runs in its own process group. When the rollout's context
 // ends, the group gets SIGTERM and, after Config.KillGrace, SIGKILL; once
 // the program exits, whatever it left behind in its group is killed too.
+//
+// Each run is contained (Limits, and "Containment" in docs/workflows.md): a
+// scratch directory as its TMPDIR, an oom_score_adj of 1000, rlimits, and
+// on Linux a cgroup of its own bounding its memory and processes where the
+// server may create one. A run that hits a limit ends with a *LimitError.
 package execagent
 
 import (
@@ -73,6 +80,12 @@ type Config struct {
 	// Env holds extra KEY=VALUE variables. They may not set OSMO_API_KEY or
 	// OPENAI_* / OSMOSIS_* variables: the contract owns those.
 	Env []string `json:"env,omitempty"`
+	// PassEnv names variables of the server's environment passed to the
+	// program beyond the allowlist (see docs/workflows.md); NAME* is a
+	// prefix. The contract's variables are never passed.
+	PassEnv []string `json:"pass_env,omitempty"`
+	// Limits bound each run; zero fields take DefaultLimits.
+	Limits Limits `json:"limits"`
 	// Samples is how many runs (samples) each rollout makes, concurrently;
 	// 0 means 1.
 	Samples int `json:"samples,omitempty"`
@@ -101,6 +114,7 @@ func (c *Config) UnmarshalJSON(data []byte) error {
 	next := config(*c)
 	next.Command = slices.Clone(c.Command)
 	next.Env = slices.Clone(c.Env)
+	next.PassEnv = slices.Clone(c.PassEnv)
 	next.Settings = slices.Clone(c.Settings)
 	if err := json.Unmarshal(data, &next); err != nil {
 		return err
@@ -160,6 +174,14 @@ func (c *Config) Validate() error {
 		case reservedEnv(key):
 			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%s is reserved: the runner sets the OPENAI_* and OSMOSIS_* variables so that every LLM call goes through the rollout's proxy", key))
 		}
+	}
+	for i, name := range c.PassEnv {
+		if name == "" || name == "*" || strings.ContainsAny(name, "=\x00") || reservedEnv(strings.TrimSuffix(name, "*")) {
+			errs = append(errs, fieldErr(fmt.Sprintf("pass_env[%d]", i), "%q is not a variable name (or NAME* prefix) the program may get", name))
+		}
+	}
+	if u := c.Limits.User; u != nil && os.Geteuid() != 0 {
+		errs = append(errs, fieldErr("limits", "user=%d:%d needs the server to run as root", u.UID, u.GID))
 	}
 	if _, err := c.settings(); err != nil {
 		errs = append(errs, err)
@@ -255,7 +277,7 @@ func New(cfg Config) (*osmo.Workflow, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return osmo.NewWorkflow[Config](runner{}, &cfg)
+	return osmo.NewWorkflow[Config](runner{host: detectHost()}, &cfg)
 }
 
 // ExitError is a program that exited non-zero or died by a signal it was
@@ -283,9 +305,10 @@ func (e *ExitError) Error() string {
 	return b.String()
 }
 
-// runner is the AgentWorkflow. It is stateless: everything comes from the
-// bound config, so Workflow.WithConfigJSON rebinds it freely.
-type runner struct{}
+// runner is the AgentWorkflow. Everything about a run comes from the bound
+// config, so Workflow.WithConfigJSON rebinds it freely; host is what the
+// machine offers to contain runs.
+type runner struct{ host *host }
 
 // Name names a workflow whose rebound config cleared Name.
 func (runner) Name() string { return DefaultName }
@@ -300,7 +323,7 @@ type input struct {
 // Run implements osmo.AgentWorkflow: register every sample, then run the
 // program once per sample, concurrently. The first failure cancels the
 // other runs.
-func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
+func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 	if wc.Config == nil || wc.Rollout == nil {
 		return errors.New("execagent: run without a config or rollout")
 	}
@@ -334,6 +357,8 @@ func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 		rolloutID = wc.Rollout.ID
 	}
 
+	rn.host.logOnce(wc.Rollout.Logger(), cfg.Limits)
+
 	n := cfg.samples()
 	runs := make([]*sample, n)
 	for i := range runs {
@@ -362,8 +387,16 @@ func (runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 			s.fail(err)
 			return err
 		}
+		j, err := rn.host.newJail(cfg.Limits, wc.Rollout.Logger().With("sample_id", s.id))
+		if err != nil {
+			err = fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err)
+			s.fail(err)
+			return err
+		}
+		defer j.close()
 		sp := spec
-		sp.env = childEnv(os.Environ(), cfg.Env,
+		sp.jail = j
+		sp.env = childEnv(os.Environ(), cfg.PassEnv, append(scratchEnv(j.scratch, j.lim.User != nil), cfg.Env...),
 			"OPENAI_BASE_URL="+ep.BaseURL,
 			"OSMOSIS_CHAT_COMPLETIONS_URL="+ep.BaseURL,
 			"OPENAI_API_KEY="+ep.APIKey,
@@ -395,13 +428,14 @@ func sampleID(name string, i, n int) string {
 	return fmt.Sprintf("%s-%d", name, i)
 }
 
-// childEnv is parent without the reserved variables, then extra, then
-// contract. Later entries win (os/exec keeps the last of duplicate keys).
-func childEnv(parent, extra []string, contract ...string) []string {
-	env := make([]string, 0, len(parent)+len(extra)+len(contract))
+// childEnv is parent's variables that pass (allowedEnv, or named in
+// pass), then extra, then contract. Later entries win (os/exec keeps the
+// last of duplicate keys).
+func childEnv(parent, pass, extra []string, contract ...string) []string {
+	env := make([]string, 0, len(extra)+len(contract)+16)
 	for _, kv := range parent {
 		key, _, _ := strings.Cut(kv, "=")
-		if !reservedEnv(key) {
+		if passed(key, pass) {
 			env = append(env, kv)
 		}
 	}
@@ -420,6 +454,7 @@ type procSpec struct {
 	tailBytes int
 	grace     time.Duration
 	logger    *slog.Logger
+	jail      *jail
 	// onStderr receives each stderr line, cut to stderrLogLineBytes;
 	// dropped counts the bytes cut off.
 	onStderr func(line string, dropped int)
@@ -436,6 +471,10 @@ type procResult struct {
 	// terminated: the context ended and the group was sent SIGTERM;
 	// killed: SIGKILL followed after the grace period.
 	terminated, killed bool
+	// limit is the cgroup limit the run hit, if any; cpu is the leader's
+	// CPU time.
+	limit *LimitError
+	cpu   time.Duration
 }
 
 // run runs the program for s and records its outcome on s.
@@ -468,7 +507,15 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 	log.Info("exec agent exited", "pid", res.pid, "exit_code", res.exitCode, "signal", res.signal,
 		"duration", elapsed, "terminated", res.terminated)
 
+	if res.limit == nil && res.exitCode != 0 {
+		res.limit = signalLimit(spec.jail.lim, res.signal, res.cpu)
+	}
 	switch {
+	case res.limit != nil:
+		lerr := *res.limit
+		lerr.StderrTail = res.stderrTail
+		log.Warn("exec agent exceeded a limit", "limit", lerr.Limit, "value", lerr.Value, "how", lerr.How)
+		err = fmt.Errorf("execagent: sample %q: %w", s.id, &lerr)
 	case res.terminated:
 		how := "SIGTERM"
 		if res.killed {

@@ -36,18 +36,9 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 		outW.Close()
 		return nil, fmt.Errorf("stderr pipe: %w", err)
 	}
-	cmd := &exec.Cmd{
-		Path:        spec.path,
-		Args:        spec.argv,
-		Dir:         spec.dir,
-		Env:         spec.env,
-		Stdout:      outW,
-		Stderr:      errW,
-		SysProcAttr: procgroup.SysProcAttr(),
-	}
-	// Wait closes stdin once the leader exits, which also frees a writer
-	// blocked on a program that never reads it.
-	stdin, err := cmd.StdinPipe()
+	// stdin is a pipe of our own, not StdinPipe's: a start that falls back
+	// (see jail.start) builds the command twice.
+	inR, stdin, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
@@ -55,11 +46,24 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 		errW.Close()
 		return nil, fmt.Errorf("stdin pipe: %w", err)
 	}
-	startErr := cmd.Start()
+	newCmd := func() *exec.Cmd {
+		return &exec.Cmd{
+			Path:        spec.path,
+			Args:        spec.argv,
+			Dir:         spec.dir,
+			Env:         spec.env,
+			Stdin:       inR,
+			Stdout:      outW,
+			Stderr:      errW,
+			SysProcAttr: procgroup.SysProcAttr(),
+		}
+	}
+	cmd, startErr := spec.jail.start(newCmd)
 	// The child has its copies; the write ends must close here so the
 	// readers see EOF when the group is gone.
 	outW.Close()
 	errW.Close()
+	inR.Close()
 	if startErr != nil {
 		outR.Close()
 		errR.Close()
@@ -92,11 +96,17 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	exited := make(chan struct{})
 	var watcher sync.WaitGroup
 	watcher.Go(func() { watch(ctx, g, exited, spec.grace, spec.logger) })
+	watcher.Go(func() { spec.jail.watch(exited, func() { g.Signal(syscall.SIGKILL) }) })
 	waitErr := procgroup.WaitLeader(cmd, func() {
 		g.Reap()
 		close(exited)
 	})
+	// Once the leader is gone, so is the group: Wait closed nothing of
+	// ours, so a program that never read its stdin is freed here.
+	stdin.Close()
 	watcher.Wait()
+	// Whatever left the process group (setsid) but not the cgroup.
+	spec.jail.killAll()
 
 	// The group is dead; only a process that left it (setsid) can still
 	// hold the pipes. Give it the grace period, then stop reading.
@@ -123,6 +133,8 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	if st == nil {
 		return nil, fmt.Errorf("wait: %w", waitErr)
 	}
+	res.limit = spec.jail.check()
+	res.cpu = st.UserTime() + st.SystemTime()
 	ws, ok := st.Sys().(syscall.WaitStatus)
 	switch {
 	case ok && ws.Signaled():

@@ -1,0 +1,485 @@
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Manager creates groups under osmo's own group of one hierarchy.
+type Manager struct {
+	version Version
+	// v2: the directory groups are created in.
+	base string
+	// v1: the directories groups are created in, per controller; empty
+	// when that controller is not mounted or not writable.
+	memBase, pidsBase string
+}
+
+// Detect finds where osmo may create groups: cgroup v2 when osmo's group
+// there offers the memory and pids controllers, else cgroup v1's memory and
+// pids hierarchies (either suffices). It creates and removes a probe group
+// to be sure the hierarchy is writable. The error, wrapping ErrUnavailable,
+// says why none is usable.
+//
+// On v2, enabling the controllers for child groups is refused while osmo's
+// group holds processes (the "no internal processes" rule); Detect then
+// moves them into a leaf group named osmo, as a container's init would.
+func Detect() (*Manager, error) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, unavailable("%v", err)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, unavailable("%v", err)
+	}
+	paths := parseProcCgroup(string(self))
+	ms := parseMountinfo(string(mounts))
+	var reasons []string
+	if m, err := detectV2(paths, ms); err == nil {
+		return m, nil
+	} else {
+		reasons = append(reasons, err.Error())
+	}
+	m, err := detectV1(paths, ms)
+	if err == nil {
+		return m, nil
+	}
+	reasons = append(reasons, err.Error())
+	return nil, unavailable("%s", strings.Join(reasons, "; "))
+}
+
+// Version is the hierarchy m creates groups in.
+func (m *Manager) Version() Version { return m.version }
+
+// Enforces reports which of Limits the kernel enforces through m's groups.
+func (m *Manager) Enforces() (memory, processes bool) {
+	if m.version == V2 {
+		return true, true
+	}
+	return m.memBase != "", m.pidsBase != ""
+}
+
+// String describes where m creates groups.
+func (m *Manager) String() string {
+	if m.version == V2 {
+		return "cgroup v2 under " + m.base
+	}
+	var parts []string
+	if m.memBase != "" {
+		parts = append(parts, "memory under "+m.memBase)
+	}
+	if m.pidsBase != "" {
+		parts = append(parts, "pids under "+m.pidsBase)
+	}
+	return "cgroup v1 (" + strings.Join(parts, ", ") + ")"
+}
+
+// Group is one run's control group.
+type Group struct {
+	version Version
+	// dirs are the group's directories: one on v2, one per controller on
+	// v1. procs is the one whose cgroup.procs lists the members.
+	dirs      []string
+	mem, pids string
+	procs     string
+	killFile  string
+	removed   bool
+}
+
+// New creates the group name with lim. Call Remove when done with it.
+func (m *Manager) New(name string, lim Limits) (*Group, error) {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return nil, fmt.Errorf("cgroup: invalid group name %q", name)
+	}
+	g := &Group{version: m.version}
+	mk := func(base string) (string, error) {
+		dir := filepath.Join(base, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return "", fmt.Errorf("cgroup: %w", err)
+		}
+		g.dirs = append(g.dirs, dir)
+		return dir, nil
+	}
+	fail := func(err error) (*Group, error) {
+		_ = g.Remove()
+		return nil, err
+	}
+	if m.version == V2 {
+		dir, err := mk(m.base)
+		if err != nil {
+			return nil, err
+		}
+		g.mem, g.pids, g.procs = dir, dir, dir
+		if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err == nil {
+			g.killFile = filepath.Join(dir, "cgroup.kill")
+		}
+		if lim.Memory > 0 {
+			if err := write(dir, "memory.max", strconv.FormatInt(lim.Memory, 10)); err != nil {
+				return fail(err)
+			}
+			// Without this the limit only bounds RAM and the rest pages
+			// out; absent when swap is not accounted.
+			_ = write(dir, "memory.swap.max", "0")
+			// One OOM kill takes the whole run: it is over anyway.
+			_ = write(dir, "memory.oom.group", "1")
+		}
+		if lim.Processes > 0 {
+			if err := write(dir, "pids.max", strconv.Itoa(lim.Processes)); err != nil {
+				return fail(err)
+			}
+		}
+		return g, nil
+	}
+	if m.memBase != "" {
+		dir, err := mk(m.memBase)
+		if err != nil {
+			return fail(err)
+		}
+		g.mem, g.procs = dir, dir
+		if lim.Memory > 0 {
+			if err := write(dir, "memory.limit_in_bytes", strconv.FormatInt(lim.Memory, 10)); err != nil {
+				return fail(err)
+			}
+			// Must follow limit_in_bytes (it may not be below it); absent
+			// without swap accounting.
+			_ = write(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(lim.Memory, 10))
+		}
+	}
+	if m.pidsBase != "" {
+		dir, err := mk(m.pidsBase)
+		if err != nil {
+			return fail(err)
+		}
+		// The pids group counts every process, so it is the better list of
+		// members to kill.
+		g.pids, g.procs = dir, dir
+		if lim.Processes > 0 {
+			if err := write(dir, "pids.max", strconv.Itoa(lim.Processes)); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	return g, nil
+}
+
+// Add moves process pid into the group. A process forked afterwards starts
+// in it; one forked before stays where it was, so add a process before it
+// runs (see execagent's start, which adds it while it is stopped).
+func (g *Group) Add(pid int) error {
+	s := strconv.Itoa(pid)
+	for _, dir := range g.dirs {
+		if err := write(dir, "cgroup.procs", s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Events reads what the kernel refused the group so far.
+func (g *Group) Events() (Events, error) {
+	var ev Events
+	var errs []error
+	if g.mem != "" {
+		name := "memory.events"
+		if g.version == V1 {
+			// oom_kill is there since Linux 4.13.
+			name = "memory.oom_control"
+		}
+		if b, err := os.ReadFile(filepath.Join(g.mem, name)); err != nil {
+			errs = append(errs, err)
+		} else {
+			ev.OOMKills = readKeyed(string(b), "oom_kill")
+		}
+	}
+	if g.pids != "" {
+		if b, err := os.ReadFile(filepath.Join(g.pids, "pids.events")); err != nil {
+			errs = append(errs, err)
+		} else {
+			ev.ForkFailures = readKeyed(string(b), "max")
+		}
+	}
+	return ev, errors.Join(errs...)
+}
+
+// Kill sends SIGKILL to every process in the group until none is left or
+// the deadline passes, and reports whether it is empty. A process forking
+// as fast as it can is caught by the next pass: its children join the group
+// it is in.
+func (g *Group) Kill(deadline time.Duration) bool {
+	if g.procs == "" {
+		return true
+	}
+	if g.killFile != "" {
+		_ = write(filepath.Dir(g.killFile), "cgroup.kill", "1")
+	}
+	stop := time.Now().Add(deadline)
+	for {
+		pids, err := g.members()
+		if err != nil || len(pids) == 0 {
+			return err == nil
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if time.Now().After(stop) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (g *Group) members() ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(g.procs, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for f := range strings.FieldsSeq(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// Remove kills what is left in the group and removes its directories. The
+// kernel refuses to remove a group until its last process has been reaped,
+// which may take a moment after SIGKILL.
+func (g *Group) Remove() error {
+	if g.removed {
+		return nil
+	}
+	g.removed = true
+	g.Kill(2 * time.Second)
+	var errs []error
+	for _, dir := range slices.Backward(g.dirs) {
+		var err error
+		for try := 0; try < 200; try++ {
+			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cgroup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Dirs are the group's directories (for logs and tests).
+func (g *Group) Dirs() []string { return slices.Clone(g.dirs) }
+
+func write(dir, name, value string) error {
+	// cgroupfs files exist already; O_TRUNC is meaningless there and
+	// refused by some.
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	_, werr := f.WriteString(value)
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		return fmt.Errorf("cgroup: write %q to %s: %w", value, filepath.Join(dir, name), err)
+	}
+	return nil
+}
+
+// mount is a cgroup filesystem from /proc/self/mountinfo.
+type mount struct {
+	fstype string // cgroup or cgroup2
+	root   string // the hierarchy's path mounted there
+	point  string
+	opts   []string // super options: the v1 controllers
+}
+
+func parseMountinfo(data string) []mount {
+	var ms []mount
+	sc := bufio.NewScanner(strings.NewReader(data))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		f, p := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(p) < 3 || (p[0] != "cgroup" && p[0] != "cgroup2") {
+			continue
+		}
+		ms = append(ms, mount{fstype: p[0], root: unescape(f[3]), point: unescape(f[4]), opts: strings.Split(p[2], ",")})
+	}
+	return ms
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// parseProcCgroup maps each v1 controller, and "" for v2, to osmo's path.
+func parseProcCgroup(data string) map[string]string {
+	paths := map[string]string{}
+	for line := range strings.Lines(data) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			paths[""] = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			paths[c] = parts[2]
+		}
+	}
+	return paths
+}
+
+// dirOf is where path, as /proc/self/cgroup names it, is under mount m.
+func dirOf(m mount, path string) (string, bool) {
+	rel := path
+	if m.root != "/" {
+		var ok bool
+		if rel, ok = strings.CutPrefix(path, m.root); !ok {
+			return "", false
+		}
+	}
+	return filepath.Join(m.point, rel), true
+}
+
+func detectV2(paths map[string]string, ms []mount) (*Manager, error) {
+	path, ok := paths[""]
+	if !ok {
+		return nil, errors.New("v2: osmo is in no v2 group")
+	}
+	for _, m := range ms {
+		if m.fstype != "cgroup2" {
+			continue
+		}
+		base, ok := dirOf(m, path)
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(base, "cgroup.controllers"))
+		if err != nil {
+			return nil, fmt.Errorf("v2: %v", err)
+		}
+		have := strings.Fields(string(b))
+		if !slices.Contains(have, "memory") || !slices.Contains(have, "pids") {
+			return nil, fmt.Errorf("v2: %s offers controllers %q, not memory and pids", base, have)
+		}
+		if err := enableV2(base); err != nil {
+			return nil, fmt.Errorf("v2: %v", err)
+		}
+		mgr := &Manager{version: V2, base: base}
+		if err := probe(base); err != nil {
+			return nil, fmt.Errorf("v2: %v", err)
+		}
+		return mgr, nil
+	}
+	return nil, errors.New("v2: no cgroup2 filesystem mounted")
+}
+
+// enableV2 turns on the memory and pids controllers for base's children.
+func enableV2(base string) error {
+	b, err := os.ReadFile(filepath.Join(base, "cgroup.subtree_control"))
+	if err != nil {
+		return err
+	}
+	on := strings.Fields(string(b))
+	if slices.Contains(on, "memory") && slices.Contains(on, "pids") {
+		return nil
+	}
+	err = write(base, "cgroup.subtree_control", "+memory +pids")
+	if !errors.Is(err, syscall.EBUSY) {
+		return err
+	}
+	// No internal processes: move base's processes (osmo, and whatever
+	// shares its group) into a leaf, then try again.
+	leaf := filepath.Join(base, "osmo")
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	procs, err := os.ReadFile(filepath.Join(base, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	for pid := range strings.FieldsSeq(string(procs)) {
+		// A process that exited meanwhile is ESRCH; anything else shows
+		// up in the retry below.
+		_ = write(leaf, "cgroup.procs", pid)
+	}
+	return write(base, "cgroup.subtree_control", "+memory +pids")
+}
+
+func detectV1(paths map[string]string, ms []mount) (*Manager, error) {
+	mgr := &Manager{version: V1}
+	var reasons []string
+	for _, ctrl := range []string{"memory", "pids"} {
+		path, ok := paths[ctrl]
+		if !ok {
+			reasons = append(reasons, "v1: osmo is in no "+ctrl+" group")
+			continue
+		}
+		found := false
+		for _, m := range ms {
+			if m.fstype != "cgroup" || !slices.Contains(m.opts, ctrl) {
+				continue
+			}
+			base, ok := dirOf(m, path)
+			if !ok {
+				continue
+			}
+			found = true
+			if err := probe(base); err != nil {
+				reasons = append(reasons, fmt.Sprintf("v1 %s: %v", ctrl, err))
+				break
+			}
+			if ctrl == "memory" {
+				mgr.memBase = base
+			} else {
+				mgr.pidsBase = base
+			}
+			break
+		}
+		if !found {
+			reasons = append(reasons, "v1: no "+ctrl+" hierarchy mounted")
+		}
+	}
+	if mgr.memBase == "" && mgr.pidsBase == "" {
+		return nil, errors.New(strings.Join(reasons, "; "))
+	}
+	return mgr, nil
+}
+
+// probe creates and removes a group in base.
+func probe(base string) error {
+	dir := filepath.Join(base, fmt.Sprintf("osmo-probe-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Remove(dir)
+}

@@ -1,0 +1,118 @@
+package execagent
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// allowedEnv reports whether a variable of the server's environment is
+// passed to the program: what locates its runtime and libraries (PATH,
+// HOME, Node's and Python's own variables, virtualenvs, CA bundles) and the
+// locale. Everything else, the server's credentials included, is withheld;
+// Config.PassEnv names more, and Config.Env sets values.
+func allowedEnv(key string) bool {
+	switch key {
+	case "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+		"NODE_PATH", "NODE_OPTIONS", "NODE_EXTRA_CA_CERTS", "NVM_DIR", "NVM_BIN",
+		"PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
+		"PYTHONUTF8", "VIRTUAL_ENV", "CONDA_PREFIX", "PYENV_ROOT", "PYENV_VERSION",
+		"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE":
+		return true
+	}
+	return strings.HasPrefix(key, "LC_")
+}
+
+// passed reports whether the server's variable key reaches the program:
+// allowed, or named by pass (an entry ending in * is a prefix), and never
+// reserved.
+func passed(key string, pass []string) bool {
+	if reservedEnv(key) {
+		return false
+	}
+	if allowedEnv(key) {
+		return true
+	}
+	for _, p := range pass {
+		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(key, prefix) || p == key {
+			return true
+		}
+	}
+	return false
+}
+
+// newScratch makes the run's scratch directory: its TMPDIR (and HOME when
+// it runs as another user), private to it, removed when the run ends.
+func newScratch(runAs *RunAs) (string, error) {
+	dir, err := os.MkdirTemp("", "osmo-exec-")
+	if err != nil {
+		return "", fmt.Errorf("scratch directory: %w", err)
+	}
+	if runAs != nil {
+		if err := os.Chown(dir, int(runAs.UID), int(runAs.GID)); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("scratch directory: %w", err)
+		}
+	}
+	return dir, nil
+}
+
+// LimitError is a run that hit one of its Limits: the kernel refused it
+// memory, a process, CPU time or file size, and the run was ended.
+type LimitError struct {
+	// Limit is the key of the limit (memory, processes, cpu, file-size).
+	Limit string
+	// Value is the limit, as the text form writes it (512MiB).
+	Value string
+	// How says what the kernel did (the OOM killer killed a process).
+	How string
+	// StderrTail is the end of the program's stderr.
+	StderrTail string
+}
+
+func (e *LimitError) Error() string {
+	what := map[string]string{
+		"memory":    "memory limit",
+		"processes": "process limit",
+		"cpu":       "CPU time limit",
+		"file-size": "file size limit",
+	}[e.Limit]
+	if what == "" {
+		what = e.Limit + " limit"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "exec agent exceeded its %s (%s=%s)", what, e.Limit, e.Value)
+	if e.How != "" {
+		b.WriteString(": " + e.How)
+	}
+	if tail := strings.TrimSpace(e.StderrTail); tail != "" {
+		b.WriteString("; stderr ends with:\n")
+		b.WriteString(tail)
+	}
+	return b.String()
+}
+
+// signalLimit names the limit behind a program's death by signal: SIGXCPU,
+// or SIGKILL once its CPU time passed the limit (RLIMIT_CPU's hard limit),
+// and SIGXFSZ.
+func signalLimit(lim Limits, signal string, cpu time.Duration) *LimitError {
+	switch {
+	case signal == "SIGXCPU", signal == "SIGKILL" && lim.CPU > 0 && cpu >= lim.CPU:
+		return &LimitError{Limit: "cpu", Value: lim.value("cpu"), How: "killed by " + signal + " after " + cpu.Round(time.Millisecond).String() + " of CPU time"}
+	case signal == "SIGXFSZ":
+		return &LimitError{Limit: "file-size", Value: lim.value("file-size"), How: "killed by SIGXFSZ"}
+	}
+	return nil
+}
+
+// scratchEnv points the program's temporary files, and its home when it
+// runs as another user (the server's home is not its own), at its scratch
+// directory.
+func scratchEnv(dir string, ownHome bool) []string {
+	env := []string{"TMPDIR=" + dir, "TMP=" + dir, "TEMP=" + dir}
+	if ownHome {
+		env = append(env, "HOME="+dir)
+	}
+	return env
+}

@@ -1,0 +1,47 @@
+//go:build !linux
+
+package execagent
+
+import (
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+)
+
+// host offers nothing off Linux: no cgroups, and rlimits for a child need
+// prlimit, which is Linux's.
+type host struct{ logged sync.Once }
+
+func (h *host) logOnce(log *slog.Logger, asked Limits) {
+	h.logged.Do(func() { log.Warn("exec agents not contained", h.enforcement(asked)...) })
+}
+
+func detectHost() *host { return &host{} }
+
+func (h *host) enforcement(asked Limits) []any {
+	return []any{"limits", asked.effective().String(), "where", "not enforced on this system: only Linux contains exec agents"}
+}
+
+// jail is only the scratch directory here.
+type jail struct {
+	lim     Limits
+	scratch string
+}
+
+func (h *host) newJail(asked Limits, _ *slog.Logger) (*jail, error) {
+	j := &jail{lim: asked.effective()}
+	var err error
+	j.scratch, err = newScratch(j.lim.User)
+	return j, err
+}
+
+func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
+	cmd := newCmd()
+	return cmd, cmd.Start()
+}
+
+func (j *jail) check() *LimitError                     { return nil }
+func (j *jail) watch(exited <-chan struct{}, _ func()) {}
+func (j *jail) killAll()                               {}
+func (j *jail) close()                                 { os.RemoveAll(j.scratch) }

@@ -1,0 +1,4 @@
+package execagent
+
+// AllowedEnv exposes the allowlist to the external tests.
+var AllowedEnv = allowedEnv
