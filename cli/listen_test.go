@@ -10,10 +10,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/internal/tlsconfig/tlstest"
 )
 
@@ -38,29 +38,10 @@ func TestLoopbackAddr(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer written by a command's goroutines and read
-// by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // runCommand runs `osmo args...` in process with environment vars until
 // it returns or ctx ends.
-func runCommand(ctx context.Context, vars map[string]string, args ...string) (error, *lockedBuffer) {
-	var out lockedBuffer
+func runCommand(ctx context.Context, vars map[string]string, args ...string) (error, *logtest.Buffer) {
+	var out logtest.Buffer
 	e := &env{stdout: &out, stderr: &out, getenv: func(k string) string { return vars[k] }, reg: newRegistry(nil)}
 	cmd, ok := commands()[args[0]]
 	if !ok {
@@ -110,7 +91,7 @@ func serveUntilHealthy(t *testing.T, vars map[string]string, check func(base str
 	defer cancel()
 	port := freePort(t)
 	done := make(chan error, 1)
-	var out *lockedBuffer
+	var out *logtest.Buffer
 	started := make(chan struct{})
 	go func() {
 		var err error
