@@ -53,14 +53,24 @@ func TestRecordedCallsShareHistory(t *testing.T) {
 	}
 	ws := newWireSample(&rolloutv1.RolloutSample{Id: "a", LlmCalls: stored}, true)
 	api := wholeCalls(stored)
+	var prev []any // the callback's previous call, whole, as a trainer rebuilds it
 	for i, r := range reqs {
 		want := []any{}
 		if r != "" {
 			_ = json.Unmarshal([]byte(r), &want)
 		}
-		if got := generic(t, ws.LLMCalls[i].RequestMessages); !reflect.DeepEqual(got, want) {
-			t.Errorf("callback call %d: request_messages %v, want %v", i, got, want)
+		// The callback carries each call as stored; its whole request is
+		// the previous one's first shared_request_messages, then its own.
+		wc := ws.LLMCalls[i]
+		if int(wc.SharedRequestMessages) != shared[i] {
+			t.Errorf("callback call %d: shared_request_messages %d, want %d", i, wc.SharedRequestMessages, shared[i])
 		}
+		own, _ := generic(t, wc.RequestMessages).([]any)
+		got := append(append([]any{}, prev[:min(int(wc.SharedRequestMessages), len(prev))]...), own...)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("callback call %d rebuilt: request_messages %v, want %v", i, got, want)
+		}
+		prev = got
 		if got := generic(t, jsonStructs(api[i].GetRequestMessages())); !reflect.DeepEqual(got, want) || api[i].GetSharedRequestMessages() != 0 {
 			t.Errorf("API call %d: request_messages %v (shared %d), want %v", i, got, api[i].GetSharedRequestMessages(), want)
 		}

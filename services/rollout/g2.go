@@ -237,10 +237,16 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 		// rollout's.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	// Each call's request messages whole, expanded here, once.
-	wholeRequests(sm.GetLlmCalls(), func(c *rolloutv1.LLMCall, msgs []*structpb.Struct) {
-		out.LLMCalls = append(out.LLMCalls, wireCall(c, msgs))
-	})
+	// Each call as stored: its request messages after those it shares
+	// with the sample's previous call, which shared_request_messages
+	// counts. Neither wire defines llm_calls, so none needs the history
+	// copied into every call, and the body stays linear in the turns.
+	if calls := sm.GetLlmCalls(); len(calls) > 0 {
+		out.LLMCalls = make([]*wireLLMCall, len(calls))
+		for i, c := range calls {
+			out.LLMCalls[i] = wireCall(c)
+		}
+	}
 	return out
 }
 
@@ -252,28 +258,33 @@ func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
 // left out rather than sent as empty arrays, which would read as "no
 // tokens".
 type wireLLMCall struct {
-	ID                 string          `json:"id"`
-	RequestedModel     string          `json:"requested_model"`
-	Model              string          `json:"model"`
-	RequestMessages    []jsonStruct    `json:"request_messages"`
-	ResponseMessage    jsonStruct      `json:"response_message"`
-	FinishReason       string          `json:"finish_reason"`
-	Usage              *wireUsage      `json:"usage"`
-	LatencyMS          jsonFloat       `json:"latency_ms"`
-	TimeToFirstTokenMS jsonFloat       `json:"time_to_first_token_ms"`
-	Stream             bool            `json:"stream"`
-	PromptTokenIDs     []int32         `json:"prompt_token_ids,omitempty"`
-	CompletionTokenIDs []int32         `json:"completion_token_ids,omitempty"`
-	Logprobs           jsonFloats      `json:"logprobs,omitempty"`
-	StatusCode         int32           `json:"status_code"`
-	Error              string          `json:"error"`
-	Attempts           int32           `json:"attempts"`
-	StartedAt          json.RawMessage `json:"started_at"`
-	API                string          `json:"api"`
-	PromptTokens       int32           `json:"prompt_tokens"`
-	CompletionTokens   int32           `json:"completion_tokens"`
-	CachedTokens       int32           `json:"cached_tokens"`
-	ModelName          string          `json:"model_name"`
+	ID              string       `json:"id"`
+	RequestedModel  string       `json:"requested_model"`
+	Model           string       `json:"model"`
+	RequestMessages []jsonStruct `json:"request_messages"`
+	// SharedRequestMessages counts the leading request messages this call
+	// shares with the sample's previous call's whole request, which
+	// request_messages leaves out: call i's whole request is the first N
+	// messages of call i-1's whole request, then its own request_messages.
+	SharedRequestMessages int32           `json:"shared_request_messages"`
+	ResponseMessage       jsonStruct      `json:"response_message"`
+	FinishReason          string          `json:"finish_reason"`
+	Usage                 *wireUsage      `json:"usage"`
+	LatencyMS             jsonFloat       `json:"latency_ms"`
+	TimeToFirstTokenMS    jsonFloat       `json:"time_to_first_token_ms"`
+	Stream                bool            `json:"stream"`
+	PromptTokenIDs        []int32         `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs    []int32         `json:"completion_token_ids,omitempty"`
+	Logprobs              jsonFloats      `json:"logprobs,omitempty"`
+	StatusCode            int32           `json:"status_code"`
+	Error                 string          `json:"error"`
+	Attempts              int32           `json:"attempts"`
+	StartedAt             json.RawMessage `json:"started_at"`
+	API                   string          `json:"api"`
+	PromptTokens          int32           `json:"prompt_tokens"`
+	CompletionTokens      int32           `json:"completion_tokens"`
+	CachedTokens          int32           `json:"cached_tokens"`
+	ModelName             string          `json:"model_name"`
 }
 
 // wireMetrics is a RolloutMetrics as its proto JSON form with every field
@@ -306,14 +317,14 @@ type wireUsage struct {
 	CachedTokens     int32 `json:"cached_tokens"`
 }
 
-// wireCall renders c, whose whole request messages are msgs, for the
-// callback body.
-func wireCall(c *rolloutv1.LLMCall, msgs []*structpb.Struct) *wireLLMCall {
+// wireCall renders c, as stored, for the callback body.
+func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
 	w := &wireLLMCall{
 		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
-		RequestMessages: jsonStructs(msgs), ResponseMessage: jsonStruct{c.GetResponseMessage()},
-		FinishReason: c.GetFinishReason(),
-		LatencyMS:    jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
+		RequestMessages: jsonStructs(c.GetRequestMessages()), SharedRequestMessages: c.GetSharedRequestMessages(),
+		ResponseMessage: jsonStruct{c.GetResponseMessage()},
+		FinishReason:    c.GetFinishReason(),
+		LatencyMS:       jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
 		Stream:         c.GetStream(),
 		PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(),
 		StatusCode: c.GetStatusCode(), Error: c.GetError(), Attempts: c.GetAttempts(),

@@ -70,11 +70,10 @@ func TestWireSampleIsTheProtoJSONForm(t *testing.T) {
 // referenceSample is the sample's proto JSON form, through a map.
 func referenceSample(sm *rolloutv1.RolloutSample) map[string]any {
 	calls := []any{}
-	// The callback's calls carry their request messages whole, without
-	// the stored form's count of those shared with the previous call.
-	for _, c := range wholeCalls(sm.GetLlmCalls()) {
+	// The callback's calls are as stored: request messages after those
+	// shared with the previous call, which shared_request_messages counts.
+	for _, c := range sm.GetLlmCalls() {
 		m := protoMap(c)
-		delete(m, "shared_request_messages")
 		for _, k := range [...]string{"prompt_token_ids", "completion_token_ids", "logprobs"} {
 			if v, ok := m[k].([]any); ok && len(v) == 0 {
 				delete(m, k)
@@ -144,7 +143,7 @@ func TestTimestampIsTheProtoJSONForm(t *testing.T) {
 		{Seconds: 1764079751, Nanos: 123456000}, {Seconds: 1764079751, Nanos: 1}, {Seconds: -62135596800}, {Seconds: 253402300799, Nanos: 999999999},
 		{Seconds: -1, Nanos: 500}, {Seconds: 253402300800}, {Nanos: -1}, nil,
 	} {
-		w := wireCall(&rolloutv1.LLMCall{StartedAt: ts}, nil)
+		w := wireCall(&rolloutv1.LLMCall{StartedAt: ts})
 		want := "null"
 		if b, err := protojson.Marshal(ts); err == nil && ts != nil {
 			want = string(b)

@@ -291,10 +291,10 @@ type LLMCall struct {
 	// The model sent upstream after routing.
 	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
 	// The messages of the request, exactly as sent. In osmo's own stored
-	// records and grader requests a call that shares leading messages with
-	// the sample's previous call holds only the messages after them (see
-	// shared_request_messages); the API's answers and the callbacks always
-	// carry every message.
+	// records, grader requests and the callbacks' llm_calls a call that
+	// shares leading messages with the sample's previous call holds only the
+	// messages after them (see shared_request_messages); the API's answers
+	// always carry every message.
 	RequestMessages []*structpb.Struct `protobuf:"bytes,4,rep,name=request_messages,json=requestMessages,proto3" json:"request_messages,omitempty"`
 	// choices[0].message of the response (assembled from deltas for streams).
 	ResponseMessage *structpb.Struct `protobuf:"bytes,5,opt,name=response_message,json=responseMessage,proto3" json:"response_message,omitempty"`
@@ -331,8 +331,8 @@ type LLMCall struct {
 	// How many leading messages of the request are the first messages of the
 	// previous call's (of the same sample): request_messages then holds only
 	// the rest, so that a rollout's calls do not each copy the conversation.
-	// Set only in osmo's stored records and grader requests; 0 in the API's
-	// answers and callbacks, whose request_messages are whole.
+	// Set in osmo's stored records, grader requests and the callbacks'
+	// llm_calls; 0 in the API's answers, whose request_messages are whole.
 	SharedRequestMessages int32 `protobuf:"varint,23,opt,name=shared_request_messages,json=sharedRequestMessages,proto3" json:"shared_request_messages,omitempty"`
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
