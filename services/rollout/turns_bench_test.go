@@ -132,11 +132,15 @@ func BenchmarkRenderCallback(b *testing.B) {
 	}
 	samples := rec.snapshot()
 	b.ReportAllocs()
+	var size int
 	for range b.N {
-		if _, err := marshalBody(graderBody("r", outcome.Outcome{State: rolloutv1.State_STATE_SUCCEEDED}, samples)); err != nil {
+		body, err := marshalBody(graderBody("r", outcome.Outcome{State: rolloutv1.State_STATE_SUCCEEDED}, samples))
+		if err != nil {
 			b.Fatal(err)
 		}
+		size = len(body)
 	}
+	b.ReportMetric(float64(size), "body-bytes")
 }
 
 // BenchmarkCollectExtra collects a one-call sample of a request with
