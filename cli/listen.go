@@ -71,7 +71,7 @@ func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd string, a
 			"listen", strings.Join(open, ", "))
 		return nil
 	}
-	return usagef("osmo %s: %s reaches beyond this machine and no --api-key is set: pass --api-key KEY (or env OSMO_API_KEY), "+
+	return usagef("%s: %s reaches beyond this machine and no --api-key is set: pass --api-key KEY (or env OSMO_API_KEY), "+
 		"require client certificates (--tls-cert, --tls-key and --tls-ca), listen on loopback (127.0.0.1), "+
 		"or pass --insecure to serve without authentication on purpose", cmd, strings.Join(open, ", "))
 }
