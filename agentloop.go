@@ -45,7 +45,8 @@ type RolloutAgentLoop interface {
 	Run(ctx context.Context, rc *RolloutContext) (*RolloutResult, error)
 }
 
-// RolloutContext is passed to RolloutAgentLoop.Run.
+// RolloutContext is passed to RolloutAgentLoop.Run. AgentLoopWorkflow
+// builds it; a test of a loop builds one with host.NewRolloutContext.
 type RolloutContext struct {
 	// Request is the trainer's request.
 	Request *RolloutRequest

@@ -82,6 +82,8 @@ func NewRollout(id string, rt Runtime) *osmo.Rollout {
 // returning without registering any sample source is osmo.ErrNoSamples: an
 // empty success would train on nothing.
 func Run(ctx context.Context, w *osmo.Workflow, r *osmo.Rollout, in *Input) error {
+	// Input has hostlink.Input's fields in its order: the conversion shares
+	// the value, and stops compiling if the two drift apart.
 	return runWorkflow(ctx, w, r, (*hostlink.Input[osmo.RolloutRequest])(in))
 }
 
