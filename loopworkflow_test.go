@@ -17,7 +17,7 @@ import (
 	"github.com/osmo-rl/osmo/host"
 )
 
-// policyRuntime is a RolloutRuntime whose endpoints reach an httptest
+// policyRuntime is a host.Runtime whose endpoints reach an httptest
 // policy; it counts the tool calls recorded.
 type policyRuntime struct {
 	url   string

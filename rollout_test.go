@@ -273,7 +273,7 @@ func (f *fakeRuntime) RecordToolCall(sampleID string, latency time.Duration) {
 	f.toolCalls = append(f.toolCalls, fmt.Sprintf("%s %v", sampleID, latency))
 }
 
-func TestRolloutRuntimeDelegation(t *testing.T) {
+func TestRuntimeDelegation(t *testing.T) {
 	var buf bytes.Buffer
 	rt := &fakeRuntime{log: slog.New(slog.NewTextHandler(&buf, nil)).With("rollout_id", "roll"), client: &http.Client{}}
 	r := host.NewRollout("roll", rt)

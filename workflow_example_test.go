@@ -37,7 +37,7 @@ func (echoWorkflow) Run(_ context.Context, wc *osmo.WorkflowContext[EchoConfig])
 	return nil
 }
 
-// quietRuntime is the smallest RolloutRuntime: enough to run a workflow in a
+// quietRuntime is the smallest host.Runtime: enough to run a workflow in a
 // test without a rollout service.
 type quietRuntime struct{}
 

@@ -72,7 +72,7 @@ func (u *upstream) requests() []seen {
 	return append([]seen(nil), u.reqs...)
 }
 
-// runtime is a RolloutRuntime whose endpoint is given by the test.
+// runtime is a host.Runtime whose endpoint is given by the test.
 type runtime struct {
 	endpoint func(sampleID string) osmo.Endpoint
 

@@ -33,7 +33,7 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// runtime is an host.Runtime whose endpoint is given by a function.
+// runtime is a host.Runtime whose endpoint is given by a function.
 type runtime struct {
 	endpoint func(sampleID string) osmo.Endpoint
 }
