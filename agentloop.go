@@ -45,31 +45,23 @@ type RolloutAgentLoop interface {
 	Run(ctx context.Context, rc *RolloutContext) (*RolloutResult, error)
 }
 
-// Runtime is what the rollout service plugs into a RolloutContext. Test
-// harnesses can supply their own.
-type Runtime interface {
-	// Chat sends one chat completion to the rollout's policy.
-	Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error)
-	// RecordToolCall counts one tool execution and its latency.
-	RecordToolCall(latency time.Duration)
-	// LogEvent writes a debug event to the rollout's log (a no-op when off).
-	LogEvent(name string, data map[string]any)
-}
-
-// RolloutContext is passed to RolloutAgentLoop.Run.
+// RolloutContext is passed to RolloutAgentLoop.Run. AgentLoopWorkflow
+// builds it; a test of a loop builds one with host.NewRolloutContext.
 type RolloutContext struct {
 	// Request is the trainer's request.
 	Request *RolloutRequest
 	// Tools are the tools GetTools returned.
 	Tools []Tool
 
-	rt Runtime
+	// The loop's one sample in its rollout: where Chat goes, and whose
+	// tool calls and events RecordToolCall and LogEvent report.
+	rollout  *Rollout
+	sampleID string
 }
 
-// NewRolloutContext binds a request to a runtime. The rollout service calls it;
-// tests of an agent loop can call it with a fake Runtime.
-func NewRolloutContext(req *RolloutRequest, tools []Tool, rt Runtime) *RolloutContext {
-	return &RolloutContext{Request: req, Tools: tools, rt: rt}
+// newRolloutContext is host.NewRolloutContext.
+func newRolloutContext(r *Rollout, sampleID string, req *RolloutRequest, tools []Tool) *RolloutContext {
+	return &RolloutContext{Request: req, Tools: tools, rollout: r, sampleID: sampleID}
 }
 
 // Chat calls the policy with the full message history. params are merged over
@@ -80,8 +72,8 @@ func NewRolloutContext(req *RolloutRequest, tools []Tool, rt Runtime) *RolloutCo
 // "logprobs" unless the params say otherwise, as the Osmosis SDK's client
 // does: a trainer needs the policy's log probabilities without asking.
 func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error) {
-	if c.rt == nil {
-		return nil, errors.New("osmo: RolloutContext has no runtime")
+	if c.rollout == nil {
+		return nil, errors.New("osmo: RolloutContext has no rollout")
 	}
 	merged := make(map[string]any, len(c.Request.CompletionParams)+len(params))
 	for k, v := range c.Request.CompletionParams {
@@ -98,20 +90,20 @@ func (c *RolloutContext) Chat(ctx context.Context, messages []Message, params ma
 	if _, ok := merged["tools"]; !ok && len(c.Tools) > 0 {
 		merged["tools"] = c.Tools
 	}
-	return c.rt.Chat(ctx, messages, merged)
+	return ChatCompletion(ctx, c.rollout.Endpoint(c.sampleID), messages, merged)
 }
 
 // RecordToolCall records one tool execution for the rollout's metrics.
 func (c *RolloutContext) RecordToolCall(latency time.Duration) {
-	if c.rt != nil {
-		c.rt.RecordToolCall(latency)
+	if c.rollout != nil {
+		c.rollout.RecordToolCall(c.sampleID, latency)
 	}
 }
 
 // LogEvent writes a debug event to the rollout's JSONL log when --log is set.
 func (c *RolloutContext) LogEvent(name string, data map[string]any) {
-	if c.rt != nil {
-		c.rt.LogEvent(name, data)
+	if c.rollout != nil {
+		c.rollout.LogEvent(name, data)
 	}
 }
 

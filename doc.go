@@ -1,7 +1,13 @@
 // Package osmo is the Go SDK for writing rollout workflows and graders that
 // run under the osmo rollout service.
 //
-// Two contracts are supported, mirroring the Osmosis SDK:
+// Three contracts are supported, mirroring the Osmosis SDK:
+//
+//   - AgentWorkflow[T]: Run is called once per rollout with the row's prompt
+//     and metadata; it builds its agents inside (see the integrations), routes
+//     their LLM calls through the rollout (Rollout.Endpoint) and registers each
+//     conversation to grade as a sample source. NewWorkflow binds it to its
+//     config.
 //
 //   - RolloutAgentLoop (the remote-rollout, "G1" contract): the service calls
 //     GetTools when a trainer posts /v1/rollout/init, then Run with a
@@ -16,5 +22,7 @@
 // Python helpers of the same names.
 //
 // Build your own server binary by passing your loops and graders to
-// github.com/osmo-rl/osmo/cli.Main; see examples/.
+// github.com/osmo-rl/osmo/cli.Main; see examples/. What runs workflows (the
+// rollout service, the evaluator, a workflow's tests) uses package
+// github.com/osmo-rl/osmo/host, which authors do not need.
 package osmo

@@ -40,9 +40,14 @@ func ExampleRewardGrader() {
 		return 0, nil
 	})
 	label := "42"
-	gc := osmo.NewGraderContext("rollout-1", []*osmo.Sample{
-		{ID: "agent", Messages: []osmo.Message{{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": "42"}}},
-	}, &label, nil)
+	// The grader service builds the context; a test writes one out.
+	gc := &osmo.GraderContext{
+		RolloutID: "rollout-1",
+		Samples: map[string]*osmo.Sample{
+			"agent": {ID: "agent", Messages: []osmo.Message{{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": "42"}}},
+		},
+		Label: &label,
+	}
 	if err := exact.Grade(context.Background(), gc); err != nil {
 		fmt.Println(err)
 	}

@@ -80,7 +80,9 @@ type LLMCall struct {
 	Error              string
 }
 
-// GraderContext is what a Grader works on.
+// GraderContext is what a Grader works on. The grader service builds it
+// (host.NewGraderContext); a test of a grader may also write one as a
+// literal, filling the exported fields.
 type GraderContext struct {
 	RolloutID string
 	// Samples by sample id.
@@ -90,25 +92,10 @@ type GraderContext struct {
 	// Metadata is the dataset row's metadata; nil when the row has none.
 	Metadata map[string]any
 
+	// What the grader decided, made on first use so that a literal works.
 	mu      sync.Mutex
 	rewards map[string]float64
 	removed map[string]bool
-}
-
-// NewGraderContext builds a context over samples.
-func NewGraderContext(rolloutID string, samples []*Sample, label *string, metadata map[string]any) *GraderContext {
-	gc := &GraderContext{
-		RolloutID: rolloutID,
-		Samples:   make(map[string]*Sample, len(samples)),
-		Label:     label,
-		Metadata:  metadata,
-		rewards:   map[string]float64{},
-		removed:   map[string]bool{},
-	}
-	for _, s := range samples {
-		gc.Samples[s.ID] = s
-	}
-	return gc
 }
 
 // ErrNonFiniteReward is returned for NaN or infinite rewards.
@@ -125,6 +112,9 @@ func (gc *GraderContext) SetSampleReward(id string, reward float64) error {
 	}
 	gc.mu.Lock()
 	defer gc.mu.Unlock()
+	if gc.rewards == nil {
+		gc.rewards = map[string]float64{}
+	}
 	gc.rewards[id] = reward
 	return nil
 }
@@ -136,6 +126,9 @@ func (gc *GraderContext) RemoveSample(id string) error {
 	}
 	gc.mu.Lock()
 	defer gc.mu.Unlock()
+	if gc.removed == nil {
+		gc.removed = map[string]bool{}
+	}
 	gc.removed[id] = true
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
-	"time"
 )
 
 // AgentLoopWorkflow runs a RolloutAgentLoop as a Workflow, so the rollout
@@ -40,7 +39,7 @@ func AgentLoopWorkflow(loop RolloutAgentLoop) (*Workflow, error) {
 		sampleID = "agent"
 	}
 	wf := &Workflow{name: name, loop: loop, loopSample: sampleID, validate: func() error { return nil }}
-	wf.run = func(ctx context.Context, r *Rollout, in *WorkflowInput) error {
+	wf.run = func(ctx context.Context, r *Rollout, in *workflowInput) error {
 		req, tools := in.Request, in.Tools
 		if req == nil {
 			req = &RolloutRequest{
@@ -51,12 +50,11 @@ func AgentLoopWorkflow(loop RolloutAgentLoop) (*Workflow, error) {
 				Metadata:       in.Metadata,
 			}
 			var err error
-			if tools, err = wf.ToolsFor(req); err != nil {
+			if tools, err = wf.toolsFor(req); err != nil {
 				return err
 			}
 		}
-		rt := &endpointRuntime{rollout: r, sampleID: sampleID}
-		res, err := runAgentLoop(ctx, loop, NewRolloutContext(req, tools, rt))
+		res, err := runAgentLoop(ctx, loop, newRolloutContext(r, sampleID, req, tools))
 		// The sample is registered whatever happened: what the agent
 		// recorded is reported even from a failed run.
 		if rerr := r.Register(sampleID, &loopSample{res: res}); rerr != nil {
@@ -133,25 +131,6 @@ func (s *loopSample) SampleAgentReward() *float64 {
 		return nil
 	}
 	return s.res.Reward
-}
-
-// endpointRuntime is the Runtime of a loop running as a workflow: Chat posts
-// to the rollout's endpoint for the sample.
-type endpointRuntime struct {
-	rollout  *Rollout
-	sampleID string
-}
-
-func (rt *endpointRuntime) Chat(ctx context.Context, messages []Message, params map[string]any) (*ChatResult, error) {
-	return ChatCompletion(ctx, rt.rollout.Endpoint(rt.sampleID), messages, params)
-}
-
-func (rt *endpointRuntime) RecordToolCall(latency time.Duration) {
-	rt.rollout.RecordToolCall(rt.sampleID, latency)
-}
-
-func (rt *endpointRuntime) LogEvent(name string, data map[string]any) {
-	rt.rollout.LogEvent(name, data)
 }
 
 // maxChatAnswer bounds the body ChatCompletion reads: a completion larger

@@ -14,9 +14,10 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 )
 
-// policyRuntime is a RolloutRuntime whose endpoints reach an httptest
+// policyRuntime is a host.Runtime whose endpoints reach an httptest
 // policy; it counts the tool calls recorded.
 type policyRuntime struct {
 	url   string
@@ -113,16 +114,16 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if wf.Name() != "calc" || wf.LoopSampleID() != "calc" {
-			t.Fatalf("name %q, sample id %q", wf.Name(), wf.LoopSampleID())
+		if wf.Name() != "calc" || host.LoopSampleID(wf) != "calc" {
+			t.Fatalf("name %q, sample id %q", wf.Name(), host.LoopSampleID(wf))
 		}
 		rt := &policyRuntime{url: policy.URL}
-		r := osmo.NewRollout("r1", rt)
+		r := host.NewRollout("r1", rt)
 		req := &osmo.RolloutRequest{RolloutID: "r1", Messages: prompt, CompletionParams: map[string]any{"temperature": 0.5}}
-		if err := wf.Run(t.Context(), r, &osmo.WorkflowInput{RolloutID: "r1", Prompt: prompt, Request: req, Tools: tools}); err != nil {
+		if err := host.Run(t.Context(), wf, r, &host.Input{RolloutID: "r1", Prompt: prompt, Request: req, Tools: tools}); err != nil {
 			t.Fatal(err)
 		}
-		srcs := r.Sources()
+		srcs := host.Sources(r)
 		if len(srcs) != 1 || srcs[0].ID != "calc" {
 			t.Fatalf("sources %v, want one named calc", srcs)
 		}
@@ -158,9 +159,9 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("completion_params may turn logprobs off", func(t *testing.T) {
 		policy, sent := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc"})
-		r := osmo.NewRollout("r2", &policyRuntime{url: policy.URL})
+		r := host.NewRollout("r2", &policyRuntime{url: policy.URL})
 		req := &osmo.RolloutRequest{Messages: prompt, CompletionParams: map[string]any{"logprobs": false}}
-		if err := wf.Run(t.Context(), r, &osmo.WorkflowInput{Prompt: prompt, Request: req}); err != nil {
+		if err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: req}); err != nil {
 			t.Fatal(err)
 		}
 		if c := sent()[0]; c["logprobs"] != false {
@@ -171,14 +172,14 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("without a G1 request the loop gets one made of the input", func(t *testing.T) {
 		policy, sent := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", tools: tools})
-		r := osmo.NewRollout("r3", &policyRuntime{url: policy.URL})
-		if err := wf.Run(t.Context(), r, &osmo.WorkflowInput{RolloutID: "r3", Prompt: prompt, Metadata: map[string]any{"k": "v"}}); err != nil {
+		r := host.NewRollout("r3", &policyRuntime{url: policy.URL})
+		if err := host.Run(t.Context(), wf, r, &host.Input{RolloutID: "r3", Prompt: prompt, Metadata: map[string]any{"k": "v"}}); err != nil {
 			t.Fatal(err)
 		}
 		if c := sent()[0]; c["tools"] == nil {
 			t.Errorf("call %v: want the tools GetTools returned", c)
 		}
-		if _, err := wf.ToolsFor(&osmo.RolloutRequest{}); err != nil {
+		if _, err := host.ToolsFor(wf, &osmo.RolloutRequest{}); err != nil {
 			t.Error(err)
 		}
 	})
@@ -193,12 +194,12 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		t.Run("fails: "+tc.mode, func(t *testing.T) {
 			policy, _ := startPolicy(t)
 			wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", mode: tc.mode})
-			r := osmo.NewRollout("r4", &policyRuntime{url: policy.URL})
-			in := &osmo.WorkflowInput{Prompt: prompt}
+			r := host.NewRollout("r4", &policyRuntime{url: policy.URL})
+			in := &host.Input{Prompt: prompt}
 			if tc.mode != "tools-fail" {
 				in.Request = &osmo.RolloutRequest{Messages: prompt}
 			}
-			err := wf.Run(t.Context(), r, in)
+			err := host.Run(t.Context(), wf, r, in)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
@@ -206,7 +207,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 				return
 			}
 			// The sample is there, for what the proxy recorded.
-			srcs := r.Sources()
+			srcs := host.Sources(r)
 			if len(srcs) != 1 {
 				t.Fatalf("sources %v, want the loop's one", srcs)
 			}
@@ -222,19 +223,19 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("no messages of its own: the recorded conversation stands", func(t *testing.T) {
 		policy, _ := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", mode: "recorded"})
-		r := osmo.NewRollout("r5", &policyRuntime{url: policy.URL})
-		if err := wf.Run(t.Context(), r, &osmo.WorkflowInput{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}}); err != nil {
+		r := host.NewRollout("r5", &policyRuntime{url: policy.URL})
+		if err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}}); err != nil {
 			t.Fatal(err)
 		}
-		if msgs, _ := r.Sources()[0].Source.SampleMessages(); msgs != nil {
+		if msgs, _ := host.Sources(r)[0].Source.SampleMessages(); msgs != nil {
 			t.Errorf("messages %v, want nil (the proxy's record)", msgs)
 		}
 	})
 
 	t.Run("a name that is no sample id", func(t *testing.T) {
 		wf, err := osmo.AgentLoopWorkflow(scriptedLoop{name: "my loop"})
-		if err != nil || wf.LoopSampleID() != "agent" {
-			t.Fatalf("%v, sample id %q; want the fallback agent", err, wf.LoopSampleID())
+		if err != nil || host.LoopSampleID(wf) != "agent" {
+			t.Fatalf("%v, sample id %q; want the fallback agent", err, host.LoopSampleID(wf))
 		}
 		if _, err := osmo.AgentLoopWorkflow(nil); err == nil {
 			t.Error("a nil loop was accepted")
@@ -251,8 +252,8 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		}))
 		t.Cleanup(srv.Close)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc"})
-		r := osmo.NewRollout("r6", &policyRuntime{url: srv.URL})
-		err := wf.Run(t.Context(), r, &osmo.WorkflowInput{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}})
+		r := host.NewRollout("r6", &policyRuntime{url: srv.URL})
+		err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}})
 		if err == nil || !strings.Contains(err.Error(), "HTTP 400: maximum context length exceeded") {
 			t.Fatalf("err = %v", err)
 		}

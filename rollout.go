@@ -6,11 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/hostlink"
 )
 
 // Errors of the rollout binding. The rollout service maps them to the G2
@@ -47,17 +51,6 @@ type Endpoint struct {
 	HTTPClient *http.Client
 }
 
-// RolloutRuntime is what the rollout service plugs into a Rollout.
-type RolloutRuntime interface {
-	// Endpoint routes the LLM calls of sampleID to the rollout's policy.
-	Endpoint(sampleID string) Endpoint
-	// Logger is the rollout's logger (it carries rollout_id).
-	Logger() *slog.Logger
-	// LogEvent writes a debug event to the rollout's JSONL log (--log);
-	// a no-op when that is off.
-	LogEvent(name string, data map[string]any)
-}
-
 // SampleSource is something that produced a conversation to grade: a
 // session, an agent, an exec run. The rollout collects every registered
 // source's sample once the workflow returned.
@@ -80,28 +73,30 @@ type SampleSourceFunc func() ([]Message, error)
 // SampleMessages calls f.
 func (f SampleSourceFunc) SampleMessages() ([]Message, error) { return f() }
 
-// NamedSource is a registered sample source and its sample id.
-type NamedSource struct {
-	ID     string
-	Source SampleSource
-}
-
 // Rollout is the active rollout of a workflow execution: the Go face of the
 // Osmosis RolloutContext. Integrations find it in the ctx passed to Run
 // (RolloutFromContext), bind their LLM clients through Endpoint and register
-// their conversations with Register.
+// their conversations with Register. Its host (the rollout service, or a
+// test) builds it with package host.
 type Rollout struct {
 	// ID is the trainer's rollout id.
 	ID string
 
-	rt      RolloutRuntime
+	rt      rolloutRuntime // nil: no host behind it (a test's rollout)
 	mu      sync.Mutex
-	sources []NamedSource
+	sources []namedSource
 }
 
-// NewRollout binds a rollout id to a runtime. The rollout service calls it;
-// tests of a workflow can call it with a runtime of their own.
-func NewRollout(id string, rt RolloutRuntime) *Rollout {
+// rolloutRuntime is host.Runtime: what the rollout's host provides.
+type rolloutRuntime = hostlink.Runtime[Endpoint]
+
+// namedSource is a registered sample source and its sample id.
+type namedSource struct {
+	id  string
+	src SampleSource
+}
+
+func newRollout(id string, rt rolloutRuntime) *Rollout {
 	return &Rollout{ID: id, rt: rt}
 }
 
@@ -130,19 +125,27 @@ func (r *Rollout) Register(id string, src SampleSource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.sources {
-		if s.ID == id {
+		if s.id == id {
 			return fmt.Errorf("%w %q in rollout %q: every agent or session of a rollout needs its own name", ErrDuplicateSample, id, r.ID)
 		}
 	}
-	r.sources = append(r.sources, NamedSource{ID: id, Source: src})
+	r.sources = append(r.sources, namedSource{id: id, src: src})
 	return nil
 }
 
-// Sources returns the registered sources in registration order.
-func (r *Rollout) Sources() []NamedSource {
+// registered yields the sources registered so far, in registration order.
+// It reads a copy, so a source registered meanwhile does not disturb it.
+func (r *Rollout) registered() iter.Seq2[string, SampleSource] {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]NamedSource(nil), r.sources...)
+	sources := slices.Clone(r.sources)
+	r.mu.Unlock()
+	return func(yield func(string, SampleSource) bool) {
+		for _, s := range sources {
+			if !yield(s.id, s.src) {
+				return
+			}
+		}
+	}
 }
 
 // Endpoint returns where sampleID's LLM calls go.
@@ -153,18 +156,12 @@ func (r *Rollout) Endpoint(sampleID string) Endpoint {
 	return r.rt.Endpoint(sampleID)
 }
 
-// ToolRecorder is implemented by runtimes that count the tool calls an
-// agent runs itself (the rollout service does): they appear in the sample's
-// and the rollout's metrics (num_tool_calls, tool_latency_ms).
-type ToolRecorder interface {
-	RecordToolCall(sampleID string, latency time.Duration)
-}
-
-// RecordToolCall records one tool execution of sampleID and its latency
-// when the runtime counts them (ToolRecorder); otherwise it does nothing.
+// RecordToolCall records one tool execution of sampleID and its latency,
+// for an agent that runs its tools itself: they appear in the sample's and
+// the rollout's metrics (num_tool_calls, tool_latency_ms).
 func (r *Rollout) RecordToolCall(sampleID string, latency time.Duration) {
-	if tr, ok := r.rt.(ToolRecorder); ok {
-		tr.RecordToolCall(sampleID, latency)
+	if r.rt != nil {
+		r.rt.RecordToolCall(sampleID, latency)
 	}
 }
 
@@ -183,16 +180,14 @@ func (r *Rollout) LogEvent(name string, data map[string]any) {
 	}
 }
 
-type rolloutKey struct{}
-
-// ContextWithRollout returns ctx carrying r.
-func ContextWithRollout(ctx context.Context, r *Rollout) context.Context {
-	return context.WithValue(ctx, rolloutKey{}, r)
+// contextWithRollout returns ctx carrying r: the ctx a workflow runs with.
+func contextWithRollout(ctx context.Context, r *Rollout) context.Context {
+	return context.WithValue(ctx, hostlink.RolloutKey{}, r)
 }
 
 // RolloutFromContext returns the active rollout, or ErrNoRollout.
 func RolloutFromContext(ctx context.Context) (*Rollout, error) {
-	if r, ok := ctx.Value(rolloutKey{}).(*Rollout); ok && r != nil {
+	if r, ok := ctx.Value(hostlink.RolloutKey{}).(*Rollout); ok && r != nil {
 		return r, nil
 	}
 	return nil, ErrNoRollout

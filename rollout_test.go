@@ -11,8 +11,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 )
 
 func TestValidSampleID(t *testing.T) {
@@ -87,7 +89,7 @@ func TestRegister(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := osmo.NewRollout("roll-7", nil)
+			r := host.NewRollout("roll-7", nil)
 			if err := r.Register("taken", src); err != nil {
 				t.Fatalf("Register(taken): %v", err)
 			}
@@ -96,7 +98,7 @@ func TestRegister(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Register(%q): %v", tt.id, err)
 				}
-				if got := r.Sources(); len(got) != 2 || got[1].ID != tt.id || got[1].Source == nil {
+				if got := host.Sources(r); len(got) != 2 || got[1].ID != tt.id || got[1].Source == nil {
 					t.Errorf("Sources = %v, want taken then %q", got, tt.id)
 				}
 				return
@@ -115,7 +117,7 @@ func TestRegister(t *testing.T) {
 			if tt.wantIs == nil && errors.Is(err, osmo.ErrDuplicateSample) {
 				t.Errorf("error %v claims a duplicate", err)
 			}
-			if got := r.Sources(); len(got) != 1 || got[0].ID != "taken" {
+			if got := host.Sources(r); len(got) != 1 || got[0].ID != "taken" {
 				t.Errorf("a refused Register changed the sources: %v", got)
 			}
 		})
@@ -123,7 +125,7 @@ func TestRegister(t *testing.T) {
 }
 
 func TestSourcesOrderAndCopy(t *testing.T) {
-	r := osmo.NewRollout("r", nil)
+	r := host.NewRollout("r", nil)
 	ids := []string{"zeta", "alpha", "mid", "beta"}
 	for i, id := range ids {
 		msgs := []osmo.Message{{"role": "assistant", "content": fmt.Sprint(i)}}
@@ -131,7 +133,7 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 			t.Fatalf("Register(%q): %v", id, err)
 		}
 	}
-	got := r.Sources()
+	got := host.Sources(r)
 	if len(got) != len(ids) {
 		t.Fatalf("%d sources, want %d", len(got), len(ids))
 	}
@@ -144,8 +146,8 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 			t.Errorf("source %q messages %v, %v; want its own", s.ID, m, err)
 		}
 	}
-	got[0] = osmo.NamedSource{ID: "overwritten"}
-	if again := r.Sources(); again[0].ID != "zeta" {
+	got[0] = host.Source{ID: "overwritten"}
+	if again := host.Sources(r); again[0].ID != "zeta" {
 		t.Errorf("changing the returned slice changed the rollout: %q", again[0].ID)
 	}
 }
@@ -155,7 +157,7 @@ func TestRegisterConcurrent(t *testing.T) {
 		writers = 16
 		each    = 25
 	)
-	r := osmo.NewRollout("r", nil)
+	r := host.NewRollout("r", nil)
 	var wg sync.WaitGroup
 	errs := make(chan error, writers*each)
 	for w := range writers {
@@ -164,7 +166,7 @@ func TestRegisterConcurrent(t *testing.T) {
 				if err := r.Register(fmt.Sprintf("w%d-%d", w, i), emptySource()); err != nil {
 					errs <- err
 				}
-				_ = r.Sources()
+				_ = host.Sources(r)
 			}
 		})
 	}
@@ -191,7 +193,7 @@ func TestRegisterConcurrent(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d goroutines registered \"shared\", want 1", n)
 	}
-	got := r.Sources()
+	got := host.Sources(r)
 	if len(got) != writers*each+1 {
 		t.Fatalf("%d sources, want %d", len(got), writers*each+1)
 	}
@@ -237,10 +239,11 @@ type fakeRuntime struct {
 	log    *slog.Logger
 	client *http.Client
 
-	mu       sync.Mutex
-	events   []string
-	data     []map[string]any
-	endpoint []string
+	mu        sync.Mutex
+	events    []string
+	data      []map[string]any
+	endpoint  []string
+	toolCalls []string
 }
 
 func (f *fakeRuntime) Endpoint(sampleID string) osmo.Endpoint {
@@ -264,10 +267,16 @@ func (f *fakeRuntime) LogEvent(name string, data map[string]any) {
 	f.data = append(f.data, data)
 }
 
-func TestRolloutRuntimeDelegation(t *testing.T) {
+func (f *fakeRuntime) RecordToolCall(sampleID string, latency time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.toolCalls = append(f.toolCalls, fmt.Sprintf("%s %v", sampleID, latency))
+}
+
+func TestRuntimeDelegation(t *testing.T) {
 	var buf bytes.Buffer
 	rt := &fakeRuntime{log: slog.New(slog.NewTextHandler(&buf, nil)).With("rollout_id", "roll"), client: &http.Client{}}
-	r := osmo.NewRollout("roll", rt)
+	r := host.NewRollout("roll", rt)
 
 	if got := r.Logger(); got != rt.log {
 		t.Errorf("Logger() = %p, want the runtime's %p", got, rt.log)
@@ -290,6 +299,11 @@ func TestRolloutRuntimeDelegation(t *testing.T) {
 	if !strings.HasSuffix(ep.BaseURL, "/s/agent-1/v1") || ep.Headers["x-sample-id"] != "agent-1" || ep.APIKey != "token" || ep.HTTPClient != rt.client {
 		t.Errorf("Endpoint = %+v, want the runtime's", ep)
 	}
+
+	r.RecordToolCall("agent-1", 3*time.Millisecond)
+	if len(rt.toolCalls) != 1 || rt.toolCalls[0] != "agent-1 3ms" {
+		t.Errorf("RecordToolCall reached the runtime as %v, want [agent-1 3ms]", rt.toolCalls)
+	}
 }
 
 // A Rollout without a runtime (a workflow's own tests) still logs, with
@@ -301,7 +315,7 @@ func TestRolloutWithoutRuntime(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
 
-	for _, r := range []*osmo.Rollout{osmo.NewRollout("lonely", nil), {ID: "lonely"}} {
+	for _, r := range []*osmo.Rollout{host.NewRollout("lonely", nil), {ID: "lonely"}} {
 		buf.Reset()
 		log := r.Logger()
 		if log == nil {
@@ -322,16 +336,16 @@ func TestRolloutWithoutRuntime(t *testing.T) {
 }
 
 func TestRolloutFromContext(t *testing.T) {
-	r := osmo.NewRollout("r", nil)
+	r := host.NewRollout("r", nil)
 	tests := []struct {
 		name string
 		ctx  context.Context
 		want *osmo.Rollout
 	}{
 		{"background", context.Background(), nil},
-		{"installed", osmo.ContextWithRollout(context.Background(), r), r},
-		{"nil rollout installed", osmo.ContextWithRollout(context.Background(), nil), nil},
-		{"inner wins", osmo.ContextWithRollout(osmo.ContextWithRollout(context.Background(), osmo.NewRollout("outer", nil)), r), r},
+		{"installed", host.ContextWithRollout(context.Background(), r), r},
+		{"nil rollout installed", host.ContextWithRollout(context.Background(), nil), nil},
+		{"inner wins", host.ContextWithRollout(host.ContextWithRollout(context.Background(), host.NewRollout("outer", nil)), r), r},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

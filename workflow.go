@@ -9,6 +9,8 @@ import (
 	"io"
 	"reflect"
 	"runtime/debug"
+
+	"github.com/osmo-rl/osmo/internal/hostlink"
 )
 
 // Concurrency bounds how many executions of a workflow run at once.
@@ -80,21 +82,10 @@ type LabelReader interface {
 	ReadsLabel() bool
 }
 
-// WorkflowInput is one rollout's input, as the rollout service hands it to a
-// Workflow.
-type WorkflowInput struct {
-	RolloutID string
-	Prompt    []Message
-	Metadata  map[string]any
-	// Label is the row's label (ground truth), nil when it has none. It
-	// reaches only workflows that are LabelReaders.
-	Label *string
-	// Request is the remote-rollout (G1) request the input came from, and
-	// Tools what the workflow offered for it (ToolsFor); both nil for
-	// rollouts started otherwise. AgentLoopWorkflow hands them to its loop.
-	Request *RolloutRequest
-	Tools   []Tool
-}
+// workflowInput is one rollout's input (host.Input): its prompt, metadata
+// and label, and for a remote rollout (G1) the trainer's request and the
+// tools offered for it.
+type workflowInput = hostlink.Input[RolloutRequest]
 
 // ToolProvider is implemented by workflows (or their configs) that declare
 // the function tools they offer, so `osmo validate` can check the schemas.
@@ -110,7 +101,7 @@ type ConfigValidator interface {
 
 // Workflow is an AgentWorkflow bound to its config, type-erased so the
 // rollout service, registries and `osmo validate` can hold any of them.
-// Build one with NewWorkflow.
+// Build one with NewWorkflow; package host runs it.
 type Workflow struct {
 	name        string
 	description string
@@ -118,7 +109,7 @@ type Workflow struct {
 	tools       []Tool
 	config      any // *T, possibly nil
 	validate    func() error
-	run         func(ctx context.Context, r *Rollout, in *WorkflowInput) error
+	run         func(ctx context.Context, r *Rollout, in *workflowInput) error
 	rebind      func(data []byte) (*Workflow, error)
 	// loop is the agent loop behind an AgentLoopWorkflow, and loopSample
 	// the id of its one sample; nil and "" otherwise.
@@ -173,7 +164,7 @@ func NewWorkflow[T any](w AgentWorkflow[T], config *T) (*Workflow, error) {
 	}
 	lr, readsLabel := any(w).(LabelReader)
 	readsLabel = readsLabel && lr.ReadsLabel()
-	wf.run = func(ctx context.Context, r *Rollout, in *WorkflowInput) error {
+	wf.run = func(ctx context.Context, r *Rollout, in *workflowInput) error {
 		wc := &WorkflowContext[T]{
 			RolloutID: in.RolloutID,
 			Prompt:    in.Prompt,
@@ -237,10 +228,9 @@ func (w *Workflow) MaxConcurrent() int { return w.concurrency }
 // Tools are the tools the workflow declares (ToolProvider), for validation.
 func (w *Workflow) Tools() []Tool { return w.tools }
 
-// ToolsFor is what the workflow offers a remote-rollout (G1) trainer for
-// req, in the init's answer: an agent loop's GetTools (a panic becomes an
+// toolsFor is host.ToolsFor: an agent loop's GetTools (a panic becomes an
 // error), or the tools the workflow declares.
-func (w *Workflow) ToolsFor(req *RolloutRequest) (tools []Tool, err error) {
+func (w *Workflow) toolsFor(req *RolloutRequest) (tools []Tool, err error) {
 	if w.loop == nil {
 		return w.tools, nil
 	}
@@ -256,10 +246,8 @@ func (w *Workflow) ToolsFor(req *RolloutRequest) (tools []Tool, err error) {
 	return tools, nil
 }
 
-// LoopSampleID is the id of the one sample an AgentLoopWorkflow registers,
-// known before it runs; "" for other workflows, whose samples are named as
-// they run.
-func (w *Workflow) LoopSampleID() string { return w.loopSample }
+// loopSampleID is host.LoopSampleID.
+func (w *Workflow) loopSampleID() string { return w.loopSample }
 
 // Config is the bound config (a *T), or nil.
 func (w *Workflow) Config() any { return w.config }
@@ -315,19 +303,23 @@ func (w *Workflow) Validate() error {
 	return nil
 }
 
-// Run executes the workflow for one rollout with r installed in ctx. A panic
-// becomes an error; so does returning without registering any sample
-// source (ErrNoSamples): an empty success would train on nothing.
-func (w *Workflow) Run(ctx context.Context, r *Rollout, in *WorkflowInput) (err error) {
+// execute is host.Run: it runs the workflow for one rollout with r
+// installed in ctx. A panic becomes an error; so does returning without
+// registering any sample source (ErrNoSamples): an empty success would
+// train on nothing.
+func (w *Workflow) execute(ctx context.Context, r *Rollout, in *workflowInput) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 	}()
-	if err := w.run(ContextWithRollout(ctx, r), r, in); err != nil {
+	if err := w.run(contextWithRollout(ctx, r), r, in); err != nil {
 		return err
 	}
-	if len(r.Sources()) == 0 {
+	r.mu.Lock()
+	n := len(r.sources)
+	r.mu.Unlock()
+	if n == 0 {
 		return fmt.Errorf("workflow %q: %w", w.name, ErrNoSamples)
 	}
 	return nil

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 )
 
 // EchoConfig is a workflow config: the shared part (name, description,
@@ -35,15 +37,16 @@ func (echoWorkflow) Run(_ context.Context, wc *osmo.WorkflowContext[EchoConfig])
 	return nil
 }
 
-// quietRuntime is the smallest RolloutRuntime: enough to run a workflow in a
+// quietRuntime is the smallest host.Runtime: enough to run a workflow in a
 // test without a rollout service.
 type quietRuntime struct{}
 
 func (quietRuntime) Endpoint(string) osmo.Endpoint {
 	return osmo.Endpoint{BaseURL: "http://127.0.0.1:0/v1"}
 }
-func (quietRuntime) Logger() *slog.Logger            { return slog.New(slog.DiscardHandler) }
-func (quietRuntime) LogEvent(string, map[string]any) {}
+func (quietRuntime) Logger() *slog.Logger                 { return slog.New(slog.DiscardHandler) }
+func (quietRuntime) LogEvent(string, map[string]any)      {}
+func (quietRuntime) RecordToolCall(string, time.Duration) {}
 
 func ExampleNewWorkflow() {
 	wf, err := osmo.NewWorkflow(echoWorkflow{}, &EchoConfig{
@@ -54,8 +57,8 @@ func ExampleNewWorkflow() {
 		fmt.Println(err)
 		return
 	}
-	r := osmo.NewRollout("rollout-1", quietRuntime{})
-	err = wf.Run(context.Background(), r, &osmo.WorkflowInput{
+	r := host.NewRollout("rollout-1", quietRuntime{})
+	err = host.Run(context.Background(), wf, r, &host.Input{
 		RolloutID: r.ID,
 		Prompt:    []osmo.Message{{"role": "user", "content": "hello"}},
 	})
@@ -64,7 +67,7 @@ func ExampleNewWorkflow() {
 		return
 	}
 	fmt.Println("workflow:", wf.Name(), "max concurrent:", wf.MaxConcurrent())
-	for _, s := range r.Sources() {
+	for _, s := range host.Sources(r) {
 		msgs, _ := s.Source.SampleMessages()
 		fmt.Println(s.ID, msgs[len(msgs)-1]["content"])
 	}

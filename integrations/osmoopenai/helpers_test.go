@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -32,7 +33,7 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// runtime is an osmo.RolloutRuntime whose endpoint is given by a function.
+// runtime is a host.Runtime whose endpoint is given by a function.
 type runtime struct {
 	endpoint func(sampleID string) osmo.Endpoint
 }
@@ -40,15 +41,16 @@ type runtime struct {
 func (r runtime) Endpoint(sampleID string) osmo.Endpoint { return r.endpoint(sampleID) }
 func (runtime) Logger() *slog.Logger                     { return slog.New(slog.DiscardHandler) }
 func (runtime) LogEvent(string, map[string]any)          {}
+func (runtime) RecordToolCall(string, time.Duration)     {}
 
 // rolloutCtx returns a ctx carrying a rollout whose samples call baseURL
 // (a function of the sample id) with token.
 func rolloutCtx(t *testing.T, id string, baseURL func(sampleID string) string) (context.Context, *osmo.Rollout) {
 	t.Helper()
-	r := osmo.NewRollout(id, runtime{endpoint: func(sampleID string) osmo.Endpoint {
+	r := host.NewRollout(id, runtime{endpoint: func(sampleID string) osmo.Endpoint {
 		return osmo.Endpoint{BaseURL: baseURL(sampleID), APIKey: token}
 	}})
-	return osmo.ContextWithRollout(testCtx(t), r), r
+	return host.ContextWithRollout(testCtx(t), r), r
 }
 
 // headerLog records the headers of the requests a handler receives.

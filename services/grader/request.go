@@ -11,6 +11,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/fielderr"
 )
 
@@ -92,7 +93,7 @@ func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext
 			samples = append(samples, toSample(rs, label, metadata))
 		}
 	}
-	return osmo.NewGraderContext(req.GetRolloutId(), samples, copyString(label), metadata)
+	return host.NewGraderContext(req.GetRolloutId(), samples, copyString(label), metadata)
 }
 
 // fingerprints returns, by sample id, the fingerprint of what the grader

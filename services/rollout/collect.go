@@ -17,6 +17,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 )
 
 // collect asks every sample source the workflow registered for its sample
@@ -26,7 +27,7 @@ import (
 func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	var errs []error
 	var samples []*rolloutv1.RolloutSample
-	for _, src := range r.Sources() {
+	for _, src := range host.Sources(r) {
 		got, err := readSource(src.Source)
 		msgs := got.msgs
 		rec.mu.Lock()

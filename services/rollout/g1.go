@@ -15,6 +15,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -65,7 +66,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return resp, err
 	}
 
-	tools, err := s.workflow.ToolsFor(rec.in.Request)
+	tools, err := host.ToolsFor(s.workflow, rec.in.Request)
 	var structs []*structpb.Struct
 	if err == nil {
 		if structs, err = toStructs(tools); err != nil {
@@ -144,7 +145,7 @@ func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*reco
 	rec := s.newRecord(req.GetRolloutId(), key, w)
 	g1req := sdkRequest(req)
 	rec.label = g1Label(req)
-	rec.in = &osmo.WorkflowInput{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Label: rec.label, Request: g1req}
+	rec.in = &host.Input{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Label: rec.label, Request: g1req}
 	rec.metadata = req.GetMetadata()
 	rec.gradable = rec.label != nil
 	rec.upstream = llmproxy.Route{

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -81,7 +81,7 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 	}
 	rec := s.newRecord(id, id, w)
 	rec.label = labelText(req.GetLabel())
-	rec.in = &osmo.WorkflowInput{
+	rec.in = &host.Input{
 		RolloutID: id,
 		Prompt:    fromStructs(req.GetInitialMessages()),
 		Metadata:  metadataMap(req.GetMetadata()),

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -35,7 +35,7 @@ type record struct {
 	wire wire
 	// in is what the workflow runs on: the prompt, the metadata and, for
 	// G1, the request and the tools offered for it.
-	in *osmo.WorkflowInput
+	in *host.Input
 	// label is the row's ground truth (only the grader sees it) and
 	// metadata the row's metadata as the trainer sent it.
 	label    *string

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
@@ -67,7 +68,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	route := rec.upstream
 	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
 	s.routes.Set(rec.id, route)
-	r := osmo.NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
+	r := host.NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
 	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
 	conclude := func(runErr error) outcome.Outcome {
@@ -103,7 +104,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 			}()
 		}))
 	})
-	runErr := s.workflow.Run(agentCtx, r, in)
+	runErr := host.Run(agentCtx, s.workflow, r, in)
 	stopWatching()
 	if t := watchdog.Load(); t != nil {
 		t.Stop()

@@ -12,7 +12,7 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// workflowRuntime is the osmo.RolloutRuntime of one rollout: every
+// workflowRuntime is the host.Runtime of one rollout: every
 // sample's LLM calls go through the embedded proxy, bound to the rollout
 // and the sample by the URL path, under the rollout's own token.
 type workflowRuntime struct {
@@ -63,7 +63,7 @@ func (rt *workflowRuntime) Logger() *slog.Logger { return rt.log }
 func (rt *workflowRuntime) LogEvent(name string, data map[string]any) { rt.rec.log.write(name, data) }
 
 // RecordToolCall counts a tool call the sample's agent ran itself
-// (osmo.ToolRecorder).
+// (an agent loop's too: its RolloutContext reports here).
 func (rt *workflowRuntime) RecordToolCall(sampleID string, latency time.Duration) {
 	rt.rec.addToolCall(sampleID, latency)
 	rt.rec.log.write("tool_call", map[string]any{"sample_id": sampleID, "latency_ms": ms(latency)})

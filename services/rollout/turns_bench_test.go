@@ -13,6 +13,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -77,7 +78,7 @@ func BenchmarkSampleTurns(b *testing.B) {
 			b.ResetTimer()
 			for range b.N {
 				rec := newRec()
-				r := osmo.NewRollout("r", nil)
+				r := host.NewRollout("r", nil)
 				_ = r.Register("s", recordedSource{})
 				if err := (&Service{}).collect(rec, r); err != nil {
 					b.Fatal(err)
@@ -125,7 +126,7 @@ func BenchmarkRenderCallback(b *testing.B) {
 			ResponseMessage: json.RawMessage(`{"role":"assistant","content":"ok"}`), StatusCode: 200, Attempts: 1,
 			StartedAt: time.Date(2026, 11, 25, 14, 9, 11, 123400000+i, time.UTC)})
 	}
-	r := osmo.NewRollout("r", nil)
+	r := host.NewRollout("r", nil)
 	_ = r.Register("s", recordedSource{})
 	if err := (&Service{}).collect(rec, r); err != nil {
 		b.Fatal(err)
@@ -157,7 +158,7 @@ func BenchmarkCollectExtra(b *testing.B) {
 		rec := &record{id: "r", extra: extra}
 		rec.addCall(&llmproxy.Call{RolloutID: "r", SampleID: "s", RequestMessages: body,
 			ResponseMessage: json.RawMessage(`{"role":"assistant","content":"ok"}`), StatusCode: 200})
-		r := osmo.NewRollout("r", nil)
+		r := host.NewRollout("r", nil)
 		_ = r.Register("s", recordedSource{})
 		if err := (&Service{}).collect(rec, r); err != nil {
 			b.Fatal(err)

@@ -1,18 +1,23 @@
 package calculator_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
+	"io"
+	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
-// scripted answers Chat with a fixed sequence of assistant messages and keeps
-// what it was sent.
+// scripted plays the policy in process: it answers each chat completion
+// with the next of a fixed sequence of assistant messages and keeps the
+// messages it was sent, and it counts the tool calls recorded.
 type scripted struct {
 	replies []osmo.Message
 	usage   int
@@ -20,18 +25,38 @@ type scripted struct {
 	tools   int
 }
 
-func (s *scripted) Chat(_ context.Context, msgs []osmo.Message, _ map[string]any) (*osmo.ChatResult, error) {
-	s.seen = append(s.seen, osmo.CloneMessages(msgs))
+func (s *scripted) Endpoint(string) osmo.Endpoint {
+	return osmo.Endpoint{BaseURL: "http://policy.test/v1", HTTPClient: &http.Client{Transport: s}}
+}
+func (s *scripted) Logger() *slog.Logger                 { return slog.New(slog.DiscardHandler) }
+func (s *scripted) LogEvent(string, map[string]any)      {}
+func (s *scripted) RecordToolCall(string, time.Duration) { s.tools++ }
+
+func (s *scripted) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body struct {
+		Messages []osmo.Message `json:"messages"`
+	}
+	if err := json.NewDecoder(req.Body).Decode(&body); err != nil {
+		return nil, err
+	}
+	s.seen = append(s.seen, body.Messages)
 	if len(s.replies) == 0 {
-		return nil, errors.New("no more replies")
+		return answer(req, http.StatusInternalServerError, map[string]any{"error": map[string]any{"message": "no more replies"}}), nil
 	}
 	m := s.replies[0]
 	s.replies = s.replies[1:]
-	b, _ := json.Marshal(map[string]any{"id": "x", "choices": []any{map[string]any{"message": m, "finish_reason": "stop"}}, "usage": map[string]any{"completion_tokens": s.usage}})
-	return osmo.ParseChatCompletion(b)
+	return answer(req, http.StatusOK, map[string]any{"id": "x", "choices": []any{map[string]any{"message": m, "finish_reason": "stop"}}, "usage": map[string]any{"completion_tokens": s.usage}}), nil
 }
-func (s *scripted) RecordToolCall(time.Duration)    { s.tools++ }
-func (s *scripted) LogEvent(string, map[string]any) {}
+
+func answer(req *http.Request, status int, body any) *http.Response {
+	b, _ := json.Marshal(body)
+	return &http.Response{StatusCode: status, Body: io.NopCloser(bytes.NewReader(b)), Request: req}
+}
+
+// rolloutContext is the context the loop runs with, its policy played by rt.
+func rolloutContext(req *osmo.RolloutRequest, tools []osmo.Tool, rt *scripted) *osmo.RolloutContext {
+	return host.NewRolloutContext(host.NewRollout(req.RolloutID, rt), "calculator", req, tools)
+}
 
 func toolCall(id, name, args string) osmo.Message {
 	return osmo.Message{"role": "assistant", "content": nil, "tool_calls": []any{
@@ -51,7 +76,7 @@ func TestRunUsesToolsAndStops(t *testing.T) {
 		toolCall("c1", "multiply", `{"a": 6, "b": 7}`),
 		{"role": "assistant", "content": "The answer is 42.\n#### 42"},
 	}}
-	res, err := calculator.Loop{}.Run(context.Background(), osmo.NewRolloutContext(request(10, 8192), calculator.Tools(), rt))
+	res, err := calculator.Loop{}.Run(context.Background(), rolloutContext(request(10, 8192), calculator.Tools(), rt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,21 +104,21 @@ func TestRunUsesToolsAndStops(t *testing.T) {
 func TestRunBudgetsAndBadArguments(t *testing.T) {
 	t.Run("max_turns", func(t *testing.T) {
 		rt := &scripted{replies: []osmo.Message{toolCall("c1", "add", `{"a":1,"b":2}`), toolCall("c2", "add", `{"a":1,"b":2}`)}}
-		res, err := calculator.Loop{}.Run(context.Background(), osmo.NewRolloutContext(request(2, 8192), nil, rt))
+		res, err := calculator.Loop{}.Run(context.Background(), rolloutContext(request(2, 8192), nil, rt))
 		if err != nil || res.FinishReason != "max_turns" {
 			t.Fatalf("res %+v err %v", res, err)
 		}
 	})
 	t.Run("max_tokens", func(t *testing.T) {
 		rt := &scripted{usage: 100, replies: []osmo.Message{toolCall("c1", "add", `{"a":1,"b":2}`)}}
-		res, err := calculator.Loop{}.Run(context.Background(), osmo.NewRolloutContext(request(10, 50), nil, rt))
+		res, err := calculator.Loop{}.Run(context.Background(), rolloutContext(request(10, 50), nil, rt))
 		if err != nil || res.FinishReason != "max_tokens" {
 			t.Fatalf("res %+v err %v", res, err)
 		}
 	})
 	t.Run("non-JSON arguments become a tool error naming the call", func(t *testing.T) {
 		rt := &scripted{replies: []osmo.Message{toolCall("c9", "add", `{not json`), {"role": "assistant", "content": "sorry"}}}
-		res, err := calculator.Loop{}.Run(context.Background(), osmo.NewRolloutContext(request(10, 8192), nil, rt))
+		res, err := calculator.Loop{}.Run(context.Background(), rolloutContext(request(10, 8192), nil, rt))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +128,7 @@ func TestRunBudgetsAndBadArguments(t *testing.T) {
 		}
 	})
 	t.Run("chat failure is an error", func(t *testing.T) {
-		_, err := calculator.Loop{}.Run(context.Background(), osmo.NewRolloutContext(request(10, 8192), nil, &scripted{}))
+		_, err := calculator.Loop{}.Run(context.Background(), rolloutContext(request(10, 8192), nil, &scripted{}))
 		if err == nil {
 			t.Fatal("want error")
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/workflows/execagent"
 )
 
@@ -95,7 +96,7 @@ type event struct {
 func newRollout(id string) (*fakeRuntime, *osmo.Rollout) {
 	rt := &fakeRuntime{rolloutID: id}
 	rt.logger = slog.New(slog.NewJSONHandler(lockedWriter{rt}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("rollout_id", id)
-	return rt, osmo.NewRollout(id, rt)
+	return rt, host.NewRollout(id, rt)
 }
 
 func (f *fakeRuntime) Endpoint(sampleID string) osmo.Endpoint {
@@ -107,6 +108,8 @@ func (f *fakeRuntime) Endpoint(sampleID string) osmo.Endpoint {
 }
 
 func (f *fakeRuntime) Logger() *slog.Logger { return f.logger }
+
+func (f *fakeRuntime) RecordToolCall(string, time.Duration) {}
 
 func (f *fakeRuntime) LogEvent(name string, data map[string]any) {
 	f.mu.Lock()
@@ -135,7 +138,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 // run builds cfg's workflow and runs it for one rollout.
-func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *osmo.WorkflowInput) (*fakeRuntime, *osmo.Rollout, error) {
+func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *host.Input) (*fakeRuntime, *osmo.Rollout, error) {
 	t.Helper()
 	wf, err := execagent.New(cfg)
 	if err != nil {
@@ -143,9 +146,9 @@ func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *osmo.Workf
 	}
 	rt, r := newRollout("rollout-1")
 	if in == nil {
-		in = &osmo.WorkflowInput{RolloutID: r.ID, Prompt: []osmo.Message{{"role": "user", "content": "hi"}}}
+		in = &host.Input{RolloutID: r.ID, Prompt: []osmo.Message{{"role": "user", "content": "hi"}}}
 	}
-	err = wf.Run(ctx, r, in)
+	err = host.Run(ctx, wf, r, in)
 	if t.Failed() || testing.Verbose() {
 		t.Logf("logs:\n%s", rt.Logs())
 	}
@@ -168,9 +171,9 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 }
 
 // onlySource returns the rollout's single sample source.
-func onlySource(t *testing.T, r *osmo.Rollout) osmo.NamedSource {
+func onlySource(t *testing.T, r *osmo.Rollout) host.Source {
 	t.Helper()
-	srcs := r.Sources()
+	srcs := host.Sources(r)
 	if len(srcs) != 1 {
 		t.Fatalf("rollout has %d sample sources, want 1", len(srcs))
 	}

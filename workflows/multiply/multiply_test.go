@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -38,8 +39,9 @@ type runtime struct{ proxyURL, rolloutID string }
 func (r runtime) Endpoint(sampleID string) osmo.Endpoint {
 	return osmo.Endpoint{BaseURL: llmproxy.BaseURLFor(r.proxyURL, r.rolloutID, sampleID), APIKey: token}
 }
-func (runtime) Logger() *slog.Logger            { return slog.New(slog.DiscardHandler) }
-func (runtime) LogEvent(string, map[string]any) {}
+func (runtime) Logger() *slog.Logger                 { return slog.New(slog.DiscardHandler) }
+func (runtime) LogEvent(string, map[string]any)      {}
+func (runtime) RecordToolCall(string, time.Duration) {}
 
 // stack is the mock policy behind a real LLM proxy on loopback, keeping the
 // request bodies the policy received.
@@ -93,8 +95,8 @@ func (s *stack) upstreamBodies() []map[string]any {
 // run executes wf for one prompt through the stack.
 func (s *stack) run(t *testing.T, wf *osmo.Workflow, rolloutID string, prompt []osmo.Message) (*osmo.Rollout, error) {
 	t.Helper()
-	r := osmo.NewRollout(rolloutID, runtime{proxyURL: s.proxyURL, rolloutID: rolloutID})
-	err := wf.Run(testCtx(t), r, &osmo.WorkflowInput{RolloutID: rolloutID, Prompt: prompt})
+	r := host.NewRollout(rolloutID, runtime{proxyURL: s.proxyURL, rolloutID: rolloutID})
+	err := host.Run(testCtx(t), wf, r, &host.Input{RolloutID: rolloutID, Prompt: prompt})
 	return r, err
 }
 
@@ -116,7 +118,7 @@ func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sources := r.Sources()
+	sources := host.Sources(r)
 	if len(sources) != 1 || sources[0].ID != multiply.SampleID {
 		t.Fatalf("sources = %v, want one, %q", sources, multiply.SampleID)
 	}
@@ -167,7 +169,7 @@ func TestWorkflowConfigApplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := r.Sources()[0].Source.SampleMessages()
+	msgs, err := host.Sources(r)[0].Source.SampleMessages()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +203,7 @@ func TestWorkflowRejectsBadInput(t *testing.T) {
 			if !errors.Is(err, osmo.ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want osmo.ErrInvalidInput naming %q", err, tc.want)
 			}
-			if n := len(r.Sources()); n != 0 {
+			if n := len(host.Sources(r)); n != 0 {
 				t.Errorf("%d sample sources registered, want none", n)
 			}
 			if n := len(st.upstreamBodies()); n != 0 {

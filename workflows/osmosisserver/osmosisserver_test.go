@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/osmo-rl/osmo/internal/logtest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/logtest"
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/mockllm"
@@ -132,8 +134,8 @@ func run(ctx context.Context, t *testing.T, h *osmosisserver.Host, p *policy, id
 
 // runLogged is run with the rollout's log going to w.
 func runLogged(ctx context.Context, w io.Writer, h *osmosisserver.Host, p *policy, id, prompt string, label *string) (*osmo.Rollout, error) {
-	r := osmo.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(w, nil)).With("rollout_id", id)})
-	err := h.Workflow().Run(ctx, r, &osmo.WorkflowInput{
+	r := host.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(w, nil)).With("rollout_id", id)})
+	err := host.Run(ctx, h.Workflow(), r, &host.Input{
 		RolloutID: id,
 		Prompt:    []osmo.Message{{"role": "user", "content": prompt}},
 		Label:     label,
@@ -150,7 +152,7 @@ type result struct {
 
 func sampleOf(t *testing.T, r *osmo.Rollout) result {
 	t.Helper()
-	src := r.Sources()
+	src := host.Sources(r)
 	if len(src) != 1 {
 		t.Fatalf("%d sample sources, want 1", len(src))
 	}
