@@ -134,6 +134,10 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 			return errUnchanged
 		}
 		st.Done[i] = true
+		// A callback done with is never posted again: its body and bearer
+		// leave the state, which keeps the lifecycle for the record TTL
+		// and rewrites it whole on every change until then.
+		st.Callbacks[i].Payload, st.Callbacks[i].Bearer = nil, ""
 		if cbErr != nil {
 			if lc.CallbackError != "" {
 				lc.CallbackError += "; "

@@ -185,12 +185,13 @@ func (o savedOutcome) outcome() outcome.Outcome {
 // savedCallback is a delivery as the lifecycle keeps it; its policy is the
 // wire's (wire.retry).
 type savedCallback struct {
-	Event   string          `json:"event"`
-	Route   string          `json:"route"`
-	URL     string          `json:"url"`
-	Bearer  string          `json:"bearer,omitempty"`
-	Status  string          `json:"status"`
-	Payload json.RawMessage `json:"payload"`
+	Event  string `json:"event"`
+	Route  string `json:"route"`
+	URL    string `json:"url"`
+	Bearer string `json:"bearer,omitempty"`
+	Status string `json:"status"`
+	// Payload and Bearer are dropped once the callback is done with.
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 func (c savedCallback) delivery(p callbackPolicy) delivery {
