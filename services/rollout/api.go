@@ -54,13 +54,29 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 			return out, nil
 		}
 	}
-	if lc.Owner != "" && lc.Owner != s.replica && lc.Phase != phaseFinished {
-		if out, err := s.askOwner(ctx, lc.Owner, id); err == nil {
+	// The owner answers from its live record while the rollout runs, and
+	// also just after it finished: the lifecycle says finished once the
+	// last callback is done, a moment before the owner stores the record.
+	if lc.Owner != "" && lc.Owner != s.replica && (lc.Phase != phaseFinished || time.Since(lc.Finished) < recordSettle) {
+		out, err := s.askOwner(ctx, lc.Owner, id)
+		if err == nil {
 			return out, nil
+		}
+		if errors.Is(err, errGone) && lc.Outcome != nil {
+			// The owner let go of it: its record is stored by now.
+			if out, err := s.finishedRecord(ctx, id); err == nil {
+				out.CallbackError = lc.CallbackError
+				return out, nil
+			}
 		}
 	}
 	return renderLifecycle(lc), nil
 }
+
+// recordSettle is how long after a rollout finished its owner may still be
+// storing its record: another replica asked for it meanwhile asks the owner
+// rather than answer from the lifecycle, which holds no samples.
+const recordSettle = 10 * time.Second
 
 // finishedRecord reads a finished rollout's stored record.
 func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rollout, error) {
