@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo/internal/logtest"
+	"github.com/osmo-rl/osmo/internal/proctest"
 	"github.com/osmo-rl/osmo/internal/tlsconfig/tlstest"
 )
 
@@ -40,14 +41,14 @@ func TestLoopbackAddr(t *testing.T) {
 
 // runCommand runs `osmo args...` in process with environment vars until
 // it returns or ctx ends.
-func runCommand(ctx context.Context, vars map[string]string, args ...string) (error, *logtest.Buffer) {
+func runCommand(ctx context.Context, vars map[string]string, args ...string) (*logtest.Buffer, error) {
 	var out logtest.Buffer
 	e := &env{stdout: &out, stderr: &out, getenv: func(k string) string { return vars[k] }, reg: newRegistry(nil)}
 	cmd, ok := commands()[args[0]]
 	if !ok {
-		return errors.New("no command " + args[0]), &out
+		return &out, errors.New("no command " + args[0])
 	}
-	return cmd.run(ctx, e, args[1:]), &out
+	return &out, cmd.run(ctx, e, args[1:])
 }
 
 // Every serving command refuses, before it listens on anything, to serve
@@ -66,7 +67,7 @@ func TestOpenListenRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
-			err, out := runCommand(ctx, nil, args...)
+			out, err := runCommand(ctx, nil, args...)
 			if ctx.Err() != nil {
 				t.Fatalf("%v: still running when its deadline passed: it served open; output:\n%s", args, out)
 			}
@@ -95,7 +96,7 @@ func serveUntilHealthy(t *testing.T, vars map[string]string, check func(base str
 	started := make(chan struct{})
 	go func() {
 		var err error
-		err, out = runCommand(ctx, vars, append([]string{"serve", "-H", "0.0.0.0", "-p", port, "--log-level", "warn"}, args...)...)
+		out, err = runCommand(ctx, vars, append([]string{"serve", "-H", "0.0.0.0", "-p", port, "--log-level", "warn"}, args...)...)
 		close(started)
 		done <- err
 	}()
@@ -127,12 +128,7 @@ func serveUntilHealthy(t *testing.T, vars map[string]string, check func(base str
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	_, port, _ := net.SplitHostPort(proctest.FreeAddr(t))
 	return port
 }
 
@@ -222,14 +218,14 @@ func TestMutualTLSCountsAsAuthentication(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	err, _ := runCommand(ctx, nil, base...)
+	_, err := runCommand(ctx, nil, base...)
 	if !strings.Contains(fmt.Sprint(err), "no --api-key is set") {
 		t.Errorf("TLS without client certificates: %v, want the refusal", err)
 	}
 
 	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
-	err, out := runCommand(ctx, nil, append(base, "--tls-ca", files.CA)...)
+	out, err := runCommand(ctx, nil, append(base, "--tls-ca", files.CA)...)
 	if ctx.Err() == nil {
 		t.Fatalf("mutual TLS: returned %v before its deadline, want it serving; output:\n%s", err, out)
 	}
