@@ -47,11 +47,12 @@ func (g *listenGuard) register(fs *flag.FlagSet, e *env) {
 }
 
 // check returns a usage error when a listen address reaches beyond this
-// machine and nothing authenticates its callers. listens maps each address
-// to the flag that sets it, for the message. With --insecure it logs a
-// warning instead, at every start.
-func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd string, authenticated bool, listens ...listenAddr) error {
-	if authenticated {
+// machine and nothing authenticates its callers: neither apiKey nor mutual
+// TLS (tls, loaded). listens names each address with the flag that sets
+// it, for the message. With --insecure it logs a warning instead, at every
+// start.
+func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd, apiKey string, tls *tlsFlags, listens ...listenAddr) error {
+	if apiKey != "" || tls.mutual() {
 		return nil
 	}
 	var open []string

@@ -505,7 +505,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err := sc.tls.load(log, true); err != nil {
 		return err
 	}
-	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey != "" || sc.tls.mutual(),
+	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey, &sc.tls,
 		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr}); err != nil {
 		return err
 	}
@@ -553,7 +553,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := tf.load(log, false); err != nil {
 		return err
 	}
-	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey != "" || tf.mutual(), listenAddr{"--grpc-addr", addr}); err != nil {
+	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey, &tf, listenAddr{"--grpc-addr", addr}); err != nil {
 		return err
 	}
 	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
@@ -660,7 +660,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	if err := tf.load(log, true); err != nil {
 		return err
 	}
-	if err := guard.check(ctx, log, "grader", apiKey != "" || tf.mutual(), listenAddr{"--grpc-addr", addr}); err != nil {
+	if err := guard.check(ctx, log, "grader", apiKey, &tf, listenAddr{"--grpc-addr", addr}); err != nil {
 		return err
 	}
 	state, err := nf.open(ctx, "osmo-grader", log)
@@ -724,7 +724,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err := tf.load(log, false); err != nil {
 		return err
 	}
-	if err := guard.check(ctx, log, "gateway", apiKey != "" || tf.mutual(), listenAddr{"--addr", addr}); err != nil {
+	if err := guard.check(ctx, log, "gateway", apiKey, &tf, listenAddr{"--addr", addr}); err != nil {
 		return err
 	}
 	tp, prop := tel.TracerProvider(), tel.Propagator()
