@@ -428,7 +428,7 @@ func TestGRPCOptions(t *testing.T) {
 
 	// The server span ends after the status is written, so the client can
 	// see the answer first: wait (bounded) for both spans.
-	kinds := map[string][]trace.SpanKind{}
+	var kinds map[string][]trace.SpanKind
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		kinds = map[string][]trace.SpanKind{}
 		for _, s := range exp.GetSpans() {

@@ -161,12 +161,6 @@ func (r *record) startRunning() bool {
 	return true
 }
 
-func (r *record) isQueued() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.state == rolloutv1.State_STATE_QUEUED
-}
-
 func (r *record) setState(s rolloutv1.State) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -251,18 +245,6 @@ func (r *record) setSeq(seq int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq = seq
-}
-
-func (r *record) sequence() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.seq
-}
-
-func (r *record) finishedAt() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.finished
 }
 
 // snapshot copies the samples for callers that read them without the lock.

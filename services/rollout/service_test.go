@@ -672,29 +672,6 @@ func TestRecordBytesBound(t *testing.T) {
 	}
 }
 
-// counterValue is the counter of name whose label has value in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s{%q}", name, value)
-	return 0
-}
-
 func TestEventLog(t *testing.T) {
 	dir := t.TempDir()
 	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.LogDir = dir }})
