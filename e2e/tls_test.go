@@ -286,15 +286,28 @@ func TestTLSServe(t *testing.T) {
 
 // checkRefused fails unless err refuses the client: with the reason the
 // client reads (the server's alert), or with a closed connection when the
-// server's log gives the reason it closed it for.
+// server's log gives the reason it closed it for. The server may close the
+// connection before its log line is out: that is waited for, up to 5 s.
 func checkRefused(t *testing.T, what string, err error, clientReason string, server *proc, serverReason string) {
 	t.Helper()
 	switch {
 	case err == nil:
 		t.Errorf("%s: accepted, want it refused", what)
 	case strings.Contains(err.Error(), clientReason):
-	case status.Code(err) == codes.Unavailable && strings.Contains(server.Output(), serverReason):
+	case status.Code(err) == codes.Unavailable && waitOutput(server, serverReason, 5*time.Second):
 	default:
 		t.Errorf("%s: %v, want it refused (%s), and the server's log to say %q", what, err, clientReason, serverReason)
+	}
+}
+
+// waitOutput reports whether p's output holds s within timeout.
+func waitOutput(p *proc, s string, timeout time.Duration) bool {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(p.Output(), s) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
 	}
 }
