@@ -189,6 +189,7 @@ func TestTLSSplitDeployment(t *testing.T) {
 				t.Error("the gateway answered plaintext HTTP")
 			}
 		}
+		eventually(5*time.Second, func() bool { return countLines(grader.Output(), "TLS handshake refused") >= 3 })
 		if got := countLines(grader.Output(), "TLS handshake refused"); got < 3 {
 			t.Errorf("the grader logged %d refused handshakes, want 3:\n%s", got, grader.Output())
 		}
@@ -214,7 +215,9 @@ func TestTLSSplitDeployment(t *testing.T) {
 			t.Fatalf("the grader exited:\n%s", grader.Output())
 		default:
 		}
-		if !strings.Contains(grader.Output(), "reloaded the TLS certificate") {
+		// The log line is written before the handshake ends, but reaches
+		// the test through a pipe that may lag.
+		if !waitOutput(grader, "reloaded the TLS certificate", 5*time.Second) {
 			t.Errorf("the grader logged no reload:\n%s", grader.Output())
 		}
 		// The deployment still works end to end.
@@ -300,10 +303,16 @@ func checkRefused(t *testing.T, what string, err error, clientReason string, ser
 	}
 }
 
-// waitOutput reports whether p's output holds s within timeout.
+// waitOutput reports whether p's output holds s within timeout: a process's
+// output reaches the test through a pipe that may lag what it did.
 func waitOutput(p *proc, s string, timeout time.Duration) bool {
+	return eventually(timeout, func() bool { return strings.Contains(p.Output(), s) })
+}
+
+// eventually reports whether cond holds within timeout, polling it.
+func eventually(timeout time.Duration, cond func() bool) bool {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(p.Output(), s) {
+		if cond() {
 			return true
 		}
 		if time.Now().After(deadline) {
