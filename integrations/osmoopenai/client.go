@@ -66,25 +66,31 @@ func NewClient(ctx context.Context, sampleID string, opts ...option.RequestOptio
 	if err != nil {
 		return openai.Client{}, fmt.Errorf("osmoopenai.NewClient: sample %q: %w", sampleID, err)
 	}
-	all, err := clientOptions(r, sampleID, opts)
+	ep, err := endpoint(r, sampleID)
 	if err != nil {
 		return openai.Client{}, fmt.Errorf("osmoopenai.NewClient: %w", err)
 	}
-	return openai.NewClient(all...), nil
+	return openai.NewClient(clientOptions(r, ep, sampleID, opts)...), nil
 }
 
-// clientOptions are the options of a client bound to r as sampleID, opts
-// among them.
-func clientOptions(r *osmo.Rollout, sampleID string, opts []option.RequestOption) ([]option.RequestOption, error) {
+// endpoint is r's LLM endpoint for sampleID, which must be a valid sample
+// id.
+func endpoint(r *osmo.Rollout, sampleID string) (osmo.Endpoint, error) {
 	if err := osmo.ValidSampleID(sampleID); err != nil {
-		return nil, err
+		return osmo.Endpoint{}, err
 	}
 	ep := r.Endpoint(sampleID)
 	if ep.BaseURL == "" {
 		// Without a base URL the SDK would fall back to api.openai.com: a
 		// rollout's calls must never leave for a default endpoint.
-		return nil, fmt.Errorf("rollout %q has no LLM endpoint for sample %q", r.ID, sampleID)
+		return osmo.Endpoint{}, fmt.Errorf("rollout %q has no LLM endpoint for sample %q", r.ID, sampleID)
 	}
+	return ep, nil
+}
+
+// clientOptions are the options of a client bound to r's endpoint ep as
+// sampleID, opts among them.
+func clientOptions(r *osmo.Rollout, ep osmo.Endpoint, sampleID string, opts []option.RequestOption) []option.RequestOption {
 	all := make([]option.RequestOption, 0, len(opts)+len(ep.Headers)+8)
 	all = append(all, option.WithMaxRetries(0))
 	all = append(all, opts...)
@@ -105,7 +111,7 @@ func clientOptions(r *osmo.Rollout, sampleID string, opts []option.RequestOption
 	if ep.HTTPClient != nil {
 		all = append(all, option.WithHTTPClient(ep.HTTPClient))
 	}
-	return all, nil
+	return all
 }
 
 // errNoChoices is returned for a completion without choices.

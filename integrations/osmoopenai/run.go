@@ -99,7 +99,7 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
 
 	for turn := 1; ; turn++ {
-		resp, err := s.Complete(ctx, params)
+		resp, err := s.complete(ctx, &params)
 		if err != nil {
 			return nil, fmt.Errorf("osmoopenai.Run: turn %d: %w", turn, err)
 		}

@@ -25,9 +25,12 @@ import (
 // overlap each send the items recorded when they started.
 type Session struct {
 	id string
-	// chat sends Complete's calls. The whole client is built only when
-	// Client asks for it: it holds a copy of the options for each of the
-	// API's services, about 10 KiB, which a rollout in flight need not pay.
+	// direct sends Complete's calls, or chat when the session was made
+	// with request options (see direct). The whole client is built only
+	// when Client asks for it: it holds a copy of the options for each of
+	// the API's services, about 10 KiB, which a rollout in flight need not
+	// pay.
+	direct     *direct
 	chat       openai.ChatCompletionService
 	opts       []option.RequestOption
 	clientOnce sync.Once
@@ -59,17 +62,22 @@ func NewSession(ctx context.Context, name string, opts ...option.RequestOption) 
 	if name == "" {
 		name = osmo.NewSampleID()
 	}
-	all, err := clientOptions(r, name, opts)
+	ep, err := endpoint(r, name)
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
 	}
+	all := clientOptions(r, ep, name, opts)
 	s := &Session{
-		id: name,
-		// As openai.NewClient configures its Chat.Completions.
-		chat:    openai.NewChatCompletionService(append(openai.DefaultClientOptions(), all...)...),
+		id:      name,
 		opts:    all,
 		log:     r.Logger().With("sample_id", name),
 		rollout: r,
+	}
+	if len(opts) == 0 {
+		s.direct = newDirect(ep, r.ID, name)
+	} else {
+		// As openai.NewClient configures its Chat.Completions.
+		s.chat = openai.NewChatCompletionService(append(openai.DefaultClientOptions(), all...)...)
 	}
 	// Registered last, so a session that failed to build leaves no sample
 	// behind.
@@ -119,8 +127,9 @@ func encodeItem(item openai.ChatCompletionMessageParamUnion) (json.RawMessage, e
 	if err != nil {
 		return nil, fmt.Errorf("encode message: %w", err)
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+	// json.Marshal checks what a MarshalJSON returns and compacts it:
+	// the first byte tells an object.
+	if len(raw) == 0 || raw[0] != '{' {
 		return nil, fmt.Errorf("message encodes to %s, not a JSON object", truncate(raw, 64))
 	}
 	return raw, nil
@@ -158,6 +167,14 @@ func (s *Session) SampleMessages() ([]osmo.Message, error) {
 // reply (choices[0].message, tool calls included) is appended as the
 // assistant message param it converts to, so it can be sent back as is.
 func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
+	return s.complete(ctx, &params)
+}
+
+// complete is Complete on params, which it changes (Messages and Model).
+// The params, over a kilobyte, are passed by reference down to the one
+// copy openai-go's New takes: a rollout waits on its LLM call at the
+// bottom of this stack, which is kept that long.
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 	}
@@ -170,15 +187,20 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 		params.Model = Model
 	}
 	start := time.Now()
-	resp, err := s.chat.New(ctx, params)
+	var resp *openai.ChatCompletion
+	if s.direct != nil {
+		resp, err = s.direct.complete(ctx, params)
+	} else {
+		resp, err = s.chat.New(ctx, *params)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
 	}
 	if len(resp.Choices) == 0 {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
 	}
-	choice := resp.Choices[0]
-	s.AddItems(replyParam(choice.Message))
+	choice := &resp.Choices[0]
+	s.AddItems(replyParam(&choice.Message))
 	latency := time.Since(start)
 	s.log.DebugContext(ctx, "osmoopenai: chat completion",
 		"model", params.Model, "messages", len(msgs), "finish_reason", choice.FinishReason,
@@ -211,7 +233,7 @@ func (s *Session) requestMessages() ([]openai.ChatCompletionMessageParamUnion, e
 // replyParam is the assistant message param of a reply. A reply with
 // neither text nor calls keeps an explicit empty content: an assistant
 // message without content or tool calls is not a valid request message.
-func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessageParamUnion {
+func replyParam(m *openai.ChatCompletionMessage) openai.ChatCompletionMessageParamUnion {
 	p := m.ToParam()
 	a := p.OfAssistant
 	if !a.Content.OfString.Valid() && len(a.Content.OfArrayOfContentParts) == 0 &&

@@ -98,6 +98,10 @@ type Service struct {
 	wg           sync.WaitGroup
 }
 
+// upstreamBufferSize is the read and write buffer of each connection to
+// the policy server.
+const upstreamBufferSize = 1 << 10
+
 // New validates cfg, opens the embedded LLM proxy's listener and returns a
 // Service ready to accept rollouts. Serve runs its background work.
 func New(cfg Config) (*Service, error) {
@@ -175,6 +179,13 @@ func New(cfg Config) (*Service, error) {
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			MaxIdleConns:        cfg.Client.MaxConnections,
 			IdleConnTimeout:     90 * time.Second,
+			// Every rollout in its LLM call holds a connection, so its
+			// buffers are paid per rollout in flight (net/http's 4 KiB
+			// each way: 80 MiB at 10,000). 1 KiB holds any response
+			// head; a body larger than the buffer is read and written
+			// around it, straight from and to the proxy's own buffers.
+			ReadBufferSize:  upstreamBufferSize,
+			WriteBufferSize: upstreamBufferSize,
 		},
 		Logger:          cfg.Logger,
 		RequireSampleID: true,

@@ -1,0 +1,102 @@
+package osmoopenai
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// direct posts a session's chat completions to its rollout's endpoint with
+// the endpoint's own client: one request, one body, one response decode.
+//
+// A session's calls reach osmo's LLM proxy, usually in the same process,
+// and openai-go's request machinery has nothing to do on that path (no
+// retries: the proxy retries the policy; no environment, organization or
+// project; no middleware) yet costs a request config, several copies of
+// its dozen headers and a clone of the default transport per session:
+// about 15 KiB live per call in flight and a tenth of the session's CPU.
+// The body is openai-go's own encoding of the params, the reply is decoded
+// by openai-go's ChatCompletion, and an HTTP error comes back as the
+// *openai.Error openai-go returns, so the two paths are one to the caller.
+// A session made with request options goes through openai-go, which is
+// where those options mean something.
+type direct struct {
+	client *http.Client
+	url    string
+	header http.Header // never changed; each request gets a copy
+}
+
+func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
+	client := ep.HTTPClient
+	if client == nil {
+		client = http.DefaultClient
+	}
+	h := make(http.Header, len(ep.Headers)+5)
+	for k, v := range ep.Headers {
+		h.Set(k, v)
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json")
+	h.Set("Authorization", "Bearer "+ep.APIKey)
+	h.Set(headerRolloutID, rolloutID)
+	h.Set(headerSampleID, sampleID)
+	return &direct{client: client, url: strings.TrimRight(ep.BaseURL, "/") + "/chat/completions", header: h}
+}
+
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
+	body, err := json.Marshal(params)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	// A transport may add headers (trace context) to the request it is
+	// given; the template stays as built.
+	req.Header = d.header.Clone()
+	res, err := d.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	contents, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("error reading response body: %w", err)
+	}
+	if res.StatusCode >= 400 {
+		return nil, apiError(req, res, contents)
+	}
+	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); !strings.Contains(mt, "application/json") && !strings.HasSuffix(mt, "+json") {
+		return nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
+	}
+	var out openai.ChatCompletion
+	if err := out.UnmarshalJSON(contents); err != nil {
+		return nil, fmt.Errorf("error parsing response json: %w", err)
+	}
+	return &out, nil
+}
+
+// apiError is the *openai.Error of an HTTP error, as openai-go builds it:
+// the body's "error" object decoded, the response's body readable again.
+func apiError(req *http.Request, res *http.Response, contents []byte) error {
+	res.Body = io.NopCloser(bytes.NewReader(contents))
+	aerr := &openai.Error{Request: req, Response: res, StatusCode: res.StatusCode}
+	var env struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(contents, &env) == nil && len(env.Error) > 0 && env.Error[0] == '{' {
+		// Not decodable as an error object: the status still says it all.
+		_ = aerr.UnmarshalJSON(env.Error)
+	}
+	return aerr
+}
