@@ -1,6 +1,7 @@
 package osmoopenai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -83,6 +84,11 @@ func messageParam(i int, m osmo.Message) (openai.ChatCompletionMessageParamUnion
 	out, err := json.Marshal(p)
 	if err != nil {
 		return p, &MessageError{Index: i, Reason: fmt.Sprintf("encode as OpenAI %s message: %v", role, err)}
+	}
+	if bytes.Equal(in, out) {
+		// The usual case (a message's keys in the order both encode them):
+		// nothing was lost, and nothing need be decoded to tell.
+		return p, nil
 	}
 	var before, after any
 	if err := json.Unmarshal(in, &before); err != nil {

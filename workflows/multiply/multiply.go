@@ -88,7 +88,11 @@ func (c *Config) Validate() error {
 
 // Workflow is the multiply agent. The zero value is ready to use and safe
 // for concurrent use.
-type Workflow struct{}
+type Workflow struct {
+	// tools are built once by New and shared by its rollouts (read
+	// only); a zero Workflow builds them per rollout.
+	tools []osmoopenai.Tool
+}
 
 var (
 	_ osmo.AgentWorkflow[Config] = Workflow{}
@@ -97,7 +101,9 @@ var (
 )
 
 // New is the workflow bound to DefaultConfig.
-func New() *osmo.Workflow { return osmo.MustWorkflow(Workflow{}, DefaultConfig()) }
+func New() *osmo.Workflow {
+	return osmo.MustWorkflow(Workflow{tools: []osmoopenai.Tool{Tool()}}, DefaultConfig())
+}
 
 // Tools implements osmo.ToolProvider: the multiply schema, for `osmo validate`.
 func (Workflow) Tools() []osmo.Tool { return []osmo.Tool{Tool().Schema()} }
@@ -105,7 +111,7 @@ func (Workflow) Tools() []osmo.Tool { return []osmo.Tool{Tool().Schema()} }
 // Run implements osmo.AgentWorkflow: the instructions as a system message,
 // then the prompt, answered by a tool-calling loop in session SampleID.
 // A prompt or config that cannot be used fails as osmo.ErrInvalidInput.
-func (Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
+func (w Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 	cfg := wc.Config
 	if cfg == nil {
 		cfg = DefaultConfig()
@@ -132,7 +138,11 @@ func (Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error
 	if cfg.MaxTokens > 0 {
 		params.MaxTokens = openai.Int(int64(cfg.MaxTokens))
 	}
-	if _, err := osmoopenai.Run(ctx, session, params, []osmoopenai.Tool{Tool()}, cfg.MaxTurns); err != nil {
+	tools := w.tools
+	if tools == nil {
+		tools = []osmoopenai.Tool{Tool()}
+	}
+	if _, err := osmoopenai.Run(ctx, session, params, tools, cfg.MaxTurns); err != nil {
 		return fmt.Errorf("multiply: %w", err)
 	}
 	return nil
