@@ -66,29 +66,49 @@ func TestMeasureOneCore(t *testing.T) {
 	before := affinity(t)
 	const requests = 400
 	rep, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{
-		Command:  func(args []string) *exec.Cmd { return osmoCommand(env, append([]string{"llmproxy"}, args...)...) },
+		Command: func(args []string) *exec.Cmd { return osmoCommand(env, append([]string{"llmproxy"}, args...)...) },
+		ReverseProxyCommand: func(args []string) *exec.Cmd {
+			return osmoCommand(env, append([]string{"bench", "reverse-proxy"}, args...)...)
+		},
 		Requests: requests, Rounds: 4, Clients: 4,
 	})
 	if err != nil {
 		t.Fatalf("MeasureOneCore: %v", err)
 	}
-	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
+	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID, rep.ReverseProxy.PID)
 	if after := affinity(t); after != before {
 		t.Errorf("this process's CPU affinity is %v after the measurement, want %v restored", after, before)
 	}
 	if rep.Skipped != "" {
 		t.Fatalf("skipped: %s", rep.Skipped)
 	}
-	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK} {
+	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK, rep.ReverseProxy} {
 		if s.Requests != requests || s.Warmup <= 0 || s.Wall <= 0 || s.PID <= 0 {
 			t.Errorf("%s: %+v, want %d timed requests, a warm-up, a wall time and a pid", s.Name, s, requests)
+		}
+		if s.Latency.P50 <= 0 || s.Latency.P99 < s.Latency.P50 {
+			t.Errorf("%s: latency %+v, want a positive p50 and a p99 at least as long", s.Name, s.Latency)
 		}
 		if s.CPUPerRequest() <= 0 || s.Capacity() <= 0 || s.Throughput() <= 0 {
 			t.Errorf("%s: CPU per request %.1fµs, capacity %.0f, throughput %.0f: want all positive", s.Name, s.CPUPerRequest(), s.Capacity(), s.Throughput())
 		}
 	}
-	if rep.Off.PID == rep.Tracing.PID || rep.Tracing.PID == rep.SDK.PID || rep.Off.PID == rep.SDK.PID {
-		t.Errorf("setups shared a process: %d %d %d", rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
+	if d := rep.Direct; d.Name != "direct" || d.Requests != requests || d.PID != 0 || d.Latency.P50 <= 0 || d.Latency.P99 < d.Latency.P50 {
+		t.Errorf("direct: %+v, want %d timed requests with their latency and no process", d, requests)
+	}
+	pids := map[int]bool{}
+	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK, rep.ReverseProxy} {
+		pids[s.PID] = true
+	}
+	if len(pids) != 4 {
+		t.Errorf("setups shared a process: %d %d %d %d", rep.Off.PID, rep.Tracing.PID, rep.SDK.PID, rep.ReverseProxy.PID)
+	}
+	// The reverse proxy records nothing and exports nothing.
+	if rep.ReverseProxy.Spans != 0 {
+		t.Errorf("the reverse proxy exported %d spans", rep.ReverseProxy.Spans)
+	}
+	if rep.ReverseProxyThroughputRatio() <= 0 || rep.ReverseProxyCPURatio() <= 0 {
+		t.Errorf("ratios to the reverse proxy: req/s %v, CPU %v, want positive", rep.ReverseProxyThroughputRatio(), rep.ReverseProxyCPURatio())
 	}
 	// Every call is a span, flushed when the proxy stops, whichever the
 	// pipeline.
@@ -108,7 +128,7 @@ func TestMeasureOneCore(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"proxy process on one core", "off", "tracing", "tracing-sdk", "CPU/req", "capacity on one core", "tracing/off", "tracing-sdk/off"} {
+	for _, s := range []string{"proxy process on one core", "off", "tracing", "tracing-sdk", "reverseproxy", "direct", "p99", "CPU/req", "capacity on one core", "tracing/off", "tracing-sdk/off", "off against reverseproxy: added p99"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}

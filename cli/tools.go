@@ -128,6 +128,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 && args[0] == "rollouts" {
 		return runBenchRollouts(ctx, e, args[1:])
 	}
+	if len(args) > 0 && args[0] == "reverse-proxy" {
+		return runBenchReverseProxy(ctx, e, args[1:])
+	}
 	fs := flagSet(e, "bench")
 	var n int
 	var rb rolloutBenchFlags
@@ -167,13 +170,35 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		proxybench.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
 		return nil
 	}
-	one, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{Command: command, Requests: 4 * n, Rounds: 10, Clients: 8})
+	bench, err := osmoCommand(e, "bench")
+	if err != nil {
+		proxybench.OneCoreReport{Skipped: err.Error()}.WriteTable(e.stdout)
+		return nil
+	}
+	reverseProxy := func(args []string) *exec.Cmd { return bench(append([]string{"reverse-proxy"}, args...)) }
+	one, err := proxybench.MeasureOneCore(ctx, proxybench.OneCoreConfig{Command: command, ReverseProxyCommand: reverseProxy,
+		Requests: 4 * n, Rounds: 10, Clients: 8})
 	if err != nil {
 		return err
 	}
 	one.WriteTable(e.stdout)
 	fmt.Fprintln(e.stdout)
 	return rb.run(ctx, e)
+}
+
+// runBenchReverseProxy serves the plain httputil.ReverseProxy that osmo
+// bench runs beside `osmo llmproxy` on one core, to compare them.
+func runBenchReverseProxy(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "bench reverse-proxy")
+	addr := fs.String("addr", "127.0.0.1:0", "`host:port` to listen on")
+	upstream := fs.String("upstream", "", "base `URL` to forward every request to, its path appended")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *upstream == "" {
+		return usagef("--upstream is required")
+	}
+	return proxybench.ServeReverseProxy(ctx, *addr, *upstream)
 }
 
 // rolloutBenchFlags configure the end-to-end rollout figures.

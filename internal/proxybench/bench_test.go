@@ -117,3 +117,41 @@ func TestMeasureOneCoreSkips(t *testing.T) {
 		})
 	}
 }
+
+// TestOneCoreReverseProxyRatios checks the comparison with the reverse
+// proxy: added latency over direct, and nothing when it was not measured.
+func TestOneCoreReverseProxyRatios(t *testing.T) {
+	setup := func(name string, p99 time.Duration, requests int, wall, cpu time.Duration) proxybench.OneCoreSetup {
+		return proxybench.OneCoreSetup{Name: name, Requests: requests, Wall: wall, CPU: cpu, Latency: proxybench.Latency{P50: p99 / 2, P99: p99}}
+	}
+	rep := proxybench.OneCoreReport{
+		Off:          setup("off", 700*time.Microsecond, 1000, time.Second, 200*time.Millisecond),
+		ReverseProxy: setup("reverseproxy", 500*time.Microsecond, 1000, 800*time.Millisecond, 100*time.Millisecond),
+		Direct:       setup("direct", 300*time.Microsecond, 1000, 500*time.Millisecond, 0),
+	}
+	// (700-300)/(500-300): the proxy adds twice the reverse proxy's tail.
+	if got := rep.AddedP99Ratio(); got != 2 {
+		t.Errorf("AddedP99Ratio = %v, want 2", got)
+	}
+	if got := rep.ReverseProxyThroughputRatio(); got != 0.8 {
+		t.Errorf("ReverseProxyThroughputRatio = %v, want 0.8 (1000/s against 1250/s)", got)
+	}
+	if got := rep.ReverseProxyCPURatio(); got != 2 {
+		t.Errorf("ReverseProxyCPURatio = %v, want 2", got)
+	}
+	var out bytes.Buffer
+	rep.WriteTable(&out)
+	if !strings.Contains(out.String(), "off against reverseproxy: added p99 2.00x (+400.0µs against +200.0µs over direct), req/s 0.80x, CPU per request 2.00x") {
+		t.Errorf("table lacks the comparison:\n%s", out.String())
+	}
+
+	rep.ReverseProxy = proxybench.OneCoreSetup{}
+	if rep.AddedP99Ratio() != 0 || rep.ReverseProxyThroughputRatio() != 0 || rep.ReverseProxyCPURatio() != 0 {
+		t.Error("ratios to a reverse proxy that was not measured are not 0")
+	}
+	out.Reset()
+	rep.WriteTable(&out)
+	if strings.Contains(out.String(), "reverseproxy\t") || strings.Contains(out.String(), "against reverseproxy") {
+		t.Errorf("table shows a reverse proxy that was not measured:\n%s", out.String())
+	}
+}

@@ -34,6 +34,11 @@ type OneCoreConfig struct {
 	// OSMO_TRACE_PIPELINE and GOMAXPROCS variable from it and adds its own. It sets Stdout and Stderr. Nil
 	// skips the measurement.
 	Command func(args []string) *exec.Cmd
+	// ReverseProxyCommand runs the process compared with it: a plain
+	// httputil.ReverseProxy (ServeReverseProxy) taking the same --addr and
+	// --upstream flags, its environment handled as Command's. Nil leaves
+	// the comparison out.
+	ReverseProxyCommand func(args []string) *exec.Cmd
 	// Requests is the number of timed requests per setup, sent in Rounds
 	// rounds per setup by Clients concurrent clients.
 	Requests int
@@ -43,7 +48,9 @@ type OneCoreConfig struct {
 
 // OneCoreSetup is one proxy process's measurement.
 type OneCoreSetup struct {
-	// Name is "off", "tracing" or "tracing-sdk".
+	// Name is "off", "tracing", "tracing-sdk", "reverseproxy" or
+	// "direct" (the clients calling the upstream themselves: the floor
+	// the others' latency is measured from; it has no process).
 	Name string
 	// PID is the proxy process's id (it has exited when MeasureOneCore
 	// returns).
@@ -57,6 +64,10 @@ type OneCoreSetup struct {
 	// Spans is the number of spans the sink received from this process,
 	// over its whole life (warm-up included, the last batch flushed at exit).
 	Spans int64
+	// Latency is the timed requests' as the clients saw it.
+	Latency Latency
+
+	latencies []time.Duration
 }
 
 // Throughput is the requests per second this setup served, wall clock.
@@ -106,8 +117,13 @@ type OneCoreReport struct {
 	Off     OneCoreSetup
 	Tracing OneCoreSetup
 	SDK     OneCoreSetup
-	Clients int
-	Rounds  int
+	// ReverseProxy is a plain httputil.ReverseProxy process run alike
+	// (its Name is "" when cfg.ReverseProxyCommand was nil), Direct the
+	// same load sent straight to the upstream.
+	ReverseProxy OneCoreSetup
+	Direct       OneCoreSetup
+	Clients      int
+	Rounds       int
 	// ProxyCPU is the CPU the proxy processes were pinned to; BenchCPUs
 	// are those left to this process (clients, upstream, span sink). When
 	// this process may use only one CPU, both are that CPU.
@@ -138,6 +154,39 @@ func (r OneCoreReport) cpuRatio(s OneCoreSetup) float64 {
 // second over the off setup's. It is 0 when nothing was measured.
 func (r OneCoreReport) TracingThroughputRatio() float64 { return r.throughputRatio(r.Tracing) }
 
+// AddedP99Ratio is the p99 the proxy (tracing off) adds to a call, over
+// Direct's, divided by the p99 the plain reverse proxy adds: 1.5 means the
+// proxy's tail is half as long again as ReverseProxy's. It is 0 when either
+// was not measured or the reverse proxy added nothing.
+func (r OneCoreReport) AddedP99Ratio() float64 {
+	if r.Skipped != "" || r.ReverseProxy.Name == "" {
+		return 0
+	}
+	rp := r.ReverseProxy.Latency.P99 - r.Direct.Latency.P99
+	if rp <= 0 {
+		return 0
+	}
+	return float64(r.Off.Latency.P99-r.Direct.Latency.P99) / float64(rp)
+}
+
+// ReverseProxyThroughputRatio is the proxy's (tracing off) requests per
+// second over the plain reverse proxy's, and ReverseProxyCPURatio its CPU
+// per request over the reverse proxy's. Both are 0 when either was not
+// measured.
+func (r OneCoreReport) ReverseProxyThroughputRatio() float64 {
+	if r.Skipped != "" || r.ReverseProxy.Throughput() == 0 {
+		return 0
+	}
+	return r.Off.Throughput() / r.ReverseProxy.Throughput()
+}
+
+func (r OneCoreReport) ReverseProxyCPURatio() float64 {
+	if r.Skipped != "" || r.ReverseProxy.CPUPerRequest() == 0 {
+		return 0
+	}
+	return r.Off.CPUPerRequest() / r.ReverseProxy.CPUPerRequest()
+}
+
 // SDKThroughputRatio is TracingThroughputRatio of the SDK's span pipeline.
 func (r OneCoreReport) SDKThroughputRatio() float64 { return r.throughputRatio(r.SDK) }
 
@@ -156,10 +205,14 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "proxy process on one core: osmo llmproxy as a child process, GOMAXPROCS=1, pinned to CPU %d\n\n", r.ProxyCPU)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "setup\trequests\treq/s\tCPU/req\tbusy\tcapacity on one core\t\n")
-	for _, s := range []OneCoreSetup{r.Off, r.Tracing, r.SDK} {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1fµs\t%.0f%%\t%.0f req/s\t\n",
-			s.Name, s.Requests, s.Throughput(), s.CPUPerRequest(), 100*s.Busy(), s.Capacity())
+	fmt.Fprintf(tw, "setup\trequests\treq/s\tp50\tp99\tCPU/req\tbusy\tcapacity on one core\t\n")
+	for _, s := range r.setups() {
+		if s.Name == "direct" {
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t-\t-\t-\t\n", s.Name, s.Requests, s.Throughput(), micros(s.Latency.P50), micros(s.Latency.P99))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.1fµs\t%.0f%%\t%.0f req/s\t\n",
+			s.Name, s.Requests, s.Throughput(), micros(s.Latency.P50), micros(s.Latency.P99), s.CPUPerRequest(), 100*s.Busy(), s.Capacity())
 	}
 	_ = tw.Flush()
 	for _, c := range []struct {
@@ -168,6 +221,11 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	}{{"tracing/off", r.TracingCPURatio(), r.TracingThroughputRatio()}, {"tracing-sdk/off", r.SDKCPURatio(), r.SDKThroughputRatio()}} {
 		fmt.Fprintf(w, "%s: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
 			c.name, c.cpu, 100*(c.cpu-1), 100/c.cpu, 100*c.thr)
+	}
+	if r.ReverseProxy.Name != "" {
+		fmt.Fprintf(w, "off against reverseproxy: added p99 %.2fx (%s against %s over direct), req/s %.2fx, CPU per request %.2fx\n",
+			r.AddedP99Ratio(), signedMicros(r.Off.Latency.P99-r.Direct.Latency.P99), signedMicros(r.ReverseProxy.Latency.P99-r.Direct.Latency.P99),
+			r.ReverseProxyThroughputRatio(), r.ReverseProxyCPURatio())
 	}
 	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d and tracing-sdk %d for %d calls each (warm-up included; the readiness probe's 404 is one more), off %d\n",
 		r.Tracing.Spans, r.SDK.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
@@ -189,10 +247,21 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "capacity: 1e6 / CPU/req, the rate the proxy would serve with its core saturated;")
 	fmt.Fprintln(w, "req/s: what this load generator reached (busy < 100%: the proxy was not the limit);")
 	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200,")
-	fmt.Fprintln(w, "  through osmo's direct span pipeline; tracing-sdk: the same through the OpenTelemetry SDK's")
+	fmt.Fprintln(w, "  through osmo's direct span pipeline; tracing-sdk: the same through the OpenTelemetry SDK's;")
+	fmt.Fprintln(w, "reverseproxy: a plain httputil.ReverseProxy process run alike; direct: the clients calling the upstream")
+	fmt.Fprintln(w, "  themselves, the floor each proxy's added latency is measured from")
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
+}
+
+// setups are the report's measured setups, in table order.
+func (r OneCoreReport) setups() []OneCoreSetup {
+	out := []OneCoreSetup{r.Off, r.Tracing, r.SDK}
+	if r.ReverseProxy.Name != "" {
+		out = append(out, r.ReverseProxy)
+	}
+	return append(out, r.Direct)
 }
 
 func cpuList(cpus []int) string {
@@ -253,6 +322,15 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	}
 
 	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing, &rep.SDK}
+	if cfg.ReverseProxyCommand != nil {
+		rep.ReverseProxy.Name = "reverseproxy"
+		setups = append(setups, &rep.ReverseProxy)
+	}
+	rep.Direct.Name = "direct"
+	setups = append(setups, &rep.Direct)
+	// targets[i] is where setups[i]'s clients send; children[i] its
+	// process (nil for direct).
+	targets := make([]string, len(setups))
 	children := make([]*proxyChild, len(setups))
 	defer func() {
 		for _, c := range children {
@@ -262,8 +340,17 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 	}()
 	for i, s := range setups {
-		extra := []string(nil)
-		if s != &rep.Off {
+		if s == &rep.Direct {
+			targets[i] = upstream + "/v1/chat/completions"
+			continue
+		}
+		command := cfg.Command
+		args := []string{"--upstream", upstream + "/v1", "--model", "bench-policy", "--log-level", "warn"}
+		var extra []string
+		switch s {
+		case &rep.ReverseProxy:
+			command, args = cfg.ReverseProxyCommand, []string{"--upstream", upstream}
+		case &rep.Tracing, &rep.SDK:
 			extra = []string{
 				"OTEL_EXPORTER_OTLP_ENDPOINT=" + sinkURL,
 				"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
@@ -275,11 +362,13 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 				extra[len(extra)-1] = "OSMO_TRACE_PIPELINE=sdk"
 			}
 		}
-		c, err := startProxyChild(ctx, cfg.Command, upstream+"/v1", extra, pin)
+		c, err := startProxyChild(ctx, command, args, extra, pin)
 		if c != nil {
-			children[i] = c
+			children[i], targets[i] = c, c.target
 			s.PID = c.pid()
-			rep.GOGC = c.gogc
+			if s != &rep.ReverseProxy {
+				rep.GOGC = c.gogc
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -298,7 +387,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	}
 	warm := min(max(cfg.Requests/10, cfg.Clients), 1000)
 	for i, s := range setups {
-		if _, err := fixedLoad(ctx, clients[i], children[i].target, cfg.Clients, warm); err != nil {
+		if _, err := fixedLoad(ctx, clients[i], targets[i], cfg.Clients, warm, nil); err != nil {
 			return rep, fmt.Errorf("proxybench.MeasureOneCore: %s warm-up: %w", s.Name, err)
 		}
 		s.Warmup = warm
@@ -312,25 +401,35 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		for k := range setups {
 			i := (round + k) % len(setups)
 			s, c := setups[i], children[i]
-			before, err := procstat.CPU(c.pid())
+			var before, after time.Duration
+			var err error
+			if c != nil {
+				if before, err = procstat.CPU(c.pid()); err != nil {
+					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
+				}
+			}
+			wall, err := fixedLoad(ctx, clients[i], targets[i], cfg.Clients, n, &s.latencies)
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
-			wall, err := fixedLoad(ctx, clients[i], c.target, cfg.Clients, n)
-			if err != nil {
-				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
-			}
-			after, err := procstat.CPU(c.pid())
-			if err != nil {
-				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
+			if c != nil {
+				if after, err = procstat.CPU(c.pid()); err != nil {
+					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
+				}
 			}
 			s.Requests += n
 			s.Wall += wall
 			s.CPU += after - before
 		}
 	}
+	for _, s := range setups {
+		s.Latency, s.latencies = summarize(s.latencies), nil
+	}
 
 	for i, c := range children {
+		if c == nil {
+			continue
+		}
 		if err := checkPinned(c.pid(), pin.proxyCPU); err != nil {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: %v", setups[i].Name, err))
 		}
@@ -341,7 +440,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		cl.CloseIdleConnections()
 	}
 	for i, c := range children {
-		if !c.stop() {
+		if c != nil && !c.stop() {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy did not exit on SIGTERM within %s and was killed", setups[i].Name, childGrace))
 		}
 	}
@@ -353,7 +452,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the span sink could not decode %d export requests", bad))
 	}
 	for _, s := range setups {
-		if s.CPU <= 0 {
+		if s != &rep.Direct && s.CPU <= 0 {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms: send more requests)", s.Name))
 		}
 	}
@@ -369,22 +468,34 @@ func benchUpstream(w http.ResponseWriter, r *http.Request) {
 }
 
 // fixedLoad sends n requests from clients concurrent loops and returns the
-// time they took.
-func fixedLoad(ctx context.Context, c *http.Client, target string, clients, n int) (time.Duration, error) {
+// time they took; each request's latency is appended to *lat, when lat is
+// not nil.
+func fixedLoad(ctx context.Context, c *http.Client, target string, clients, n int, lat *[]time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var (
 		next atomic.Int64
 		wg   sync.WaitGroup
+		mu   sync.Mutex
 	)
 	start := time.Now()
 	for range clients {
 		wg.Go(func() {
+			var mine []time.Duration
 			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				t := time.Now()
 				if err := benchRequest(ctx, c, target); err != nil {
 					cancel(err)
 					return
 				}
+				if lat != nil {
+					mine = append(mine, time.Since(t))
+				}
+			}
+			if lat != nil {
+				mu.Lock()
+				*lat = append(*lat, mine...)
+				mu.Unlock()
 			}
 		})
 	}
@@ -438,15 +549,16 @@ func (c *proxyChild) stop() bool {
 	return c.graceful
 }
 
-// startProxyChild starts the proxy in front of upstream, with extraEnv
-// added to its environment, and waits until it answers. A child that was
-// started is returned even with an error, for its caller to stop.
-func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, upstream string, extraEnv []string, pin benchPin) (*proxyChild, error) {
+// startProxyChild starts a proxy listening on a free loopback address with
+// args (--addr is added), extraEnv added to its environment, and waits
+// until it answers. A child that was started is returned even with an
+// error, for its caller to stop.
+func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, args, extraEnv []string, pin benchPin) (*proxyChild, error) {
 	addr, err := freeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
-	cmd := command([]string{"--addr", addr, "--upstream", upstream, "--model", "bench-policy", "--log-level", "warn"})
+	cmd := command(append([]string{"--addr", addr}, args...))
 	base := cmd.Env
 	if base == nil {
 		base = os.Environ()
