@@ -187,4 +187,4 @@ func TestCancelAllInFlight(t *testing.T) {
 
 // keepAlive is the rollout service's default idle connections per
 // callback host (OSMOSIS_ROLLOUT_CLIENT_MAX_KEEPALIVE_CONNECTIONS).
-const keepAlive = 20
+const keepAlive = 100

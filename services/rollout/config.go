@@ -25,10 +25,17 @@ type ClientSettings struct {
 	RetryBaseDelay          time.Duration // 1s
 	RetryMaxDelay           time.Duration // 30s
 	MaxConnections          int           // 100
-	MaxKeepaliveConnections int           // 20
+	MaxKeepaliveConnections int           // 100 (the Osmosis SDK's: 20)
 }
 
-// DefaultClientSettings are the Osmosis defaults.
+// DefaultClientSettings are the Osmosis defaults, but for the idle
+// connections kept per host: as many as the default pool opens (the SDK
+// keeps 20 of its 100). With fewer, every call over that many in flight
+// ends by closing its connection and the next opens one: a TCP handshake
+// and teardown per LLM call and per callback at the policy server and the
+// trainer, and about a tenth of osmo serve's CPU per rollout at 64 in
+// flight (docs/performance.md). A pool raised for a burst
+// (MaxConnections) keeps no more than these once the burst is over.
 func DefaultClientSettings() ClientSettings {
 	return ClientSettings{
 		Timeout:                 300 * time.Second,
@@ -36,7 +43,7 @@ func DefaultClientSettings() ClientSettings {
 		RetryBaseDelay:          time.Second,
 		RetryMaxDelay:           30 * time.Second,
 		MaxConnections:          100,
-		MaxKeepaliveConnections: 20,
+		MaxKeepaliveConnections: 100,
 	}
 }
 
