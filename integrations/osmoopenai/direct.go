@@ -32,24 +32,40 @@ import (
 type direct struct {
 	client *http.Client
 	url    string
-	header http.Header // never changed; each request gets a copy
+	// header is what every request carries, keys canonical, the last of
+	// a key winning; each request gets a map of its own (a transport may
+	// add trace context to the one it is given).
+	header []headerField
 }
+
+type headerField struct{ key, value string }
 
 func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 	client := ep.HTTPClient
 	if client == nil {
 		client = http.DefaultClient
 	}
-	h := make(http.Header, len(ep.Headers)+5)
-	for k, v := range ep.Headers {
-		h.Set(k, v)
+	fields := make([]headerField, 0, len(ep.Headers)+5)
+	set := func(k, v string) {
+		k = http.CanonicalHeaderKey(k)
+		for i := range fields {
+			if fields[i].key == k {
+				fields[i].value = v
+				return
+			}
+		}
+		fields = append(fields, headerField{k, v})
 	}
-	h.Set("Content-Type", "application/json")
-	h.Set("Accept", "application/json")
-	h.Set("Authorization", "Bearer "+ep.APIKey)
-	h.Set(headerRolloutID, rolloutID)
-	h.Set(headerSampleID, sampleID)
-	return &direct{client: client, url: strings.TrimRight(ep.BaseURL, "/") + "/chat/completions", header: h}
+	for k, v := range ep.Headers {
+		set(k, v)
+	}
+	set("Content-Type", "application/json")
+	set("Accept", "application/json")
+	set("Authorization", "Bearer "+ep.APIKey)
+	// Last: the ids this session is bound to win over anything above.
+	set(headerRolloutID, rolloutID)
+	set(headerSampleID, sampleID)
+	return &direct{client: client, url: strings.TrimRight(ep.BaseURL, "/") + "/chat/completions", header: fields}
 }
 
 func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
@@ -61,9 +77,10 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	if err != nil {
 		return nil, err
 	}
-	// A transport may add headers (trace context) to the request it is
-	// given; the template stays as built.
-	req.Header = d.header.Clone()
+	req.Header = make(http.Header, len(d.header))
+	for _, f := range d.header {
+		req.Header[f.key] = []string{f.value}
+	}
 	res, err := d.client.Do(req)
 	if err != nil {
 		return nil, err

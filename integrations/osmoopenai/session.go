@@ -30,9 +30,12 @@ type Session struct {
 	// when Client asks for it: it holds a copy of the options for each of
 	// the API's services, about 10 KiB, which a rollout in flight need not
 	// pay.
-	direct     *direct
-	chat       openai.ChatCompletionService
-	opts       []option.RequestOption
+	direct *direct
+	chat   openai.ChatCompletionService
+	// ep and userOpts make the client's options (options), built only
+	// when a client is: a rollout in flight need not hold them.
+	ep         osmo.Endpoint
+	userOpts   []option.RequestOption
 	clientOnce sync.Once
 	client     *openai.Client
 	log        *slog.Logger
@@ -66,18 +69,18 @@ func NewSession(ctx context.Context, name string, opts ...option.RequestOption) 
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
 	}
-	all := clientOptions(r, ep, name, opts)
 	s := &Session{
-		id:      name,
-		opts:    all,
-		log:     r.Logger().With("sample_id", name),
-		rollout: r,
+		id:       name,
+		ep:       ep,
+		userOpts: opts,
+		log:      r.Logger().With("sample_id", name),
+		rollout:  r,
 	}
 	if len(opts) == 0 {
 		s.direct = newDirect(ep, r.ID, name)
 	} else {
 		// As openai.NewClient configures its Chat.Completions.
-		s.chat = openai.NewChatCompletionService(append(openai.DefaultClientOptions(), all...)...)
+		s.chat = openai.NewChatCompletionService(append(openai.DefaultClientOptions(), s.options()...)...)
 	}
 	// Registered last, so a session that failed to build leaves no sample
 	// behind.
@@ -85,6 +88,11 @@ func NewSession(ctx context.Context, name string, opts ...option.RequestOption) 
 		return nil, fmt.Errorf("osmoopenai.NewSession: %w", err)
 	}
 	return s, nil
+}
+
+// options are the options of a client bound to the session's sample.
+func (s *Session) options() []option.RequestOption {
+	return clientOptions(s.rollout, s.ep, s.id, s.userOpts)
 }
 
 // ID is the session's sample id.
@@ -95,7 +103,7 @@ func (s *Session) ID() string { return s.id }
 // added to the session; use Complete for that.
 func (s *Session) Client() openai.Client {
 	s.clientOnce.Do(func() {
-		c := openai.NewClient(s.opts...)
+		c := openai.NewClient(s.options()...)
 		s.client = &c
 	})
 	return *s.client
