@@ -23,7 +23,7 @@ import (
 // retries: the proxy retries the policy; no environment, organization or
 // project; no middleware) yet costs a request config, several copies of
 // its dozen headers and a clone of the default transport per session:
-// about 15 KiB live per call in flight and a tenth of the session's CPU.
+// about 12 KiB live per call in flight (docs/performance.md).
 // The body is openai-go's own encoding of the params, the reply is decoded
 // by openai-go's ChatCompletion, and an HTTP error comes back as the
 // *openai.Error openai-go returns, so the two paths are one to the caller.
