@@ -112,7 +112,8 @@ func apiError(req *http.Request, res *http.Response, contents []byte) error {
 		Error json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(contents, &env) == nil && len(env.Error) > 0 && env.Error[0] == '{' {
-		// Not decodable as an error object: the status still says it all.
+		// An error object that does not decode leaves its fields empty:
+		// the status still says what happened.
 		_ = aerr.UnmarshalJSON(env.Error)
 	}
 	return aerr

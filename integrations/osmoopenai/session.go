@@ -179,9 +179,8 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 }
 
 // complete is Complete on params, which it changes (Messages and Model).
-// The params, over a kilobyte, are passed by reference down to the one
-// copy openai-go's New takes: a rollout waits on its LLM call at the
-// bottom of this stack, which is kept that long.
+// The params, over a kilobyte, are passed by reference: Run's turns and
+// the direct path copy them no more (openai-go's New takes its own copy).
 func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
