@@ -455,10 +455,7 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
-	b, err := json.Marshal(lc)
-	if err != nil {
-		return nil, 0, err
-	}
+	b := lc.marshal()
 	for {
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
@@ -524,10 +521,7 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
-	b, err := json.Marshal(lc)
-	if err != nil {
-		return err
-	}
+	b := lc.marshal()
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))
@@ -546,7 +540,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	msg.Data = b
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
-	_, err = sh.js.PublishMsg(ctx, msg)
+	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	return err
 }

@@ -1,0 +1,191 @@
+package rollout
+
+import (
+	"encoding/base64"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// marshal encodes lc as encoding/json encodes the struct (the field names,
+// omitempty and omitzero of its tags; json.Unmarshal reads it back), field
+// by field instead of by reflection.
+//
+// Every stage write stores the whole lifecycle, the callbacks' payloads
+// included. Through json.Marshal each payload, a json.RawMessage of several
+// kilobytes, was scanned and compacted again on every write it rode in;
+// the payloads are what marshalBody wrote (or what was read back from
+// such a write), compact and valid JSON already, and are copied as they
+// are. TestLifecycleMarshal holds the two encodings to the
+// same decoded lifecycle.
+func (lc *lifecycle) marshal() []byte {
+	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Request)) + base64.StdEncoding.EncodedLen(len(lc.Response))
+	for _, st := range []*owedStage{lc.Ran, lc.Final} {
+		if st != nil {
+			for _, c := range st.Callbacks {
+				n += 128 + len(c.URL) + len(c.Bearer) + len(c.Payload)
+			}
+		}
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"id":`...)
+	b = appendString(b, lc.ID)
+	b = append(b, `,"key":`...)
+	b = appendString(b, lc.Key)
+	b = append(b, `,"wire":`...)
+	b = appendString(b, lc.Wire)
+	b = append(b, `,"workflow":`...)
+	b = appendString(b, lc.Workflow)
+	b = append(b, `,"created":`...)
+	b = appendTime(b, lc.Created)
+	if len(lc.Request) > 0 {
+		b = append(b, `,"request":`...)
+		b = appendBytes(b, lc.Request)
+	}
+	if len(lc.Response) > 0 {
+		b = append(b, `,"response":`...)
+		b = appendBytes(b, lc.Response)
+	}
+	if len(lc.Trace) > 0 {
+		b = append(b, `,"trace":{`...)
+		for i, k := range slices.Sorted(maps.Keys(lc.Trace)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			b = appendString(b, lc.Trace[k])
+		}
+		b = append(b, '}')
+	}
+	b = append(b, `,"phase":`...)
+	b = appendString(b, lc.Phase)
+	b = append(b, `,"state":`...)
+	b = strconv.AppendInt(b, int64(lc.State), 10)
+	if lc.Owner != "" {
+		b = append(b, `,"owner":`...)
+		b = appendString(b, lc.Owner)
+	}
+	if lc.Held != "" {
+		b = append(b, `,"held":`...)
+		b = appendString(b, lc.Held)
+	}
+	if !lc.Started.IsZero() {
+		b = append(b, `,"started":`...)
+		b = appendTime(b, lc.Started)
+	}
+	if lc.Cancelled {
+		b = append(b, `,"cancelled":true`...)
+	}
+	if lc.Ran != nil {
+		b = append(b, `,"ran":`...)
+		b = lc.Ran.append(b)
+	}
+	if lc.Final != nil {
+		b = append(b, `,"final":`...)
+		b = lc.Final.append(b)
+	}
+	if lc.Outcome != nil {
+		b = append(b, `,"outcome":`...)
+		b = lc.Outcome.append(b)
+	}
+	if lc.Reward != nil {
+		b = append(b, `,"reward":`...)
+		b = appendNumber(b, *lc.Reward)
+	}
+	if !lc.Finished.IsZero() {
+		b = append(b, `,"finished":`...)
+		b = appendTime(b, lc.Finished)
+	}
+	if lc.CallbackError != "" {
+		b = append(b, `,"callback_error":`...)
+		b = appendString(b, lc.CallbackError)
+	}
+	return append(b, '}')
+}
+
+func (st *owedStage) append(b []byte) []byte {
+	b = append(b, `{"outcome":`...)
+	b = st.Outcome.append(b)
+	b = append(b, `,"callbacks":`...)
+	if st.Callbacks == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, c := range st.Callbacks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = c.append(b)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"done":`...)
+	if st.Done == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, d := range st.Done {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendBool(b, d)
+		}
+		b = append(b, ']')
+	}
+	if st.Sending {
+		b = append(b, `,"sending":true`...)
+	}
+	return append(b, '}')
+}
+
+func (o *savedOutcome) append(b []byte) []byte {
+	b = append(b, `{"state":`...)
+	b = strconv.AppendInt(b, int64(o.State), 10)
+	if o.Category != "" {
+		b = append(b, `,"category":`...)
+		b = appendString(b, string(o.Category))
+	}
+	if o.Message != "" {
+		b = append(b, `,"message":`...)
+		b = appendString(b, o.Message)
+	}
+	return append(b, '}')
+}
+
+func (c *savedCallback) append(b []byte) []byte {
+	b = append(b, `{"event":`...)
+	b = appendString(b, c.Event)
+	b = append(b, `,"route":`...)
+	b = appendString(b, c.Route)
+	b = append(b, `,"url":`...)
+	b = appendString(b, c.URL)
+	if c.Bearer != "" {
+		b = append(b, `,"bearer":`...)
+		b = appendString(b, c.Bearer)
+	}
+	b = append(b, `,"status":`...)
+	b = appendString(b, c.Status)
+	if len(c.Payload) > 0 {
+		b = append(b, `,"payload":`...)
+		b = append(b, c.Payload...)
+	}
+	return append(b, '}')
+}
+
+// appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
+// nanoseconds). The lifecycle's times are the clock's, well inside the
+// years MarshalJSON accepts.
+func appendTime(b []byte, t time.Time) []byte {
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"')
+}
+
+// appendBytes writes p as encoding/json writes a []byte: a base64 string.
+func appendBytes(b []byte, p []byte) []byte {
+	b = append(b, '"')
+	b = base64.StdEncoding.AppendEncode(b, p)
+	return append(b, '"')
+}
