@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/param"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -24,9 +25,10 @@ import (
 // project; no middleware) yet costs a request config, several copies of
 // its dozen headers and a clone of the default transport per session:
 // about 12 KiB live per call in flight (docs/performance.md).
-// The body is openai-go's own encoding of the params, the reply is decoded
-// by openai-go's ChatCompletion, and an HTTP error comes back as the
-// *openai.Error openai-go returns, so the two paths are one to the caller.
+// The body is the JSON value openai-go writes for the params (requestBody),
+// the reply is decoded by openai-go's ChatCompletion, and an HTTP error
+// comes back as the *openai.Error openai-go returns, so the two paths are
+// one to the caller.
 // A session made with request options goes through openai-go, which is
 // where those options mean something.
 type direct struct {
@@ -68,8 +70,10 @@ func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 	return &direct{client: client, url: strings.TrimRight(ep.BaseURL, "/") + "/chat/completions", header: fields}
 }
 
-func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
-	body, err := json.Marshal(params)
+// complete posts params with items as its messages; tools, when not nil,
+// is params.Tools encoded (see requestBody).
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, tools []byte) (*openai.ChatCompletion, error) {
+	body, err := requestBody(params, items, tools)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
@@ -101,6 +105,74 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 		return nil, fmt.Errorf("error parsing response json: %w", err)
 	}
 	return &out, nil
+}
+
+// requestBody is the request JSON of params with items as its messages:
+// what openai-go writes for params whose Messages are items, as a JSON
+// value (its keys may come in another order).
+//
+// The messages are the session's items, already the JSON objects they
+// encode to, and are copied in as they are; tools, when not nil, is
+// params.Tools as json.Marshal encodes them, which Run encodes once for
+// all its turns. Through openai-go every item of the history was compacted
+// again on every turn, and every tool schema (a map) encoded with its keys
+// sorted: most of the cost of a call in a workflow (docs/performance.md).
+// The other fields are openai-go's encoding. Params with extra fields, or
+// made with param.Override, are encoded whole by openai-go, which is where
+// those mean something.
+func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage, tools []byte) ([]byte, error) {
+	if _, overridden := params.Overrides(); overridden || len(params.ExtraFields()) > 0 {
+		p := *params
+		p.Messages = messageOverrides(items)
+		return json.Marshal(&p)
+	}
+	msgs, offered := params.Messages, params.Tools
+	params.Messages, params.Tools = nil, nil
+	rest, err := json.Marshal(params)
+	params.Messages, params.Tools = msgs, offered
+	if err != nil {
+		return nil, err
+	}
+	if tools == nil && offered != nil {
+		if tools, err = json.Marshal(offered); err != nil {
+			return nil, err
+		}
+	}
+	n := len(rest) + len(tools) + 32
+	for _, it := range items {
+		n += len(it) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"messages":[`...)
+	for i, it := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, it...)
+	}
+	b = append(b, ']')
+	if tools != nil {
+		b = append(b, `,"tools":`...)
+		b = append(b, tools...)
+	}
+	// rest is an object: "{}", or "{" fields "}".
+	if len(rest) > 2 {
+		b = append(b, ',')
+		b = append(b, rest[1:]...)
+	} else {
+		b = append(b, '}')
+	}
+	return b, nil
+}
+
+// messageOverrides are items as message params that encode to exactly
+// them.
+func messageOverrides(items []json.RawMessage) []openai.ChatCompletionMessageParamUnion {
+	msgs := make([]openai.ChatCompletionMessageParamUnion, len(items))
+	for i, raw := range items {
+		msgs[i] = param.Override[openai.ChatCompletionMessageParamUnion](raw)
+	}
+	return msgs
 }
 
 // apiError is the *openai.Error of an HTTP error, as openai-go builds it:

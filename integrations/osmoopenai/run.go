@@ -93,13 +93,21 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 		offered = append(offered, t.param())
 	}
 	params.Tools = offered
+	// Encoded once: the same tools go with every turn.
+	var encodedTools []byte
+	if offered != nil {
+		var err error
+		if encodedTools, err = json.Marshal(offered); err != nil {
+			return nil, fmt.Errorf("osmoopenai.Run: encode tools: %w", err)
+		}
+	}
 	exec := executor(byName)
 	// Everything the loop does is the session's sample: its spans (tool
 	// calls included) carry osmo.sample.id when tracing.
 	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
 
 	for turn := 1; ; turn++ {
-		resp, err := s.complete(ctx, &params)
+		resp, err := s.complete(ctx, &params, encodedTools)
 		if err != nil {
 			return nil, fmt.Errorf("osmoopenai.Run: turn %d: %w", turn, err)
 		}

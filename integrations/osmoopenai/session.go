@@ -10,7 +10,6 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/packages/param"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -175,29 +174,32 @@ func (s *Session) SampleMessages() ([]osmo.Message, error) {
 // reply (choices[0].message, tool calls included) is appended as the
 // assistant message param it converts to, so it can be sent back as is.
 func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
-	return s.complete(ctx, &params)
+	return s.complete(ctx, &params, nil)
 }
 
 // complete is Complete on params, which it changes (Messages and Model).
 // The params, over a kilobyte, are passed by reference: Run's turns and
 // the direct path copy them no more (openai-go's New takes its own copy).
-func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
+// tools, when not nil, is params.Tools encoded, as Run encodes them once
+// for all its turns.
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, tools []byte) (*openai.ChatCompletion, error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 	}
-	msgs, err := s.requestMessages()
+	items, err := s.requestItems()
 	if err != nil {
 		return nil, err
 	}
-	params.Messages = msgs
+	params.Messages = nil
 	if params.Model == "" {
 		params.Model = Model
 	}
 	start := time.Now()
 	var resp *openai.ChatCompletion
 	if s.direct != nil {
-		resp, err = s.direct.complete(ctx, params)
+		resp, err = s.direct.complete(ctx, params, items, tools)
 	} else {
+		params.Messages = messageOverrides(items)
 		resp, err = s.chat.New(ctx, *params)
 	}
 	if err != nil {
@@ -210,18 +212,19 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	s.AddItems(replyParam(&choice.Message))
 	latency := time.Since(start)
 	s.log.DebugContext(ctx, "osmoopenai: chat completion",
-		"model", params.Model, "messages", len(msgs), "finish_reason", choice.FinishReason,
+		"model", params.Model, "messages", len(items), "finish_reason", choice.FinishReason,
 		"tool_calls", len(choice.Message.ToolCalls), "latency", latency)
 	s.rollout.LogEvent("osmoopenai_completion", map[string]any{
-		"sample_id": s.id, "messages": len(msgs), "finish_reason": choice.FinishReason,
+		"sample_id": s.id, "messages": len(items), "finish_reason": choice.FinishReason,
 		"tool_calls": len(choice.Message.ToolCalls), "latency_ms": float64(latency) / float64(time.Millisecond),
 	})
 	return resp, nil
 }
 
-// requestMessages are the items as request params that encode to exactly
-// the recorded JSON.
-func (s *Session) requestMessages() ([]openai.ChatCompletionMessageParamUnion, error) {
+// requestItems are the items to send: the recorded JSON objects as they
+// are now. Items are only ever appended, so the slice returned stays as it
+// is while later ones are added.
+func (s *Session) requestItems() ([]json.RawMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -230,11 +233,7 @@ func (s *Session) requestMessages() ([]openai.ChatCompletionMessageParamUnion, e
 	if len(s.items) == 0 {
 		return nil, fmt.Errorf("osmoopenai: session %q has no messages to send", s.id)
 	}
-	msgs := make([]openai.ChatCompletionMessageParamUnion, len(s.items))
-	for i, raw := range s.items {
-		msgs[i] = param.Override[openai.ChatCompletionMessageParamUnion](raw)
-	}
-	return msgs, nil
+	return s.items[:len(s.items):len(s.items)], nil
 }
 
 // replyParam is the assistant message param of a reply. A reply with

@@ -1,0 +1,108 @@
+package osmoopenai
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/param"
+)
+
+// TestRequestBody holds requestBody to what openai-go writes for the same
+// params with the items as their messages, for params with and without
+// tools, with extra fields and made with param.Override.
+func TestRequestBody(t *testing.T) {
+	items := []json.RawMessage{
+		json.RawMessage(`{"role":"system","content":"be brief"}`),
+		json.RawMessage(`{"role":"user","content":"What is 6 times 7? <&>"}`),
+		json.RawMessage(`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":6,\"b\":7}"}}]}`),
+		json.RawMessage(`{"role":"tool","tool_call_id":"c1","content":"42"}`),
+	}
+	tool := Tool{Name: "multiply", Description: "Multiply two integers.", Parameters: map[string]any{
+		"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}, "b": map[string]any{"type": "integer"}},
+	}}
+	withExtras := openai.ChatCompletionNewParams{Model: "m"}
+	withExtras.SetExtraFields(map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}})
+	cases := map[string]openai.ChatCompletionNewParams{
+		"model only":  {Model: "m"},
+		"nothing":     {},
+		"sampling":    {Model: "m", Temperature: openai.Float(0.5), MaxTokens: openai.Int(7), Seed: openai.Int(3), Stop: openai.ChatCompletionNewParamsStopUnion{OfStringArray: []string{"\n"}}},
+		"tools":       {Model: "m", Tools: []openai.ChatCompletionToolUnionParam{tool.param()}, ToolChoice: openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("auto")}},
+		"empty tools": {Model: "m", Tools: []openai.ChatCompletionToolUnionParam{}},
+		"extra":       withExtras,
+		"override":    param.Override[openai.ChatCompletionNewParams](json.RawMessage(`{"model":"raw","messages":[]}`)),
+	}
+	for name, params := range cases {
+		t.Run(name, func(t *testing.T) {
+			want := params
+			want.Messages = messageOverrides(items)
+			wantBody, err := json.Marshal(&want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, encoded := range []bool{false, true} {
+				var tools []byte
+				if encoded && params.Tools != nil {
+					if tools, err = json.Marshal(params.Tools); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p := params
+				got, err := requestBody(&p, items, tools)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var gotV, wantV any
+				if err := json.Unmarshal(got, &gotV); err != nil {
+					t.Fatalf("not JSON: %s", got)
+				}
+				if err := json.Unmarshal(wantBody, &wantV); err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(gotV, wantV) {
+					t.Errorf("tools encoded before: %v\n got %s\nwant %s", encoded, got, wantBody)
+				}
+				if !reflect.DeepEqual(p.Tools, params.Tools) || p.Messages != nil {
+					t.Errorf("params changed: tools %v, messages %v", p.Tools, p.Messages)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRequestBody compares requestBody with openai-go's encoding of
+// the same params, at the second turn of a tool-calling conversation.
+func BenchmarkRequestBody(b *testing.B) {
+	items := []json.RawMessage{
+		json.RawMessage(`{"role":"system","content":"Use the multiply tool when arithmetic is required."}`),
+		json.RawMessage(`{"role":"user","content":"What is 6 times 7?"}`),
+		json.RawMessage(`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":6,\"b\":7}"}}]}`),
+		json.RawMessage(`{"role":"tool","tool_call_id":"c1","content":"42"}`),
+	}
+	tool := Tool{Name: "multiply", Description: "Multiply two integers.", Parameters: map[string]any{
+		"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}, "b": map[string]any{"type": "integer"}},
+		"required": []any{"a", "b"}, "additionalProperties": false,
+	}}
+	params := openai.ChatCompletionNewParams{Model: Model, Temperature: openai.Float(1), MaxTokens: openai.Int(4096),
+		Tools: []openai.ChatCompletionToolUnionParam{tool.param()}}
+	tools, _ := json.Marshal(params.Tools)
+	b.Run("requestBody", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := requestBody(&params, items, tools); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("openai-go", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p := params
+			p.Messages = messageOverrides(items)
+			if _, err := json.Marshal(&p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
