@@ -1,12 +1,8 @@
 package grader
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"unicode/utf8"
-
-	"google.golang.org/protobuf/proto"
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
@@ -94,83 +90,6 @@ func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext
 		}
 	}
 	return host.NewGraderContext(req.GetRolloutId(), samples, copyString(label), metadata)
-}
-
-// fingerprints returns, by sample id, the fingerprint of what the grader
-// name (resolved) would see of each sample of req: the row's label and
-// metadata as graderContext resolves them, and the sample's fields that
-// toSample exposes. A stored grading answers a sample only when its
-// fingerprint is the request's, so a new rollout that reuses an old id (or
-// a request naming an id it does not own) is graded on its own content.
-//
-// It is SHA-256 over the deterministic protobuf encoding of a GradeRequest
-// holding exactly those fields (the rollout id is the other half of the key,
-// and trace context and timeout do not change a reward). Were a protobuf
-// upgrade ever to change that encoding, stored gradings would merely be
-// graded once more.
-func fingerprints(name string, req *graderv1.GradeRequest) map[string]string {
-	label := rowLabel(req)
-	out := make(map[string]string, len(req.GetSamples()))
-	opts := proto.MarshalOptions{Deterministic: true}
-	for _, rs := range req.GetSamples() {
-		b, err := opts.Marshal(&graderv1.GradeRequest{
-			Grader:   name,
-			Label:    label,
-			Metadata: req.GetMetadata(),
-			Samples:  []*rolloutv1.RolloutSample{gradedFields(rs)},
-		})
-		if err != nil {
-			// Not expected of a message that was just decoded; an empty
-			// fingerprint matches nothing, so the sample is graded.
-			out[rs.GetId()] = ""
-			continue
-		}
-		sum := sha256.Sum256(b)
-		out[rs.GetId()] = hex.EncodeToString(sum[:])
-	}
-	return out
-}
-
-// gradedFields is the part of rs a grader sees: the fields toSample reads.
-// The two must be kept in step (TestFingerprintCoversWhatGradersSee).
-func gradedFields(rs *rolloutv1.RolloutSample) *rolloutv1.RolloutSample {
-	v := &rolloutv1.RolloutSample{
-		Id:           rs.GetId(),
-		Messages:     rs.GetMessages(),
-		Label:        rs.Label,
-		Metadata:     rs.GetMetadata(),
-		Reward:       rs.Reward,
-		RemoveSample: rs.GetRemoveSample(),
-		ExtraFields:  rs.GetExtraFields(),
-		AgentReward:  rs.AgentReward,
-		FinishReason: rs.GetFinishReason(),
-	}
-	if m := rs.GetMetrics(); m != nil {
-		v.Metrics = &rolloutv1.RolloutMetrics{
-			TotalLatencyMs: m.GetTotalLatencyMs(), LlmLatencyMs: m.GetLlmLatencyMs(), ToolLatencyMs: m.GetToolLatencyMs(),
-			NumLlmCalls: m.GetNumLlmCalls(), NumToolCalls: m.GetNumToolCalls(), PromptTokens: m.GetPromptTokens(),
-			ResponseTokens: m.GetResponseTokens(), MaxContextTokens: m.GetMaxContextTokens(),
-		}
-	}
-	// A count of shared request messages beyond the previous call's is
-	// the same as that count, to a grader (toSample).
-	prevLen := 0
-	for _, c := range rs.GetLlmCalls() {
-		shared := max(0, min(c.GetSharedRequestMessages(), int32(prevLen)))
-		prevLen = int(shared) + len(c.GetRequestMessages())
-		v.LlmCalls = append(v.LlmCalls, &rolloutv1.LLMCall{
-			Id: c.GetId(), Model: c.GetModel(), FinishReason: c.GetFinishReason(),
-			Usage: &rolloutv1.Usage{
-				PromptTokens: c.GetUsage().GetPromptTokens(), CompletionTokens: c.GetUsage().GetCompletionTokens(),
-				TotalTokens: c.GetUsage().GetTotalTokens(),
-			},
-			PromptTokenIds: c.GetPromptTokenIds(), CompletionTokenIds: c.GetCompletionTokenIds(), Logprobs: c.GetLogprobs(),
-			LatencyMs: c.GetLatencyMs(), StatusCode: c.GetStatusCode(), Error: c.GetError(),
-			RequestMessages: c.GetRequestMessages(), ResponseMessage: c.GetResponseMessage(),
-			SharedRequestMessages: shared,
-		})
-	}
-	return v
 }
 
 // rowLabel is the label of the request's row: its own, or the one all
