@@ -106,3 +106,32 @@ func BenchmarkRequestBody(b *testing.B) {
 		}
 	})
 }
+
+// TestTextMessageParam holds the params built directly for a role and a
+// string content to what decoding the message gives.
+func TestTextMessageParam(t *testing.T) {
+	for _, role := range []string{"system", "user", "developer", "assistant"} {
+		m := map[string]any{"role": role, "content": "6 × 7 <is> \"42\""}
+		got, ok := textMessageParam(role, m)
+		if !ok {
+			t.Fatalf("%s: not built directly", role)
+		}
+		in, _ := json.Marshal(m)
+		var want openai.ChatCompletionMessageParamUnion
+		if err := json.Unmarshal(in, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: built %+v, decoded %+v", role, got, want)
+		}
+	}
+	for _, m := range []map[string]any{
+		{"role": "tool", "content": "42"},
+		{"role": "user", "content": "hi", "name": "ann"},
+		{"role": "user", "content": []any{}},
+	} {
+		if _, ok := textMessageParam(m["role"].(string), m); ok {
+			t.Errorf("%v: built directly", m)
+		}
+	}
+}

@@ -74,6 +74,9 @@ func messageParam(i int, m osmo.Message) (openai.ChatCompletionMessageParamUnion
 	case !chatRoles[role]:
 		return p, &MessageError{Index: i, Field: "role", Reason: fmt.Sprintf("unknown role %q (want developer, system, user, assistant, tool or function)", role)}
 	}
+	if p, ok := textMessageParam(role, m); ok {
+		return p, nil
+	}
 	in, err := json.Marshal(m)
 	if err != nil {
 		return p, &MessageError{Index: i, Reason: fmt.Sprintf("not JSON: %v", err)}
@@ -101,6 +104,37 @@ func messageParam(i int, m osmo.Message) (openai.ChatCompletionMessageParamUnion
 		return p, &MessageError{Index: i, Field: path, Reason: fmt.Sprintf("not a field of an OpenAI %s message, or of the wrong type", role)}
 	}
 	return p, nil
+}
+
+// textMessageParam is the param of the commonest prompt message, a role
+// and a string content and nothing else, built directly: it loses nothing
+// by construction, and the round trip through JSON that tells so for any
+// other message costs more than the rest of starting a workflow's session.
+func textMessageParam(role string, m osmo.Message) (openai.ChatCompletionMessageParamUnion, bool) {
+	content, ok := m["content"].(string)
+	if !ok || len(m) != 2 {
+		return openai.ChatCompletionMessageParamUnion{}, false
+	}
+	// The role is set as decoding sets it (the constructors leave it to
+	// its default when encoded), so GetRole reads it either way.
+	p := openai.ChatCompletionMessageParamUnion{}
+	switch role {
+	case "system":
+		p = openai.SystemMessage(content)
+		p.OfSystem.Role = p.OfSystem.Role.Default()
+	case "user":
+		p = openai.UserMessage(content)
+		p.OfUser.Role = p.OfUser.Role.Default()
+	case "developer":
+		p = openai.DeveloperMessage(content)
+		p.OfDeveloper.Role = p.OfDeveloper.Role.Default()
+	case "assistant":
+		p = openai.AssistantMessage(content)
+		p.OfAssistant.Role = p.OfAssistant.Role.Default()
+	default:
+		return p, false
+	}
+	return p, true
 }
 
 // firstLoss returns the path of the first value of in (a decoded JSON value)

@@ -14,6 +14,9 @@ func TestMessageParamRoundTrips(t *testing.T) {
 	tests := []osmo.Message{
 		{"role": "system", "content": "be brief"},
 		{"role": "developer", "content": "be brief"},
+		{"role": "user", "content": "hi <b>&amp;</b> \u2028 \x01"},
+		{"role": "assistant", "content": "42"},
+		{"role": "assistant", "content": ""},
 		{"role": "user", "content": "hi", "name": "ann"},
 		{"role": "user", "content": []any{map[string]any{"type": "text", "text": "hi"}}},
 		{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{
