@@ -3,7 +3,6 @@ package rollout
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -405,7 +404,7 @@ func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, e
 	payload := d.payload
 	if payload == nil {
 		var err error
-		if payload, err = json.Marshal(d.body); err != nil {
+		if payload, err = marshalBody(d.body); err != nil {
 			return 0, fmt.Errorf("encode callback: %w", err)
 		}
 	}

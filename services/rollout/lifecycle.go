@@ -1,11 +1,13 @@
 package rollout
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -354,8 +356,28 @@ func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 	return out
 }
 
-// marshalBody encodes a callback body once.
-func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
+// marshalBody encodes a callback body once. A body that writes its own
+// JSON writes it into a reused buffer, and the payload is an exact copy:
+// it is kept in the lifecycle until delivered, with no room to spare.
+func marshalBody(body any) ([]byte, error) {
+	if a, ok := body.(jsonAppender); ok {
+		bp, _ := bodyBuffers.Get().(*[]byte)
+		if bp == nil {
+			bp = new([]byte)
+		}
+		*bp = a.appendJSON((*bp)[:0])
+		out := bytes.Clone(*bp)
+		if cap(*bp) <= 1<<20 {
+			bodyBuffers.Put(bp)
+		}
+		return out, nil
+	}
+	return json.Marshal(body)
+}
+
+// bodyBuffers are marshalBody's buffers: a cache, as encoding/json keeps
+// its own.
+var bodyBuffers sync.Pool
 
 // timestamp is t as a proto timestamp, nil when zero.
 func timestamp(t time.Time) *timestamppb.Timestamp {

@@ -20,10 +20,7 @@ import (
 type jsonStruct struct{ s *structpb.Struct }
 
 func (j jsonStruct) MarshalJSON() ([]byte, error) {
-	if j.s == nil {
-		return []byte("null"), nil
-	}
-	return appendStruct(make([]byte, 0, 256), j.s), nil
+	return j.append(make([]byte, 0, 256)), nil
 }
 
 // jsonStructs wraps each of msgs; nil is an empty list.
@@ -101,16 +98,17 @@ func appendNumber(b []byte, f float64) []byte {
 
 const hexDigits = "0123456789abcdef"
 
-// appendString quotes s as JSON: quote, backslash and control characters
-// escaped, invalid UTF-8 as U+FFFD, and U+2028 and U+2029 escaped (as
-// encoding/json does, for JavaScript readers).
+// appendString quotes s as encoding/json's Marshal does: quote, backslash
+// and control characters escaped, <, > and & as \u003c, \u003e and \u0026
+// (Marshal's HTML escaping), invalid UTF-8 as U+FFFD, and U+2028 and U+2029
+// escaped (for JavaScript readers).
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
 				i++
 				continue
 			}
