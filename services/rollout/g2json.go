@@ -24,6 +24,9 @@ func (c *g2GraderCallback) appendJSON(b []byte) []byte {
 	b = appendOptString(b, c.ErrMessage)
 	b = append(b, `,"err_category":`...)
 	b = appendOptString(b, c.ErrCategory)
+	// sample is one of samples (v0.3's field beside G2's): it is written
+	// once, at sampleAt in b, and copied from there.
+	sampleAt, sampleEnd := -1, -1
 	b = append(b, `,"samples":`...)
 	if c.Samples == nil {
 		b = append(b, "null"...)
@@ -40,12 +43,20 @@ func (c *g2GraderCallback) appendJSON(b []byte) []byte {
 			}
 			b = appendString(b, k)
 			b = append(b, ':')
+			start := len(b)
 			b = c.Samples[k].appendJSON(b)
+			if c.Sample != nil && c.Samples[k] == c.Sample {
+				sampleAt, sampleEnd = start, len(b)
+			}
 		}
 		b = append(b, '}')
 	}
 	b = append(b, `,"sample":`...)
-	b = c.Sample.appendJSON(b)
+	if sampleAt >= 0 {
+		b = append(b, b[sampleAt:sampleEnd]...)
+	} else {
+		b = c.Sample.appendJSON(b)
+	}
 	return append(b, '}')
 }
 
