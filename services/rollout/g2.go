@@ -347,33 +347,39 @@ func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
 // "Infinity" and "-Infinity" as strings (which plain JSON cannot hold).
 type jsonFloat float64
 
-func (f jsonFloat) MarshalJSON() ([]byte, error) {
-	v := float64(f)
-	switch {
+func (f jsonFloat) MarshalJSON() ([]byte, error) { return f.append(nil), nil }
+
+// append writes f: a finite number as encoding/json writes a float64.
+func (f jsonFloat) append(b []byte) []byte {
+	switch v := float64(f); {
 	case math.IsNaN(v):
-		return []byte(`"NaN"`), nil
+		return append(b, `"NaN"`...)
 	case math.IsInf(v, 1):
-		return []byte(`"Infinity"`), nil
+		return append(b, `"Infinity"`...)
 	case math.IsInf(v, -1):
-		return []byte(`"-Infinity"`), nil
+		return append(b, `"-Infinity"`...)
+	default:
+		return appendNumber(b, v)
 	}
-	return json.Marshal(v)
 }
 
 // jsonFloats is a list of doubles as proto JSON has it (see jsonFloat).
 type jsonFloats []float64
 
-func (fs jsonFloats) MarshalJSON() ([]byte, error) {
-	for _, v := range fs {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			out := make([]jsonFloat, len(fs))
-			for i, v := range fs {
-				out[i] = jsonFloat(v)
-			}
-			return json.Marshal(out)
-		}
+func (fs jsonFloats) MarshalJSON() ([]byte, error) { return fs.append(nil), nil }
+
+func (fs jsonFloats) append(b []byte) []byte {
+	if fs == nil {
+		return append(b, "null"...)
 	}
-	return json.Marshal([]float64(fs))
+	b = append(b, '[')
+	for i, f := range fs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = jsonFloat(f).append(b)
+	}
+	return append(b, ']')
 }
 
 // appendTimestamp appends the proto JSON form of a valid timestamp: RFC

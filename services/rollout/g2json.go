@@ -1,7 +1,6 @@
 package rollout
 
 import (
-	"math"
 	"slices"
 	"strconv"
 )
@@ -165,14 +164,8 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 		b = appendInt32s(b, c.CompletionTokenIDs)
 	}
 	if len(c.Logprobs) > 0 {
-		b = append(b, `,"logprobs":[`...)
-		for i, f := range c.Logprobs {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = jsonFloat(f).append(b)
-		}
-		b = append(b, ']')
+		b = append(b, `,"logprobs":`...)
+		b = c.Logprobs.append(b)
 	}
 	b = append(b, `,"status_code":`...)
 	b = strconv.AppendInt(b, int64(c.StatusCode), 10)
@@ -197,20 +190,6 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 	b = append(b, `,"model_name":`...)
 	b = appendString(b, c.ModelName)
 	return append(b, '}')
-}
-
-// append writes f as its MarshalJSON does.
-func (f jsonFloat) append(b []byte) []byte {
-	switch v := float64(f); {
-	case math.IsNaN(v):
-		return append(b, `"NaN"`...)
-	case math.IsInf(v, 1):
-		return append(b, `"Infinity"`...)
-	case math.IsInf(v, -1):
-		return append(b, `"-Infinity"`...)
-	default:
-		return appendNumber(b, v)
-	}
 }
 
 // append writes j as its MarshalJSON does.
