@@ -17,9 +17,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/osmo-rl/osmo/internal/retry"
 )
 
 // Sync settings of the embedded server's file storage.
@@ -56,7 +59,8 @@ type Config struct {
 	Name string
 	// Timeout bounds each JetStream request (5s).
 	Timeout time.Duration
-	// StartTimeout bounds waiting for JetStream to answer at start (30s).
+	// StartTimeout bounds waiting for JetStream at start (1m): for its
+	// first answer in Open, and for each Setup.
 	StartTimeout time.Duration
 	// Logger receives connection events.
 	Logger *slog.Logger
@@ -73,6 +77,8 @@ type Store struct {
 	tmpDir   string
 	log      *slog.Logger
 	url      string
+	// startTimeout is Config.StartTimeout.
+	startTimeout time.Duration
 	// closing is set by Close: a disconnection after it is not news.
 	closing atomic.Bool
 	// closed is closed by the connection's last callback, once it is closed.
@@ -89,9 +95,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg.Timeout = 5 * time.Second
 	}
 	if cfg.StartTimeout <= 0 {
-		cfg.StartTimeout = 30 * time.Second
+		cfg.StartTimeout = time.Minute
 	}
-	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{})}
+	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{}), startTimeout: cfg.StartTimeout}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -147,23 +153,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.NC, s.JS = nc, js
 	// A cluster electing its JetStream leader (a node restarting) answers
-	// late: ask for up to StartTimeout; a server without JetStream says so
-	// at once.
-	deadline := time.Now().Add(cfg.StartTimeout)
-	for {
-		actx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-		_, err := js.AccountInfo(actx)
-		cancel()
-		if err == nil {
-			break
-		}
-		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
-			time.Now().After(deadline) || ctx.Err() != nil {
-			s.Close()
-			return nil, fmt.Errorf("natsstore: NATS at %s has no JetStream for this account: %w", s.url, err)
-		}
-		cfg.Logger.Warn("natsstore: JetStream does not answer yet; retrying", "url", s.url, "error", err)
-		time.Sleep(500 * time.Millisecond)
+	// late; a server without JetStream says so at once.
+	if err := s.Setup(ctx, "account info", func(ctx context.Context) error {
+		_, err := js.AccountInfo(ctx)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("natsstore: NATS at %s has no JetStream for this account: %w", s.url, err)
 	}
 	s.replicas = cfg.Replicas
 	if s.replicas <= 0 {
@@ -266,6 +262,50 @@ func (s *Store) shutdown() {
 		_ = os.RemoveAll(s.tmpDir)
 	}
 }
+
+// Setup runs step, one step of setting the shared state up (asking for
+// the account, looking up or creating a bucket, a stream or a consumer),
+// until it succeeds, fails for good, or StartTimeout has passed. A cluster
+// that has just formed, or is electing a leader, does not answer in time
+// or answers that it is not ready (see NotReady): such a step is tried
+// again, 100 ms doubling to 2 s apart. A step must be safe to repeat (a
+// timed-out create may have been made). Each try's requests are bounded by
+// the request timeout unless ctx has a deadline of its own.
+func (s *Store) Setup(ctx context.Context, what string, step func(context.Context) error) error {
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		err := step(ctx)
+		if err != nil && !NotReady(err) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		return struct{}{}, err
+	},
+		backoff.WithBackOff(retry.SharedState()),
+		backoff.WithMaxElapsedTime(s.startTimeout),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			s.log.Warn("natsstore: JetStream is not ready; retrying", "step", what, "error", err, "wait", wait)
+		}))
+	return err
+}
+
+// NotReady reports whether err is what a JetStream that is starting
+// answers: no answer in time, no responders, a 5xx API error (leader being
+// elected, resources not yet known), or no peers to place the replicas on
+// yet. A server or account without JetStream is not "not ready".
+func NotReady(err error) bool {
+	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+		return false
+	}
+	if Unavailable(err) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.Code >= 500 || api.ErrorCode == errCodeNoSuitablePeers)
+}
+
+// errCodeNoSuitablePeers is JetStream's "no suitable peers for placement"
+// (JSClusterNoPeersErr): a cluster whose nodes have not all met yet cannot
+// place a stream's replicas.
+const errCodeNoSuitablePeers jetstream.ErrorCode = 10005
 
 // KeyValue creates (or updates to cfg) a bucket with the store's storage
 // and replicas.

@@ -2,11 +2,15 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/osmo-rl/osmo/internal/natsstore"
@@ -100,5 +104,49 @@ func TestBadSync(t *testing.T) {
 	_, err := natsstore.Open(context.Background(), natsstore.Config{Dir: t.TempDir(), Sync: "sometimes"})
 	if err == nil || !strings.Contains(err.Error(), "sync") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestSetupRetriesWhatIsNotReady: a step that times out, or that JetStream
+// answers with a 5xx or "no suitable peers", is tried again; one refused
+// for good is not; and a step never ready gives up after StartTimeout.
+func TestSetupRetriesWhatIsNotReady(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := natsstore.Open(ctx, natsstore.Config{StartTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	notReady := []error{
+		context.DeadlineExceeded,
+		nats.ErrNoResponders,
+		&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"},
+		&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement"},
+	}
+	tries := 0
+	err = st.Setup(ctx, "test", func(context.Context) error {
+		if tries++; tries <= len(notReady) {
+			return fmt.Errorf("step: %w", notReady[tries-1])
+		}
+		return nil
+	})
+	if err != nil || tries != len(notReady)+1 {
+		t.Errorf("after %d not-ready answers: err %v, %d tries", len(notReady), err, tries)
+	}
+
+	for _, refused := range []error{jetstream.ErrJetStreamNotEnabled, jetstream.ErrStreamNameAlreadyInUse, errors.New("bad config")} {
+		tries = 0
+		err = st.Setup(ctx, "test", func(context.Context) error { tries++; return refused })
+		if !errors.Is(err, refused) || tries != 1 {
+			t.Errorf("refused with %v: err %v after %d tries, want it after 1", refused, err, tries)
+		}
+	}
+
+	start := time.Now()
+	tries = 0
+	err = st.Setup(ctx, "test", func(context.Context) error { tries++; return context.DeadlineExceeded })
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > 5*time.Second || tries < 3 {
+		t.Errorf("never ready: err %v after %d tries and %v, want a timeout after StartTimeout (2s)", err, tries, took)
 	}
 }

@@ -165,12 +165,17 @@ type store struct {
 // replicas sharing a NATS should agree on ResultTTL, or the last one
 // started sets the bucket's.
 func openStore(ctx context.Context, st *natsstore.Store, ttl time.Duration, log *slog.Logger) (*store, error) {
-	kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      bucketName,
-		Description: "osmo grader: the gradings of each rollout, so a resent sample is answered instead of graded again",
-		TTL:         max(ttl, minBucketTTL),
-	})
-	if err != nil {
+	// A cluster that has just formed may not place the bucket's replicas
+	// at once: Setup asks again while it is not ready.
+	var kv jetstream.KeyValue
+	if err := st.Setup(ctx, "gradings bucket", func(ctx context.Context) (err error) {
+		kv, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucketName,
+			Description: "osmo grader: the gradings of each rollout, so a resent sample is answered instead of graded again",
+			TTL:         max(ttl, minBucketTTL),
+		})
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	return &store{kv: kv, ttl: ttl, log: log}, nil

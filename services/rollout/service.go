@@ -245,16 +245,12 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.ownState = true
 	}
-	// A cluster whose nodes are restarting answers late: keep asking for
-	// a while before giving up.
-	for giveUp := time.Now().Add(time.Minute); ; {
-		if s.sh, err = openShared(context.Background(), st, cfg); err == nil || time.Now().After(giveUp) {
-			break
-		}
-		s.log.Warn("shared state: could not set up the streams yet; retrying", "error", err)
-		time.Sleep(time.Second)
-	}
-	if err != nil {
+	// A cluster whose nodes are starting or restarting answers late: the
+	// store asks again for a while before giving up.
+	if err = st.Setup(context.Background(), "rollout streams and buckets", func(ctx context.Context) (err error) {
+		s.sh, err = openShared(ctx, st, cfg)
+		return err
+	}); err != nil {
 		ln.Close()
 		if s.ownState {
 			_ = st.Close()

@@ -289,7 +289,8 @@ const maxAckPending = 1 << 20
 // it waits before another replica takes it.
 //
 // Each request is bounded by the store's request timeout (ctx carries no
-// deadline of its own); New retries the whole while the cluster settles.
+// deadline of its own); New retries the whole (natsstore.Store.Setup)
+// while the cluster settles, so every step is safe to repeat.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
 	// Each bucket, stream and consumer is looked up first and created (or
