@@ -7,8 +7,12 @@ package proctest
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -108,15 +112,28 @@ func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 }
 
 // FreeAddr returns a loopback address with a port nothing listens on now
-// and that no earlier call of this process returned: the kernel may hand
-// a port closed a moment ago to the next listener, so two addresses taken
-// before either process binds its own could otherwise be the same.
+// and that no earlier call of this process returned.
+//
+// The port is drawn below the kernel's ephemeral range, where it stays
+// free until the process under test binds it: a port from the ephemeral
+// range (what listening on port 0 gives) can meanwhile become the source
+// port of any outgoing loopback connection on the machine, and the bind
+// then fails with "address already in use". Where the range leaves no
+// room below it, the kernel's own choice is the fallback.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lo := ephemeralLow()
+	for range 200 {
+		port := 0
+		if lo > freePortFloor+1000 {
+			port = freePortFloor + rand.IntN(lo-freePortFloor)
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
-			t.Fatal(err)
+			if port == 0 {
+				t.Fatal(err)
+			}
+			continue // taken: draw again
 		}
 		addr := ln.Addr().String()
 		_ = ln.Close()
@@ -124,8 +141,30 @@ func FreeAddr(t testing.TB) string {
 			return addr
 		}
 	}
-	t.Fatal("proctest: no loopback port that was not handed out already")
+	t.Fatal("proctest: no loopback port that was free and not handed out already")
 	return ""
+}
+
+// freePortFloor is the lowest port FreeAddr draws: above the well-known
+// and most registered services' ports.
+const freePortFloor = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// ip_local_port_range; 32768, its default, where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return lo
 }
 
 // handedOut holds every address FreeAddr returned in this test process.
