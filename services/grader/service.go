@@ -285,22 +285,17 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 	log := s.log.With("rollout_id", rid)
 	ids := sampleIDs(req)
 	fps := fingerprints(name, req)
-	found, missing, _, err := s.store.lookup(ctx, rid, ids, fps, time.Now())
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		return nil, status.Error(codes.Unavailable, err.Error())
-	}
-	if len(missing) == 0 {
-		log.DebugContext(ctx, "answered from an earlier grading", "samples", len(ids))
-	}
-	// Each pass either grades the missing samples itself or waits for the
-	// grading of this rollout already in progress, which may have covered
-	// other samples than these, or these samples with other content (another
-	// rollout reusing the id); then it looks again. Passes of one rollout
-	// never overlap, so the latest grading of a sample is the last stored.
-	for len(missing) > 0 {
+	// Each pass looks the rollout's stored gradings up (a pass that just
+	// ended, here or on another replica, may have stored these samples),
+	// grades what is missing and stores it; a request either leads a pass
+	// or waits for the one of this rollout in progress, which may have
+	// covered other samples than these, or these samples with other
+	// content (another rollout reusing the id), and then looks again.
+	// Passes of one rollout never overlap, so the latest grading of a
+	// sample is the last stored. The store is read in the pass only: a
+	// read before it would be repeated there.
+	found := make(map[string]answer, len(ids))
+	for missing := ids; len(missing) > 0; {
 		want := missing
 		led := false
 		ch := s.flight.DoChan(rid, func() (any, error) {
@@ -358,7 +353,7 @@ func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 	return answer{}, false
 }
 
-// gradeMissing is one grading pass: it looks in the store again (a pass
+// gradeMissing is one grading pass: it looks in the store (a pass
 // that just ended, here or on another replica, may have stored these
 // samples), grades what is still missing, and stores the grading before
 // anyone is answered. tctx carries the trace of the request that leads the
@@ -382,6 +377,7 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 		fr.gradings = append(fr.gradings, o.g)
 	}
 	if len(missing) == 0 {
+		log.DebugContext(tctx, "answered from an earlier grading", "samples", len(ids))
 		return fr, nil
 	}
 	if changed > 0 {

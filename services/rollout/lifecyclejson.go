@@ -19,7 +19,10 @@ import (
 // such a write), compact and valid JSON already, and are copied as they
 // are. TestLifecycleMarshal holds the two encodings to the
 // same decoded lifecycle.
-func (lc *lifecycle) marshal() []byte {
+func (lc *lifecycle) marshal() []byte { return lc.appendJSON(nil) }
+
+// appendJSON appends marshal's encoding of lc to b[:0], growing it to fit.
+func (lc *lifecycle) appendJSON(b []byte) []byte {
 	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Request)) + base64.StdEncoding.EncodedLen(len(lc.Response))
 	for _, st := range []*owedStage{lc.Ran, lc.Final} {
 		if st != nil {
@@ -28,7 +31,7 @@ func (lc *lifecycle) marshal() []byte {
 			}
 		}
 	}
-	b := make([]byte, 0, n)
+	b = slices.Grow(b[:0], n)
 	b = append(b, `{"id":`...)
 	b = appendString(b, lc.ID)
 	b = append(b, `,"key":`...)

@@ -456,7 +456,10 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
-	b := lc.marshal()
+	bp := lifecycleBuffers.Get().(*[]byte)
+	defer putLifecycleBuffer(bp)
+	b := lc.appendJSON(*bp)
+	*bp = b
 	for {
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
@@ -522,7 +525,10 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
-	b := lc.marshal()
+	bp := lifecycleBuffers.Get().(*[]byte)
+	defer putLifecycleBuffer(bp)
+	b := lc.appendJSON(*bp)
+	*bp = b
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))
@@ -544,6 +550,20 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	return err
+}
+
+// lifecycleBuffers hold the encodings of lifecycles being written: each
+// stage write encodes the whole lifecycle, callbacks' payloads included
+// (kilobytes), and the NATS client has copied it into its own buffer by
+// the time the write returns.
+var lifecycleBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// putLifecycleBuffer returns bp to lifecycleBuffers unless it grew past
+// what a pool should keep (a record of many samples).
+func putLifecycleBuffer(bp *[]byte) {
+	if cap(*bp) <= 256<<10 {
+		lifecycleBuffers.Put(bp)
+	}
 }
 
 func isWrongSequence(err error) bool {
