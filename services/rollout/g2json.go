@@ -3,6 +3,8 @@ package rollout
 import (
 	"slices"
 	"strconv"
+
+	"github.com/osmo-rl/osmo/internal/jsonenc"
 )
 
 // jsonAppender is a callback body that writes its own JSON: what
@@ -16,9 +18,9 @@ type jsonAppender interface {
 
 func (c *g2GraderCallback) appendJSON(b []byte) []byte {
 	b = append(b, `{"status":`...)
-	b = appendString(b, c.Status)
+	b = jsonenc.AppendString(b, c.Status)
 	b = append(b, `,"rollout_id":`...)
-	b = appendString(b, c.RolloutID)
+	b = jsonenc.AppendString(b, c.RolloutID)
 	b = append(b, `,"err_message":`...)
 	b = appendOptString(b, c.ErrMessage)
 	b = append(b, `,"err_category":`...)
@@ -40,7 +42,7 @@ func (c *g2GraderCallback) appendJSON(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, k)
+			b = jsonenc.AppendString(b, k)
 			b = append(b, ':')
 			start := len(b)
 			b = c.Samples[k].appendJSON(b)
@@ -64,7 +66,7 @@ func (s *wireSample) appendJSON(b []byte) []byte {
 		return append(b, "null"...)
 	}
 	b = append(b, `{"id":`...)
-	b = appendString(b, s.ID)
+	b = jsonenc.AppendString(b, s.ID)
 	b = append(b, `,"messages":`...)
 	b = appendStructs(b, s.Messages)
 	b = append(b, `,"label":`...)
@@ -122,11 +124,11 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 		return append(b, "null"...)
 	}
 	b = append(b, `{"id":`...)
-	b = appendString(b, c.ID)
+	b = jsonenc.AppendString(b, c.ID)
 	b = append(b, `,"requested_model":`...)
-	b = appendString(b, c.RequestedModel)
+	b = jsonenc.AppendString(b, c.RequestedModel)
 	b = append(b, `,"model":`...)
-	b = appendString(b, c.Model)
+	b = jsonenc.AppendString(b, c.Model)
 	b = append(b, `,"request_messages":`...)
 	b = appendStructs(b, c.RequestMessages)
 	b = append(b, `,"shared_request_messages":`...)
@@ -134,7 +136,7 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 	b = append(b, `,"response_message":`...)
 	b = c.ResponseMessage.append(b)
 	b = append(b, `,"finish_reason":`...)
-	b = appendString(b, c.FinishReason)
+	b = jsonenc.AppendString(b, c.FinishReason)
 	b = append(b, `,"usage":`...)
 	if u := c.Usage; u == nil {
 		b = append(b, "null"...)
@@ -170,7 +172,7 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 	b = append(b, `,"status_code":`...)
 	b = strconv.AppendInt(b, int64(c.StatusCode), 10)
 	b = append(b, `,"error":`...)
-	b = appendString(b, c.Error)
+	b = jsonenc.AppendString(b, c.Error)
 	b = append(b, `,"attempts":`...)
 	b = strconv.AppendInt(b, int64(c.Attempts), 10)
 	b = append(b, `,"started_at":`...)
@@ -180,7 +182,7 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 		b = append(b, c.StartedAt...) // "null" or a quoted timestamp
 	}
 	b = append(b, `,"api":`...)
-	b = appendString(b, c.API)
+	b = jsonenc.AppendString(b, c.API)
 	b = append(b, `,"prompt_tokens":`...)
 	b = strconv.AppendInt(b, int64(c.PromptTokens), 10)
 	b = append(b, `,"completion_tokens":`...)
@@ -188,7 +190,7 @@ func (c *wireLLMCall) appendJSON(b []byte) []byte {
 	b = append(b, `,"cached_tokens":`...)
 	b = strconv.AppendInt(b, int64(c.CachedTokens), 10)
 	b = append(b, `,"model_name":`...)
-	b = appendString(b, c.ModelName)
+	b = jsonenc.AppendString(b, c.ModelName)
 	return append(b, '}')
 }
 
@@ -218,7 +220,7 @@ func appendOptString(b []byte, s *string) []byte {
 	if s == nil {
 		return append(b, "null"...)
 	}
-	return appendString(b, *s)
+	return jsonenc.AppendString(b, *s)
 }
 
 func appendInt32s(b []byte, ns []int32) []byte {

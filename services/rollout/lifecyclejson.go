@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/jsonenc"
 )
 
 // marshal encodes lc as encoding/json encodes the struct (the field names,
@@ -33,13 +35,13 @@ func (lc *lifecycle) appendJSON(b []byte) []byte {
 	}
 	b = slices.Grow(b[:0], n)
 	b = append(b, `{"id":`...)
-	b = appendString(b, lc.ID)
+	b = jsonenc.AppendString(b, lc.ID)
 	b = append(b, `,"key":`...)
-	b = appendString(b, lc.Key)
+	b = jsonenc.AppendString(b, lc.Key)
 	b = append(b, `,"wire":`...)
-	b = appendString(b, lc.Wire)
+	b = jsonenc.AppendString(b, lc.Wire)
 	b = append(b, `,"workflow":`...)
-	b = appendString(b, lc.Workflow)
+	b = jsonenc.AppendString(b, lc.Workflow)
 	b = append(b, `,"created":`...)
 	b = appendTime(b, lc.Created)
 	if len(lc.Request) > 0 {
@@ -56,23 +58,23 @@ func (lc *lifecycle) appendJSON(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, k)
+			b = jsonenc.AppendString(b, k)
 			b = append(b, ':')
-			b = appendString(b, lc.Trace[k])
+			b = jsonenc.AppendString(b, lc.Trace[k])
 		}
 		b = append(b, '}')
 	}
 	b = append(b, `,"phase":`...)
-	b = appendString(b, lc.Phase)
+	b = jsonenc.AppendString(b, lc.Phase)
 	b = append(b, `,"state":`...)
 	b = strconv.AppendInt(b, int64(lc.State), 10)
 	if lc.Owner != "" {
 		b = append(b, `,"owner":`...)
-		b = appendString(b, lc.Owner)
+		b = jsonenc.AppendString(b, lc.Owner)
 	}
 	if lc.Held != "" {
 		b = append(b, `,"held":`...)
-		b = appendString(b, lc.Held)
+		b = jsonenc.AppendString(b, lc.Held)
 	}
 	if !lc.Started.IsZero() {
 		b = append(b, `,"started":`...)
@@ -103,7 +105,7 @@ func (lc *lifecycle) appendJSON(b []byte) []byte {
 	}
 	if lc.CallbackError != "" {
 		b = append(b, `,"callback_error":`...)
-		b = appendString(b, lc.CallbackError)
+		b = jsonenc.AppendString(b, lc.CallbackError)
 	}
 	return append(b, '}')
 }
@@ -148,28 +150,28 @@ func (o *savedOutcome) append(b []byte) []byte {
 	b = strconv.AppendInt(b, int64(o.State), 10)
 	if o.Category != "" {
 		b = append(b, `,"category":`...)
-		b = appendString(b, string(o.Category))
+		b = jsonenc.AppendString(b, string(o.Category))
 	}
 	if o.Message != "" {
 		b = append(b, `,"message":`...)
-		b = appendString(b, o.Message)
+		b = jsonenc.AppendString(b, o.Message)
 	}
 	return append(b, '}')
 }
 
 func (c *savedCallback) append(b []byte) []byte {
 	b = append(b, `{"event":`...)
-	b = appendString(b, c.Event)
+	b = jsonenc.AppendString(b, c.Event)
 	b = append(b, `,"route":`...)
-	b = appendString(b, c.Route)
+	b = jsonenc.AppendString(b, c.Route)
 	b = append(b, `,"url":`...)
-	b = appendString(b, c.URL)
+	b = jsonenc.AppendString(b, c.URL)
 	if c.Bearer != "" {
 		b = append(b, `,"bearer":`...)
-		b = appendString(b, c.Bearer)
+		b = jsonenc.AppendString(b, c.Bearer)
 	}
 	b = append(b, `,"status":`...)
-	b = appendString(b, c.Status)
+	b = jsonenc.AppendString(b, c.Status)
 	if len(c.Payload) > 0 {
 		b = append(b, `,"payload":`...)
 		b = append(b, c.Payload...)

@@ -4,9 +4,10 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/osmo-rl/osmo/internal/jsonenc"
 )
 
 // jsonStruct encodes a message (a google.protobuf.Struct) as the JSON
@@ -44,7 +45,7 @@ func appendStruct(b []byte, s *structpb.Struct) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, k)
+		b = jsonenc.AppendString(b, k)
 		b = append(b, ':')
 		b = appendValue(b, fields[k])
 	}
@@ -54,7 +55,7 @@ func appendStruct(b []byte, s *structpb.Struct) []byte {
 func appendValue(b []byte, v *structpb.Value) []byte {
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_StringValue:
-		return appendString(b, k.StringValue)
+		return jsonenc.AppendString(b, k.StringValue)
 	case *structpb.Value_NumberValue:
 		return appendNumber(b, k.NumberValue)
 	case *structpb.Value_BoolValue:
@@ -94,58 +95,4 @@ func appendNumber(b []byte, f float64) []byte {
 		}
 	}
 	return b
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString quotes s as encoding/json's Marshal does: quote, backslash
-// and control characters escaped, <, > and & as \u003c, \u003e and \u0026
-// (Marshal's HTML escaping), invalid UTF-8 as U+FFFD, and U+2028 and U+2029
-// escaped (for JavaScript readers).
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
