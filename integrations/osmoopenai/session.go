@@ -130,6 +130,9 @@ func (s *Session) AddItems(items ...openai.ChatCompletionMessageParamUnion) {
 
 // encodeItem encodes a message param, requiring a JSON object.
 func encodeItem(item openai.ChatCompletionMessageParamUnion) (json.RawMessage, error) {
+	if raw, ok := appendItem(make([]byte, 0, 128), &item); ok {
+		return raw, nil
+	}
 	raw, err := json.Marshal(item)
 	if err != nil {
 		return nil, fmt.Errorf("encode message: %w", err)

@@ -1,0 +1,143 @@
+package osmoopenai
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/param"
+)
+
+// assistant builds an assistant message param of content (nil: none) and
+// function calls given as id, name, arguments triples.
+func assistant(content *string, calls ...[3]string) openai.ChatCompletionMessageParamUnion {
+	a := openai.ChatCompletionAssistantMessageParam{}
+	if content != nil {
+		a.Content.OfString = openai.String(*content)
+	}
+	for _, c := range calls {
+		a.ToolCalls = append(a.ToolCalls, openai.ChatCompletionMessageToolCallUnionParam{OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
+			ID: c[0], Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: c[1], Arguments: c[2]},
+		}})
+	}
+	return openai.ChatCompletionMessageParamUnion{OfAssistant: &a}
+}
+
+// TestAppendItem: the messages appendItem writes are byte for byte what
+// openai-go writes, and it declines every param whose encoding depends on
+// more than it reads.
+func TestAppendItem(t *testing.T) {
+	text, empty := "6 times 7 is <42> & \"done\"\n", ""
+	written := map[string]openai.ChatCompletionMessageParamUnion{
+		"system":                openai.SystemMessage("Use the multiply tool."),
+		"developer":             openai.DeveloperMessage("d"),
+		"user":                  openai.UserMessage("What is 6 times 7? \u2028 \xff"),
+		"user, empty":           openai.UserMessage(""),
+		"tool":                  openai.ToolMessage("42", "call_1"),
+		"tool, empty id":        openai.ToolMessage("Error: bad", ""),
+		"assistant text":        assistant(&text),
+		"assistant empty text":  assistant(&empty),
+		"assistant calls":       assistant(nil, [3]string{"call_1", "multiply", `{"a":6,"b":7}`}, [3]string{"call_2", "add", ""}),
+		"assistant text, calls": assistant(&text, [3]string{"c", "multiply", `{"a":"<x>"}`}),
+		"assistant nothing":     assistant(nil),
+		"call of no function":   assistant(nil, [3]string{"c", "", ""}, [3]string{"d", "", "{}"}),
+		"reply as param":        replyParam(&openai.ChatCompletionMessage{Content: "hi", Role: "assistant"}),
+		"empty reply as param":  replyParam(&openai.ChatCompletionMessage{Role: "assistant"}),
+	}
+	named := openai.ChatCompletionUserMessageParam{Name: openai.String("bob")}
+	named.Content.OfString = openai.String("hi")
+	extra := openai.ChatCompletionToolMessageParam{ToolCallID: "c"}
+	extra.Content.OfString = openai.String("42")
+	extra.SetExtraFields(map[string]any{"cache": true})
+	refusal := openai.ChatCompletionAssistantMessageParam{Refusal: openai.String("no")}
+	custom := openai.ChatCompletionAssistantMessageParam{ToolCalls: []openai.ChatCompletionMessageToolCallUnionParam{{
+		OfCustom: &openai.ChatCompletionMessageCustomToolCallParam{ID: "c", Custom: openai.ChatCompletionMessageCustomToolCallCustomParam{Name: "n", Input: "i"}},
+	}}}
+	callExtra := assistant(nil, [3]string{"c", "f", "{}"})
+	callExtra.OfAssistant.ToolCalls[0].OfFunction.SetExtraFields(map[string]any{"index": 0})
+	nullContent := openai.ChatCompletionSystemMessageParam{}
+	nullContent.Content.OfString = param.Null[string]()
+	declined := map[string]openai.ChatCompletionMessageParamUnion{
+		"user with a name":       {OfUser: &named},
+		"user of parts":          openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{openai.TextContentPart("hi")}),
+		"tool with extra fields": {OfTool: &extra},
+		"assistant with refusal": {OfAssistant: &refusal},
+		"assistant custom call":  {OfAssistant: &custom},
+		"call with extra fields": callExtra,
+		"overridden":             param.Override[openai.ChatCompletionMessageParamUnion](json.RawMessage(`{"role":"user","content":"x"}`)),
+		"two variants":           {OfUser: &named, OfTool: &extra},
+		"none":                   {},
+		"null content":           {OfSystem: &nullContent},
+		"function message":       {OfFunction: &openai.ChatCompletionFunctionMessageParam{Name: "f", Content: openai.String("x")}},
+		"system of another role": {OfSystem: &openai.ChatCompletionSystemMessageParam{Role: "root"}},
+	}
+	for name, item := range written {
+		want, err := json.Marshal(item)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, ok := appendItem([]byte("prefix"), &item)
+		if !ok {
+			t.Errorf("%s: declined, want %s", name, want)
+			continue
+		}
+		if !bytes.Equal(got, append([]byte("prefix"), want...)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got[len("prefix"):], want)
+		}
+	}
+	for name, item := range declined {
+		if got, ok := appendItem(nil, &item); ok {
+			t.Errorf("%s: written as %s, want it left to openai-go", name, got)
+		}
+	}
+}
+
+// FuzzAppendItem: whatever the strings, a text message and an assistant
+// message with a call are written as openai-go writes them.
+func FuzzAppendItem(f *testing.F) {
+	f.Add("What is 6 times 7?", "call_1", "multiply", `{"a":6,"b":7}`)
+	f.Add("", "", "", "")
+	f.Add("<\u2028\xff\"\\\x00>", "\t", "é", "\x7f")
+	f.Fuzz(func(t *testing.T, content, id, name, args string) {
+		for _, item := range []openai.ChatCompletionMessageParamUnion{
+			openai.UserMessage(content), openai.ToolMessage(content, id),
+			assistant(&content, [3]string{id, name, args}), assistant(nil, [3]string{id, name, args}),
+		} {
+			want, err := json.Marshal(item)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := appendItem(nil, &item)
+			if !ok || !bytes.Equal(got, want) {
+				t.Errorf("appendItem = %s (%v), want %s", got, ok, want)
+			}
+		}
+	})
+}
+
+// BenchmarkEncodeItem: a turn's items through appendItem and through
+// json.Marshal (openai-go's encoding).
+func BenchmarkEncodeItem(b *testing.B) {
+	text := "6 times 7 is 42."
+	items := []openai.ChatCompletionMessageParamUnion{
+		openai.SystemMessage("Use the multiply tool when arithmetic is required."), openai.UserMessage("What is 6 times 7?"),
+		assistant(nil, [3]string{"call_1", "multiply", `{"a":6,"b":7}`}), openai.ToolMessage("42", "call_1"), assistant(&text),
+	}
+	b.Run("appendItem", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for i := range items {
+				_, _ = encodeItem(items[i])
+			}
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for i := range items {
+				_, _ = json.Marshal(items[i])
+			}
+		}
+	})
+}
