@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -146,8 +145,8 @@ func rawStructs(msgs []json.RawMessage) ([]*structpb.Struct, bool) {
 	}
 	out := make([]*structpb.Struct, len(msgs))
 	for i, m := range msgs {
-		s := &structpb.Struct{}
-		if protojson.Unmarshal(m, s) != nil {
+		s, err := decodeStruct(m)
+		if err != nil {
 			return nil, false
 		}
 		out[i] = s

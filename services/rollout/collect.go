@@ -10,7 +10,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -232,8 +231,7 @@ func callProto(c *recordedCall) *rolloutv1.LLMCall {
 		out.StartedAt = timestamppb.New(c.StartedAt)
 	}
 	if len(c.ResponseMessage) > 0 {
-		s := &structpb.Struct{}
-		if protojson.Unmarshal(c.ResponseMessage, s) == nil {
+		if s, err := decodeStruct(c.ResponseMessage); err == nil {
 			out.ResponseMessage = s
 		}
 	}
@@ -255,8 +253,7 @@ func toStruct(m map[string]any) (*structpb.Struct, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &structpb.Struct{}
-	return s, protojson.Unmarshal(b, s)
+	return decodeStruct(b)
 }
 
 // directStruct converts m when every value in it is JSON's own type and

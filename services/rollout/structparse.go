@@ -1,0 +1,330 @@
+package rollout
+
+import (
+	"strconv"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// decodeStruct decodes a JSON object into a Struct, as protojson.Unmarshal
+// does: the same Struct, or an error where protojson has one.
+//
+// Every recorded LLM call's messages and reply become Structs (a call's
+// request and response, per message): through protojson, which decodes
+// by reflection, that was a twentieth of the CPU of a rollout. The parser
+// here takes what recorded calls hold, objects of plain JSON, and hands
+// anything out of the ordinary to protojson itself: an escaped surrogate,
+// invalid UTF-8, a control character, a number out of float64's range,
+// deep nesting, a duplicate key, any syntax error. FuzzDecodeStruct holds
+// the two to the same answers.
+func decodeStruct(data []byte) (*structpb.Struct, error) {
+	p := structParser{data: data}
+	if s, ok := p.document(); ok {
+		return s, nil
+	}
+	s := &structpb.Struct{}
+	if err := protojson.Unmarshal(data, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// structMaxDepth is how deep decodeStruct's parser nests before handing
+// the document to protojson (whose own limit is far deeper).
+const structMaxDepth = 64
+
+// structParser parses JSON into Struct values; any false is "not sure":
+// the caller goes to protojson.
+type structParser struct {
+	data  []byte
+	i     int
+	depth int
+}
+
+func (p *structParser) document() (*structpb.Struct, bool) {
+	p.space()
+	if p.i >= len(p.data) || p.data[p.i] != '{' {
+		return nil, false
+	}
+	s, ok := p.object()
+	if !ok {
+		return nil, false
+	}
+	p.space()
+	return s, p.i == len(p.data)
+}
+
+func (p *structParser) space() {
+	for p.i < len(p.data) {
+		switch p.data[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// object parses an object at p.i (its '{').
+func (p *structParser) object() (*structpb.Struct, bool) {
+	if p.depth++; p.depth > structMaxDepth {
+		return nil, false
+	}
+	defer func() { p.depth-- }()
+	p.i++ // '{'
+	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	p.space()
+	if p.i < len(p.data) && p.data[p.i] == '}' {
+		p.i++
+		return s, true
+	}
+	for {
+		p.space()
+		if p.i >= len(p.data) || p.data[p.i] != '"' {
+			return nil, false
+		}
+		k, ok := p.string()
+		if !ok {
+			return nil, false
+		}
+		if _, dup := s.Fields[k]; dup {
+			return nil, false
+		}
+		p.space()
+		if p.i >= len(p.data) || p.data[p.i] != ':' {
+			return nil, false
+		}
+		p.i++
+		v, ok := p.value()
+		if !ok {
+			return nil, false
+		}
+		s.Fields[k] = v
+		p.space()
+		if p.i >= len(p.data) {
+			return nil, false
+		}
+		switch p.data[p.i] {
+		case ',':
+			p.i++
+		case '}':
+			p.i++
+			return s, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// value parses the value at p.i, after any space.
+func (p *structParser) value() (*structpb.Value, bool) {
+	p.space()
+	if p.i >= len(p.data) {
+		return nil, false
+	}
+	switch c := p.data[p.i]; {
+	case c == '{':
+		s, ok := p.object()
+		if !ok {
+			return nil, false
+		}
+		return structpb.NewStructValue(s), true
+	case c == '[':
+		return p.list()
+	case c == '"':
+		s, ok := p.string()
+		if !ok {
+			return nil, false
+		}
+		return structpb.NewStringValue(s), true
+	case c == 't':
+		return p.literal("true", structpb.NewBoolValue(true))
+	case c == 'f':
+		return p.literal("false", structpb.NewBoolValue(false))
+	case c == 'n':
+		return p.literal("null", structpb.NewNullValue())
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number()
+	}
+	return nil, false
+}
+
+func (p *structParser) literal(word string, v *structpb.Value) (*structpb.Value, bool) {
+	if len(p.data)-p.i < len(word) || string(p.data[p.i:p.i+len(word)]) != word {
+		return nil, false
+	}
+	p.i += len(word)
+	// "nullx" is not null: a literal ends where a value may end.
+	if p.i < len(p.data) && isWordByte(p.data[p.i]) {
+		return nil, false
+	}
+	return v, true
+}
+
+func isWordByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '+' || c == '.'
+}
+
+// list parses an array at p.i (its '[').
+func (p *structParser) list() (*structpb.Value, bool) {
+	if p.depth++; p.depth > structMaxDepth {
+		return nil, false
+	}
+	defer func() { p.depth-- }()
+	p.i++ // '['
+	l := &structpb.ListValue{}
+	p.space()
+	if p.i < len(p.data) && p.data[p.i] == ']' {
+		p.i++
+		return structpb.NewListValue(l), true
+	}
+	for {
+		v, ok := p.value()
+		if !ok {
+			return nil, false
+		}
+		l.Values = append(l.Values, v)
+		p.space()
+		if p.i >= len(p.data) {
+			return nil, false
+		}
+		switch p.data[p.i] {
+		case ',':
+			p.i++
+		case ']':
+			p.i++
+			return structpb.NewListValue(l), true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// number parses a number of JSON's grammar,
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, as a float64.
+func (p *structParser) number() (*structpb.Value, bool) {
+	start := p.i
+	if p.data[p.i] == '-' {
+		p.i++
+	}
+	digits := func() int {
+		n := 0
+		for p.i < len(p.data) && p.data[p.i] >= '0' && p.data[p.i] <= '9' {
+			p.i++
+			n++
+		}
+		return n
+	}
+	if p.i < len(p.data) && p.data[p.i] == '0' {
+		p.i++
+	} else if digits() == 0 {
+		return nil, false
+	}
+	if p.i < len(p.data) && p.data[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return nil, false
+		}
+	}
+	if p.i < len(p.data) && (p.data[p.i] == 'e' || p.data[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.data) && (p.data[p.i] == '+' || p.data[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return nil, false
+		}
+	}
+	if p.i < len(p.data) && isWordByte(p.data[p.i]) {
+		return nil, false
+	}
+	f, err := strconv.ParseFloat(string(p.data[start:p.i]), 64)
+	if err != nil {
+		return nil, false
+	}
+	return structpb.NewNumberValue(f), true
+}
+
+// string parses a string at p.i (its '"'). Escapes other than those of a
+// character outside the surrogates, control characters and invalid UTF-8
+// are left to protojson.
+func (p *structParser) string() (string, bool) {
+	p.i++ // '"'
+	start := p.i
+	// Most strings have no escape: they are the bytes between the quotes.
+	for p.i < len(p.data) {
+		c := p.data[p.i]
+		switch {
+		case c == '"':
+			s := p.data[start:p.i]
+			p.i++
+			if !utf8.Valid(s) {
+				return "", false
+			}
+			return string(s), true
+		case c == '\\':
+			return p.escapedString(start)
+		case c < 0x20:
+			return "", false
+		}
+		p.i++
+	}
+	return "", false
+}
+
+// escapedString finishes a string that has escapes, from its start.
+func (p *structParser) escapedString(start int) (string, bool) {
+	b := make([]byte, 0, p.i-start+16)
+	b = append(b, p.data[start:p.i]...)
+	for p.i < len(p.data) {
+		c := p.data[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			if !utf8.Valid(b) {
+				return "", false
+			}
+			return string(b), true
+		case c < 0x20:
+			return "", false
+		case c != '\\':
+			b = append(b, c)
+			p.i++
+			continue
+		}
+		if p.i+1 >= len(p.data) {
+			return "", false
+		}
+		e := p.data[p.i+1]
+		p.i += 2
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			if len(p.data)-p.i < 4 {
+				return "", false
+			}
+			r, err := strconv.ParseUint(string(p.data[p.i:p.i+4]), 16, 32)
+			if err != nil || (r >= 0xd800 && r <= 0xdfff) {
+				return "", false
+			}
+			p.i += 4
+			b = utf8.AppendRune(b, rune(r))
+		default:
+			return "", false
+		}
+	}
+	return "", false
+}
