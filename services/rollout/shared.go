@@ -219,6 +219,41 @@ type shared struct {
 	known known
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
+	// buffers are lifecycle encodings' buffers kept between writes: each
+	// stage write encodes the whole lifecycle, callbacks' payloads
+	// included (kilobytes), and the NATS client has copied it by the time
+	// the write returns. A few are kept, not all: a sync.Pool would keep
+	// every buffer of a burst (10,000 rollouts concluding at once) alive
+	// through the next collection, raising the peak it is there to lower.
+	buffers chan []byte
+}
+
+// stateBuffers is how many lifecycle buffers a replica keeps, and
+// stateBufferMax the largest it keeps (a record of many samples is not).
+const (
+	stateBuffers   = 64
+	stateBufferMax = 64 << 10
+)
+
+// buffer returns a kept lifecycle buffer, or nil.
+func (sh *shared) buffer() []byte {
+	select {
+	case b := <-sh.buffers:
+		return b
+	default:
+		return nil
+	}
+}
+
+// release keeps b for a later write, if there is room.
+func (sh *shared) release(b []byte) {
+	if cap(b) > stateBufferMax {
+		return
+	}
+	select {
+	case sh.buffers <- b[:0]:
+	default:
+	}
 }
 
 // queueDepth is the queue's depth as read at read, and the starts this
@@ -292,7 +327,7 @@ const maxAckPending = 1 << 20
 // deadline of its own); New retries the whole (natsstore.Store.Setup)
 // while the cluster settles, so every step is safe to repeat.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
-	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
+	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
 	// Each bucket, stream and consumer is looked up first and created (or
 	// updated) only when it is missing or set otherwise: a lookup is
 	// answered by the leader at once, while a change goes through the
@@ -456,10 +491,8 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
-	bp := lifecycleBuffers.Get().(*[]byte)
-	defer putLifecycleBuffer(bp)
-	b := lc.appendJSON(*bp)
-	*bp = b
+	b := lc.appendJSON(sh.buffer())
+	defer sh.release(b)
 	for {
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
@@ -525,10 +558,8 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
-	bp := lifecycleBuffers.Get().(*[]byte)
-	defer putLifecycleBuffer(bp)
-	b := lc.appendJSON(*bp)
-	*bp = b
+	b := lc.appendJSON(sh.buffer())
+	defer sh.release(b)
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))
@@ -550,20 +581,6 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	return err
-}
-
-// lifecycleBuffers hold the encodings of lifecycles being written: each
-// stage write encodes the whole lifecycle, callbacks' payloads included
-// (kilobytes), and the NATS client has copied it into its own buffer by
-// the time the write returns.
-var lifecycleBuffers = sync.Pool{New: func() any { return new([]byte) }}
-
-// putLifecycleBuffer returns bp to lifecycleBuffers unless it grew past
-// what a pool should keep (a record of many samples).
-func putLifecycleBuffer(bp *[]byte) {
-	if cap(*bp) <= 256<<10 {
-		lifecycleBuffers.Put(bp)
-	}
 }
 
 func isWrongSequence(err error) bool {
