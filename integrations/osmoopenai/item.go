@@ -19,32 +19,16 @@ func appendItem(b []byte, item *openai.ChatCompletionMessageParamUnion) (_ []byt
 	if !plainUnion(item) {
 		return b, false
 	}
-	var (
-		role    string
-		content param.Opt[string]
-	)
 	switch {
 	case item.OfSystem != nil:
 		m := item.OfSystem
-		if !plain(m) || !plainUnion(&m.Content) || m.Name != (param.Opt[string]{}) || (m.Role != "" && m.Role != m.Role.Default()) ||
-			m.Content.OfArrayOfContentParts != nil {
-			return b, false
-		}
-		role, content = "system", m.Content.OfString
+		return appendText(b, "system", textParts{m, &m.Content, m.Content.OfString, m.Content.OfArrayOfContentParts == nil, m.Name, m.Role == "" || m.Role == m.Role.Default()})
 	case item.OfDeveloper != nil:
 		m := item.OfDeveloper
-		if !plain(m) || !plainUnion(&m.Content) || m.Name != (param.Opt[string]{}) || (m.Role != "" && m.Role != m.Role.Default()) ||
-			m.Content.OfArrayOfContentParts != nil {
-			return b, false
-		}
-		role, content = "developer", m.Content.OfString
+		return appendText(b, "developer", textParts{m, &m.Content, m.Content.OfString, m.Content.OfArrayOfContentParts == nil, m.Name, m.Role == "" || m.Role == m.Role.Default()})
 	case item.OfUser != nil:
 		m := item.OfUser
-		if !plain(m) || !plainUnion(&m.Content) || m.Name != (param.Opt[string]{}) || (m.Role != "" && m.Role != m.Role.Default()) ||
-			m.Content.OfArrayOfContentParts != nil {
-			return b, false
-		}
-		role, content = "user", m.Content.OfString
+		return appendText(b, "user", textParts{m, &m.Content, m.Content.OfString, m.Content.OfArrayOfContentParts == nil, m.Name, m.Role == "" || m.Role == m.Role.Default()})
 	case item.OfTool != nil:
 		m := item.OfTool
 		if !plain(m) || !plainUnion(&m.Content) || (m.Role != "" && m.Role != m.Role.Default()) ||
@@ -58,14 +42,27 @@ func appendItem(b []byte, item *openai.ChatCompletionMessageParamUnion) (_ []byt
 		return append(b, `,"role":"tool"}`...), true
 	case item.OfAssistant != nil:
 		return appendAssistant(b, item.OfAssistant)
-	default:
-		return b, false
 	}
-	if !isString(content) {
+	return b, false
+}
+
+// textParts are what appendText reads of a system, developer or user
+// message param, whose types differ but whose fields are the same.
+type textParts struct {
+	param, content metadataHolder
+	text           param.Opt[string]
+	noParts        bool // no content parts
+	name           param.Opt[string]
+	defaultRole    bool // the role is unset or the param's own
+}
+
+// appendText is appendItem's message of a role and a string content.
+func appendText(b []byte, role string, m textParts) ([]byte, bool) {
+	if !plain(m.param) || !plainUnion(m.content) || !m.noParts || m.name != (param.Opt[string]{}) || !m.defaultRole || !isString(m.text) {
 		return b, false
 	}
 	b = append(b, `{"content":`...)
-	b = jsonenc.AppendString(b, content.Value)
+	b = jsonenc.AppendString(b, m.text.Value)
 	b = append(b, `,"role":"`...)
 	b = append(b, role...)
 	return append(b, `"}`...), true
