@@ -102,18 +102,11 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 			return nil, false
 		}
 		s.Fields[k] = v
-		p.space()
-		if p.i >= len(p.data) {
+		switch end, ok := p.after('}'); {
+		case !ok:
 			return nil, false
-		}
-		switch p.data[p.i] {
-		case ',':
-			p.i++
-		case '}':
-			p.i++
+		case end:
 			return s, true
-		default:
-			return nil, false
 		}
 	}
 }
@@ -186,20 +179,31 @@ func (p *structParser) list() (*structpb.Value, bool) {
 			return nil, false
 		}
 		l.Values = append(l.Values, v)
-		p.space()
-		if p.i >= len(p.data) {
+		switch end, ok := p.after(']'); {
+		case !ok:
 			return nil, false
-		}
-		switch p.data[p.i] {
-		case ',':
-			p.i++
-		case ']':
-			p.i++
+		case end:
 			return structpb.NewListValue(l), true
-		default:
-			return nil, false
 		}
 	}
+}
+
+// after reads what follows a member of an object or an element of an
+// array: a comma (more to come) or closer (the end, reported by end).
+func (p *structParser) after(closer byte) (end, ok bool) {
+	p.space()
+	if p.i >= len(p.data) {
+		return false, false
+	}
+	switch p.data[p.i] {
+	case ',':
+		p.i++
+		return false, true
+	case closer:
+		p.i++
+		return true, true
+	}
+	return false, false
 }
 
 // number parses a number of JSON's grammar,
