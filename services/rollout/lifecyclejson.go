@@ -10,9 +10,9 @@ import (
 	"github.com/osmo-rl/osmo/internal/jsonenc"
 )
 
-// marshal encodes lc as encoding/json encodes the struct (the field names,
-// omitempty and omitzero of its tags; json.Unmarshal reads it back), field
-// by field instead of by reflection.
+// appendJSON writes lc into b[:0], growing it to fit, as encoding/json
+// encodes the struct (the field names, omitempty and omitzero of its tags;
+// json.Unmarshal reads it back), field by field instead of by reflection.
 //
 // Every stage write stores the whole lifecycle, the callbacks' payloads
 // included. Through json.Marshal each payload, a json.RawMessage of several
@@ -21,9 +21,6 @@ import (
 // such a write), compact and valid JSON already, and are copied as they
 // are. TestLifecycleMarshal holds the two encodings to the
 // same decoded lifecycle.
-func (lc *lifecycle) marshal() []byte { return lc.appendJSON(nil) }
-
-// appendJSON appends marshal's encoding of lc to b[:0], growing it to fit.
 func (lc *lifecycle) appendJSON(b []byte) []byte {
 	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Request)) + base64.StdEncoding.EncodedLen(len(lc.Response))
 	for _, st := range []*owedStage{lc.Ran, lc.Final} {
