@@ -42,14 +42,14 @@ func TestRequestBody(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, encoded := range []bool{false, true} {
-				var tools []byte
-				if encoded && params.Tools != nil {
-					if tools, err = json.Marshal(params.Tools); err != nil {
+				var enc *encodedParams
+				if encoded && !wholeParams(&params) {
+					if enc, err = encodeParams(&params); err != nil {
 						t.Fatal(err)
 					}
 				}
 				p := params
-				got, err := requestBody(&p, items, tools)
+				got, err := requestBody(&p, items, enc)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -86,11 +86,14 @@ func BenchmarkRequestBody(b *testing.B) {
 	}}
 	params := openai.ChatCompletionNewParams{Model: Model, Temperature: openai.Float(1), MaxTokens: openai.Int(4096),
 		Tools: []openai.ChatCompletionToolUnionParam{tool.param()}}
-	tools, _ := json.Marshal(params.Tools)
+	enc, err := encodeParams(&params)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Run("requestBody", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := requestBody(&params, items, tools); err != nil {
+			if _, err := requestBody(&params, items, enc); err != nil {
 				b.Fatal(err)
 			}
 		}

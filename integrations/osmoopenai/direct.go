@@ -70,10 +70,10 @@ func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 	return &direct{client: client, url: strings.TrimRight(ep.BaseURL, "/") + "/chat/completions", header: fields}
 }
 
-// complete posts params with items as its messages; tools, when not nil,
-// is params.Tools encoded (see requestBody).
-func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, tools []byte) (*openai.ChatCompletion, error) {
-	body, err := requestBody(params, items, tools)
+// complete posts params with items as its messages; enc, when not nil,
+// is params encoded (see encodeParams).
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams) (*openai.ChatCompletion, error) {
+	body, err := requestBody(params, items, enc)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
@@ -112,32 +112,26 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 // value (its keys may come in another order).
 //
 // The messages are the session's items, already the JSON objects they
-// encode to, and are copied in as they are; tools, when not nil, is
-// params.Tools as json.Marshal encodes them, which Run encodes once for
-// all its turns. Through openai-go every item of the history was compacted
-// again on every turn, and every tool schema (a map) encoded with its keys
-// sorted: most of the cost of a call in a workflow (docs/performance.md).
-// The other fields are openai-go's encoding. Params with extra fields, or
-// made with param.Override, are encoded whole by openai-go, which is where
-// those mean something.
-func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage, tools []byte) ([]byte, error) {
-	if _, overridden := params.Overrides(); overridden || len(params.ExtraFields()) > 0 {
+// encode to, and are copied in as they are; the rest is enc, or params
+// encoded now when enc is nil (Run encodes them once for all its turns).
+// Through openai-go every item of the history was compacted again on every
+// turn, and every tool schema (a map) encoded with its keys sorted: most of
+// the cost of a call in a workflow (docs/performance.md). Params with extra
+// fields, or made with param.Override, are encoded whole by openai-go,
+// which is where those mean something.
+func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams) ([]byte, error) {
+	if wholeParams(params) {
 		p := *params
 		p.Messages = messageOverrides(items)
 		return json.Marshal(&p)
 	}
-	msgs, offered := params.Messages, params.Tools
-	params.Messages, params.Tools = nil, nil
-	rest, err := json.Marshal(params)
-	params.Messages, params.Tools = msgs, offered
-	if err != nil {
-		return nil, err
-	}
-	if tools == nil && offered != nil {
-		if tools, err = json.Marshal(offered); err != nil {
+	if enc == nil {
+		var err error
+		if enc, err = encodeParams(params); err != nil {
 			return nil, err
 		}
 	}
+	rest, tools := enc.rest, enc.tools
 	n := len(rest) + len(tools) + 32
 	for _, it := range items {
 		n += len(it) + 1
@@ -163,6 +157,62 @@ func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage
 		b = append(b, '}')
 	}
 	return b, nil
+}
+
+// wholeParams says params are encoded whole by openai-go: made with
+// param.Override, or with extra fields.
+func wholeParams(params *openai.ChatCompletionNewParams) bool {
+	_, overridden := params.Overrides()
+	return overridden || len(params.ExtraFields()) > 0
+}
+
+// encodedParams are params as they go on the wire, but for their messages.
+type encodedParams struct {
+	// tools is params.Tools as json.Marshal encodes them, nil when params
+	// have none.
+	tools []byte
+	// rest is the other fields (messages and tools left out), an object.
+	rest []byte
+}
+
+// encodeParams encodes params but for their messages, for requestBody.
+//
+// It encodes on a goroutine of its own. openai-go's encoder passes a
+// ChatCompletionNewParams (1.2 KiB) by value at each level and needs about
+// 10 KiB of stack for it: on the caller's goroutine, a rollout's, deep in
+// its workflow, it would double that goroutine's stack to 32 KiB, which
+// the rollout then holds for as long as it waits for the policy
+// (docs/performance.md: 16 KiB more per rollout in flight).
+func encodeParams(params *openai.ChatCompletionNewParams) (*encodedParams, error) {
+	type result struct {
+		enc *encodedParams
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		enc, err := encodeParamsHere(params)
+		done <- result{enc, err}
+	}()
+	r := <-done
+	return r.enc, r.err
+}
+
+func encodeParamsHere(params *openai.ChatCompletionNewParams) (*encodedParams, error) {
+	enc := &encodedParams{}
+	msgs, offered := params.Messages, params.Tools
+	params.Messages, params.Tools = nil, nil
+	rest, err := json.Marshal(params)
+	params.Messages, params.Tools = msgs, offered
+	if err != nil {
+		return nil, err
+	}
+	enc.rest = rest
+	if offered != nil {
+		if enc.tools, err = json.Marshal(offered); err != nil {
+			return nil, err
+		}
+	}
+	return enc, nil
 }
 
 // messageOverrides are items as message params that encode to exactly

@@ -77,37 +77,19 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	if maxTurns <= 0 {
 		maxTurns = DefaultMaxTurns
 	}
-	byName := make(map[string]Tool, len(tools))
-	offered := slices.Clip(params.Tools)
-	for i, t := range tools {
-		if _, err := osmo.ValidateTool(t.Schema()); err != nil {
-			return nil, fmt.Errorf("osmoopenai.Run: tools[%d]: %w", i, err)
-		}
-		if t.Call == nil {
-			return nil, fmt.Errorf("osmoopenai.Run: tools[%d] %q: Call is nil", i, t.Name)
-		}
-		if _, dup := byName[t.Name]; dup {
-			return nil, fmt.Errorf("osmoopenai.Run: tools[%d]: tool %q is declared twice", i, t.Name)
-		}
-		byName[t.Name] = t
-		offered = append(offered, t.param())
+	exec, enc, err := offer(&params, tools)
+	if err != nil {
+		return nil, err
 	}
-	params.Tools = offered
-	// Encoded once: the same tools go with every turn.
-	var encodedTools []byte
-	if offered != nil {
-		var err error
-		if encodedTools, err = json.Marshal(offered); err != nil {
-			return nil, fmt.Errorf("osmoopenai.Run: encode tools: %w", err)
-		}
-	}
-	exec := executor(byName)
 	// Everything the loop does is the session's sample: its spans (tool
 	// calls included) carry osmo.sample.id when tracing.
 	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
 
+	// The loop's frame stays small (what each turn does besides the call
+	// is in functions of their own): a rollout in flight parks its
+	// goroutine in the call, above it (see Session.complete).
 	for turn := 1; ; turn++ {
-		resp, err := s.complete(ctx, &params, encodedTools)
+		resp, err := s.complete(ctx, &params, enc)
 		if err != nil {
 			return nil, fmt.Errorf("osmoopenai.Run: turn %d: %w", turn, err)
 		}
@@ -121,24 +103,61 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 			s.log.DebugContext(ctx, "osmoopenai: turn budget reached with tool calls pending", "max_turns", maxTurns, "tool_calls", len(calls))
 			return resp, nil
 		}
-		results := osmo.ExecuteToolCalls(ctx, toolCalls(calls), exec)
-		msgs := make([]openai.ChatCompletionMessageParamUnion, len(results))
-		failed := 0
-		for i, r := range results {
-			content, _ := r["content"].(string)
-			id, _ := r["tool_call_id"].(string)
-			if strings.HasPrefix(content, "Error: ") {
-				failed++
-			}
-			msgs[i] = openai.ToolMessage(content, id)
-		}
-		s.AddItems(msgs...)
-		s.log.DebugContext(ctx, "osmoopenai: tools executed", "turn", turn, "tool_calls", len(calls), "failed", failed)
-		s.rollout.LogEvent("osmoopenai_tools", map[string]any{"sample_id": s.id, "turn": turn, "tool_calls": len(calls), "failed": failed})
+		s.runTools(ctx, calls, exec, turn)
 	}
 }
 
-// toolCalls converts the reply's tool calls for osmo.ExecuteToolCalls.
+// offer checks tools and adds them to params.Tools, after any there; it
+// returns their executor and params encoded (nil for params encoded whole
+// on every call), once for every turn.
+func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecutor, *encodedParams, error) {
+	byName := make(map[string]Tool, len(tools))
+	offered := slices.Clip(params.Tools)
+	for i, t := range tools {
+		if _, err := osmo.ValidateTool(t.Schema()); err != nil {
+			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d]: %w", i, err)
+		}
+		if t.Call == nil {
+			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d] %q: Call is nil", i, t.Name)
+		}
+		if _, dup := byName[t.Name]; dup {
+			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d]: tool %q is declared twice", i, t.Name)
+		}
+		byName[t.Name] = t
+		offered = append(offered, t.param())
+	}
+	params.Tools = offered
+	if params.Model == "" {
+		params.Model = Model
+	}
+	var enc *encodedParams
+	if !wholeParams(params) {
+		var err error
+		if enc, err = encodeParams(params); err != nil {
+			return nil, nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
+		}
+	}
+	return executor(byName), enc, nil
+}
+
+// runTools runs a reply's tool calls and appends their tool messages.
+func (s *Session) runTools(ctx context.Context, calls []openai.ChatCompletionMessageToolCallUnion, exec osmo.ToolExecutor, turn int) {
+	results := osmo.ExecuteToolCalls(ctx, toolCalls(calls), exec)
+	msgs := make([]openai.ChatCompletionMessageParamUnion, len(results))
+	failed := 0
+	for i, r := range results {
+		content, _ := r["content"].(string)
+		id, _ := r["tool_call_id"].(string)
+		if strings.HasPrefix(content, "Error: ") {
+			failed++
+		}
+		msgs[i] = openai.ToolMessage(content, id)
+	}
+	s.AddItems(msgs...)
+	s.log.DebugContext(ctx, "osmoopenai: tools executed", "turn", turn, "tool_calls", len(calls), "failed", failed)
+	s.rollout.LogEvent("osmoopenai_tools", map[string]any{"sample_id": s.id, "turn": turn, "tool_calls": len(calls), "failed": failed})
+}
+
 func toolCalls(calls []openai.ChatCompletionMessageToolCallUnion) []osmo.ToolCall {
 	out := make([]osmo.ToolCall, len(calls))
 	for i, c := range calls {

@@ -183,9 +183,15 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 // complete is Complete on params, which it changes (Messages and Model).
 // The params, over a kilobyte, are passed by reference: Run's turns and
 // the direct path copy them no more (openai-go's New takes its own copy).
-// tools, when not nil, is params.Tools encoded, as Run encodes them once
-// for all its turns.
-func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, tools []byte) (*openai.ChatCompletion, error) {
+// enc, when not nil, is params encoded (encodeParams), as Run encodes them
+// once for all its turns.
+//
+// Its frame is below every frame of the call (the in-process proxy's
+// included), and a rollout in flight parks its goroutine inside that call:
+// what the call does not need (the path through openai-go, the reply's
+// bookkeeping) is in functions of their own, so that the goroutine of a
+// rollout in flight fits a 16 KiB stack instead of 32 (docs/performance.md).
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, enc *encodedParams) (*openai.ChatCompletion, error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 	}
@@ -200,10 +206,9 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	start := time.Now()
 	var resp *openai.ChatCompletion
 	if s.direct != nil {
-		resp, err = s.direct.complete(ctx, params, items, tools)
+		resp, err = s.direct.complete(ctx, params, items, enc)
 	} else {
-		params.Messages = messageOverrides(items)
-		resp, err = s.chat.New(ctx, *params)
+		resp, err = s.viaClient(ctx, params, items)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
@@ -211,17 +216,28 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	if len(resp.Choices) == 0 {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
 	}
+	s.replied(ctx, resp, params.Model, len(items), time.Since(start))
+	return resp, nil
+}
+
+// viaClient sends params with items as its messages through openai-go.
+func (s *Session) viaClient(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage) (*openai.ChatCompletion, error) {
+	p := *params
+	p.Messages = messageOverrides(items)
+	return s.chat.New(ctx, p)
+}
+
+// replied appends the reply of a call that sent n items, and logs it.
+func (s *Session) replied(ctx context.Context, resp *openai.ChatCompletion, model string, n int, latency time.Duration) {
 	choice := &resp.Choices[0]
 	s.AddItems(replyParam(&choice.Message))
-	latency := time.Since(start)
 	s.log.DebugContext(ctx, "osmoopenai: chat completion",
-		"model", params.Model, "messages", len(items), "finish_reason", choice.FinishReason,
+		"model", model, "messages", n, "finish_reason", choice.FinishReason,
 		"tool_calls", len(choice.Message.ToolCalls), "latency", latency)
 	s.rollout.LogEvent("osmoopenai_completion", map[string]any{
-		"sample_id": s.id, "messages": len(items), "finish_reason": choice.FinishReason,
+		"sample_id": s.id, "messages": n, "finish_reason": choice.FinishReason,
 		"tool_calls": len(choice.Message.ToolCalls), "latency_ms": float64(latency) / float64(time.Millisecond),
 	})
-	return resp, nil
 }
 
 // requestItems are the items to send: the recorded JSON objects as they

@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/param"
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
@@ -134,18 +135,28 @@ func (w Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) err
 		session.AddItems(openai.SystemMessage(cfg.Instructions))
 	}
 	session.AddItems(prompt...)
-	params := openai.ChatCompletionNewParams{Temperature: openai.Float(cfg.Temperature)}
-	if cfg.MaxTokens > 0 {
-		params.MaxTokens = openai.Int(int64(cfg.MaxTokens))
-	}
 	tools := w.tools
 	if tools == nil {
 		tools = []osmoopenai.Tool{Tool()}
 	}
-	if _, err := osmoopenai.Run(ctx, session, params, tools, cfg.MaxTurns); err != nil {
+	// The params are built in the call: a variable of them would be a
+	// second copy (over a kilobyte) in this frame, which the rollout's
+	// goroutine holds while it waits for the policy.
+	if _, err := osmoopenai.Run(ctx, session, openai.ChatCompletionNewParams{
+		Temperature: openai.Float(cfg.Temperature),
+		MaxTokens:   maxTokens(cfg.MaxTokens),
+	}, tools, cfg.MaxTurns); err != nil {
 		return fmt.Errorf("multiply: %w", err)
 	}
 	return nil
+}
+
+// maxTokens is the max_tokens param of n, omitted when n is not positive.
+func maxTokens(n int) param.Opt[int64] {
+	if n <= 0 {
+		return param.Opt[int64]{}
+	}
+	return openai.Int(int64(n))
 }
 
 // Tool is the multiply tool: two integers a and b, answered with their

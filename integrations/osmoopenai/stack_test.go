@@ -1,0 +1,86 @@
+package osmoopenai
+
+import (
+	"context"
+	"encoding/json"
+	"runtime"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+)
+
+// deep calls f under about n KiB of frames, as a call deep in a workflow
+// is (a rollout's goroutine waits for the policy about 10 KiB down).
+//
+//go:noinline
+func deep(n int, f func()) byte {
+	var frame [1000]byte
+	if n <= 0 {
+		f()
+		return frame[0]
+	}
+	frame[n%len(frame)] = byte(n)
+	return deep(n-1, f) + frame[(n+1)%len(frame)]
+}
+
+// stackPerGoroutine is the goroutine stack each of many goroutines holds
+// once it ran f under about depth KiB of frames and waits.
+func stackPerGoroutine(depth int, f func()) uint64 {
+	const n = 200
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.StackInuse
+	wait, ran := make(chan struct{}), make(chan struct{}, n)
+	for range n {
+		go func() {
+			deep(depth, f)
+			ran <- struct{}{}
+			<-wait
+		}()
+	}
+	for range n {
+		<-ran
+	}
+	runtime.ReadMemStats(&ms)
+	close(wait)
+	return (ms.StackInuse - before) / n
+}
+
+// TestRequestBodyKeepsTheCallersStack: encoding params (openai-go's
+// encoder needs about 10 KiB of stack) does not grow the stack of the
+// goroutine that asks, 10 KiB down, past 16 KiB: a rollout's goroutine
+// holds whatever it grew to for as long as it waits for the policy.
+func TestRequestBodyKeepsTheCallersStack(t *testing.T) {
+	params := openai.ChatCompletionNewParams{Model: "m", Temperature: openai.Float(0.5), MaxTokens: openai.Int(100)}
+	tool := Tool{Name: "multiply", Description: "Multiply two integers.", Parameters: map[string]any{
+		"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}, "b": map[string]any{"type": "integer"}},
+		"required": []any{"a", "b"}, "additionalProperties": false,
+	}, Call: func(context.Context, json.RawMessage) (string, error) { return "42", nil }}
+	items := []json.RawMessage{json.RawMessage(`{"role":"user","content":"What is 6 times 7?"}`)}
+	body := func() {
+		p := params
+		_, enc, err := offer(&p, []Tool{tool})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := requestBody(&p, items, enc); err != nil {
+			t.Error(err)
+		}
+		if _, err := requestBody(&p, items, nil); err != nil {
+			t.Error(err)
+		}
+	}
+	inline := func() {
+		p := params
+		if _, err := json.Marshal(&p); err != nil {
+			t.Error(err)
+		}
+	}
+	got := stackPerGoroutine(10, body)
+	t.Logf("stack per goroutine: %d KiB (openai-go's encoder run inline instead: %d KiB)", got>>10, stackPerGoroutine(10, inline)>>10)
+	if got > 24<<10 {
+		t.Errorf("a goroutine that had a request body encoded 10 KiB down holds %d KiB of stack, want 16", got>>10)
+	}
+}
