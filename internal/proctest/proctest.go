@@ -47,7 +47,7 @@ func Start(t testing.TB, c Cmd) *Proc {
 	t.Helper()
 	p := &Proc{Name: c.Name, done: make(chan struct{})}
 	p.cmd = exec.Command(c.Bin, c.Args...)
-	p.cmd.Env = c.Env
+	p.cmd.Env = withTempDir(t, c.Env)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
@@ -61,6 +61,21 @@ func Start(t testing.TB, c Cmd) *Proc {
 		}
 	})
 	return p
+}
+
+// withTempDir is env (the test's own when nil) with a TMPDIR of the
+// test's, unless env sets one: what a process leaves there (an embedded
+// NATS server's directory, say, when the test kills it) goes with the test.
+func withTempDir(t testing.TB, env []string) []string {
+	if env == nil {
+		env = os.Environ()
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "TMPDIR=") {
+			return env
+		}
+	}
+	return append(env[:len(env):len(env)], "TMPDIR="+t.TempDir())
 }
 
 // Write collects the process's stdout and stderr.

@@ -236,13 +236,19 @@ func (h *harness) bench(base string) *bench {
 	return &bench{ctl: h.ctl, base: base, policy: h.policy.URL + "/v1"}
 }
 
+// serveGrace is how long a measured osmo serve has to stop before it is
+// killed.
+const serveGrace = 10 * time.Second
+
 // measureServe measures `osmo serve`, and stops it.
 func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) {
 	srv, base, err := startServe(ctx, cfg, cfg.Serve)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop(0)
+	// A grace to end by itself: killed, it would leave its embedded NATS
+	// server's directory behind.
+	defer srv.stop(serveGrace)
 
 	b := h.bench(base)
 	rep := &Report{Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
@@ -340,7 +346,7 @@ func startServe(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd)
 	}
 	base = "http://" + addr
 	if err := srv.waitHTTP(ctx, base+"/health"); err != nil {
-		srv.stop(0)
+		srv.stop(serveGrace)
 		return nil, "", fmt.Errorf("rolloutbench: %w", err)
 	}
 	return srv, base, nil

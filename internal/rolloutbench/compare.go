@@ -79,7 +79,7 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if err != nil {
 		return r, err
 	}
-	defer srv.stop(5 * time.Second)
+	defer srv.stop(serveGrace)
 	b := h.bench(base)
 	if _, err := b.timed(ctx, prefix+"-warm", cfg.Concurrency, cfg.Concurrency); err != nil {
 		return r, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
