@@ -158,6 +158,7 @@ func (s *Session) runTools(ctx context.Context, calls []openai.ChatCompletionMes
 	s.rollout.LogEvent("osmoopenai_tools", map[string]any{"sample_id": s.id, "turn": turn, "tool_calls": len(calls), "failed": failed})
 }
 
+// toolCalls converts the reply's tool calls for osmo.ExecuteToolCalls.
 func toolCalls(calls []openai.ChatCompletionMessageToolCallUnion) []osmo.ToolCall {
 	out := make([]osmo.ToolCall, len(calls))
 	for i, c := range calls {

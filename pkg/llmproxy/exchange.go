@@ -48,6 +48,7 @@ type exchange struct {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sampleID, idSource string) {
 	// Exchanges are pooled: nothing outlives the handler but the Call,
 	// which is allocated afresh for the Recorder to keep.
+	//
 	// A pooled exchange is zero. Its fields are set one by one: a whole
 	// exchange written at once is built in this frame first (over a
 	// kilobyte), and a rollout in flight parks its goroutine above this
