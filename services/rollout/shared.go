@@ -217,13 +217,6 @@ type shared struct {
 	// known holds the last lifecycles this replica read or wrote, so that
 	// a stage change of a rollout it runs writes without reading first.
 	known known
-	// writing serializes this replica's writes of one lifecycle: the
-	// conclusion and the sender of a rollout's first callbacks write it
-	// at about the same time, and two compare-and-sets racing on one
-	// revision cost the loser a rejected write (the whole lifecycle, its
-	// callbacks' payloads included), a read and a second write. Taking
-	// turns, the second finds the first's write in known and writes once.
-	writing keyLocks
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
 	// buffers are lifecycle encodings' buffers kept between writes: each
@@ -320,56 +313,6 @@ func (k *known) drop(id string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.m, id)
-}
-
-// keyLocks are locks by key, each made while it is held or waited for.
-type keyLocks struct {
-	mu sync.Mutex
-	m  map[string]*keyLock
-}
-
-type keyLock struct {
-	turn    chan struct{} // holds a token while the key is locked
-	waiting int           // holders and waiters
-}
-
-// lock takes key's lock, unless ctx ends first (then it reports false).
-func (l *keyLocks) lock(ctx context.Context, key string) bool {
-	l.mu.Lock()
-	if l.m == nil {
-		l.m = map[string]*keyLock{}
-	}
-	k := l.m[key]
-	if k == nil {
-		k = &keyLock{turn: make(chan struct{}, 1)}
-		l.m[key] = k
-	}
-	k.waiting++
-	l.mu.Unlock()
-	select {
-	case k.turn <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		l.release(key, k)
-		return false
-	}
-}
-
-// unlock lets go of key's lock, taken by lock.
-func (l *keyLocks) unlock(key string) {
-	l.mu.Lock()
-	k := l.m[key]
-	l.mu.Unlock()
-	<-k.turn
-	l.release(key, k)
-}
-
-func (l *keyLocks) release(key string, k *keyLock) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if k.waiting--; k.waiting == 0 {
-		delete(l.m, key)
-	}
 }
 
 // maxAckPending bounds the rollouts held by all replicas together: far
@@ -583,10 +526,6 @@ var errUnchanged = errors.New("unchanged")
 // another replica wrote since) the lifecycle is read and changed afresh, so
 // change may run twice and must not keep what an earlier run decided.
 func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
-	if !sh.writing.lock(ctx, id) {
-		return nil, context.Cause(ctx)
-	}
-	defer sh.writing.unlock(id)
 	if k, ok := sh.known.get(id); ok {
 		if lc := k.lc.clone(); change(lc) == nil {
 			err := sh.put(ctx, lc, k.rev)
