@@ -43,7 +43,7 @@ func TestRequestBody(t *testing.T) {
 			}
 			for _, encoded := range []bool{false, true} {
 				var enc *encodedParams
-				if encoded && !wholeParams(&params) {
+				if encoded && plain(&params) {
 					if enc, err = encodeParams(&params); err != nil {
 						t.Fatal(err)
 					}

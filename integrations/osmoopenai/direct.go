@@ -120,7 +120,7 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 // fields, or made with param.Override, are encoded whole by openai-go,
 // which is where those mean something.
 func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams) ([]byte, error) {
-	if wholeParams(params) {
+	if !plain(params) {
 		p := *params
 		p.Messages = messageOverrides(items)
 		return json.Marshal(&p)
@@ -157,13 +157,6 @@ func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage
 		b = append(b, '}')
 	}
 	return b, nil
-}
-
-// wholeParams says params are encoded whole by openai-go: made with
-// param.Override, or with extra fields.
-func wholeParams(params *openai.ChatCompletionNewParams) bool {
-	_, overridden := params.Overrides()
-	return overridden || len(params.ExtraFields()) > 0
 }
 
 // encodedParams are params as they go on the wire, but for their messages.

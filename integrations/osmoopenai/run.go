@@ -131,7 +131,7 @@ func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecu
 		params.Model = Model
 	}
 	var enc *encodedParams
-	if !wholeParams(params) {
+	if plain(params) {
 		var err error
 		if enc, err = encodeParams(params); err != nil {
 			return nil, nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
