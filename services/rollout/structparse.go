@@ -44,8 +44,7 @@ type structParser struct {
 }
 
 func (p *structParser) document() (*structpb.Struct, bool) {
-	p.space()
-	if p.i >= len(p.data) || p.data[p.i] != '{' {
+	if !p.at('{') {
 		return nil, false
 	}
 	s, ok := p.object()
@@ -54,6 +53,12 @@ func (p *structParser) document() (*structpb.Struct, bool) {
 	}
 	p.space()
 	return s, p.i == len(p.data)
+}
+
+// at skips space and reports whether the next byte is c.
+func (p *structParser) at(c byte) bool {
+	p.space()
+	return p.i < len(p.data) && p.data[p.i] == c
 }
 
 func (p *structParser) space() {
@@ -75,14 +80,12 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 	defer func() { p.depth-- }()
 	p.i++ // '{'
 	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
-	p.space()
-	if p.i < len(p.data) && p.data[p.i] == '}' {
+	if p.at('}') {
 		p.i++
 		return s, true
 	}
 	for {
-		p.space()
-		if p.i >= len(p.data) || p.data[p.i] != '"' {
+		if !p.at('"') {
 			return nil, false
 		}
 		k, ok := p.string()
@@ -92,8 +95,7 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 		if _, dup := s.Fields[k]; dup {
 			return nil, false
 		}
-		p.space()
-		if p.i >= len(p.data) || p.data[p.i] != ':' {
+		if !p.at(':') {
 			return nil, false
 		}
 		p.i++
@@ -168,8 +170,7 @@ func (p *structParser) list() (*structpb.Value, bool) {
 	defer func() { p.depth-- }()
 	p.i++ // '['
 	l := &structpb.ListValue{}
-	p.space()
-	if p.i < len(p.data) && p.data[p.i] == ']' {
+	if p.at(']') {
 		p.i++
 		return structpb.NewListValue(l), true
 	}
