@@ -380,9 +380,10 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
 		return cb, errors.New("body must be a JSON object")
 	}
-	if err := json.Unmarshal(body, &cb); err != nil {
-		return cb, fmt.Errorf("body does not decode: %v", err)
-	}
+	// The body is scanned once: each field is decoded from its own bytes.
+	// Keys match exactly (as the SDK's models read them), not in any case
+	// as a struct decoded whole would.
+	_ = json.Unmarshal(fields["rollout_id"], &cb.RolloutID) // for logs, before anything is refused
 	required := []string{"status", "rollout_id", "err_message", "err_category"}
 	if kind == kindGrader {
 		required = append(required, "samples")
@@ -390,6 +391,14 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 	for _, k := range required {
 		if _, ok := fields[k]; !ok {
 			return cb, fmt.Errorf("%s: missing (send null for no value)", k)
+		}
+	}
+	for _, f := range []struct {
+		key string
+		to  any
+	}{{"status", &cb.Status}, {"rollout_id", &cb.RolloutID}, {"err_message", &cb.ErrMessage}, {"err_category", &cb.ErrCategory}} {
+		if err := json.Unmarshal(fields[f.key], f.to); err != nil {
+			return cb, fmt.Errorf("%s: does not decode: %v", f.key, err)
 		}
 	}
 	if cb.RolloutID == "" && (cb.Status != "failure" || cb.ErrCategory == nil || *cb.ErrCategory != "validation_error") {
@@ -430,13 +439,17 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 	if err := json.Unmarshal(fields["samples"], &samples); err != nil {
 		return cb, fmt.Errorf("samples: must be an object of sample objects: %v", err)
 	}
+	cb.Samples = make(map[string]G2Sample, len(samples))
 	for id, raw := range samples {
 		for _, k := range [...]string{"id", "messages", "label", "reward", "remove_sample", "metrics", "extra_fields"} {
 			if _, ok := raw[k]; !ok {
 				return cb, fmt.Errorf("samples[%q].%s: missing", id, k)
 			}
 		}
-		s := cb.Samples[id]
+		s, err := parseSample(raw)
+		if err != nil {
+			return cb, fmt.Errorf("samples[%q].%w", id, err)
+		}
 		if s.ID != id {
 			return cb, fmt.Errorf("samples[%q].id: %q does not match its key", id, s.ID)
 		}
@@ -446,8 +459,29 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 		if s.Reward != nil && cb.Status != "success" {
 			return cb, fmt.Errorf("samples[%q].reward: must be null when the rollout did not succeed", id)
 		}
+		cb.Samples[id] = s
 	}
 	return cb, nil
+}
+
+// parseSample decodes a grader callback's sample from its fields.
+func parseSample(raw map[string]json.RawMessage) (G2Sample, error) {
+	var s G2Sample
+	for _, f := range []struct {
+		key string
+		to  any
+	}{
+		{"id", &s.ID}, {"messages", &s.Messages}, {"label", &s.Label}, {"reward", &s.Reward},
+		{"remove_sample", &s.RemoveSample}, {"metrics", &s.Metrics}, {"extra_fields", &s.ExtraFields},
+		{"llm_calls", &s.LLMCalls},
+	} {
+		if v, ok := raw[f.key]; ok {
+			if err := json.Unmarshal(v, f.to); err != nil {
+				return s, fmt.Errorf("%s: does not decode: %v", f.key, err)
+			}
+		}
+	}
+	return s, nil
 }
 
 // WaitCompletion blocks until a completion callback for rolloutID arrived
