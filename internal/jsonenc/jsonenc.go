@@ -1,10 +1,14 @@
 // Package jsonenc holds what osmo's hand-written JSON encoders share with
-// encoding/json: the quoting of a string, byte for byte as Marshal writes
-// it, so that a body written field by field is the one Marshal would have
-// written.
+// encoding/json: the quoting of a string and the form of a number, byte for
+// byte as Marshal writes them, so that a body written field by field is the
+// one Marshal would have written.
 package jsonenc
 
-import "unicode/utf8"
+import (
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
 
 const hexDigits = "0123456789abcdef"
 
@@ -62,4 +66,24 @@ func AppendString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// AppendFloat appends f as encoding/json's Marshal writes a float64:
+// decimal, unless its magnitude is below 1e-6 or from 1e21 up, then with
+// an exponent of at least one digit (1e-7, not 1e-07). f must be finite:
+// Marshal refuses NaN and the infinities, and each caller says what it
+// writes for them.
+func AppendFloat(b []byte, f float64) []byte {
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
 }

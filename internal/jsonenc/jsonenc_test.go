@@ -3,6 +3,7 @@ package jsonenc_test
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/osmo-rl/osmo/internal/jsonenc"
@@ -47,6 +48,47 @@ func FuzzAppendString(f *testing.F) {
 		}
 		if got := jsonenc.AppendString(nil, s); !bytes.Equal(got, want) {
 			t.Errorf("AppendString(%q) = %s, want %s", s, got, want)
+		}
+	})
+}
+
+// floatsToFormat covers both forms and their edges: zero and its sign,
+// integers, fractions, and magnitudes either side of 1e-6 and 1e21.
+var floatsToFormat = []float64{
+	0, math.Copysign(0, -1), 1, -1, 42, 0.5, 1.0 / 3, 4096, 1e20, 1e21, 123456789e13, 1e-6, 9.99e-7,
+	1e-7, -2.5e-9, 1.5e300, math.MaxFloat64, math.SmallestNonzeroFloat64, 5e-324, 100e-9,
+}
+
+// TestAppendFloatIsMarshal: byte for byte what encoding/json writes for a
+// float64, appended after what b held.
+func TestAppendFloatIsMarshal(t *testing.T) {
+	for _, f := range floatsToFormat {
+		want, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := jsonenc.AppendFloat([]byte("x"), f); !bytes.Equal(got, append([]byte("x"), want...)) {
+			t.Errorf("AppendFloat(%v) = %s, want %s", f, got[1:], want)
+		}
+	}
+}
+
+// FuzzAppendFloat: any finite float64 is written as encoding/json writes
+// it.
+func FuzzAppendFloat(f *testing.F) {
+	for _, v := range floatsToFormat {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, v float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+		want, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := jsonenc.AppendFloat(nil, v); !bytes.Equal(got, want) {
+			t.Errorf("AppendFloat(%v) = %s, want %s", v, got, want)
 		}
 	})
 }

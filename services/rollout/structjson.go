@@ -76,23 +76,11 @@ func appendValue(b []byte, v *structpb.Value) []byte {
 	}
 }
 
-// appendNumber formats f as encoding/json formats a float64: decimal
-// unless the exponent is very small or large.
+// appendNumber formats f as encoding/json formats a float64, and NaN and
+// the infinities, which JSON has no form for, as null.
 func appendNumber(b []byte, f float64) []byte {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return append(b, "null"...)
 	}
-	format := byte('f')
-	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
-		format = 'e'
-	}
-	b = strconv.AppendFloat(b, f, format, -1, 64)
-	if format == 'e' {
-		// 1e-07 as 1e-7.
-		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
-		}
-	}
-	return b
+	return jsonenc.AppendFloat(b, f)
 }
