@@ -126,9 +126,11 @@ func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage
 		return json.Marshal(&p)
 	}
 	if enc == nil {
-		var err error
-		if enc, err = encodeParams(params); err != nil {
-			return nil, err
+		if enc = writeParams(params, nil); enc == nil {
+			var err error
+			if enc, err = encodeParams(params); err != nil {
+				return nil, err
+			}
 		}
 	}
 	rest, tools := enc.rest, enc.tools
@@ -168,7 +170,8 @@ type encodedParams struct {
 	rest []byte
 }
 
-// encodeParams encodes params but for their messages, for requestBody.
+// encodeParams encodes params but for their messages, for requestBody,
+// through openai-go: the params writeParams does not write.
 //
 // It encodes on a goroutine of its own. openai-go's encoder passes a
 // ChatCompletionNewParams (1.2 KiB) by value at each level and needs about

@@ -132,9 +132,11 @@ func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecu
 	}
 	var enc *encodedParams
 	if plain(params) {
-		var err error
-		if enc, err = encodeParams(params); err != nil {
-			return nil, nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
+		if enc = writeParams(params, tools); enc == nil {
+			var err error
+			if enc, err = encodeParams(params); err != nil {
+				return nil, nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
+			}
 		}
 	}
 	return executor(byName), enc, nil
