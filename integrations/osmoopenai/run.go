@@ -185,10 +185,14 @@ func executor(tools map[string]Tool) osmo.ToolExecutor {
 		if !ok {
 			return osmo.ToolErrorResult(tc.ID, fmt.Sprintf("unknown tool %q: call one of the functions offered (%s)", tc.Function.Name, strings.Join(names, ", ")))
 		}
-		if _, _, _, err := osmo.GetToolCallInfo(tc); err != nil {
-			return osmo.ToolErrorResult(tc.ID, err.Error())
-		}
 		args := json.RawMessage(tc.Function.Arguments)
+		if !isObject(args) {
+			// GetToolCallInfo says what is wrong with them, as any
+			// executor would.
+			if _, _, _, err := osmo.GetToolCallInfo(tc); err != nil {
+				return osmo.ToolErrorResult(tc.ID, err.Error())
+			}
+		}
 		if len(args) == 0 {
 			args = json.RawMessage(`{}`)
 		}
@@ -198,4 +202,14 @@ func executor(tools map[string]Tool) osmo.ToolExecutor {
 		}
 		return osmo.ToolResult(tc.ID, out)
 	}
+}
+
+// isObject reports whether args are a JSON object, without decoding them:
+// the arguments GetToolCallInfo accepts but for none at all.
+func isObject(args []byte) bool {
+	i := 0
+	for i < len(args) && (args[i] == ' ' || args[i] == '\t' || args[i] == '\n' || args[i] == '\r') {
+		i++
+	}
+	return i < len(args) && args[i] == '{' && json.Valid(args)
 }
