@@ -100,11 +100,44 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); !strings.Contains(mt, "application/json") && !strings.HasSuffix(mt, "+json") {
 		return nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
 	}
-	var out openai.ChatCompletion
-	if err := out.UnmarshalJSON(contents); err != nil {
+	out, err := decodeCompletion(contents)
+	if err != nil {
 		return nil, fmt.Errorf("error parsing response json: %w", err)
 	}
-	return &out, nil
+	return out, nil
+}
+
+// decodeCompletion decodes a reply with openai-go, on a goroutine of its
+// own (see offStack): openai-go's decoder needs over 12 KiB of stack.
+func decodeCompletion(contents []byte) (*openai.ChatCompletion, error) {
+	out := new(openai.ChatCompletion)
+	var err error
+	offStack(func() { err = out.UnmarshalJSON(contents) })
+	return out, err
+}
+
+// offStack runs f on a goroutine of its own and waits for it; a panic in
+// f is raised again in the caller.
+//
+// For the openai-go calls that need a deep stack. A rollout's goroutine
+// runs its workflow and, through the in-process proxy, waits for the
+// policy about 10 KiB down; a call that needs more than the 6 KiB left
+// doubles its stack to 32 KiB, and the runtime does not halve it again
+// while the goroutine uses more than a quarter of it: the rollout would
+// hold the 32 KiB for as long as it waits, 16 KiB more per rollout in
+// flight (docs/performance.md). A goroutine of its own grows and goes.
+func offStack(f func()) {
+	var p any
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { p = recover() }()
+		f()
+	}()
+	<-done
+	if p != nil {
+		panic(p)
+	}
 }
 
 // requestBody is the request JSON of params with items as its messages:
@@ -171,26 +204,13 @@ type encodedParams struct {
 }
 
 // encodeParams encodes params but for their messages, for requestBody,
-// through openai-go: the params writeParams does not write.
-//
-// It encodes on a goroutine of its own. openai-go's encoder passes a
-// ChatCompletionNewParams (1.2 KiB) by value at each level and needs about
-// 10 KiB of stack for it: on the caller's goroutine, a rollout's, deep in
-// its workflow, it would double that goroutine's stack to 32 KiB, which
-// the rollout then holds for as long as it waits for the policy
-// (docs/performance.md: 16 KiB more per rollout in flight).
-func encodeParams(params *openai.ChatCompletionNewParams) (*encodedParams, error) {
-	type result struct {
-		enc *encodedParams
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		enc, err := encodeParamsHere(params)
-		done <- result{enc, err}
-	}()
-	r := <-done
-	return r.enc, r.err
+// through openai-go: the params writeParams does not write. openai-go's
+// encoder passes a ChatCompletionNewParams (1.2 KiB) by value at each
+// level and needs about 10 KiB of stack for it: it runs off the caller's
+// stack (offStack).
+func encodeParams(params *openai.ChatCompletionNewParams) (enc *encodedParams, err error) {
+	offStack(func() { enc, err = encodeParamsHere(params) })
+	return enc, err
 }
 
 func encodeParamsHere(params *openai.ChatCompletionNewParams) (*encodedParams, error) {

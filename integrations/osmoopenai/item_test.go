@@ -3,6 +3,7 @@ package osmoopenai
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -140,4 +141,45 @@ func BenchmarkEncodeItem(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestReplyParamIsToParam holds replyParam to what openai-go's ToParam
+// makes of a reply's message (an explicit empty content added where it
+// has nothing else), for messages of every part ToParam carries.
+func TestReplyParamIsToParam(t *testing.T) {
+	messages := []string{
+		`{"role":"assistant","content":"6 × 7 = 42"}`,
+		`{"role":"assistant","content":null}`,
+		`{"role":"assistant","content":""}`,
+		`{"role":"assistant","content":null,"refusal":"I can't help with that."}`,
+		`{"role":"assistant","content":"calling","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":6,\"b\":7}"}},{"id":"c2","type":"function","function":{"name":"multiply","arguments":""}}]}`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c3","type":"custom","custom":{"name":"grep","input":"x <y> & z"}}]}`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c4","type":"retrieval","retrieval":{}},{"id":"c5","function":{"name":"f","arguments":"{}"}}]}`,
+		`{"role":"assistant","content":null,"function_call":{"name":"legacy","arguments":"{\"q\":1}"}}`,
+		`{"role":"assistant","content":"spoken","audio":{"id":"audio_1","data":"AAAA","expires_at":1,"transcript":"spoken"}}`,
+		`{"role":"assistant","content":"cited","annotations":[{"type":"url_citation","url_citation":{"end_index":1,"start_index":0,"title":"t","url":"https://example.com"}}],"extra":{"k":[1,2]}}`,
+		`{"content":"no role","tool_calls":[]}`,
+	}
+	for _, raw := range messages {
+		var m openai.ChatCompletionMessage
+		if err := m.UnmarshalJSON([]byte(raw)); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		want := m.ToParam()
+		if a := want.OfAssistant; !a.Content.OfString.Valid() && len(a.Content.OfArrayOfContentParts) == 0 &&
+			len(a.ToolCalls) == 0 && a.FunctionCall.Name == "" && !a.Refusal.Valid() {
+			a.Content.OfString = openai.String("")
+		}
+		got := replyParam(&m)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", raw, *got.OfAssistant, *want.OfAssistant)
+		}
+		gotItem, err := encodeItem(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wantItem, _ := encodeItem(want); !bytes.Equal(gotItem, wantItem) {
+			t.Errorf("%s: item %s, want %s", raw, gotItem, wantItem)
+		}
+	}
 }

@@ -255,17 +255,45 @@ func (s *Session) requestItems() ([]json.RawMessage, error) {
 	return s.items[:len(s.items):len(s.items)], nil
 }
 
-// replyParam is the assistant message param of a reply. A reply with
-// neither text nor calls keeps an explicit empty content: an assistant
-// message without content or tool calls is not a valid request message.
+// replyParam is the assistant message param of a reply: what m.ToParam()
+// makes of it (TestReplyParamIsToParam), built from m in place. A reply
+// with neither text nor calls keeps an explicit empty content: an
+// assistant message without content or tool calls is not a valid request
+// message.
+//
+// ToParam passes the message (over a kilobyte with its JSON metadata) by
+// value through three calls and decodes every tool call again from its
+// raw JSON: it grew a rollout's goroutine to 32 KiB of stack, which the
+// rollout then held while it waited for the policy's next answer.
 func replyParam(m *openai.ChatCompletionMessage) openai.ChatCompletionMessageParamUnion {
-	p := m.ToParam()
-	a := p.OfAssistant
+	a := &openai.ChatCompletionAssistantMessageParam{Role: m.Role}
+	if m.Content != "" {
+		a.Content.OfString = openai.String(m.Content)
+	}
+	if m.Refusal != "" {
+		a.Refusal = openai.String(m.Refusal)
+	}
+	a.Audio.ID = m.Audio.ID
+	a.FunctionCall.Arguments, a.FunctionCall.Name = m.FunctionCall.Arguments, m.FunctionCall.Name
+	for i := range m.ToolCalls {
+		// ToParam's variants: a call of another type is an empty union.
+		tc := &m.ToolCalls[i]
+		var u openai.ChatCompletionMessageToolCallUnionParam
+		switch tc.Type {
+		case "function":
+			u.OfFunction = &openai.ChatCompletionMessageFunctionToolCallParam{ID: tc.ID,
+				Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Arguments: tc.Function.Arguments, Name: tc.Function.Name}}
+		case "custom":
+			u.OfCustom = &openai.ChatCompletionMessageCustomToolCallParam{ID: tc.ID,
+				Custom: openai.ChatCompletionMessageCustomToolCallCustomParam{Input: tc.Custom.Input, Name: tc.Custom.Name}}
+		}
+		a.ToolCalls = append(a.ToolCalls, u)
+	}
 	if !a.Content.OfString.Valid() && len(a.Content.OfArrayOfContentParts) == 0 &&
 		len(a.ToolCalls) == 0 && a.FunctionCall.Name == "" && !a.Refusal.Valid() {
 		a.Content.OfString = openai.String("")
 	}
-	return p
+	return openai.ChatCompletionMessageParamUnion{OfAssistant: a}
 }
 
 func truncate(b []byte, n int) string {
