@@ -53,18 +53,33 @@ func writeParams(params *openai.ChatCompletionNewParams, own []Tool) *encodedPar
 }
 
 // onlyScalars reports whether params set nothing but what appendScalars
-// writes (and their messages and tools, which are written apart). A field
-// openai-go adds later is caught here too: the check is of the whole
-// struct, by reflection, but for the fields named.
+// writes (and their messages and tools, which are written apart). Every
+// field is looked at, by reflection, so that a field openai-go adds later
+// is caught here too.
 func onlyScalars(params *openai.ChatCompletionNewParams) bool {
-	c := *params
-	c.Messages, c.Tools, c.Model = nil, nil, ""
-	c.FrequencyPenalty, c.PresencePenalty, c.Temperature, c.TopP = param.Opt[float64]{}, param.Opt[float64]{}, param.Opt[float64]{}, param.Opt[float64]{}
-	c.MaxCompletionTokens, c.MaxTokens, c.N, c.Seed, c.TopLogprobs = param.Opt[int64]{}, param.Opt[int64]{}, param.Opt[int64]{}, param.Opt[int64]{}, param.Opt[int64]{}
-	c.Logprobs, c.Store, c.ParallelToolCalls = param.Opt[bool]{}, param.Opt[bool]{}, param.Opt[bool]{}
-	c.PromptCacheKey, c.SafetyIdentifier, c.User = param.Opt[string]{}, param.Opt[string]{}, param.Opt[string]{}
-	c.ReasoningEffort, c.ServiceTier, c.Verbosity, c.PromptCacheRetention = "", "", "", ""
-	return reflect.ValueOf(&c).Elem().IsZero()
+	v := reflect.ValueOf(params).Elem()
+	t := v.Type()
+	for i := range t.NumField() {
+		if !v.Field(i).IsZero() && !writtenApart(t.Field(i).Name) {
+			return false
+		}
+	}
+	return true
+}
+
+// writtenApart reports whether appendScalars (or requestBody, for
+// Messages and Tools) writes the ChatCompletionNewParams field named.
+func writtenApart(field string) bool {
+	switch field {
+	case "Messages", "Tools", "Model",
+		"FrequencyPenalty", "PresencePenalty", "Temperature", "TopP",
+		"MaxCompletionTokens", "MaxTokens", "N", "Seed", "TopLogprobs",
+		"Logprobs", "Store", "ParallelToolCalls",
+		"PromptCacheKey", "SafetyIdentifier", "User",
+		"ReasoningEffort", "ServiceTier", "Verbosity", "PromptCacheRetention":
+		return true
+	}
+	return false
 }
 
 // appendScalars writes the fields onlyScalars allows as one object, in the
