@@ -28,15 +28,15 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	var samples []*rolloutv1.RolloutSample
 	for _, src := range host.Sources(r) {
 		got, err := readSource(src.Source)
-		msgs := got.msgs
+		msgs, raw := got.msgs, got.raw
 		rec.mu.Lock()
 		calls, started := rec.callsOf(src.ID), rec.started
 		tools, recorded := rec.tools[src.ID]
 		rec.mu.Unlock()
-		if err == nil && msgs == nil {
+		if err == nil && msgs == nil && raw == nil {
 			msgs = recordedConversation(calls)
 		}
-		if err == nil && len(msgs) == 0 {
+		if err == nil && len(msgs) == 0 && len(raw) == 0 {
 			err = errors.New("no messages: the source returned none and no LLM call was recorded for it")
 		}
 		sample := &rolloutv1.RolloutSample{
@@ -49,7 +49,13 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		}
 		sample.Metrics = sampleMetrics(calls, sample.LlmCalls, tools, recorded, started)
 		if err == nil {
-			structs, cerr := toStructs(msgs)
+			var structs []*structpb.Struct
+			var cerr error
+			if raw != nil {
+				structs, cerr = sourceStructs(raw)
+			} else {
+				structs, cerr = toStructs(msgs)
+			}
 			if cerr != nil {
 				err = fmt.Errorf("messages are not JSON objects: %w", cerr)
 			}
@@ -81,7 +87,10 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 
 // sourced is what a sample source says of its sample.
 type sourced struct {
-	msgs   []osmo.Message
+	msgs []osmo.Message
+	// raw are the messages of a source that holds them as JSON
+	// (osmo.SampleJSON), instead of msgs.
+	raw    []json.RawMessage
 	extra  map[string]any
 	finish string
 	reward *float64
@@ -95,7 +104,12 @@ func readSource(src osmo.SampleSource) (out sourced, err error) {
 			err = fmt.Errorf("sample source panicked: %v", p)
 		}
 	}()
-	if out.msgs, err = src.SampleMessages(); err != nil {
+	if js, ok := src.(osmo.SampleJSON); ok {
+		out.raw, err = js.SampleMessagesJSON()
+	} else {
+		out.msgs, err = src.SampleMessages()
+	}
+	if err != nil {
 		return out, err
 	}
 	if x, ok := src.(osmo.SampleExtras); ok {
@@ -320,6 +334,30 @@ func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {
 		s, err := toStruct(m)
 		if err != nil {
 			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// sourceStructs is toStructs of messages a source holds as JSON: each read
+// by the Struct parser, without the maps of SampleMessages. One the parser
+// refuses (it leaves what is out of the ordinary to protojson, which
+// refuses invalid UTF-8 and duplicate keys) is read through a map, as
+// SampleMessages would have given it: the same Structs either way
+// (TestSourceStructsAreToStructs).
+func sourceStructs(raw []json.RawMessage) ([]*structpb.Struct, error) {
+	out := make([]*structpb.Struct, 0, len(raw))
+	for _, b := range raw {
+		s, err := decodeStruct(b)
+		if err != nil {
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				return nil, err
+			}
+			if s, err = toStruct(m); err != nil {
+				return nil, err
+			}
 		}
 		out = append(out, s)
 	}
