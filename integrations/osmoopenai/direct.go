@@ -159,11 +159,9 @@ func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage
 		return json.Marshal(&p)
 	}
 	if enc == nil {
-		if enc = writeParams(params, nil); enc == nil {
-			var err error
-			if enc, err = encodeParams(params); err != nil {
-				return nil, err
-			}
+		var err error
+		if enc, err = encodeOnce(params, nil); err != nil {
+			return nil, err
 		}
 	}
 	rest, tools := enc.rest, enc.tools
@@ -201,6 +199,20 @@ type encodedParams struct {
 	tools []byte
 	// rest is the other fields (messages and tools left out), an object.
 	rest []byte
+}
+
+// encodeOnce is params encoded but for their messages, for requestBody
+// (Run's for all its turns), own the tools of params.Tools that are Run's
+// (see writeParams); nil for params encoded whole on every call (see
+// plain).
+func encodeOnce(params *openai.ChatCompletionNewParams, own []Tool) (*encodedParams, error) {
+	if !plain(params) {
+		return nil, nil
+	}
+	if enc := writeParams(params, own); enc != nil {
+		return enc, nil
+	}
+	return encodeParams(params)
 }
 
 // encodeParams encodes params but for their messages, for requestBody,

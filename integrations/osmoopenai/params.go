@@ -1,7 +1,6 @@
 package osmoopenai
 
 import (
-	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -256,8 +255,14 @@ func appendPlain(b []byte, v any, depth int) ([]byte, bool) {
 		if v == nil {
 			return append(b, "null"...), true
 		}
+		// The keys in a plain loop, not an iterator's: fewer frames.
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
 		b = append(b, '{')
-		for i, k := range slices.Sorted(maps.Keys(v)) {
+		for i, k := range keys {
 			if i > 0 {
 				b = append(b, ',')
 			}

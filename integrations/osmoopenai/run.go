@@ -77,9 +77,14 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	if maxTurns <= 0 {
 		maxTurns = DefaultMaxTurns
 	}
-	exec, enc, err := offer(&params, tools)
+	exec, err := offer(&params, tools)
 	if err != nil {
 		return nil, err
+	}
+	// Encoded here rather than in offer: a frame less under it.
+	enc, err := encodeOnce(&params, tools)
+	if err != nil {
+		return nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
 	}
 	// Everything the loop does is the session's sample: its spans (tool
 	// calls included) carry osmo.sample.id when tracing.
@@ -107,21 +112,20 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	}
 }
 
-// offer checks tools and adds them to params.Tools, after any there; it
-// returns their executor and params encoded (nil for params encoded whole
-// on every call), once for every turn.
-func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecutor, *encodedParams, error) {
+// offer checks tools and adds them to params.Tools, after any there, and
+// returns their executor.
+func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecutor, error) {
 	byName := make(map[string]Tool, len(tools))
 	offered := slices.Clip(params.Tools)
 	for i, t := range tools {
 		if _, err := osmo.ValidateTool(t.Schema()); err != nil {
-			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d]: %w", i, err)
+			return nil, fmt.Errorf("osmoopenai.Run: tools[%d]: %w", i, err)
 		}
 		if t.Call == nil {
-			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d] %q: Call is nil", i, t.Name)
+			return nil, fmt.Errorf("osmoopenai.Run: tools[%d] %q: Call is nil", i, t.Name)
 		}
 		if _, dup := byName[t.Name]; dup {
-			return nil, nil, fmt.Errorf("osmoopenai.Run: tools[%d]: tool %q is declared twice", i, t.Name)
+			return nil, fmt.Errorf("osmoopenai.Run: tools[%d]: tool %q is declared twice", i, t.Name)
 		}
 		byName[t.Name] = t
 		offered = append(offered, t.param())
@@ -130,16 +134,7 @@ func offer(params *openai.ChatCompletionNewParams, tools []Tool) (osmo.ToolExecu
 	if params.Model == "" {
 		params.Model = Model
 	}
-	var enc *encodedParams
-	if plain(params) {
-		if enc = writeParams(params, tools); enc == nil {
-			var err error
-			if enc, err = encodeParams(params); err != nil {
-				return nil, nil, fmt.Errorf("osmoopenai.Run: encode params: %w", err)
-			}
-		}
-	}
-	return executor(byName), enc, nil
+	return executor(byName), nil
 }
 
 // runTools runs a reply's tool calls and appends their tool messages.

@@ -60,7 +60,11 @@ func TestRequestBodyKeepsTheCallersStack(t *testing.T) {
 	items := []json.RawMessage{json.RawMessage(`{"role":"user","content":"What is 6 times 7?"}`)}
 	body := func() {
 		p := params
-		_, enc, err := offer(&p, []Tool{tool})
+		if _, err := offer(&p, []Tool{tool}); err != nil {
+			t.Error(err)
+			return
+		}
+		enc, err := encodeOnce(&p, []Tool{tool})
 		if err != nil {
 			t.Error(err)
 			return
