@@ -52,7 +52,7 @@ var errIDInUse = errors.New("rollout id in use under another key")
 func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*lifecycle, error) {
 	req, resp := rec.wire.saved()
 	lc := &lifecycle{ID: rec.id, Key: rec.key, Wire: rec.wire.name(), Workflow: rec.workflow, Created: rec.created,
-		Phase: phase, State: rolloutv1.State_STATE_QUEUED}
+		Phase: phase, State: rolloutv1.State_STATE_QUEUED, admitted: req}
 	var err error
 	if lc.Request, err = proto.Marshal(req); err != nil {
 		return nil, err

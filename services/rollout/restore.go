@@ -32,9 +32,12 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 		}
 		rec.in.Tools = fromStructs(w.resp.GetTools())
 	case wireG2, wireV03:
-		req := &rolloutv1.StartRolloutRequest{}
-		if err := s.unmarshalRequest(lc, req); err != nil {
-			return nil, err
+		req, ok := lc.admitted.(*rolloutv1.StartRolloutRequest)
+		if !ok {
+			req = &rolloutv1.StartRolloutRequest{}
+			if err := s.unmarshalRequest(lc, req); err != nil {
+				return nil, err
+			}
 		}
 		rec = s.g2Record(req, lc.ID)
 		// The wire is the lifecycle's: the request that told them apart

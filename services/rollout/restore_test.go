@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"encoding/json"
 	"io"
 	"log/slog"
 	"testing"
@@ -58,5 +59,40 @@ func TestRestoreFromLifecycle(t *testing.T) {
 				t.Errorf("record created %v, want %v", rec.created, created)
 			}
 		})
+	}
+}
+
+// TestRestoreTakesTheAdmittedRequest: a lifecycle this replica admitted
+// carries its request decoded, and restore takes it as it is (its stored
+// bytes here do not decode, so a decode would fail); a lifecycle read from
+// the state has none, and its request is decoded. Beginning the rollout
+// lets the lifecycle's copy go: the record holds the request then.
+func TestRestoreTakesTheAdmittedRequest(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	req := &rolloutv1.StartRolloutRequest{RolloutId: "g2-a", CompletionCallbackUrl: "http://127.0.0.1:1/done"}
+	lc := &lifecycle{ID: "g2-a", Key: "g2-a", Wire: wireG2, Request: []byte("not a request"), Phase: phaseQueued, admitted: req}
+	rec, err := s.restore(lc)
+	if err != nil {
+		t.Fatalf("restore with the admitted request: %v", err)
+	}
+	if w, ok := rec.wire.(*g2Wire); !ok || w.req != req {
+		t.Errorf("record's request is not the admitted one: %#v", rec.wire)
+	}
+	rec.release()
+	lc.admitted = nil
+	if _, err := s.restore(lc); err == nil {
+		t.Error("restore decoded a request that does not decode")
+	}
+	// Stored and read back, a lifecycle has no admitted request.
+	var read lifecycle
+	if err := json.Unmarshal(lc.appendJSON(nil), &read); err != nil {
+		t.Fatal(err)
+	}
+	if read.admitted != nil {
+		t.Error("the admitted request went into the stored lifecycle")
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/natsstore"
@@ -116,6 +117,13 @@ type lifecycle struct {
 	Reward        *float64      `json:"reward,omitempty"`
 	Finished      time.Time     `json:"finished,omitzero"`
 	CallbackError string        `json:"callback_error,omitempty"`
+
+	// admitted is Request as this replica decoded it when it admitted the
+	// rollout, kept (never stored) until the rollout begins: a rollout is
+	// most often taken from the queue by the replica that admitted it,
+	// which then need not decode the request a second time. Nothing
+	// changes a request once admitted.
+	admitted proto.Message
 }
 
 // owedStage is a stage's callbacks, its outcome, and which callbacks are

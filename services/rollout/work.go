@@ -243,6 +243,8 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 			return errNotOwner
 		}
 		lc.Owner, lc.Held, lc.Phase, lc.State, lc.Started = s.replica, queue, phaseRunning, rolloutv1.State_STATE_RUNNING, time.Now()
+		// The record holds the request now.
+		lc.admitted = nil
 		if carrier != nil {
 			lc.Trace = carrier
 		}
