@@ -202,9 +202,9 @@ type encodedParams struct {
 }
 
 // encodeOnce is params encoded but for their messages, for requestBody
-// (Run's for all its turns), own the tools of params.Tools that are Run's
-// (see writeParams); nil for params encoded whole on every call (see
-// plain).
+// (Run encodes them once for all its turns); nil for params encoded whole
+// on every call (see plain). own are the tools of params.Tools that are
+// Run's own (see writeParams).
 func encodeOnce(params *openai.ChatCompletionNewParams, own []Tool) (*encodedParams, error) {
 	if !plain(params) {
 		return nil, nil
