@@ -52,7 +52,14 @@ var errIDInUse = errors.New("rollout id in use under another key")
 func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*lifecycle, error) {
 	req, resp := rec.wire.saved()
 	lc := &lifecycle{ID: rec.id, Key: rec.key, Wire: rec.wire.name(), Workflow: rec.workflow, Created: rec.created,
-		Phase: phase, State: rolloutv1.State_STATE_QUEUED, admitted: req}
+		Phase: phase, State: rolloutv1.State_STATE_QUEUED}
+	if s.sh.store.Embedded() {
+		// The only replica (the embedded server takes no other): the one
+		// that runs the rollout. With a shared NATS another replica may
+		// take it, and the request would stay in this one's known
+		// lifecycles until they let it go.
+		lc.admitted = req
+	}
 	var err error
 	if lc.Request, err = proto.Marshal(req); err != nil {
 		return nil, err

@@ -185,7 +185,7 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		// Past the request: what a retry or a recovery needs is in the
 		// stages now.
 		if stage == stageFinal {
-			lc.Request = nil
+			lc.Request, lc.admitted = nil, nil
 		}
 		settleFinished(lc)
 		return nil
@@ -252,7 +252,7 @@ func (s *Service) abandon(rec *record, err error, log *slog.Logger) {
 // settleFinished marks lc finished when both stages are owed and done.
 func settleFinished(lc *lifecycle) {
 	if lc.Ran.done() && lc.Final.done() && lc.Phase != phaseFinished {
-		lc.Phase, lc.Finished, lc.Request = phaseFinished, time.Now(), nil
+		lc.Phase, lc.Finished, lc.Request, lc.admitted = phaseFinished, time.Now(), nil, nil
 		lc.Ran.Callbacks, lc.Final.Callbacks = nil, nil
 	}
 }

@@ -119,9 +119,9 @@ type lifecycle struct {
 	CallbackError string        `json:"callback_error,omitempty"`
 
 	// admitted is Request as this replica decoded it when it admitted the
-	// rollout, kept (never stored) until the rollout begins: a rollout is
-	// most often taken from the queue by the replica that admitted it,
-	// which then need not decode the request a second time. Nothing
+	// rollout, kept (never stored) until the rollout begins or its request
+	// is dropped: the one replica of an embedded server runs every rollout
+	// it admits, and need not decode the request a second time. Nothing
 	// changes a request once admitted.
 	admitted proto.Message
 }
