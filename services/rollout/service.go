@@ -359,10 +359,14 @@ func (s *Service) Serve(ctx context.Context) error {
 	renewCtx, stopRenewing := context.WithCancel(context.Background())
 	defer stopRenewing()
 	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
-	var loops sync.WaitGroup
-	loops.Add(3)
-	go func() { defer loops.Done(); s.takeWork(takeCtx) }()
-	go func() { defer loops.Done(); s.concludeCancelled(takeCtx) }()
+	// The loops that start rollouts stop before the drain waits for the
+	// rollouts: each start is counted in s.wg, and a count that rises from
+	// zero while it is waited for is a race (sync.WaitGroup).
+	var starting, loops sync.WaitGroup
+	starting.Add(2)
+	go func() { defer starting.Done(); s.takeWork(takeCtx) }()
+	go func() { defer starting.Done(); s.concludeCancelled(takeCtx) }()
+	loops.Add(1)
 	go func() { defer loops.Done(); s.deliverOutbox(takeCtx) }()
 	var serveErr error
 	select {
@@ -370,6 +374,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	case serveErr = <-errc:
 	}
 	stopTaking()
+	starting.Wait()
 	s.drain()
 	loops.Wait()
 	stopRenewing()
