@@ -185,15 +185,24 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		// This replica's own hold lapsed (it was too slow to renew it) and
 		// the queue gave the rollout back to it: keep running it under the
 		// new delivery.
+		//
+		// A record whose work was let go of meanwhile (it finished, or the
+		// write that starts it failed) is not taken on again: the delivery
+		// goes back, to find the lifecycle as that left it. The hold is
+		// taken under the record's lock, so a release that follows sees
+		// the new delivery and lets go of it too.
 		release()
-		s.leases.hold(msg)
 		held.mu.Lock()
 		old := held.work
+		if old == nil {
+			held.mu.Unlock()
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		s.leases.hold(msg)
 		held.work = msg
 		held.mu.Unlock()
-		if old != nil {
-			s.leases.drop(old)
-		}
+		s.leases.drop(old)
 		return
 	}
 	switch lc.Phase {
@@ -256,7 +265,20 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 	if err != nil {
 		release()
 		s.store.remove(rec)
+		// While the write was tried, the queue may have given the rollout
+		// back to this replica (its hold lapsed: a NATS leader lost, say)
+		// and take put that delivery in the record: it is the live one,
+		// and the one to answer. Left held, it would be renewed for ever
+		// and the rollout never taken again.
+		rec.mu.Lock()
+		live := rec.work
+		rec.work = nil
+		rec.mu.Unlock()
 		s.leases.drop(msg)
+		if live != nil && live != msg {
+			s.leases.drop(live)
+			msg = live
+		}
 		rec.rolloutSpan().End()
 		if errors.Is(err, errNotOwner) || errors.Is(err, errGone) {
 			_ = msg.Ack()

@@ -1,0 +1,172 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/workflows/calculator"
+)
+
+// stuckKV holds the write that starts a rollout until released, then
+// fails it and every later try as a NATS node that died under the write
+// fails it: a timeout.
+type stuckKV struct {
+	jetstream.KeyValue
+	entered  chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+func (kv *stuckKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	var lc lifecycle
+	if json.Unmarshal(value, &lc) != nil || lc.Phase != phaseRunning {
+		return kv.KeyValue.Update(ctx, key, value, last)
+	}
+	kv.once.Do(func() { close(kv.entered) })
+	<-kv.released
+	return 0, context.DeadlineExceeded
+}
+
+// answeredMsg is a delivery of a work message whose answers are counted.
+type answeredMsg struct {
+	jetstream.Msg
+	mu      sync.Mutex
+	answers []string
+}
+
+func (m *answeredMsg) answer(a string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.answers = append(m.answers, a)
+	return nil
+}
+
+func (m *answeredMsg) Ack() error                       { return m.answer("ack") }
+func (m *answeredMsg) DoubleAck(context.Context) error  { return m.answer("ack") }
+func (m *answeredMsg) Nak() error                       { return m.answer("nak") }
+func (m *answeredMsg) NakWithDelay(time.Duration) error { return m.answer("nak") }
+func (m *answeredMsg) Term() error                      { return m.answer("term") }
+func (m *answeredMsg) TermWithReason(string) error      { return m.answer("term") }
+func (m *answeredMsg) InProgress() error                { return nil }
+
+func (m *answeredMsg) got() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.answers...)
+}
+
+func (l *leases) holds(m jetstream.Msg) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.msgs[m]
+	return ok
+}
+
+// TestRedeliveryDuringAFailedStart: the write that starts a rollout hangs
+// (its NATS node died), the replica's hold on the work lapses meanwhile
+// and the queue gives the rollout back to the same replica, which takes
+// the new delivery into the rollout it is starting. The write then fails.
+// The new delivery is the live one: it must be answered (sent back), not
+// left held, where the replica's renewals would keep it from every
+// replica for ever and the rollout would never run.
+func TestRedeliveryDuringAFailedStart(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, LostAfter: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	kv := &stuckKV{KeyValue: s.sh.rollouts, entered: make(chan struct{}), released: make(chan struct{})}
+	s.sh.rollouts = kv
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not served: the test takes the work from the queue itself.
+	if _, err := s.StartRollout(ctx, &rolloutv1.StartRolloutRequest{
+		RolloutId: "stuck-start", InitialMessages: []*structpb.Struct{msg},
+		ChatCompletionsUrl: "http://127.0.0.1:9/v1", CompletionCallbackUrl: "http://127.0.0.1:9/completion",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := s.sh.work.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first jetstream.Msg
+	for m := range batch.Messages() {
+		first = m
+	}
+	if first == nil {
+		t.Fatalf("no work in the queue: %v", batch.Error())
+	}
+	firstDelivery := &answeredMsg{Msg: first}
+	began := make(chan struct{})
+	go func() {
+		defer close(began)
+		s.take(firstDelivery, func() {}, false)
+	}()
+	select {
+	case <-kv.entered:
+	case <-ctx.Done():
+		t.Fatal("the write that starts the rollout was never made")
+	}
+
+	// The queue gives the rollout back while the write hangs.
+	again := &answeredMsg{Msg: first}
+	s.take(again, func() {}, false)
+	rec := s.store.get("stuck-start")
+	if rec == nil {
+		t.Fatal("the rollout being started is not held")
+	}
+	rec.mu.Lock()
+	taken := rec.work == jetstream.Msg(again)
+	rec.mu.Unlock()
+	if !taken {
+		t.Fatal("the redelivery was not taken into the rollout being started: the test did not test anything")
+	}
+
+	close(kv.released)
+	select {
+	case <-began:
+	case <-ctx.Done():
+		t.Fatal("the failed start did not return")
+	}
+	if s.leases.holds(again) {
+		t.Error("the live delivery is still held after the start failed: renewed for ever, the rollout never runs")
+	}
+	if got := again.got(); len(got) != 1 || got[0] != "nak" {
+		t.Errorf("the live delivery was answered %v, want one nak (back to the queue)", got)
+	}
+	if s.store.get("stuck-start") != nil {
+		t.Error("the rollout whose start failed is still held")
+	}
+
+	// A delivery that reaches a record already let go of is sent back,
+	// not taken on.
+	late := &answeredMsg{Msg: first}
+	rec.mu.Lock()
+	rec.work = nil
+	rec.mu.Unlock()
+	s.store.add(rec)
+	s.take(late, func() {}, false)
+	s.store.remove(rec)
+	if s.leases.holds(late) {
+		t.Error("a delivery taken into a record already let go of is held")
+	}
+	if got := late.got(); len(got) != 1 || got[0] != "nak" {
+		t.Errorf("a delivery reaching a record already let go of was answered %v, want one nak", got)
+	}
+}
