@@ -350,9 +350,16 @@ func TestClusterLosesNothing(t *testing.T) {
 			"--grader-addr", graderTarget, "--workflow", "calculator", "--max-concurrent", strconv.Itoa(maxConcurrent),
 			"--max-queued", strconv.Itoa(2 * n), "--nats", nc.URL(), "--lost-after", "3s", "--log-level", "warn"}
 	}
+	// The G1 completion is retried with the client's delays, which double
+	// to 30 s by default: a completion whose trainer fails it five times
+	// in a row (a fifth of posts fail, and about one callback in a run
+	// gets there) would wait longer than the test's two minutes leave.
+	// Capped at 4 s, as G2's and v0.3's 8 s cap keeps theirs, a callback
+	// has a dozen attempts in any minute.
+	rolloutEnv := []string{"OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY=4"}
 	replicas := make([]*proc, len(rolloutIPs))
 	for i, ip := range rolloutIPs {
-		replicas[i] = start(t, fmt.Sprintf("rollout-%d", i), nil, rolloutArgs(ip)...)
+		replicas[i] = start(t, fmt.Sprintf("rollout-%d", i), rolloutEnv, rolloutArgs(ip)...)
 		waitGRPC(t, replicas[i], ip+":"+rolloutPort)
 	}
 	gateways := make([]string, 2)
@@ -443,7 +450,7 @@ func TestClusterLosesNothing(t *testing.T) {
 			d.kills = append(d.kills, time.Now()) // once it is gone
 		},
 			restartAfter: time.Second, restart: func() {
-				replicas[1] = start(t, "rollout-1-again", nil, rolloutArgs(rolloutIPs[1])...)
+				replicas[1] = start(t, "rollout-1-again", rolloutEnv, rolloutArgs(rolloutIPs[1])...)
 				waitGRPCWithin(t, replicas[1], rolloutIPs[1]+":"+rolloutPort, time.Minute)
 			}},
 	}
