@@ -500,7 +500,9 @@ func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logge
 		l.mu.Unlock()
 		failed := 0
 		for _, m := range held {
-			if m.InProgress() != nil {
+			// One answered since it was listed (a rollout that just
+			// finished, a callback just delivered) needs no renewal.
+			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 				failed++
 			}
 		}

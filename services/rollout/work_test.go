@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
@@ -168,5 +171,36 @@ func TestRedeliveryDuringAFailedStart(t *testing.T) {
 	}
 	if got := late.got(); len(got) != 1 || got[0] != "nak" {
 		t.Errorf("a delivery reaching a record already let go of was answered %v, want one nak", got)
+	}
+}
+
+// renewedMsg is a held delivery whose renewal fails with err.
+type renewedMsg struct {
+	jetstream.Msg
+	err error
+}
+
+func (m renewedMsg) InProgress() error { return m.err }
+
+// TestRenewSkipsAnsweredMessages: a message answered between the listing
+// of the held ones and its renewal (a rollout that just finished) is not a
+// failed renewal; one the server could not renew is.
+func TestRenewSkipsAnsweredMessages(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		warn bool
+	}{
+		{jetstream.ErrMsgAlreadyAckd, false},
+		{nats.ErrConnectionClosed, true},
+	} {
+		var buf logtest.Buffer
+		l := &leases{msgs: map[jetstream.Msg]struct{}{&renewedMsg{err: tc.err}: {}}}
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Millisecond)
+		l.renew(ctx, 20*time.Millisecond, slog.New(slog.NewJSONHandler(&buf, nil)))
+		cancel()
+		warned := strings.Contains(buf.String(), "could not renew")
+		if warned != tc.warn {
+			t.Errorf("renewal failing with %v: warned %v, want %v; log:\n%s", tc.err, warned, tc.warn, buf.String())
+		}
 	}
 }
