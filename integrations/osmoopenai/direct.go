@@ -116,30 +116,6 @@ func decodeCompletion(contents []byte) (*openai.ChatCompletion, error) {
 	return out, err
 }
 
-// offStack runs f on a goroutine of its own and waits for it; a panic in
-// f is raised again in the caller.
-//
-// For the openai-go calls that need a deep stack. A rollout's goroutine
-// runs its workflow and, through the in-process proxy, waits for the
-// policy about 10 KiB down; a call that needs more than the 6 KiB left
-// doubles its stack to 32 KiB, and the runtime does not halve it again
-// while the goroutine uses more than a quarter of it: the rollout would
-// hold the 32 KiB for as long as it waits, 16 KiB more per rollout in
-// flight (docs/performance.md). A goroutine of its own grows and goes.
-func offStack(f func()) {
-	var p any
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() { p = recover() }()
-		f()
-	}()
-	<-done
-	if p != nil {
-		panic(p)
-	}
-}
-
 // requestBody is the request JSON of params with items as its messages:
 // what openai-go writes for params whose Messages are items, as a JSON
 // value (its keys may come in another order).
