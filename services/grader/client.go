@@ -69,6 +69,9 @@ type call struct {
 	err     error
 	gone    bool // answered or abandoned: never send again
 	settled bool // done is closed
+	// sent: req went out on a stream (or a send of it failed half way).
+	// Sent again on another, it is a resend, not a first attempt.
+	sent bool
 }
 
 // NewClient returns a Client over conn. Call Run to connect.
@@ -106,7 +109,8 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 // while Run is running.
 //
 // Unless req has a trace_context already, the trace context of ctx (its
-// span and baggage) is sent in it. The client sets request_id itself.
+// span and baggage) is sent in it. The client sets request_id itself, and
+// clears first_attempt on a request it sends again on a new stream.
 func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
@@ -242,6 +246,11 @@ func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	c.mu.Lock()
 	c.unsent = c.unsent[:0]
 	for _, cl := range c.pending {
+		if cl.sent {
+			// The old stream may have carried it to a grader that graded
+			// and stored it: the grader is to look for that grading.
+			cl.req.FirstAttempt = false
+		}
 		c.unsent = append(c.unsent, cl)
 	}
 	// Request ids number the calls in the order they were made.
@@ -313,6 +322,9 @@ func (c *Client) sendLoop(ctx context.Context, stream graderv1.GraderService_Gra
 			}
 		}
 		err := stream.Send(next.req)
+		c.mu.Lock()
+		next.sent = true
+		c.mu.Unlock()
 		if err == nil {
 			continue
 		}

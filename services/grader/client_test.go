@@ -75,7 +75,11 @@ func TestClientMultiplexesOneStream(t *testing.T) {
 	results := make(chan result, n)
 	for i := range n {
 		go func() {
-			resp, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a"))
+			// As the rollout service sends them: a first attempt, which
+			// the client must not send again as one.
+			req := gradeReq(t, fmt.Sprintf("r%d", i), "x", "a")
+			req.FirstAttempt = true
+			resp, err := client.Grade(ctx, req)
 			results <- result{i, resp, err}
 		}()
 	}
@@ -257,7 +261,11 @@ func TestClientSurvivesGraderRestart(t *testing.T) {
 	results := make(chan result, n)
 	for i := range n {
 		go func() {
-			resp, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a"))
+			// As the rollout service sends them: a first attempt, which
+			// the client must not send again as one.
+			req := gradeReq(t, fmt.Sprintf("r%d", i), "x", "a")
+			req.FirstAttempt = true
+			resp, err := client.Grade(ctx, req)
 			results <- result{i, resp, err}
 		}()
 	}
@@ -342,7 +350,11 @@ func TestClientWaitsForAGraderThatIsDown(t *testing.T) {
 	results := make(chan result, 5)
 	for i := range 5 {
 		go func() {
-			resp, err := client.Grade(ctx, gradeReq(t, fmt.Sprintf("r%d", i), "x", "a"))
+			// As the rollout service sends them: a first attempt, which
+			// the client must not send again as one.
+			req := gradeReq(t, fmt.Sprintf("r%d", i), "x", "a")
+			req.FirstAttempt = true
+			resp, err := client.Grade(ctx, req)
 			results <- result{i, resp, err}
 		}()
 	}

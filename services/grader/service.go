@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/osmo-rl/osmo"
@@ -125,7 +126,13 @@ func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 // ctx ends.
 func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	var last error
+	tries := 0
 	resp, err := backoff.Retry(ctx, func() (*graderv1.GradeResponse, error) {
+		if tries++; tries == 2 && req.GetFirstAttempt() {
+			// Tried again, it is a resend.
+			req = proto.CloneOf(req)
+			req.FirstAttempt = false
+		}
 		resp, err := s.Grade(ctx, req)
 		last = err
 		switch status.Code(err) {
@@ -368,9 +375,19 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	s.mu.Unlock()
 	defer s.wg.Done()
 
-	found, missing, changed, err := s.store.lookup(tctx, req.GetRolloutId(), ids, fps, time.Now())
-	if err != nil {
-		return nil, err
+	// A first attempt has nothing stored to find (its sender says so),
+	// and each rollout the rollout service runs is one: the read is
+	// skipped, and with it a round trip to NATS per rollout.
+	var (
+		found   map[string]answer
+		missing = ids
+		changed int
+	)
+	if !req.GetFirstAttempt() {
+		var err error
+		if found, missing, changed, err = s.store.lookup(tctx, req.GetRolloutId(), ids, fps, time.Now()); err != nil {
+			return nil, err
+		}
 	}
 	fr := &flightResult{}
 	for _, o := range found {

@@ -373,6 +373,35 @@ func TestResentRolloutIsGradedOnce(t *testing.T) {
 	}
 }
 
+// TestFirstAttemptIsNotLookedUp: a request its sender marks as a first
+// attempt is graded without reading the store (the read is a NATS round
+// trip per rollout), and stored for a resend to find; without the mark
+// the store answers. The mark is the sender's word: set on a resend, the
+// samples are graded again, which is how the test sees the read skipped.
+func TestFirstAttemptIsNotLookedUp(t *testing.T) {
+	c := newCounter(nil)
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})
+	client := stub(t, ts)
+	ctx := testContext(t)
+	first := gradeReq(t, "r1", "x", "a")
+	first.FirstAttempt = true
+	if resp, err := client.Grade(ctx, first); err != nil || resp.GetGrades()[0].GetCached() {
+		t.Fatalf("first attempt: %v, %v", resp, err)
+	}
+	if resp, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a")); err != nil || !resp.GetGrades()[0].GetCached() {
+		t.Fatalf("resend: %v, %v; want the stored grading", resp, err)
+	}
+	if c.count() != 1 {
+		t.Fatalf("grader ran %d times for a first attempt and a resend, want 1", c.count())
+	}
+	if resp, err := client.Grade(ctx, first); err != nil || resp.GetGrades()[0].GetCached() {
+		t.Fatalf("a resend marked first: %v, %v; want it graded afresh", resp, err)
+	}
+	if c.count() != 2 {
+		t.Fatalf("grader ran %d times, want 2: a request marked first was answered from the store", c.count())
+	}
+}
+
 func TestFailedGradingIsCached(t *testing.T) {
 	c := newCounter(func(context.Context, *osmo.GraderContext) error { return errBoom })
 	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"})

@@ -36,6 +36,10 @@ func (s *Service) grade(rec *record, log *slog.Logger) outcome.Outcome {
 		Metadata:  rec.metadata,
 		Grader:    s.cfg.GraderName,
 		Timeout:   durationpb.New(rec.gradeBudget),
+		// A rollout is graded once, by the replica that ran it (one
+		// concluded elsewhere is not graded again): nothing of it can be
+		// stored yet. The grader client clears this on a resend.
+		FirstAttempt: true,
 	})
 	var o outcome.Outcome
 	switch {

@@ -50,7 +50,15 @@ type GradeRequest struct {
 	// answered after a newer one for the same rollout id was sent; the id
 	// keeps that late answer from being taken for the newer one's. 0: the
 	// answer is matched by rollout id alone. It plays no part in idempotency.
-	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Set by a sender that has never sent a request for this rollout before
+	// (the rollout service grades each rollout it runs once): none of its
+	// samples can have a stored grading yet, so the service grades them
+	// without first reading the store for one. A resend must leave it unset,
+	// as GradeStream clients do for the requests they send again on a new
+	// stream; set on a resend, a sample graded before is graded again.
+	// Unset: the store is read first, as for any request.
+	FirstAttempt  bool `protobuf:"varint,9,opt,name=first_attempt,json=firstAttempt,proto3" json:"first_attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,6 +147,13 @@ func (x *GradeRequest) GetRequestId() uint64 {
 		return x.RequestId
 	}
 	return 0
+}
+
+func (x *GradeRequest) GetFirstAttempt() bool {
+	if x != nil {
+		return x.FirstAttempt
+	}
+	return false
 }
 
 type GradeResponse struct {
@@ -305,7 +320,7 @@ var File_osmo_grader_v1_grader_proto protoreflect.FileDescriptor
 
 const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\n" +
-	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xc3\x03\n" +
+	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xe8\x03\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x128\n" +
@@ -316,7 +331,8 @@ const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\rtrace_context\x18\x06 \x03(\v2..osmo.grader.v1.GradeRequest.TraceContextEntryR\ftraceContext\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\b \x01(\x04R\trequestId\x1a?\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\x12#\n" +
+	"\rfirst_attempt\x18\t \x01(\bR\ffirstAttempt\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
