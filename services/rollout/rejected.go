@@ -69,13 +69,11 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	// answer.
 	dctx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	unbind := context.AfterFunc(s.deliverCtx, func() { stop(context.Cause(s.deliverCtx)) })
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.wg.Go(func() {
 		defer func() { <-s.rejectSem }()
 		defer unbind()
 		for _, d := range ds {
 			_, _ = s.post(dctx, d, log)
 		}
-	}()
+	})
 }

@@ -97,11 +97,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 			err := fmt.Errorf("workflow did not return within %s of its context ending (abandoned): %w", workflowGrace, context.Cause(agentCtx))
 			// This goroutine still counts in s.wg while it waits for the
 			// workflow, so the count cannot reach zero here.
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				then(conclude(err))
-			}()
+			s.wg.Go(func() { then(conclude(err)) })
 		}))
 	})
 	runErr := host.Run(agentCtx, s.workflow, r, in)

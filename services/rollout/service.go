@@ -95,7 +95,8 @@ type Service struct {
 	// when shutdown stops waiting for callbacks.
 	deliverCtx   context.Context
 	stopDelivery context.CancelCauseFunc
-	wg           sync.WaitGroup
+	// wg counts the goroutines the drain waits for.
+	wg activity
 }
 
 // upstreamBufferSize is the read and write buffer of each connection to
@@ -360,8 +361,8 @@ func (s *Service) Serve(ctx context.Context) error {
 	defer stopRenewing()
 	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
 	// The loops that start rollouts stop before the drain waits for the
-	// rollouts: each start is counted in s.wg, and a count that rises from
-	// zero while it is waited for is a race (sync.WaitGroup).
+	// rollouts: a rollout started during the drain would run, and be
+	// cut short, while the server goes away.
 	var starting, loops sync.WaitGroup
 	starting.Add(2)
 	go func() { defer starting.Done(); s.takeWork(takeCtx) }()

@@ -41,11 +41,7 @@ func (s *Service) takeWork(ctx context.Context) {
 			for msg := range batch.Messages() {
 				r := releases[n]
 				n++
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					s.take(msg, r, false)
-				}()
+				s.wg.Go(func() { s.take(msg, r, false) })
 			}
 			err = batch.Error()
 		}
@@ -103,13 +99,11 @@ func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit
 				_ = msg.Nak()
 				continue
 			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
+			s.wg.Go(func() {
 				defer func() { <-slots }()
 				defer s.leases.drop(msg)
 				handle(msg)
-			}()
+			})
 		}
 		it.Stop()
 		stop()

@@ -1,0 +1,60 @@
+package rollout
+
+import "sync"
+
+// activity counts the goroutines a drain waits for: rollouts, their
+// callbacks, outbox redeliveries, the callbacks of refused starts.
+//
+// Unlike a sync.WaitGroup, its count may rise from zero while it is waited
+// for: an outbox redelivery or a refused start's callbacks can begin while
+// the drain waits, and with a WaitGroup that is a misuse the runtime may
+// panic on. Wait returns at a moment the count is zero; what starts after
+// that is cut short by the end of the delivery context, as any delivery
+// still under way then is.
+type activity struct {
+	mu    sync.Mutex
+	n     int
+	zeros uint64     // how many times n fell to zero
+	zero  *sync.Cond // signalled when it does; made on first use
+}
+
+// Add adds delta to the count.
+func (a *activity) Add(delta int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n += delta
+	switch {
+	case a.n < 0:
+		panic("rollout: activity count below zero")
+	case a.n == 0:
+		a.zeros++
+		if a.zero != nil {
+			a.zero.Broadcast()
+		}
+	}
+}
+
+// Done takes one off the count.
+func (a *activity) Done() { a.Add(-1) }
+
+// Go runs f in a goroutine counted until f returns.
+func (a *activity) Go(f func()) {
+	a.Add(1)
+	go func() {
+		defer a.Done()
+		f()
+	}()
+}
+
+// Wait blocks until the count is zero, or has been since Wait was called:
+// work that keeps starting does not keep it waiting.
+func (a *activity) Wait() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.zero == nil {
+		a.zero = sync.NewCond(&a.mu)
+	}
+	for seen := a.zeros; a.n > 0 && a.zeros == seen; {
+		a.zero.Wait()
+	}
+}
