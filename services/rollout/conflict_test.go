@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,14 +23,24 @@ import (
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
-// countingKV counts the lifecycle writes that lost a compare-and-set.
+// countingKV counts the lifecycle writes, those that lost a
+// compare-and-set, and those that carried a final callback's body.
 type countingKV struct {
 	jetstream.KeyValue
-	writes, lost atomic.Int64
+	writes, lost, finalBodies atomic.Int64
 }
 
 func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
 	kv.writes.Add(1)
+	var lc lifecycle
+	if json.Unmarshal(value, &lc) == nil && lc.Final != nil {
+		for _, c := range lc.Final.Callbacks {
+			if len(c.Payload) > 0 {
+				kv.finalBodies.Add(1)
+				break
+			}
+		}
+	}
 	rev, err := kv.KeyValue.Update(ctx, key, value, last)
 	if err != nil && isWrongSequence(err) {
 		kv.lost.Add(1)
@@ -37,12 +48,20 @@ func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last
 	return rev, err
 }
 
-// quickGrader grades every sample 1 within a couple of milliseconds.
-type quickGrader struct{}
+// quickGrader grades every sample 1 within a couple of milliseconds;
+// instantGrader at once.
+type (
+	quickGrader   struct{}
+	instantGrader struct{}
+)
 
-func (quickGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+func (quickGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
-	resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "quick"}
+	return instantGrader{}.Grade(ctx, req)
+}
+
+func (instantGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "instant"}
 	for _, sm := range req.GetSamples() {
 		r := 1.0
 		resp.Grades = append(resp.Grades, &graderv1.SampleGrade{SampleId: sm.GetId(), Reward: &r})
@@ -50,33 +69,31 @@ func (quickGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*grader
 	return resp, nil
 }
 
-// TestConcludingWritesDoNotConflict: while a rollout's first callback is
-// delivered its grading goes on, and both then write the lifecycle (the
-// callback's mark, the final stage owed). Made together they would race,
-// and the loser would read the lifecycle and write it again; the replica
-// makes them one after the other.
-func TestConcludingWritesDoNotConflict(t *testing.T) {
+// concludeMany runs n G2 rollouts graded by gr to their grader callbacks,
+// the trainer answering each completion callback after trainerWait(), and
+// returns the lifecycle writes made.
+func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grader) *countingKV {
+	t.Helper()
 	mock, err := mockllm.New(mockllm.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	policy := httptest.NewServer(mock)
 	defer policy.Close()
-	const n = 100
 	var mu sync.Mutex
 	got := map[string]int{}
 	trainer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		// The trainer answers in about the time the grading takes: the
-		// two writes that follow fall together.
-		time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		if r.URL.Path == "/completion" {
+			time.Sleep(trainerWait())
+		}
 		mu.Lock()
 		got[r.URL.Path]++
 		mu.Unlock()
 	}))
 	defer trainer.Close()
 
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: quickGrader{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: gr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +115,7 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 	}
 	for i := range n {
 		if _, err := s.StartRollout(ctx, &rolloutv1.StartRolloutRequest{
-			RolloutId: fmt.Sprintf("conflict-%d", i), InitialMessages: []*structpb.Struct{msg}, Label: structpb.NewStringValue("42"),
+			RolloutId: fmt.Sprintf("conclude-%d", i), InitialMessages: []*structpb.Struct{msg}, Label: structpb.NewStringValue("42"),
 			ChatCompletionsUrl: policy.URL + "/v1", CompletionCallbackUrl: trainer.URL + "/completion",
 			GraderCallbackUrl: new(trainer.URL + "/grader"),
 		}); err != nil {
@@ -118,7 +135,33 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return kv
+}
+
+// TestConcludingWritesDoNotConflict: while a rollout's first callback is
+// delivered its grading goes on, and both then write the lifecycle (the
+// callback's mark, the final stage owed). Made together they would race,
+// and the loser would read the lifecycle and write it again; the replica
+// makes them one after the other.
+func TestConcludingWritesDoNotConflict(t *testing.T) {
+	const n = 100
+	// The trainer answers in about the time the grading takes: the two
+	// writes that follow fall together.
+	kv := concludeMany(t, n, func() time.Duration { return time.Duration(rand.IntN(2000)) * time.Microsecond }, quickGrader{})
 	if lost := kv.lost.Load(); lost > 0 {
 		t.Errorf("%d of %d lifecycle writes of %d rollouts lost a compare-and-set to another write of the same replica", lost, kv.writes.Load(), n)
+	}
+}
+
+// TestFinalBodiesWrittenOnce: a rollout graded before its trainer answers
+// the completion callback owes its final stage once that answer is in, so
+// the final callbacks' bodies (the grader callback carries every sample)
+// are written into the lifecycle once, not again with the mark of the
+// first stage.
+func TestFinalBodiesWrittenOnce(t *testing.T) {
+	const n = 20
+	kv := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, instantGrader{})
+	if got := kv.finalBodies.Load(); got != n {
+		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d", got, n, n)
 	}
 }

@@ -85,8 +85,11 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	// is in the shared state as soon as it is, even while the trainer is
 	// not answering, and the final callbacks still follow the first.
 	sent := make(chan bool, 1)
+	ranTried := make(chan struct{})
 	go func() {
-		sent <- s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, log)
+		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, log)
+		close(ranTried)
+		sent <- ok
 	}()
 	if grading {
 		final = s.grade(rec, log)
@@ -98,6 +101,19 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		fin, final, finDirect = resumed.Final, resumed.Final.Outcome.outcome(), false
 		rec.settleFrom(resumed)
 	} else {
+		// The final stage holds the bodies of its callbacks (the grader
+		// callback's carries every sample), and each write of the
+		// lifecycle rewrites them until they are delivered. It cannot be
+		// sent before the first stage is done with, so it is owed after
+		// the first stage's mark when that comes soon: written once, not
+		// twice. A trainer slow to answer holds it up for at most
+		// finalOweWait, so a graded result is soon in the shared state.
+		t := time.NewTimer(finalOweWait)
+		select {
+		case <-ranTried:
+		case <-t.C:
+		}
+		t.Stop()
 		var (
 			err       error
 			viaOutbox bool
@@ -116,6 +132,10 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	}
 	s.finish(rec, final, ok, log)
 }
+
+// finalOweWait is how long a rollout that has its final outcome waits for
+// its first stage's callbacks to be tried before it owes the final stage.
+const finalOweWait = time.Second
 
 // lostMessage says a rollout was interrupted by the loss of the replica
 // that ran it: a restart of this process when the state is its own.
