@@ -21,8 +21,21 @@ import (
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
-// admitTimeout bounds what admission asks of the shared state.
-const admitTimeout = 5 * time.Second
+// admitTimeout bounds what admission asks of the shared state to enter a
+// rollout; admissionTimeout bounds a start's whole answer (entering it,
+// queueing it, a G1 init's tools and a duplicate's wait for the first).
+// While the shared state does not answer (a NATS leader being elected, a
+// node lost), a start is refused with Unavailable within that time, which
+// trainers retry, rather than held for the sum of every step's own bound.
+const (
+	admitTimeout     = 5 * time.Second
+	admissionTimeout = 15 * time.Second
+)
+
+// admission bounds the answer to a start (see admissionTimeout).
+func (s *Service) admission(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.admitWithin)
+}
 
 // retryAfter is what a trainer is told to wait when the server is full.
 const retryAfter = 5 * time.Second

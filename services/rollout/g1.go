@@ -46,6 +46,8 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	if req.IdempotencyKey != nil {
 		key = req.GetIdempotencyKey()
 	}
+	ctx, cancel := s.admission(ctx)
+	defer cancel()
 	rec, w := s.g1Record(req, key)
 	existing, err := s.admit(ctx, rec, phaseAdmitting, false)
 	if errors.Is(err, errIDInUse) {
@@ -104,10 +106,8 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 const staleInit = 10 * time.Second
 
 // awaitInit is the answer of a duplicate init: the first init's, once its
-// tools are known (errGone when it failed).
+// tools are known (errGone when it failed), within the admission's time.
 func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.InitRolloutResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
 	var rev uint64
 	for lc.Phase == phaseAdmitting {
 		if time.Since(lc.Created) > staleInit && rev != 0 {

@@ -52,6 +52,8 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		s.reportRejected(ctx, req, id, err)
 		return nil, err
 	}
+	ctx, cancel := s.admission(ctx)
+	defer cancel()
 	rec := s.g2Record(req, id)
 	existing, err := s.admit(ctx, rec, phaseQueued, true)
 	if existing != nil && (err == nil || errors.Is(err, errIDInUse)) {

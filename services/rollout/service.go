@@ -97,6 +97,8 @@ type Service struct {
 	stopDelivery context.CancelCauseFunc
 	// wg counts the goroutines the drain waits for.
 	wg activity
+	// admitWithin is admissionTimeout (a test shortens it).
+	admitWithin time.Duration
 }
 
 // upstreamBufferSize is the read and write buffer of each connection to
@@ -129,14 +131,15 @@ func New(cfg Config) (*Service, error) {
 		workflow: wf,
 		// All RPCs need the key but Health (the Osmosis /health) and the
 		// standard health and reflection services.
-		auth:      server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
-		seal:      sl,
-		log:       cfg.Logger.With("service", "rollout"),
-		logs:      logs,
-		metrics:   newMetrics(cfg.Metrics),
-		sem:       make(chan struct{}, cfg.MaxConcurrent),
-		routes:    llmproxy.NewRouteTable(),
-		rejectSem: make(chan struct{}, maxRejectedDeliveries),
+		auth:        server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
+		seal:        sl,
+		log:         cfg.Logger.With("service", "rollout"),
+		logs:        logs,
+		metrics:     newMetrics(cfg.Metrics),
+		sem:         make(chan struct{}, cfg.MaxConcurrent),
+		routes:      llmproxy.NewRouteTable(),
+		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
+		admitWithin: admissionTimeout,
 		g1Policy: callbackPolicy{
 			BaseDelay: cfg.Client.RetryBaseDelay,
 			MaxDelay:  cfg.Client.RetryMaxDelay,

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -202,5 +204,46 @@ func TestRenewSkipsAnsweredMessages(t *testing.T) {
 		if warned != tc.warn {
 			t.Errorf("renewal failing with %v: warned %v, want %v; log:\n%s", tc.err, warned, tc.warn, buf.String())
 		}
+	}
+}
+
+// hungKV is a shared state whose lifecycle writes never answer: each waits
+// until its caller gives up, as a write to a NATS leader that died does.
+type hungKV struct {
+	jetstream.KeyValue
+}
+
+func (kv hungKV) Update(ctx context.Context, _ string, _ []byte, _ uint64) (uint64, error) {
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// TestAdmissionAnswersInTime: a G1 init whose shared state stops answering
+// after the rollout was entered is refused within the admission's time,
+// which the trainer retries, rather than held for as long as each step
+// takes to give up.
+func TestAdmissionAnswersInTime(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	s.admitWithin = 500 * time.Millisecond
+	s.sh.rollouts = hungKV{s.sh.rollouts}
+	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = s.InitRollout(ctx, &rolloutv1.InitRolloutRequest{RolloutId: "hung-init", ServerUrl: "http://127.0.0.1:9",
+		Messages: []*structpb.Struct{msg}, CompletionParams: &structpb.Struct{}})
+	took := time.Since(began)
+	if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
+		t.Fatalf("init with the state hung: %v, want Unavailable or DeadlineExceeded", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("init with the state hung answered after %v, want about its admission time (%v)", took, s.admitWithin)
 	}
 }
