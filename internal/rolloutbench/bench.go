@@ -320,7 +320,23 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, 
 // startServe starts the `osmo serve` that serve builds, with cfg's
 // workflow, limits and state, and waits until it is healthy; its caller
 // stops it. base is its URL.
+//
+// The port is one nothing listened on a moment before, which a connection
+// of the machine may take as its own end in between (after a run that held
+// 10,000 connections, ephemeral ports are many): a server that could not
+// bind it is started again on another, up to bindTries times.
 func startServe(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *proc, base string, err error) {
+	for try := 1; ; try++ {
+		srv, base, err = startServeOnce(ctx, cfg, serve)
+		if err == nil || try == bindTries || !strings.Contains(err.Error(), "address already in use") {
+			return srv, base, err
+		}
+	}
+}
+
+const bindTries = 3
+
+func startServeOnce(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *proc, base string, err error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
