@@ -69,6 +69,27 @@ func (instantGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*grad
 	return resp, nil
 }
 
+// serveCalculator serves the calculator loop graded by gr, its lifecycles
+// in the bucket wrap makes of the real one, until the test ends; ctx is
+// the test's, 60 s long.
+func serveCalculator(t *testing.T, gr Grader, wrap func(jetstream.KeyValue) jetstream.KeyValue) (*Service, context.Context) {
+	t.Helper()
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: gr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sh.rollouts = wrap(s.sh.rollouts)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+		_ = s.Close()
+	})
+	return s, ctx
+}
+
 // concludeMany runs n G2 rollouts graded by gr to their grader callbacks,
 // the trainer answering each completion callback after trainerWait(), and
 // returns the lifecycle writes made.
@@ -93,21 +114,11 @@ func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grad
 	}))
 	defer trainer.Close()
 
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: gr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv := &countingKV{KeyValue: s.sh.rollouts}
-	s.sh.rollouts = kv
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	defer func() {
-		cancel()
-		<-served
-		_ = s.Close()
-	}()
+	var kv *countingKV
+	s, ctx := serveCalculator(t, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
+		kv = &countingKV{KeyValue: b}
+		return kv
+	})
 
 	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/mockllm"
-	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
 // lossyKV makes the first lifecycle write that lets the final stage be
@@ -79,21 +77,11 @@ func TestFinalStageOwedWithALostAnswer(t *testing.T) {
 	}))
 	defer trainer.Close()
 
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: slowGrader{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv := &lossyKV{KeyValue: s.sh.rollouts}
-	s.sh.rollouts = kv
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	defer func() {
-		cancel()
-		<-served
-		_ = s.Close()
-	}()
+	var kv *lossyKV
+	s, ctx := serveCalculator(t, slowGrader{}, func(b jetstream.KeyValue) jetstream.KeyValue {
+		kv = &lossyKV{KeyValue: b}
+		return kv
+	})
 
 	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
 	if err != nil {
