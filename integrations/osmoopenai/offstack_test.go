@@ -44,8 +44,8 @@ func TestOffStackReusesItsGoroutines(t *testing.T) {
 	if ids[caller] {
 		t.Fatal("a call ran on the caller's goroutine")
 	}
-	if len(ids) > cap(workerSlots) {
-		t.Errorf("200 calls in turn ran on %d goroutines, want at most %d", len(ids), cap(workerSlots))
+	if len(ids) > maxDeepCalls {
+		t.Errorf("200 calls in turn ran on %d goroutines, want at most %d", len(ids), maxDeepCalls)
 	}
 }
 
@@ -73,14 +73,13 @@ func TestOffStackBoundsItsWorkers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("64 calls made together did not all return")
 	}
-	if m := most.Load(); m > int64(cap(workerSlots)) {
-		t.Errorf("%d calls ran at once, want at most %d", m, cap(workerSlots))
+	if m := most.Load(); m > int64(maxDeepCalls) {
+		t.Errorf("%d calls ran at once, want at most %d", m, maxDeepCalls)
 	}
-	// Each worker holds a slot while it lives.
 	deadline := time.Now().Add(workerIdle + 5*time.Second)
-	for len(workerSlots) > 0 {
+	for deepCalls.Live() > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d workers still there %v after the calls stopped", len(workerSlots), workerIdle+5*time.Second)
+			t.Fatalf("%d goroutines still there %v after the calls stopped", deepCalls.Live(), workerIdle+5*time.Second)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
