@@ -78,13 +78,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				if err != nil && rec != nil {
 					rec.addCallbackError(c.Event, err)
 				}
-				if rec != nil {
-					rec.writing.Lock()
-				}
 				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err)
-				if rec != nil {
-					rec.writing.Unlock()
-				}
 				if merr != nil {
 					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
 					ok = false

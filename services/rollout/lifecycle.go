@@ -167,8 +167,6 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 	state, reward := rec.state, rec.reward
 	rec.mu.Unlock()
 	var written *owedStage // the stage, when an earlier try wrote it
-	rec.writing.Lock()
-	defer rec.writing.Unlock()
 	lc, err := s.persist(ctx, rec.id, func(lc *lifecycle) error {
 		written, viaOutbox = nil, false
 		if lc.Owner != s.replica {

@@ -99,12 +99,6 @@ type record struct {
 	work jetstream.Msg
 	// handed: a callback of the rollout went to the outbox.
 	handed atomic.Bool
-	// writing serializes this replica's writes of the rollout's lifecycle
-	// while it concludes it: the mark of a first callback delivered and
-	// the owing of the final stage are made together (grading goes on
-	// while the first callbacks are sent), and the one that loses the
-	// compare-and-set has to read the lifecycle and write it again.
-	writing sync.Mutex
 }
 
 // toolStats are the tool calls a sample's agent recorded itself.
