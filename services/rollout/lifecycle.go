@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go/jetstream"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
@@ -325,14 +326,10 @@ func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Lo
 // releaseWork lets go of the rollout's work message: acknowledged when it
 // is done with, or left to redelivery (another replica concludes it).
 func (s *Service) releaseWork(rec *record, done bool) {
-	rec.mu.Lock()
-	msg := rec.work
-	rec.work = nil
-	rec.mu.Unlock()
+	msg := s.detachWork(rec)
 	if msg == nil {
 		return
 	}
-	s.leases.drop(msg)
 	if done {
 		// Not waited for: an acknowledgement lost on the way only brings
 		// the message back, to a replica that finds the rollout finished.
@@ -341,6 +338,20 @@ func (s *Service) releaseWork(rec *record, done bool) {
 				"rollout_id", rec.id, "error", err)
 		}
 	}
+}
+
+// detachWork takes the rollout's work message out of its record and out
+// of the leases, and returns it for its holder to answer (nil when the
+// record holds none).
+func (s *Service) detachWork(rec *record) jetstream.Msg {
+	rec.mu.Lock()
+	msg := rec.work
+	rec.work = nil
+	rec.mu.Unlock()
+	if msg != nil {
+		s.leases.drop(msg)
+	}
+	return msg
 }
 
 // settleFrom sets a resumed rollout's final outcome and reward from its

@@ -264,13 +264,8 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		// and take put that delivery in the record: it is the live one,
 		// and the one to answer. Left held, it would be renewed for ever
 		// and the rollout never taken again.
-		rec.mu.Lock()
-		live := rec.work
-		rec.work = nil
-		rec.mu.Unlock()
 		s.leases.drop(msg)
-		if live != nil && live != msg {
-			s.leases.drop(live)
+		if live := s.detachWork(rec); live != nil {
 			msg = live
 		}
 		rec.rolloutSpan().End()
