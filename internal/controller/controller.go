@@ -97,7 +97,7 @@ func New(addr string, opts Options) (*Controller, error) {
 	c := &Controller{
 		opts:        opts,
 		ln:          ln,
-		client:      &http.Client{Timeout: 5 * time.Minute},
+		client:      newClient(5 * time.Minute),
 		completions: map[string][]Completion{},
 		changed:     make(chan struct{}),
 	}
@@ -119,6 +119,8 @@ func (c *Controller) Serve(ctx context.Context) error {
 		defer cancel()
 		_ = c.srv.Shutdown(sctx)
 	}()
+	// Its own idle connections go with it.
+	defer c.client.CloseIdleConnections()
 	if err := c.srv.Serve(c.ln); err != nil && err != http.ErrServerClosed {
 		return err
 	}
@@ -310,4 +312,18 @@ func (c *Controller) FailedCompletions() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.failed
+}
+
+// keepAliveConns is how many idle connections a controller keeps to each
+// host (the rollout server, the policy): as many as it has calls in flight
+// at once, as a trainer's pooled client does. Go's default keeps two, so
+// that under load nearly every request opened a connection and closed it,
+// a cost on both sides that no trainer pays.
+const keepAliveConns = 1024
+
+// newClient is a controller's HTTP client; timeout 0 is none.
+func newClient(timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = keepAliveConns, keepAliveConns
+	return &http.Client{Transport: tr, Timeout: timeout}
 }

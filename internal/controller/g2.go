@@ -128,7 +128,7 @@ func NewG2(addr string, o G2Options) (*G2, error) {
 		ln:   ln,
 		// No client timeout: a streamed answer may take long, and the
 		// caller's request context bounds every forwarded call.
-		client:      &http.Client{},
+		client:      newClient(0),
 		completions: map[string][]G2Callback{},
 		grades:      map[string][]G2Callback{},
 		changed:     make(chan struct{}),
@@ -180,6 +180,8 @@ func (c *G2) Serve(ctx context.Context) error {
 		_ = c.srv.Shutdown(sctx)
 	})
 	defer stop()
+	// Its own idle connections go with it.
+	defer c.client.CloseIdleConnections()
 	if err := c.srv.Serve(c.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("controller: serve: %w", err)
 	}

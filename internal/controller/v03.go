@@ -212,7 +212,7 @@ func NewV03(addr string, o V03Options) (*V03, error) {
 		opts: o,
 		ln:   ln,
 		// No client timeout: the caller's contexts bound every call.
-		client:   &http.Client{},
+		client:   newClient(0),
 		live:     map[string]*v03Session{},
 		finished: map[string]V03Result{},
 		comps:    map[string][]V03Callback{},
@@ -251,6 +251,8 @@ func (c *V03) Serve(ctx context.Context) error {
 		_ = c.srv.Shutdown(sctx)
 	})
 	defer stop()
+	// Its own idle connections go with it.
+	defer c.client.CloseIdleConnections()
 	if err := c.srv.Serve(c.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("controller: serve: %w", err)
 	}
