@@ -107,9 +107,14 @@ func (s *Service) isClosed() bool {
 // InvalidArgument naming the field; a grader's failure is an answer with
 // Error set, not an RPC error.
 func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	return s.grade(ctx, req, true)
+}
+
+// grade is Grade; keep says whether a fresh grading is stored for resends.
+func (s *Service) grade(ctx context.Context, req *graderv1.GradeRequest, keep bool) (*graderv1.GradeResponse, error) {
 	ctx, span := s.startGrade(ctx, req)
 	defer span.End()
-	resp, err := s.answer(ctx, req)
+	resp, err := s.answer(ctx, req, keep)
 	endGrade(span, resp, err)
 	if err != nil {
 		s.log.WarnContext(ctx, "grade request not answered", "rollout_id", req.GetRolloutId(), "error", err)
@@ -124,6 +129,12 @@ func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 // the gradings cannot be read (the shared state is unreachable), it tries
 // again, as a stream's client resends, 100 ms doubling to 2 s apart, until
 // ctx ends.
+//
+// A first attempt's grading is not stored: the bucket is there to answer
+// a resend of a request whose answer was lost on its way, and an answer
+// in process is not. Its caller grades each rollout once and never asks
+// again (a retry here is no first attempt, and is stored). That is a
+// NATS write per rollout that osmo serve does not make.
 func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	var last error
 	tries := 0
@@ -133,7 +144,7 @@ func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*
 			req = proto.CloneOf(req)
 			req.FirstAttempt = false
 		}
-		resp, err := s.Grade(ctx, req)
+		resp, err := s.grade(ctx, req, !req.GetFirstAttempt())
 		last = err
 		switch status.Code(err) {
 		case codes.OK:
@@ -221,7 +232,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 			defer func() { <-inflight }()
 			rctx, span := s.startGrade(ctx, req)
 			defer span.End()
-			resp, err := s.answer(rctx, req)
+			resp, err := s.answer(rctx, req, true)
 			endGrade(span, resp, err)
 			if err != nil {
 				st := status.Convert(err)
@@ -270,7 +281,7 @@ func streamEnd(ctx context.Context) error {
 // cheap nor deterministic), which is what the store is for. The client
 // resends on Unavailable until its deadline, so an outage of NATS costs
 // latency, not a duplicate grading.
-func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep bool) (*graderv1.GradeResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, err
 	}
@@ -309,7 +320,7 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest) (*grad
 			led = true
 			// The pass outlives this request if it goes away; its context
 			// only parents the pass's spans and logs.
-			return s.gradeMissing(context.WithoutCancel(ctx), name, g, req, want, fps, log)
+			return s.gradeMissing(context.WithoutCancel(ctx), name, g, req, want, fps, keep, log)
 		})
 		var res singleflight.Result
 		select {
@@ -363,9 +374,9 @@ func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 // gradeMissing is one grading pass: it looks in the store (a pass
 // that just ended, here or on another replica, may have stored these
 // samples), grades what is still missing, and stores the grading before
-// anyone is answered. tctx carries the trace of the request that leads the
+// anyone is answered (unless keep is false: see GradeLocal). tctx carries the trace of the request that leads the
 // pass; the pass runs under the service's context.
-func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, fps map[string]string, log *slog.Logger) (*flightResult, error) {
+func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, fps map[string]string, keep bool, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -409,7 +420,7 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	for i := range gr.Samples {
 		gr.Samples[i].Fingerprint = fps[gr.Samples[i].ID]
 	}
-	stored := s.commit(tctx, gr, log)
+	stored := !keep || s.commit(tctx, gr, log)
 	s.metrics.observe(gr, time.Since(start))
 	if gr.Error == "" && stored {
 		// Logged only once the grading is stored: each "graded" record is

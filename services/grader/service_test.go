@@ -697,6 +697,20 @@ func TestGradeLocal(t *testing.T) {
 	if resp, err := svc.GradeLocal(testContext(t), gradeReq(t, "local-1", "42", "42")); err != nil || !resp.GetGrades()[0].GetCached() || c.runs != 1 {
 		t.Errorf("second GradeLocal = %v, %v (graded %d times)", resp, err, c.runs)
 	}
+	// A first attempt in process is not stored: the same request sent
+	// again, not as a first attempt, is graded again, and that one is
+	// stored.
+	first := gradeReq(t, "local-4", "42", "42")
+	first.FirstAttempt = true
+	if resp, err := svc.GradeLocal(testContext(t), first); err != nil || resp.GetGrades()[0].GetCached() || c.runs != 2 {
+		t.Fatalf("first attempt: %v, %v (graded %d times)", resp, err, c.runs)
+	}
+	for i, want := range []bool{false, true} {
+		resp, err := svc.GradeLocal(testContext(t), gradeReq(t, "local-4", "42", "42"))
+		if err != nil || resp.GetGrades()[0].GetCached() != want || c.runs != 3 {
+			t.Fatalf("resend %d after a first attempt = %v, %v (graded %d times); want cached %v", i+1, resp, err, c.runs, want)
+		}
+	}
 	resp, err = svc.GradeLocal(testContext(t), &graderv1.GradeRequest{RolloutId: "local-2"})
 	if err != nil || !strings.Contains(resp.GetError(), "invalid request: ") || resp.GetErrorCategory() != "validation_error" {
 		t.Errorf("invalid request: %v, %v", resp, err)
