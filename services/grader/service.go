@@ -302,7 +302,13 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep b
 	rid := req.GetRolloutId()
 	log := s.log.With("rollout_id", rid)
 	ids := sampleIDs(req)
-	fps := fingerprints(name, req)
+	// Fingerprints match a grading to a later request, through the store,
+	// or to a request that waits for the pass: one that is not kept
+	// answers the request that led its pass only, and needs none.
+	var fps map[string]string
+	if keep {
+		fps = fingerprints(name, req)
+	}
 	// Each pass looks the rollout's stored gradings up (a pass that just
 	// ended, here or on another replica, may have stored these samples),
 	// grades what is missing and stores it; a request either leads a pass
@@ -335,6 +341,9 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep b
 		missing = nil
 		for _, id := range want {
 			o, ok := fr.answerFor(id, fps[id])
+			if !ok && led {
+				o, ok = fr.own(id)
+			}
 			if !ok {
 				missing = append(missing, id)
 				continue
@@ -360,6 +369,16 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep b
 type flightResult struct {
 	gradings []*grading
 	fresh    *grading // graded in this pass; nil if all were stored already
+}
+
+// own is the answer for id from the grading this pass made, to the
+// request that led the pass: the samples it sent are those graded.
+func (f *flightResult) own(id string) (answer, bool) {
+	if f.fresh == nil {
+		return answer{}, false
+	}
+	r, ok := f.fresh.sample(id)
+	return answer{g: f.fresh, r: r}, ok
 }
 
 func (f *flightResult) answerFor(id, fp string) (answer, bool) {

@@ -478,6 +478,58 @@ func TestConcurrentDuplicatesWaitForOneGrading(t *testing.T) {
 	}
 }
 
+// A request that waits for the pass of an in-process first attempt (a
+// grading not kept, without fingerprints) is not answered from it: it is
+// graded on its own once that pass ends, and both are answered.
+func TestWaiterOfAnUnkeptGrading(t *testing.T) {
+	release := make(chan struct{})
+	c := newCounter(func(_ context.Context, gc *osmo.GraderContext) error {
+		<-release
+		for id := range gc.Samples {
+			if err := gc.SetSampleReward(id, 0.5); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	rc := &recvUnary{}
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": c}, Default: "g"}, rc.option())
+	client := stub(t, ts)
+	ctx := testContext(t)
+
+	type result struct {
+		resp *graderv1.GradeResponse
+		err  error
+	}
+	local, remote := make(chan result, 1), make(chan result, 1)
+	go func() {
+		first := gradeReq(t, "unkept", "x", "a")
+		first.FirstAttempt = true
+		resp, err := ts.svc.GradeLocal(ctx, first)
+		local <- result{resp, err}
+	}()
+	waitFor(t, "the in-process grading", func() bool { return c.count() == 1 })
+	go func() {
+		resp, err := client.Grade(ctx, gradeReq(t, "unkept", "x", "a"))
+		remote <- result{resp, err}
+	}()
+	waitFor(t, "the waiting request", func() bool { return rc.calls.Load() == 1 })
+	close(release)
+	for name, ch := range map[string]chan result{"in process": local, "over gRPC": remote} {
+		select {
+		case r := <-ch:
+			if r.err != nil || r.resp.GetError() != "" || r.resp.GetGrades()[0].GetReward() != 0.5 || r.resp.GetGrades()[0].GetCached() {
+				t.Fatalf("%s: %v, %v; want a fresh reward of 0.5", name, r.resp, r.err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no answer", name)
+		}
+	}
+	if c.count() != 2 {
+		t.Fatalf("grader ran %d times, want 2 (the waiter graded on its own)", c.count())
+	}
+}
+
 // A request that overlaps a grading of other samples of the same rollout
 // waits for it, then grades only what that grading did not cover.
 func TestOverlappingRequestsForOneRollout(t *testing.T) {
