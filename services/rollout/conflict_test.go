@@ -166,14 +166,35 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 }
 
 // TestFinalBodiesWrittenOnce: a rollout graded before its trainer answers
-// the completion callback owes its final stage once that answer is in, so
-// the final callbacks' bodies (the grader callback carries every sample)
-// are written into the lifecycle once, not again with the mark of the
-// first stage.
+// the completion callback owes its final stage with the mark of the first
+// stage, once that answer is in: the final callbacks' bodies (the grader
+// callback carries every sample) are written into the lifecycle once, in
+// the same write as the mark, the write the final stage's own would
+// have followed. Each rollout's lifecycle is then updated three times:
+// it starts, it owes its first stage, that stage is marked with the final
+// stage owed (then the final stage's mark finishes it, and its creation
+// and finish are writes of another kind).
 func TestFinalBodiesWrittenOnce(t *testing.T) {
 	const n = 20
 	kv := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, instantGrader{})
 	if got := kv.finalBodies.Load(); got != n {
 		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d", got, n, n)
+	}
+	if got := kv.writes.Load(); got != 3*n {
+		t.Errorf("%d lifecycle updates for %d rollouts, want %d: the final stage was not owed with the first stage's mark", got, n, 3*n)
+	}
+}
+
+// TestFinalOwedAfterASlowGrading: a grading that ends after the first
+// stage's mark was written has its final stage owed in a write of its
+// own; nothing waits for the offer.
+func TestFinalOwedAfterASlowGrading(t *testing.T) {
+	const n = 10
+	kv := concludeMany(t, n, func() time.Duration { return 0 }, slowGrader{})
+	if got := kv.finalBodies.Load(); got != n {
+		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d", got, n, n)
+	}
+	if got := kv.writes.Load(); got != 4*n {
+		t.Errorf("%d lifecycle updates for %d rollouts, want %d (start, first stage, its mark, final stage)", got, n, 4*n)
 	}
 }

@@ -53,8 +53,10 @@ type delivery struct {
 // replica to conclude it again.
 //
 // rec is the rollout's record when this replica holds it (nil in the
-// outbox): its event log and callback error record each callback.
-func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, log *slog.Logger) bool {
+// outbox): its event log and callback error record each callback. offer,
+// when not nil, is the final stage its conclusion offers the first stage's
+// marks (see finalOffer).
+func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, offer *finalOffer, log *slog.Logger) bool {
 	if st == nil || !st.Sending {
 		return true
 	}
@@ -78,7 +80,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				if err != nil && rec != nil {
 					rec.addCallbackError(c.Event, err)
 				}
-				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err)
+				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err, offer)
 				if merr != nil {
 					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
 					ok = false
@@ -87,7 +89,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				// outbox it is handed over, as a replica concluding the
 				// rollout after a loss would hand it over too, and the
 				// outbox keeps one of the two.
-				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil && !viaOutbox, log) && ok
+				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil && !viaOutbox, nil, log) && ok
 				continue
 			}
 			// Later callbacks of the stage wait for this one in the outbox.
@@ -114,7 +116,14 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 // earlier try whose answer was lost, which may have let the final stage
 // go. That final stage is returned with viaOutbox set: it is to be handed
 // to the outbox, which keeps one hand-over of it, rather than posted.
-func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error) (next *owedStage, viaOutbox bool, err error) {
+//
+// A mark of the first stage takes up the final stage offered, if any, and
+// owes it in the same write (see finalOffer).
+func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error, offer *finalOffer) (next *owedStage, viaOutbox bool, err error) {
+	var fin *stageToOwe
+	if stage == stageRan {
+		fin = offer.claim()
+	}
 	tries := 0
 	lc, err := s.persist(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
 		tries++
@@ -131,6 +140,11 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 				next, viaOutbox = lc.Final, true
 			}
 			return errUnchanged
+		}
+		if fin != nil && lc.Final == nil && lc.Owner == s.replica {
+			// Owed before the mark, as its owner would owe it: the mark
+			// below then starts sending it if it completes the first stage.
+			fin.applyTo(lc, stageFinal)
 		}
 		st.Done[i] = true
 		// A callback done with is never posted again: its body and bearer
@@ -150,6 +164,13 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		settleFinished(lc)
 		return nil
 	})
+	if fin != nil {
+		// Owed if the lifecycle as last written or read has a final stage
+		// while this replica still owns it: nobody else owes it meanwhile
+		// (its conclusion waits for this answer, a replica that took the
+		// rollout over owns it).
+		offer.settle((err == nil || errors.Is(err, errUnchanged)) && lc != nil && lc.Final != nil && lc.Owner == s.replica)
+	}
 	if errors.Is(err, errUnchanged) || errors.Is(err, errGone) {
 		return next, viaOutbox, nil
 	}
@@ -157,6 +178,69 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		s.waiters.notify(id)
 	}
 	return next, false, err
+}
+
+// finalOffer hands a rollout's final stage, once it is ready, to the mark
+// of its first stage's callback: when that callback is delivered after the
+// rollout was graded, as it mostly is (grading goes on while it is posted),
+// one write marks it done and owes the final stage, to be sent at once,
+// instead of a write for each. The rollout's conclusion offers the stage
+// (put) and, once the first stage was tried or finalOweWait passed,
+// withdraws it; it owes the stage itself unless a mark took it up.
+type finalOffer struct {
+	mu    sync.Mutex
+	stage *stageToOwe
+	// closed: taken up by a mark, or withdrawn.
+	closed bool
+	// claimed is closed once the mark that took the offer up settled it,
+	// taken saying whether it owed the stage.
+	claimed chan struct{}
+	taken   bool
+}
+
+// put offers t, unless the offer was withdrawn.
+func (f *finalOffer) put(t *stageToOwe) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.stage = t
+	}
+}
+
+// claim takes the offer up for a mark about to be written: the stage, or
+// nil when none is offered (f nil included). A claim is settled.
+func (f *finalOffer) claim() *stageToOwe {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || f.stage == nil {
+		return nil
+	}
+	t := f.stage
+	f.stage, f.closed, f.claimed = nil, true, make(chan struct{})
+	return t
+}
+
+// settle says whether the mark that claimed the offer owed the stage.
+func (f *finalOffer) settle(taken bool) {
+	f.taken = taken
+	close(f.claimed)
+}
+
+// withdraw ends the offer and reports whether a mark owed the stage,
+// waiting for a mark that took it up to be written.
+func (f *finalOffer) withdraw() bool {
+	f.mu.Lock()
+	f.closed, f.stage = true, nil
+	claimed := f.claimed
+	f.mu.Unlock()
+	if claimed == nil {
+		return false
+	}
+	<-claimed
+	return f.taken
 }
 
 // awaitDelivered waits, when some of a rollout's callbacks went to the

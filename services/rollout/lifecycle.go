@@ -87,8 +87,9 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	// not answering, and the final callbacks still follow the first.
 	sent := make(chan bool, 1)
 	ranTried := make(chan struct{})
+	offer := &finalOffer{}
 	go func() {
-		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, log)
+		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, offer, log)
 		close(ranTried)
 		sent <- ok
 	}()
@@ -105,28 +106,34 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		// The final stage holds the bodies of its callbacks (the grader
 		// callback's carries every sample), and each write of the
 		// lifecycle rewrites them until they are delivered. It cannot be
-		// sent before the first stage is done with, so it is owed after
-		// the first stage's mark when that comes soon: written once, not
-		// twice. A trainer slow to answer holds it up for at most
+		// sent before the first stage is done with, so it is owed with
+		// the first stage's mark when that comes after it is ready (the
+		// mark's sender then sends it), or after that mark when it comes
+		// soon: written once, not twice, and in one write with the mark
+		// when it can. A trainer slow to answer holds it up for at most
 		// finalOweWait, so a graded result is soon in the shared state.
-		t := time.NewTimer(finalOweWait)
+		t := s.newStage(rec, final, rec.wire.finished(rec, run, final), log)
+		offer.put(t)
+		timer := time.NewTimer(finalOweWait)
 		select {
 		case <-ranTried:
-		case <-t.C:
+		case <-timer.C:
 		}
-		t.Stop()
-		var (
-			err       error
-			viaOutbox bool
-		)
-		if fin, viaOutbox, err = s.owe(ctx, rec, stageFinal, final, rec.wire.finished(rec, run, final), log); err != nil {
-			<-sent
-			s.abandon(rec, err, log)
-			return
+		timer.Stop()
+		if !offer.withdraw() {
+			var (
+				err       error
+				viaOutbox bool
+			)
+			if fin, viaOutbox, err = s.oweStage(ctx, rec.id, stageFinal, t); err != nil {
+				<-sent
+				s.abandon(rec, err, log)
+				return
+			}
+			finDirect = !viaOutbox
 		}
-		finDirect = !viaOutbox
 	}
-	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, log)
+	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, nil, log)
 	ok = <-sent && ok
 	if ok {
 		s.awaitDelivered(rec)
@@ -154,6 +161,12 @@ func (s *Service) lostMessage(lc *lifecycle, when string) string {
 // is done at once. viaOutbox says the stage is to be handed to the outbox
 // rather than posted (see below).
 func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (_ *owedStage, viaOutbox bool, _ error) {
+	return s.oweStage(ctx, rec.id, stage, s.newStage(rec, o, ds, log))
+}
+
+// newStage is a stage to owe: its callbacks with their bodies encoded,
+// and what the lifecycle says of the rollout once it is owed.
+func (s *Service) newStage(rec *record, o outcome.Outcome, ds []delivery, log *slog.Logger) *stageToOwe {
 	st := &owedStage{Outcome: saveOutcome(o), Callbacks: make([]savedCallback, len(ds)), Done: make([]bool, len(ds))}
 	for i, d := range ds {
 		payload, err := marshalBody(d.body)
@@ -165,10 +178,22 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		st.Callbacks[i] = savedCallback{Event: d.event, Route: d.route, URL: d.url, Bearer: s.seal.text(d.bearer), Status: d.status, Payload: payload}
 	}
 	rec.mu.Lock()
-	state, reward := rec.state, rec.reward
-	rec.mu.Unlock()
+	defer rec.mu.Unlock()
+	return &stageToOwe{st: st, state: rec.state, reward: rec.reward}
+}
+
+// stageToOwe is a stage's callbacks and outcome, and the rollout's state
+// and reward as they stand when it is owed.
+type stageToOwe struct {
+	st     *owedStage
+	state  rolloutv1.State
+	reward *float64
+}
+
+// oweStage writes a stage built by newStage (see owe).
+func (s *Service) oweStage(ctx context.Context, id, stage string, t *stageToOwe) (_ *owedStage, viaOutbox bool, _ error) {
 	var written *owedStage // the stage, when an earlier try wrote it
-	lc, err := s.persist(ctx, rec.id, func(lc *lifecycle) error {
+	lc, err := s.persist(ctx, id, func(lc *lifecycle) error {
 		written, viaOutbox = nil, false
 		if lc.Owner != s.replica {
 			return errNotOwner
@@ -188,27 +213,7 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 			written, viaOutbox = &cp, stage == stageFinal && prev.Sending
 			return errUnchanged
 		}
-		cp := *st
-		cp.Done = append([]bool(nil), st.Done...)
-		lc.State = state
-		switch stage {
-		case stageRan:
-			cp.Sending = true
-			lc.Ran, lc.Phase = &cp, phaseRan
-			if state != rolloutv1.State_STATE_GRADING {
-				lc.Outcome, lc.Reward = &cp.Outcome, reward
-			}
-		case stageFinal:
-			cp.Sending = lc.Ran.done()
-			lc.Final, lc.Phase = &cp, phaseFinal
-			lc.Outcome, lc.Reward = &cp.Outcome, reward
-		}
-		// Past the request: what a retry or a recovery needs is in the
-		// stages now.
-		if stage == stageFinal {
-			lc.Request, lc.admitted = nil, nil
-		}
-		settleFinished(lc)
+		t.applyTo(lc, stage)
 		return nil
 	})
 	if errors.Is(err, errUnchanged) && written != nil {
@@ -221,6 +226,29 @@ func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.
 		return lc.Ran, false, nil
 	}
 	return lc.Final, false, nil
+}
+
+// applyTo owes t as stage in lc, which owes no such stage yet.
+func (t *stageToOwe) applyTo(lc *lifecycle, stage string) {
+	cp := *t.st
+	cp.Done = append([]bool(nil), t.st.Done...)
+	lc.State = t.state
+	switch stage {
+	case stageRan:
+		cp.Sending = true
+		lc.Ran, lc.Phase = &cp, phaseRan
+		if t.state != rolloutv1.State_STATE_GRADING {
+			lc.Outcome, lc.Reward = &cp.Outcome, t.reward
+		}
+	case stageFinal:
+		cp.Sending = lc.Ran.done()
+		lc.Final, lc.Phase = &cp, phaseFinal
+		lc.Outcome, lc.Reward = &cp.Outcome, t.reward
+		// Past the request: what a retry or a recovery needs is in the
+		// stages now.
+		lc.Request, lc.admitted = nil, nil
+	}
+	settleFinished(lc)
 }
 
 // persist is update, retried while the shared state does not answer, for

@@ -54,8 +54,22 @@ func (slowGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 // (the first one done, so it is to be sent at once) is made, but its answer
 // is lost and the write is tried again. The retry finds the stage written:
 // it must still be sent, once (it once was taken as not to be sent, and
-// the grader callback never went out).
+// the grader callback never went out). That write is the final stage's
+// own when the grading ends after the first stage's mark, and the mark's
+// when it ends before.
 func TestFinalStageOwedWithALostAnswer(t *testing.T) {
+	for name, c := range map[string]struct {
+		grader         Grader
+		completionWait time.Duration
+	}{
+		"graded after the mark":  {slowGrader{}, 0},
+		"graded before the mark": {instantGrader{}, 50 * time.Millisecond},
+	} {
+		t.Run(name, func(t *testing.T) { finalStageOwedWithALostAnswer(t, c.grader, c.completionWait) })
+	}
+}
+
+func finalStageOwedWithALostAnswer(t *testing.T, gr Grader, completionWait time.Duration) {
 	mock, err := mockllm.New(mockllm.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +80,9 @@ func TestFinalStageOwedWithALostAnswer(t *testing.T) {
 	got := map[string]int{}
 	trainer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/completion" {
+			time.Sleep(completionWait)
+		}
 		mu.Lock()
 		got[r.URL.Path]++
 		mu.Unlock()
@@ -73,7 +90,7 @@ func TestFinalStageOwedWithALostAnswer(t *testing.T) {
 	defer trainer.Close()
 
 	var kv *lossyKV
-	s, ctx := serveCalculator(t, slowGrader{}, func(b jetstream.KeyValue) jetstream.KeyValue {
+	s, ctx := serveCalculator(t, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
 		kv = &lossyKV{KeyValue: b}
 		return kv
 	})

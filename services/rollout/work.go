@@ -380,7 +380,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		// replica that died before it handed it over; hand it over again
 		// (the outbox drops what it holds).
 		if m.Stage == stageRan && lc.Final != nil && lc.Final.Sending && !lc.Final.done() &&
-			!s.send(ctx, nil, m.ID, lc.Created, s.policyOf(lc.Wire), stageFinal, lc.Final, false, log) {
+			!s.send(ctx, nil, m.ID, lc.Created, s.policyOf(lc.Wire), stageFinal, lc.Final, false, nil, log) {
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -422,13 +422,13 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		err = fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", c.URL, attempt, p.Deadline, err)
 		log.Error(c.Event+" failed", "error", err)
 	}
-	next, _, merr := s.markDone(ctx, m.ID, m.Stage, m.Index, c.Event, err)
+	next, _, merr := s.markDone(ctx, m.ID, m.Stage, m.Index, c.Event, err, nil)
 	if merr != nil {
 		log.Warn("shared state: could not mark a callback done; it goes back", "error", merr)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	if !s.send(ctx, nil, m.ID, lc.Created, p, stageFinal, next, false, log) {
+	if !s.send(ctx, nil, m.ID, lc.Created, p, stageFinal, next, false, nil, log) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
