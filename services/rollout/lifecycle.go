@@ -112,8 +112,8 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		// soon: written once, not twice, and in one write with the mark
 		// when it can. A trainer slow to answer holds it up for at most
 		// finalOweWait, so a graded result is soon in the shared state.
-		t := s.newStage(rec, final, rec.wire.finished(rec, run, final), log)
-		offer.put(t)
+		ds := rec.wire.finished(rec, run, final)
+		offer.put(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
 		timer := time.NewTimer(finalOweWait)
 		select {
 		case <-ranTried:
@@ -125,7 +125,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 				err       error
 				viaOutbox bool
 			)
-			if fin, viaOutbox, err = s.oweStage(ctx, rec.id, stageFinal, t); err != nil {
+			if fin, viaOutbox, err = s.oweStage(ctx, rec.id, stageFinal, s.newStage(rec, final, ds, log)); err != nil {
 				<-sent
 				s.abandon(rec, err, log)
 				return
