@@ -9,9 +9,11 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/packages/param"
+	"github.com/openai/openai-go/v3/shared/constant"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -71,8 +73,9 @@ func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 }
 
 // complete posts params with items as its messages; enc, when not nil,
-// is params encoded (see encodeParams).
-func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams) (*openai.ChatCompletion, error) {
+// is params encoded (see encodeParams). toolTurn: a reply that asks for
+// tools is decoded by decodeToolTurn (see Session.complete).
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams, toolTurn bool) (*openai.ChatCompletion, error) {
 	body, err := requestBody(params, items, enc)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
@@ -100,11 +103,107 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); !strings.Contains(mt, "application/json") && !strings.HasSuffix(mt, "+json") {
 		return nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
 	}
+	if toolTurn {
+		if out, ok := decodeToolTurn(contents); ok {
+			return out, nil
+		}
+	}
 	out, err := decodeCompletion(contents)
 	if err != nil {
 		return nil, fmt.Errorf("error parsing response json: %w", err)
 	}
 	return out, nil
+}
+
+// toolTurnReply is what a turn of Run reads of a reply that asks for
+// tools: its id, and its first choice's finish reason and message, as far
+// as replyParam and toolCalls read them.
+type toolTurnReply struct {
+	ID      string `json:"id"`
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+		Message      struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+			Refusal *string `json:"refusal"`
+			Audio   *struct {
+				ID string `json:"id"`
+			} `json:"audio"`
+			FunctionCall *struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function_call"`
+			ToolCalls []struct {
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+				Custom struct {
+					Name  string `json:"name"`
+					Input string `json:"input"`
+				} `json:"custom"`
+			} `json:"tool_calls"`
+		} `json:"message"`
+	} `json:"choices"`
+}
+
+// decodeToolTurn decodes a reply that asks for tools into the completion
+// openai-go would decode, as far as a turn of Run reads it: the first
+// choice's finish reason and message (its text, refusal, audio id, legacy
+// function call and tool calls), and the id. Nothing else is set, and
+// nothing has its JSON metadata: it is for Run's turns before the last,
+// which go no further than replyParam and toolCalls and are not returned.
+// ok is false for a reply that does not ask for tools or that this
+// decoder does not read as openai-go would (a role other than the
+// assistant's, a field of another type, text that is not UTF-8, which
+// encoding/json replaces and openai-go keeps): decodeCompletion reads
+// those.
+//
+// openai-go's decoder, which reads every field of the reply and keeps
+// each field's JSON, was 5% of osmo serve's CPU running the multiply
+// workflow, half of it on replies only read for their tool calls
+// (docs/performance.md). encoding/json runs on a goroutine of its own as
+// openai-go's does (offStack), so the caller's stack stays as it is.
+func decodeToolTurn(contents []byte) (_ *openai.ChatCompletion, ok bool) {
+	if !utf8.Valid(contents) {
+		return nil, false
+	}
+	var r toolTurnReply
+	var err error
+	offStack(func() { err = json.Unmarshal(contents, &r) })
+	if err != nil || len(r.Choices) == 0 {
+		return nil, false
+	}
+	m := &r.Choices[0].Message
+	if len(m.ToolCalls) == 0 || m.Role != "assistant" {
+		return nil, false
+	}
+	msg := openai.ChatCompletionMessage{Role: constant.Assistant(m.Role)}
+	if m.Content != nil {
+		msg.Content = *m.Content
+	}
+	if m.Refusal != nil {
+		msg.Refusal = *m.Refusal
+	}
+	if m.Audio != nil {
+		msg.Audio.ID = m.Audio.ID
+	}
+	if m.FunctionCall != nil {
+		msg.FunctionCall.Name, msg.FunctionCall.Arguments = m.FunctionCall.Name, m.FunctionCall.Arguments
+	}
+	msg.ToolCalls = make([]openai.ChatCompletionMessageToolCallUnion, len(m.ToolCalls))
+	for i, tc := range m.ToolCalls {
+		u := &msg.ToolCalls[i]
+		u.ID, u.Type = tc.ID, tc.Type
+		u.Function.Name, u.Function.Arguments = tc.Function.Name, tc.Function.Arguments
+		u.Custom.Name, u.Custom.Input = tc.Custom.Name, tc.Custom.Input
+	}
+	return &openai.ChatCompletion{
+		ID:      r.ID,
+		Choices: []openai.ChatCompletionChoice{{FinishReason: r.Choices[0].FinishReason, Message: msg}},
+	}, true
 }
 
 // decodeCompletion decodes a reply with openai-go, on a goroutine of its

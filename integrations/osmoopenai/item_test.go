@@ -183,3 +183,63 @@ func TestReplyParamIsToParam(t *testing.T) {
 		}
 	}
 }
+
+// A reply that asks for tools, decoded for a turn of Run, gives the same
+// next message and the same tool calls as openai-go's decode of it, and
+// the same id and finish reason; a reply it cannot read so (no tool calls,
+// no assistant role, a field of another type) is left to openai-go.
+func TestToolTurnDecodesAsOpenAI(t *testing.T) {
+	reply := func(message string) []byte {
+		return []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":` +
+			message + `}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
+	}
+	read := []string{
+		`{"role":"assistant","content":"calling","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":6,\"b\":7}"}},{"id":"c2","type":"function","function":{"name":"multiply","arguments":""}}]}`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c3","type":"custom","custom":{"name":"grep","input":"x <y> & z"}}]}`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c4","type":"retrieval","retrieval":{}},{"id":"c5","function":{"name":"f","arguments":"{}"}}]}`,
+		`{"role":"assistant","content":null,"refusal":"partly","tool_calls":[{"id":"c6","type":"function","function":{"name":"f","arguments":"{}"}}]}`,
+		`{"role":"assistant","content":"spoken","audio":{"id":"audio_1","data":"AAAA","expires_at":1,"transcript":"spoken"},"function_call":{"name":"legacy","arguments":"{}"},"tool_calls":[{"id":"c7","type":"function","function":{"name":"f","arguments":"{}"}}],"annotations":[],"extra":{"k":[1,2]}}`,
+		`{"role":"assistant","content":"\u00e9\ud83d\ude00 \\n","tool_calls":[{"id":"c8","type":"function","function":{"name":"f","arguments":"{\"s\":\"\\u00e9\"}"}}]}`,
+	}
+	for _, m := range read {
+		body := reply(m)
+		var want openai.ChatCompletion
+		if err := want.UnmarshalJSON(body); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		got, ok := decodeToolTurn(body)
+		if !ok {
+			t.Errorf("%s: not read for a tool turn", m)
+			continue
+		}
+		if got.ID != want.ID || len(got.Choices) != 1 || got.Choices[0].FinishReason != want.Choices[0].FinishReason {
+			t.Errorf("%s: id %q, finish reason %q; want %q, %q", m, got.ID, got.Choices[0].FinishReason, want.ID, want.Choices[0].FinishReason)
+		}
+		gm, wm := &got.Choices[0].Message, &want.Choices[0].Message
+		if g, w := replyParam(gm), replyParam(wm); !reflect.DeepEqual(g, w) {
+			t.Errorf("%s:\n message %+v\n    want %+v", m, *g.OfAssistant, *w.OfAssistant)
+		} else if gi, err := encodeItem(g); err != nil {
+			t.Fatal(err)
+		} else if wi, _ := encodeItem(w); !bytes.Equal(gi, wi) {
+			t.Errorf("%s: item %s, want %s", m, gi, wi)
+		}
+		if g, w := toolCalls(gm.ToolCalls), toolCalls(wm.ToolCalls); !reflect.DeepEqual(g, w) {
+			t.Errorf("%s: tool calls %+v, want %+v", m, g, w)
+		}
+	}
+	for _, m := range []string{
+		`{"role":"assistant","content":"done"}`,
+		`{"role":"assistant","content":null,"tool_calls":[]}`,
+		`{"content":"no role","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`,
+		`{"role":"assistant","content":[{"type":"text","text":"parts"}],"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`,
+		`{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}]}`,
+		"{\"role\":\"assistant\",\"content\":\"a\xffb\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}",
+	} {
+		if _, ok := decodeToolTurn(reply(m)); ok {
+			t.Errorf("%s: read for a tool turn, want it left to openai-go", m)
+		}
+	}
+	if _, ok := decodeToolTurn([]byte(`{"id":"x","choices":[]}`)); ok {
+		t.Error("a reply without choices was read for a tool turn")
+	}
+}

@@ -94,7 +94,9 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	// is in functions of their own): a rollout in flight parks its
 	// goroutine in the call, above it (see Session.complete).
 	for turn := 1; ; turn++ {
-		resp, err := s.complete(ctx, &params, enc)
+		// A reply that asks for tools before the last turn is only read
+		// for its tool calls and its message (see decodeToolTurn).
+		resp, err := s.complete(ctx, &params, enc, turn < maxTurns)
 		if err != nil {
 			return nil, fmt.Errorf("osmoopenai.Run: turn %d: %w", turn, err)
 		}
