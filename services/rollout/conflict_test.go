@@ -95,58 +95,89 @@ func serveCalculator(t *testing.T, gr Grader, wrap func(jetstream.KeyValue) jets
 // returns the lifecycle writes made.
 func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grader) *countingKV {
 	t.Helper()
+	var kv *countingKV
+	tally := startCalculator(t, n, "conclude", trainerWait, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
+		kv = &countingKV{KeyValue: b}
+		return kv
+	})
+	tally.await(t, n, 30*time.Second, nil)
+	return kv
+}
+
+// trainerTally counts the callbacks a test's trainer received, by path.
+type trainerTally struct {
+	mu  sync.Mutex
+	got map[string]int
+}
+
+func (c *trainerTally) counts() (completion, grader int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.got["/completion"], c.got["/grader"]
+}
+
+// await waits until the trainer has n callbacks of each kind, and fails
+// the test when it gets more or they take longer than within; note, when
+// not nil, adds to the failure.
+func (c *trainerTally) await(t *testing.T, n int, within time.Duration, note func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		comp, grade := c.counts()
+		if comp == n && grade == n {
+			return
+		}
+		if comp > n || grade > n || time.Now().After(deadline) {
+			extra := ""
+			if note != nil {
+				extra = " (" + note() + ")"
+			}
+			t.Fatalf("callbacks: %d completion, %d grader; want %d each%s", comp, grade, n, extra)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startCalculator starts n G2 rollouts (ids prefix-0, prefix-1, ...) of the
+// calculator loop graded by gr, its lifecycles in the bucket wrap makes of
+// the real one, against a policy double and a trainer that answers each
+// completion callback after trainerWait(); both serve until the test ends.
+func startCalculator(t *testing.T, n int, prefix string, trainerWait func() time.Duration, gr Grader, wrap func(jetstream.KeyValue) jetstream.KeyValue) *trainerTally {
+	t.Helper()
 	mock, err := mockllm.New(mockllm.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	policy := httptest.NewServer(mock)
-	defer policy.Close()
-	var mu sync.Mutex
-	got := map[string]int{}
+	t.Cleanup(policy.Close)
+	tally := &trainerTally{got: map[string]int{}}
 	trainer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/completion" {
 			time.Sleep(trainerWait())
 		}
-		mu.Lock()
-		got[r.URL.Path]++
-		mu.Unlock()
+		tally.mu.Lock()
+		tally.got[r.URL.Path]++
+		tally.mu.Unlock()
 	}))
-	defer trainer.Close()
+	t.Cleanup(trainer.Close)
 
-	var kv *countingKV
-	s, ctx := serveCalculator(t, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
-		kv = &countingKV{KeyValue: b}
-		return kv
-	})
-
+	// Served after the servers above start, so stopped before they close.
+	s, ctx := serveCalculator(t, gr, wrap)
 	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
 		if _, err := s.StartRollout(ctx, &rolloutv1.StartRolloutRequest{
-			RolloutId: fmt.Sprintf("conclude-%d", i), InitialMessages: []*structpb.Struct{msg}, Label: structpb.NewStringValue("42"),
+			RolloutId: fmt.Sprintf("%s-%d", prefix, i), InitialMessages: []*structpb.Struct{msg}, Label: structpb.NewStringValue("42"),
 			ChatCompletionsUrl: policy.URL + "/v1", CompletionCallbackUrl: trainer.URL + "/completion",
 			GraderCallbackUrl: new(trainer.URL + "/grader"),
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		mu.Lock()
-		c, g := got["/completion"], got["/grader"]
-		mu.Unlock()
-		if c == n && g == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("callbacks: %d completion, %d grader; want %d each", c, g, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return kv
+	return tally
 }
 
 // TestConcludingWritesDoNotConflict: while a rollout's first callback is

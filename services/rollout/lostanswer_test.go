@@ -3,20 +3,14 @@ package rollout
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"sync"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
-	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/mockllm"
 )
 
 // lossyKV makes the first lifecycle write that lets the final stage be
@@ -70,64 +64,18 @@ func TestFinalStageOwedWithALostAnswer(t *testing.T) {
 }
 
 func finalStageOwedWithALostAnswer(t *testing.T, gr Grader, completionWait time.Duration) {
-	mock, err := mockllm.New(mockllm.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := httptest.NewServer(mock)
-	defer policy.Close()
-	var mu sync.Mutex
-	got := map[string]int{}
-	trainer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/completion" {
-			time.Sleep(completionWait)
-		}
-		mu.Lock()
-		got[r.URL.Path]++
-		mu.Unlock()
-	}))
-	defer trainer.Close()
-
 	var kv *lossyKV
-	s, ctx := serveCalculator(t, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
+	tally := startCalculator(t, 1, "lost-answer", func() time.Duration { return completionWait }, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
 		kv = &lossyKV{KeyValue: b}
 		return kv
 	})
-
-	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	label := structpb.NewStringValue("42")
-	if _, err := s.StartRollout(ctx, &rolloutv1.StartRolloutRequest{
-		RolloutId: "lost-answer", InitialMessages: []*structpb.Struct{msg}, Label: label,
-		ChatCompletionsUrl: policy.URL + "/v1", CompletionCallbackUrl: trainer.URL + "/completion",
-		GraderCallbackUrl: new(trainer.URL + "/grader"),
-	}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		mu.Lock()
-		c, g := got["/completion"], got["/grader"]
-		mu.Unlock()
-		if c == 1 && g == 1 {
-			break
-		}
-		if c > 1 || g > 1 || time.Now().After(deadline) {
-			t.Fatalf("callbacks: %d completion, %d grader; want one each (answer lost: %v)", c, g, kv.lost.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tally.await(t, 1, 20*time.Second, func() string { return fmt.Sprintf("answer lost: %v", kv.lost.Load()) })
 	if !kv.lost.Load() {
 		t.Fatal("no write was made to lose its answer: the test did not test anything")
 	}
 	// And nothing more comes.
 	time.Sleep(500 * time.Millisecond)
-	mu.Lock()
-	defer mu.Unlock()
-	if got["/completion"] != 1 || got["/grader"] != 1 {
-		t.Errorf("callbacks %v, want one each", got)
+	if c, g := tally.counts(); c != 1 || g != 1 {
+		t.Errorf("callbacks: %d completion, %d grader; want one each", c, g)
 	}
 }
