@@ -129,24 +129,25 @@ type toolTurnReply struct {
 			Audio   *struct {
 				ID string `json:"id"`
 			} `json:"audio"`
-			FunctionCall *struct {
-				Name      string `json:"name"`
-				Arguments string `json:"arguments"`
-			} `json:"function_call"`
-			ToolCalls []struct {
-				ID       string `json:"id"`
-				Type     string `json:"type"`
-				Function struct {
-					Name      string `json:"name"`
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-				Custom struct {
+			FunctionCall *functionCall `json:"function_call"`
+			ToolCalls    []struct {
+				ID       string       `json:"id"`
+				Type     string       `json:"type"`
+				Function functionCall `json:"function"`
+				Custom   struct {
 					Name  string `json:"name"`
 					Input string `json:"input"`
 				} `json:"custom"`
 			} `json:"tool_calls"`
 		} `json:"message"`
 	} `json:"choices"`
+}
+
+// functionCall is a function's name and arguments, in a tool call or the
+// legacy function_call.
+type functionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 // decodeToolTurn decodes a reply that asks for tools into the completion
