@@ -226,6 +226,13 @@ func (s *Store) URL() string { return s.url }
 // Embedded reports whether the server runs in this process.
 func (s *Store) Embedded() bool { return s.srv != nil }
 
+// Private reports whether the state is this process's alone: an embedded
+// server without a state directory keeps it in this process's memory,
+// where no other process reaches it and which it does not outlive.
+func (s *Store) Private() bool {
+	return s.srv != nil && s.storage == jetstream.MemoryStorage
+}
+
 // Replicas is how many copies each stream and bucket keeps.
 func (s *Store) Replicas() int { return s.replicas }
 

@@ -46,8 +46,8 @@ func TestEmbeddedFileStoreSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.Embedded() || st.Replicas() != 1 {
-		t.Errorf("embedded %v, replicas %d", st.Embedded(), st.Replicas())
+	if !st.Embedded() || st.Private() || st.Replicas() != 1 {
+		t.Errorf("embedded %v, private %v, replicas %d; want an embedded store of one copy that outlives the process", st.Embedded(), st.Private(), st.Replicas())
 	}
 	if _, err := put(st).Put(ctx, natsstore.Key("r-1"), []byte("v")); err != nil {
 		t.Fatal(err)
@@ -72,6 +72,9 @@ func TestMemoryStoreStartsEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	if !st.Private() {
+		t.Error("an embedded memory store is not private to its process")
+	}
 	kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: "t"})
 	if err != nil {
 		t.Fatal(err)

@@ -20,20 +20,25 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
 // countingKV counts the lifecycle writes, those that lost a
-// compare-and-set, and those that carried a final callback's body.
+// compare-and-set, those that owed the final stage (the first stored with
+// it), and those that carried a final callback's body.
 type countingKV struct {
 	jetstream.KeyValue
-	writes, lost, finalBodies atomic.Int64
+	writes, lost, finalOwed, finalBodies atomic.Int64
+	// owed: the keys stored with a final stage.
+	owed sync.Map
 }
 
 func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
 	kv.writes.Add(1)
 	var lc lifecycle
-	if json.Unmarshal(value, &lc) == nil && lc.Final != nil {
+	final := json.Unmarshal(value, &lc) == nil && lc.Final != nil
+	if final {
 		for _, c := range lc.Final.Callbacks {
 			if len(c.Payload) > 0 {
 				kv.finalBodies.Add(1)
@@ -44,6 +49,11 @@ func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last
 	rev, err := kv.KeyValue.Update(ctx, key, value, last)
 	if err != nil && isWrongSequence(err) {
 		kv.lost.Add(1)
+	}
+	if err == nil && final {
+		if _, seen := kv.owed.LoadOrStore(key, true); !seen {
+			kv.finalOwed.Add(1)
+		}
 	}
 	return rev, err
 }
@@ -92,22 +102,77 @@ func serveCalculator(t *testing.T, gr Grader, wrap func(jetstream.KeyValue) jets
 
 // concludeMany runs n G2 rollouts graded by gr to their grader callbacks,
 // the trainer answering each completion callback after trainerWait(), and
-// returns the lifecycle writes made.
-func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grader) *countingKV {
+// returns the lifecycle writes made, and the service once every lifecycle
+// is finished.
+func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grader) (*countingKV, *Service) {
 	t.Helper()
 	var kv *countingKV
-	tally := startCalculator(t, n, "conclude", trainerWait, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
+	tally, s := startCalculator(t, n, "conclude", trainerWait, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
 		kv = &countingKV{KeyValue: b}
 		return kv
 	})
 	tally.await(t, n, 30*time.Second, nil)
-	return kv
+	awaitFinished(t, s, "conclude", n)
+	return kv, s
 }
 
-// trainerTally counts the callbacks a test's trainer received, by path.
+// awaitFinished waits until the lifecycles of rollouts prefix-0 ... are
+// finished: their final callback's mark, written once it is answered.
+// They are read as stored (not through shared.get, which would let go of
+// their held payloads).
+func awaitFinished(t *testing.T, s *Service, prefix string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; i < n; {
+		var lc lifecycle
+		e, err := s.sh.rollouts.Get(t.Context(), natsstore.Key(fmt.Sprintf("%s-%d", prefix, i)))
+		if err == nil && json.Unmarshal(e.Value(), &lc) == nil && lc.Phase == phaseFinished {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %s-%d: lifecycle not finished (phase %q, %v)", prefix, i, lc.Phase, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// trainerTally counts the callbacks a test's trainer received, by path,
+// and says what was wrong with any grader callback body that does not
+// carry its rollout's samples.
 type trainerTally struct {
 	mu  sync.Mutex
 	got map[string]int
+	bad []string
+}
+
+// checkGraderBody notes what is wrong with body, a grader callback's: it
+// names a rollout and carries each of its samples with their messages.
+func (c *trainerTally) checkGraderBody(body []byte) {
+	var b struct {
+		RolloutID string `json:"rollout_id"`
+		Samples   map[string]struct {
+			Messages []json.RawMessage `json:"messages"`
+		} `json:"samples"`
+	}
+	wrong := ""
+	switch err := json.Unmarshal(body, &b); {
+	case err != nil:
+		wrong = err.Error()
+	case b.RolloutID == "" || len(b.Samples) == 0:
+		wrong = "no rollout id or no samples"
+	default:
+		for id, sm := range b.Samples {
+			if len(sm.Messages) == 0 {
+				wrong = "sample " + id + " without messages"
+			}
+		}
+	}
+	if wrong != "" {
+		c.mu.Lock()
+		c.bad = append(c.bad, fmt.Sprintf("%s: %.200q", wrong, body))
+		c.mu.Unlock()
+	}
 }
 
 func (c *trainerTally) counts() (completion, grader int) {
@@ -124,6 +189,12 @@ func (c *trainerTally) await(t *testing.T, n int, within time.Duration, note fun
 	deadline := time.Now().Add(within)
 	for {
 		comp, grade := c.counts()
+		c.mu.Lock()
+		bad := c.bad
+		c.mu.Unlock()
+		if len(bad) > 0 {
+			t.Fatalf("%d grader callback bodies without their samples; the first: %s", len(bad), bad[0])
+		}
 		if comp == n && grade == n {
 			return
 		}
@@ -142,7 +213,7 @@ func (c *trainerTally) await(t *testing.T, n int, within time.Duration, note fun
 // calculator loop graded by gr, its lifecycles in the bucket wrap makes of
 // the real one, against a policy double and a trainer that answers each
 // completion callback after trainerWait(); both serve until the test ends.
-func startCalculator(t *testing.T, n int, prefix string, trainerWait func() time.Duration, gr Grader, wrap func(jetstream.KeyValue) jetstream.KeyValue) *trainerTally {
+func startCalculator(t *testing.T, n int, prefix string, trainerWait func() time.Duration, gr Grader, wrap func(jetstream.KeyValue) jetstream.KeyValue) (*trainerTally, *Service) {
 	t.Helper()
 	mock, err := mockllm.New(mockllm.Options{})
 	if err != nil {
@@ -152,9 +223,12 @@ func startCalculator(t *testing.T, n int, prefix string, trainerWait func() time
 	t.Cleanup(policy.Close)
 	tally := &trainerTally{got: map[string]int{}}
 	trainer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/completion" {
+		body, _ := io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/completion":
 			time.Sleep(trainerWait())
+		case "/grader":
+			tally.checkGraderBody(body)
 		}
 		tally.mu.Lock()
 		tally.got[r.URL.Path]++
@@ -177,7 +251,7 @@ func startCalculator(t *testing.T, n int, prefix string, trainerWait func() time
 			t.Fatal(err)
 		}
 	}
-	return tally
+	return tally, s
 }
 
 // TestConcludingWritesDoNotConflict: while a rollout's first callback is
@@ -190,7 +264,7 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 	const n = 100
 	// The trainer answers in about the time the grading takes: the two
 	// writes that follow fall together.
-	kv := concludeMany(t, n, func() time.Duration { return time.Duration(rand.IntN(2000)) * time.Microsecond }, quickGrader{})
+	kv, _ := concludeMany(t, n, func() time.Duration { return time.Duration(rand.IntN(2000)) * time.Microsecond }, quickGrader{})
 	if lost := kv.lost.Load(); lost > 0 {
 		t.Errorf("%d of %d lifecycle writes of %d rollouts lost a compare-and-set to another write of the same replica", lost, kv.writes.Load(), n)
 	}
@@ -198,21 +272,40 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 
 // TestFinalBodiesWrittenOnce: a rollout graded before its trainer answers
 // the completion callback owes its final stage with the mark of the first
-// stage, once that answer is in: the final callbacks' bodies (the grader
-// callback carries every sample) are written into the lifecycle once, in
-// the same write as the mark, the write the final stage's own would
-// have followed. Each rollout's lifecycle is then updated three times:
-// it starts, it owes its first stage, that stage is marked with the final
+// stage, once that answer is in: the final stage is written once, in the
+// same write as the mark, the write the final stage's own would have
+// followed. Each rollout's lifecycle is then updated three times: it
+// starts, it owes its first stage, that stage is marked with the final
 // stage owed (then the final stage's mark finishes it, and its creation
 // and finish are writes of another kind).
 func TestFinalBodiesWrittenOnce(t *testing.T) {
 	const n = 20
-	kv := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, instantGrader{})
-	if got := kv.finalBodies.Load(); got != n {
-		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d", got, n, n)
+	kv, s := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, instantGrader{})
+	if got := kv.finalOwed.Load(); got != n {
+		t.Errorf("%d lifecycle writes owed the final stage for %d rollouts, want %d", got, n, n)
 	}
 	if got := kv.writes.Load(); got != 3*n {
 		t.Errorf("%d lifecycle updates for %d rollouts, want %d: the final stage was not owed with the first stage's mark", got, n, 3*n)
+	}
+	heldBodies(t, s, kv, n)
+}
+
+// heldBodies checks where the final callbacks' bodies (the grader
+// callback carries every sample) went, the trainer having had them whole:
+// a private state (the embedded server in memory, as here) stores none,
+// and holds none once the rollouts are finished; any other stores each
+// with the write that owes its stage.
+func heldBodies(t *testing.T, s *Service, kv *countingKV, n int) {
+	t.Helper()
+	want := int64(n)
+	if s.sh.store.Private() {
+		want = 0
+	}
+	if got := kv.finalBodies.Load(); got != want {
+		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d (private state: %v)", got, n, want, s.sh.store.Private())
+	}
+	if held := s.sh.held.len(); held != 0 {
+		t.Errorf("payloads of %d finished rollouts still held", held)
 	}
 }
 
@@ -221,11 +314,12 @@ func TestFinalBodiesWrittenOnce(t *testing.T) {
 // own; nothing waits for the offer.
 func TestFinalOwedAfterASlowGrading(t *testing.T) {
 	const n = 10
-	kv := concludeMany(t, n, func() time.Duration { return 0 }, slowGrader{})
-	if got := kv.finalBodies.Load(); got != n {
-		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d", got, n, n)
+	kv, s := concludeMany(t, n, func() time.Duration { return 0 }, slowGrader{})
+	if got := kv.finalOwed.Load(); got != n {
+		t.Errorf("%d lifecycle writes owed the final stage for %d rollouts, want %d", got, n, n)
 	}
 	if got := kv.writes.Load(); got != 4*n {
 		t.Errorf("%d lifecycle updates for %d rollouts, want %d (start, first stage, its mark, final stage)", got, n, 4*n)
 	}
+	heldBodies(t, s, kv, n)
 }

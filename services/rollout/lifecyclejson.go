@@ -13,6 +13,8 @@ import (
 // appendJSON writes lc into b[:0], growing it to fit, as encoding/json
 // encodes the struct (the field names, omitempty and omitzero of its tags;
 // json.Unmarshal reads it back), field by field instead of by reflection.
+// Without payloads, the callbacks' payloads are left out (a private
+// state's are held in process: heldPayloads).
 //
 // Every stage write stores the whole lifecycle, the callbacks' payloads
 // included. Through json.Marshal each payload, a json.RawMessage of several
@@ -21,12 +23,15 @@ import (
 // such a write), compact and valid JSON already, and are copied as they
 // are. TestLifecycleMarshal holds the two encodings to the
 // same decoded lifecycle.
-func (lc *lifecycle) appendJSON(b []byte) []byte {
+func (lc *lifecycle) appendJSON(b []byte, payloads bool) []byte {
 	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Request)) + base64.StdEncoding.EncodedLen(len(lc.Response))
 	for _, st := range []*owedStage{lc.Ran, lc.Final} {
 		if st != nil {
 			for _, c := range st.Callbacks {
-				n += 128 + len(c.URL) + len(c.Bearer) + len(c.Payload)
+				n += 128 + len(c.URL) + len(c.Bearer)
+				if payloads {
+					n += len(c.Payload)
+				}
 			}
 		}
 	}
@@ -82,11 +87,11 @@ func (lc *lifecycle) appendJSON(b []byte) []byte {
 	}
 	if lc.Ran != nil {
 		b = append(b, `,"ran":`...)
-		b = lc.Ran.append(b)
+		b = lc.Ran.append(b, payloads)
 	}
 	if lc.Final != nil {
 		b = append(b, `,"final":`...)
-		b = lc.Final.append(b)
+		b = lc.Final.append(b, payloads)
 	}
 	if lc.Outcome != nil {
 		b = append(b, `,"outcome":`...)
@@ -107,7 +112,7 @@ func (lc *lifecycle) appendJSON(b []byte) []byte {
 	return append(b, '}')
 }
 
-func (st *owedStage) append(b []byte) []byte {
+func (st *owedStage) append(b []byte, payloads bool) []byte {
 	b = append(b, `{"outcome":`...)
 	b = st.Outcome.append(b)
 	b = append(b, `,"callbacks":`...)
@@ -119,7 +124,7 @@ func (st *owedStage) append(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = c.append(b)
+			b = c.append(b, payloads)
 		}
 		b = append(b, ']')
 	}
@@ -156,7 +161,7 @@ func (o *savedOutcome) append(b []byte) []byte {
 	return append(b, '}')
 }
 
-func (c *savedCallback) append(b []byte) []byte {
+func (c *savedCallback) append(b []byte, payloads bool) []byte {
 	b = append(b, `{"event":`...)
 	b = jsonenc.AppendString(b, c.Event)
 	b = append(b, `,"route":`...)
@@ -169,7 +174,7 @@ func (c *savedCallback) append(b []byte) []byte {
 	}
 	b = append(b, `,"status":`...)
 	b = jsonenc.AppendString(b, c.Status)
-	if len(c.Payload) > 0 {
+	if payloads && len(c.Payload) > 0 {
 		b = append(b, `,"payload":`...)
 		b = append(b, c.Payload...)
 	}

@@ -55,39 +55,55 @@ func TestLifecycleMarshal(t *testing.T) {
 	}
 	for name, lc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got := lc.appendJSON(nil)
-			// The state writes encode into a buffer an earlier write used.
-			if reused := lc.appendJSON([]byte(`{"id":"an earlier lifecycle, longer than some"}`)); !bytes.Equal(reused, got) {
+			got := lc.appendJSON(nil, true)
+			if reused := lc.appendJSON([]byte(`{"id":"an earlier lifecycle, longer than some"}`), true); !bytes.Equal(reused, got) {
 				t.Errorf("appendJSON into a used buffer:\n%s\nwant\n%s", reused, got)
 			}
-			want, err := json.Marshal(lc)
-			if err != nil {
-				t.Fatal(err)
+			sameAsMarshal(t, got, lc)
+			// Without payloads: as the lifecycle with none.
+			bare := lc.clone()
+			for _, st := range []*owedStage{bare.Ran, bare.Final} {
+				if st != nil {
+					for i := range st.Callbacks {
+						st.Callbacks[i].Payload = nil
+					}
+				}
 			}
-			if !json.Valid(got) {
-				t.Fatalf("not JSON: %s", got)
-			}
-			var gotV, wantV any
-			if err := json.Unmarshal(got, &gotV); err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Unmarshal(want, &wantV); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(gotV, wantV) {
-				t.Fatalf("appendJSON:\n%s\njson.Marshal:\n%s", got, want)
-			}
-			var back, wantBack lifecycle
-			if err := json.Unmarshal(got, &back); err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Unmarshal(want, &wantBack); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(back, wantBack) {
-				t.Fatalf("decoded:\n%+v\nwant:\n%+v", back, wantBack)
-			}
+			sameAsMarshal(t, lc.appendJSON(nil, false), bare)
 		})
+	}
+}
+
+// sameAsMarshal fails unless got is the JSON value json.Marshal writes for
+// lc, and decodes to what that does.
+func sameAsMarshal(t *testing.T, got []byte, lc *lifecycle) {
+	t.Helper()
+	want, err := json.Marshal(lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !json.Valid(got) {
+		t.Fatalf("not JSON: %s", got)
+	}
+	var gotV, wantV any
+	if err := json.Unmarshal(got, &gotV); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(want, &wantV); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(gotV, wantV) {
+		t.Fatalf("appendJSON:\n%s\njson.Marshal:\n%s", got, want)
+	}
+	var back, wantBack lifecycle
+	if err := json.Unmarshal(got, &back); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(want, &wantBack); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, wantBack) {
+		t.Fatalf("decoded:\n%+v\nwant:\n%+v", back, wantBack)
 	}
 }
 
@@ -117,7 +133,7 @@ func BenchmarkLifecycleMarshal(b *testing.B) {
 	b.Run("appendJSON, new buffer", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = lc.appendJSON(nil)
+			_ = lc.appendJSON(nil, true)
 		}
 	})
 	// As the state writes use it: into a buffer kept between writes.
@@ -125,7 +141,7 @@ func BenchmarkLifecycleMarshal(b *testing.B) {
 		b.ReportAllocs()
 		var buf []byte
 		for b.Loop() {
-			buf = lc.appendJSON(buf)
+			buf = lc.appendJSON(buf, true)
 		}
 	})
 	b.Run("json.Marshal", func(b *testing.B) {

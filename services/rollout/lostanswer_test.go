@@ -47,7 +47,7 @@ func (slowGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 // TestFinalStageOwedWithALostAnswer: the write that owes the final stage
 // (the first one done, so it is to be sent at once) is made, but its answer
 // is lost and the write is tried again. The retry finds the stage written:
-// it must still be sent, once (it once was taken as not to be sent, and
+// it must still be sent, once, with its body (it once was taken as not to be sent, and
 // the grader callback never went out). That write is the final stage's
 // own when the grading ends after the first stage's mark, and the mark's
 // when it ends before.
@@ -65,7 +65,7 @@ func TestFinalStageOwedWithALostAnswer(t *testing.T) {
 
 func finalStageOwedWithALostAnswer(t *testing.T, gr Grader, completionWait time.Duration) {
 	var kv *lossyKV
-	tally := startCalculator(t, 1, "lost-answer", func() time.Duration { return completionWait }, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
+	tally, s := startCalculator(t, 1, "lost-answer", func() time.Duration { return completionWait }, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
 		kv = &lossyKV{KeyValue: b}
 		return kv
 	})
@@ -77,5 +77,12 @@ func finalStageOwedWithALostAnswer(t *testing.T, gr Grader, completionWait time.
 	time.Sleep(500 * time.Millisecond)
 	if c, g := tally.counts(); c != 1 || g != 1 {
 		t.Errorf("callbacks: %d completion, %d grader; want one each", c, g)
+	}
+	// The retry read the stage back from a private state, which stores
+	// no payload: the grader callback went out whole all the same
+	// (tally.await checks its body), and its payload is let go of.
+	awaitFinished(t, s, "lost-answer", 1)
+	if held := s.sh.held.len(); held != 0 {
+		t.Errorf("payloads of %d finished rollouts still held", held)
 	}
 }

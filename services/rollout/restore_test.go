@@ -89,7 +89,7 @@ func TestRestoreTakesTheAdmittedRequest(t *testing.T) {
 	}
 	// Stored and read back, a lifecycle has no admitted request.
 	var read lifecycle
-	if err := json.Unmarshal(lc.appendJSON(nil), &read); err != nil {
+	if err := json.Unmarshal(lc.appendJSON(nil, true), &read); err != nil {
 		t.Fatal(err)
 	}
 	if read.admitted != nil {

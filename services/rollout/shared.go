@@ -225,6 +225,9 @@ type shared struct {
 	// known holds the last lifecycles this replica read or wrote, so that
 	// a stage change of a rollout it runs writes without reading first.
 	known known
+	// held keeps the callbacks' payloads out of a private state (nil
+	// otherwise: they are stored in the lifecycles).
+	held *heldPayloads
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
 	// buffers are lifecycle encodings' buffers kept between writes: each
@@ -336,6 +339,9 @@ const maxAckPending = 1 << 20
 // while the cluster settles, so every step is safe to repeat.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
+	if st.Private() {
+		sh.held = &heldPayloads{}
+	}
 	// Each bucket, stream and consumer is looked up first and created (or
 	// updated) only when it is missing or set otherwise: a lookup is
 	// answered by the leader at once, while a change goes through the
@@ -466,6 +472,7 @@ var errGone = errors.New("no such rollout")
 func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error) {
 	e, err := sh.rollouts.Get(ctx, natsstore.Key(id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		sh.held.forget(id)
 		return nil, 0, errGone
 	}
 	if err != nil {
@@ -475,6 +482,7 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 	if err := json.Unmarshal(e.Value(), lc); err != nil {
 		return nil, 0, fmt.Errorf("rollout %q: lifecycle: %w", id, err)
 	}
+	sh.held.fill(lc)
 	if lc.Phase != phaseFinished {
 		sh.known.put(id, lc.clone(), e.Revision())
 	}
@@ -499,7 +507,7 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
-	b := lc.appendJSON(sh.buffer())
+	b := lc.appendJSON(sh.buffer(), sh.held == nil)
 	defer sh.release(b)
 	for {
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
@@ -566,7 +574,9 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
-	b := lc.appendJSON(sh.buffer())
+	// Held before the write: a reader of what it stores finds them.
+	sh.held.keep(lc)
+	b := lc.appendJSON(sh.buffer(), sh.held == nil)
 	defer sh.release(b)
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
@@ -588,6 +598,9 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
 	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
+	if err == nil {
+		sh.held.forget(lc.ID)
+	}
 	return err
 }
 
@@ -604,6 +617,7 @@ func isWrongSequence(err error) bool {
 // remove deletes id's lifecycle (an init that failed before it was
 // queued), so a retry starts afresh.
 func (sh *shared) remove(ctx context.Context, id string) error {
+	sh.held.forget(id)
 	return sh.rollouts.Purge(ctx, natsstore.Key(id))
 }
 
