@@ -2,7 +2,10 @@ package osmoopenai
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -136,5 +139,36 @@ func TestTextMessageParam(t *testing.T) {
 		if _, ok := textMessageParam(m["role"].(string), m); ok {
 			t.Errorf("%v: built directly", m)
 		}
+	}
+}
+
+// TestReadBody: a body read into a buffer of its Content-Length is read
+// whole, one shorter than it says is an error (not a reply cut short), and
+// a body of unknown length or claiming more than presizeMax is read as it
+// comes.
+func TestReadBody(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		body    string
+		length  int64
+		wantErr bool
+	}{
+		{"its length", `{"id":"x"}`, 10, false},
+		{"unknown length", `{"id":"x"}`, -1, false},
+		{"shorter than it says", `{"id":"x"}`, 20, true},
+		{"a length not trusted", `{"id":"x"}`, presizeMax + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := readBody(&http.Response{Body: io.NopCloser(strings.NewReader(tc.body)), ContentLength: tc.length})
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("read %q, want an error", got)
+				}
+				return
+			}
+			if err != nil || string(got) != tc.body {
+				t.Fatalf("read %q, %v; want %q", got, err, tc.body)
+			}
+		})
 	}
 }

@@ -92,7 +92,7 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	if err != nil {
 		return nil, err
 	}
-	contents, err := io.ReadAll(res.Body)
+	contents, err := readBody(res)
 	_ = res.Body.Close()
 	if err != nil {
 		return nil, fmt.Errorf("error reading response body: %w", err)
@@ -344,3 +344,20 @@ func apiError(req *http.Request, res *http.Response, contents []byte) error {
 	}
 	return aerr
 }
+
+// readBody reads res's body into a buffer of its Content-Length when it
+// gives one (the proxy's answers do), rather than one grown by doubling
+// as it is read; a length past presizeMax, which no completion reaches,
+// is not trusted with an allocation that size before its bytes arrive.
+func readBody(res *http.Response) ([]byte, error) {
+	if n := res.ContentLength; n > 0 && n <= presizeMax {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(res.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(res.Body)
+}
+
+const presizeMax = 8 << 20

@@ -554,6 +554,10 @@ func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, e
 	return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, last)
 }
 
+// drainLimit is how much of a trainer's answer to a delivered callback is
+// read so that its connection can be used again; a longer one closes it.
+const drainLimit = 64 << 10
+
 func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer string, payload []byte) error {
 	select {
 	case c.slots <- struct{}{}:
@@ -584,10 +588,15 @@ func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer str
 		return err
 	}
 	defer resp.Body.Close()
+	if p.Delivered(resp.StatusCode) {
+		// The answer to a delivery says nothing more: drained (through
+		// io.Discard's pooled buffer), not kept, so the connection is
+		// used again.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+		return nil
+	}
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	switch {
-	case p.Delivered(resp.StatusCode):
-		return nil
 	case p.Retryable(resp.StatusCode):
 		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(snippet))
 	default:

@@ -283,11 +283,45 @@ func notStreamed(req *http.Request) bool {
 		return false
 	}
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, 1<<20))
-	if err != nil {
+	// A body made of bytes (every client here posts one) is scanned where
+	// it is, through its WriteTo, not copied.
+	var scan streamScan
+	if _, err := io.Copy(&scan, rc); err != nil {
 		return false
 	}
-	return !bytes.Contains(b, []byte(`"stream"`))
+	return !scan.found
+}
+
+// streamToken is the key of a body that asks for a stream.
+const streamToken = `"stream"`
+
+// streamScan is an io.Writer that looks for streamToken in what is
+// written to it, across the writes.
+type streamScan struct {
+	found bool
+	// carry is what the writes so far ended with, shorter than the token.
+	carry [len(streamToken) - 1]byte
+	n     int
+}
+
+func (s *streamScan) Write(p []byte) (int, error) {
+	if s.found {
+		return len(p), nil
+	}
+	// A token begun in what was carried ends in p's first bytes.
+	var joined [2 * len(s.carry)]byte
+	j := copy(joined[:], s.carry[:s.n])
+	j += copy(joined[j:], p[:min(len(s.carry), len(p))])
+	if bytes.Contains(joined[:j], []byte(streamToken)) || bytes.Contains(p, []byte(streamToken)) {
+		s.found = true
+		return len(p), nil
+	}
+	if len(p) >= len(s.carry) {
+		s.n = copy(s.carry[:], p[len(p)-len(s.carry):])
+	} else {
+		s.n = copy(s.carry[:], joined[max(0, j-len(s.carry)):j])
+	}
+	return len(p), nil
 }
 
 // tracedClient is a copy of c whose requests are client spans named by
