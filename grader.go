@@ -65,7 +65,8 @@ type LLMCall struct {
 	Model string
 	// RequestMessages are the messages of the request. Those a call
 	// repeats from the previous call's are the same Message values as
-	// there: read them, do not change them.
+	// there, and those the sample's Messages hold too (the same JSON) the
+	// same values as in Messages: read them, do not change them.
 	RequestMessages []Message
 	ResponseMessage Message
 	FinishReason    string

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -122,8 +124,11 @@ func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[str
 		Label:        copyString(rs.Label),
 		FinishReason: rs.GetFinishReason(),
 	}
+	// A message the sample and its calls share (one Struct: the rollout
+	// service decodes each distinct message once) is one map here too.
+	var maps messageMaps
 	for _, m := range rs.GetMessages() {
-		s.Messages = append(s.Messages, m.AsMap())
+		s.Messages = append(s.Messages, maps.of(m))
 	}
 	if s.Label == nil {
 		s.Label = copyString(rowLabel)
@@ -170,15 +175,36 @@ func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[str
 			call.RequestMessages = prev[:k:k]
 		}
 		for _, m := range c.GetRequestMessages() {
-			call.RequestMessages = append(call.RequestMessages, m.AsMap())
+			call.RequestMessages = append(call.RequestMessages, maps.of(m))
 		}
 		prev = call.RequestMessages
 		if c.GetResponseMessage() != nil {
-			call.ResponseMessage = c.GetResponseMessage().AsMap()
+			call.ResponseMessage = maps.of(c.GetResponseMessage())
 		}
 		s.LLMCalls = append(s.LLMCalls, call)
 	}
 	return s
+}
+
+// messageMaps are a sample's messages made maps so far, by Struct.
+type messageMaps []messageMap
+
+type messageMap struct {
+	s *structpb.Struct
+	m osmo.Message
+}
+
+// of is m.AsMap(), or the map already made of m. A sample holds tens of
+// messages: a scan of pointers costs less than a map of them.
+func (mm *messageMaps) of(m *structpb.Struct) osmo.Message {
+	for _, e := range *mm {
+		if e.s == m {
+			return e.m
+		}
+	}
+	msg := m.AsMap()
+	*mm = append(*mm, messageMap{m, msg})
+	return msg
 }
 
 func copyString(p *string) *string {

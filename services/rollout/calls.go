@@ -116,18 +116,18 @@ func skipSpace(b []byte, i int) int {
 // with the previous call (shared_request_messages). A call whose messages
 // cannot all be converted has none, as the whole list's conversion failing
 // had it, and the call after it then holds its whole list.
-func callProtos(calls []*recordedCall) []*rolloutv1.LLMCall {
+func callProtos(calls []*recordedCall, d *decoded) []*rolloutv1.LLMCall {
 	out := make([]*rolloutv1.LLMCall, 0, len(calls))
 	var whole []json.RawMessage // the previous call's request messages
 	prevOK := true
 	for _, c := range calls {
-		p := callProto(c)
+		p := callProto(c, d)
 		own := append(whole[:c.shared:c.shared], c.added...)
 		todo, shared := c.added, c.shared
 		if !prevOK {
 			todo, shared = own, 0
 		}
-		structs, ok := rawStructs(todo)
+		structs, ok := rawStructs(todo, d)
 		if ok {
 			p.RequestMessages, p.SharedRequestMessages = structs, int32(shared)
 		}
@@ -139,13 +139,13 @@ func callProtos(calls []*recordedCall) []*rolloutv1.LLMCall {
 }
 
 // rawStructs decodes each message (a JSON object); false if one is not.
-func rawStructs(msgs []json.RawMessage) ([]*structpb.Struct, bool) {
+func rawStructs(msgs []json.RawMessage, d *decoded) ([]*structpb.Struct, bool) {
 	if len(msgs) == 0 {
 		return nil, true
 	}
 	out := make([]*structpb.Struct, len(msgs))
 	for i, m := range msgs {
-		s, err := decodeStruct(m)
+		s, err := d.decode(m)
 		if err != nil {
 			return nil, false
 		}
@@ -192,4 +192,35 @@ func wholeRollout(r *rolloutv1.Rollout) *rolloutv1.Rollout {
 		}
 	}
 	return r
+}
+
+// decoded are the messages of one sample decoded so far, each distinct
+// JSON once: the messages its calls sent are, byte for byte, mostly those
+// of its conversation (the proxy records what the agent posted), and both
+// refer to one Struct. Nothing changes a Struct once collected. A nil
+// *decoded decodes every message afresh.
+type decoded []decodedMessage
+
+type decodedMessage struct {
+	raw []byte
+	s   *structpb.Struct
+}
+
+// decode is decodeStruct(b), or the Struct of the same JSON decoded
+// before. A sample holds tens of messages: a scan, most of it comparing
+// lengths, costs less than hashing each.
+func (d *decoded) decode(b []byte) (*structpb.Struct, error) {
+	if d == nil {
+		return decodeStruct(b)
+	}
+	for _, e := range *d {
+		if bytes.Equal(e.raw, b) {
+			return e.s, nil
+		}
+	}
+	s, err := decodeStruct(b)
+	if err == nil {
+		*d = append(*d, decodedMessage{raw: b, s: s})
+	}
+	return s, err
 }

@@ -47,7 +47,7 @@ func TestRecordedCallsShareHistory(t *testing.T) {
 	if want := []int{0, 2, 1, 0, 0}; !reflect.DeepEqual(shared, want) {
 		t.Errorf("shared = %v, want %v", shared, want)
 	}
-	stored := callProtos(calls)
+	stored := callProtos(calls, nil)
 	if n := stored[1].GetSharedRequestMessages(); n != 2 || len(stored[1].GetRequestMessages()) != 2 {
 		t.Errorf("stored second call shares %d and holds %d", n, len(stored[1].GetRequestMessages()))
 	}
@@ -76,7 +76,7 @@ func TestRecordedCallsShareHistory(t *testing.T) {
 		}
 	}
 	// The stored calls are not changed by expanding them.
-	if !proto.Equal(stored[1], callProtos(calls)[1]) || stored[1].GetSharedRequestMessages() != 2 {
+	if !proto.Equal(stored[1], callProtos(calls, nil)[1]) || stored[1].GetSharedRequestMessages() != 2 {
 		t.Error("expanding changed the stored calls")
 	}
 	if got := recordedConversation(calls[:3]); len(got) != 3 || got[1]["content"] != "2*3, please" {
@@ -148,6 +148,55 @@ func TestToolCallsAsDecoded(t *testing.T) {
 		}
 		if got := toolCalls(json.RawMessage(raw), decoded); got != want {
 			t.Errorf("%s: %d tool calls, want %d", raw, got, want)
+		}
+	}
+}
+
+// TestSampleMessagesDecodedOnce: a sample's messages and its calls'
+// request messages that are the same JSON are one Struct (decoded once),
+// and what is stored is what decoding each afresh stores.
+func TestSampleMessagesDecodedOnce(t *testing.T) {
+	system, user := `{"role":"system","content":"s"}`, `{"role":"user","content":"2*3?"}`
+	asked := `{"role":"assistant","tool_calls":[{"id":"t","type":"function","function":{"name":"mul","arguments":"{}"}}]}`
+	tool := `{"role":"tool","tool_call_id":"t","content":"6"}`
+	rec := &record{}
+	rec.addCall(&llmproxy.Call{SampleID: "a", ID: "a0", RequestMessages: json.RawMessage("[" + system + "," + user + "]"),
+		// The policy's answer, its keys in another order than the agent's.
+		ResponseMessage: json.RawMessage(`{"tool_calls":[{"id":"t","type":"function","function":{"name":"mul","arguments":"{}"}}],"role":"assistant","content":null}`)})
+	rec.addCall(&llmproxy.Call{SampleID: "a", ID: "a1", RequestMessages: json.RawMessage("[" + system + "," + user + "," + asked + "," + tool + "]"),
+		ResponseMessage: json.RawMessage(`{"role":"assistant","content":"6"}`)})
+	calls := rec.callsOf("a")
+	raw := []json.RawMessage{json.RawMessage(system), json.RawMessage(user), json.RawMessage(asked), json.RawMessage(tool), json.RawMessage(`{"role":"assistant","content":"6"}`)}
+
+	var d decoded
+	stored := callProtos(calls, &d)
+	msgs, err := sourceStructs(raw, &d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, a, b *structpb.Struct, want bool) {
+		t.Helper()
+		if (a == b) != want {
+			t.Errorf("%s: one Struct %v, want %v", what, a == b, want)
+		}
+	}
+	same("system message and call 0's", msgs[0], stored[0].GetRequestMessages()[0], true)
+	same("user message and call 0's", msgs[1], stored[0].GetRequestMessages()[1], true)
+	same("tool call message and call 1's", msgs[2], stored[1].GetRequestMessages()[0], true)
+	same("tool message and call 1's", msgs[3], stored[1].GetRequestMessages()[1], true)
+	same("last answer and call 1's response (the same JSON)", msgs[4], stored[1].GetResponseMessage(), true)
+	same("tool call message and call 0's response (other JSON)", msgs[2], stored[0].GetResponseMessage(), false)
+
+	fresh := callProtos(calls, nil)
+	for i := range stored {
+		if !proto.Equal(stored[i], fresh[i]) {
+			t.Errorf("call %d decoded once differs from decoded afresh:\n%v\n%v", i, stored[i], fresh[i])
+		}
+	}
+	freshMsgs, _ := sourceStructs(raw, nil)
+	for i := range msgs {
+		if !proto.Equal(msgs[i], freshMsgs[i]) {
+			t.Errorf("message %d decoded once differs from decoded afresh", i)
 		}
 	}
 }

@@ -39,20 +39,21 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		if err == nil && len(msgs) == 0 && len(raw) == 0 {
 			err = errors.New("no messages: the source returned none and no LLM call was recorded for it")
 		}
+		d := make(decoded, 0, len(raw)+2*len(calls))
 		sample := &rolloutv1.RolloutSample{
 			RolloutId: rec.id,
 			Id:        src.ID,
 			Label:     rec.label,
 			Metadata:  rec.metadata,
 			Workflow:  rec.workflow,
-			LlmCalls:  callProtos(calls),
+			LlmCalls:  callProtos(calls, &d),
 		}
 		sample.Metrics = sampleMetrics(calls, sample.LlmCalls, tools, recorded, started)
 		if err == nil {
 			var structs []*structpb.Struct
 			var cerr error
 			if raw != nil {
-				structs, cerr = sourceStructs(raw)
+				structs, cerr = sourceStructs(raw, &d)
 			} else {
 				structs, cerr = toStructs(msgs)
 			}
@@ -213,7 +214,7 @@ func toolCalls(raw json.RawMessage, decoded *structpb.Struct) int {
 
 // callProto converts a recorded call to its wire form, but for its request
 // messages (callProtos).
-func callProto(c *recordedCall) *rolloutv1.LLMCall {
+func callProto(c *recordedCall, d *decoded) *rolloutv1.LLMCall {
 	out := &rolloutv1.LLMCall{
 		Id:                 c.ID,
 		RequestedModel:     c.RequestedModel,
@@ -245,7 +246,7 @@ func callProto(c *recordedCall) *rolloutv1.LLMCall {
 		out.StartedAt = timestamppb.New(c.StartedAt)
 	}
 	if len(c.ResponseMessage) > 0 {
-		if s, err := decodeStruct(c.ResponseMessage); err == nil {
+		if s, err := d.decode(c.ResponseMessage); err == nil {
 			out.ResponseMessage = s
 		}
 	}
@@ -346,10 +347,10 @@ func toStructs(msgs []map[string]any) ([]*structpb.Struct, error) {
 // refuses invalid UTF-8 and duplicate keys) is read through a map, as
 // SampleMessages would have given it: the same Structs either way
 // (TestSourceStructsAreToStructs).
-func sourceStructs(raw []json.RawMessage) ([]*structpb.Struct, error) {
+func sourceStructs(raw []json.RawMessage, d *decoded) ([]*structpb.Struct, error) {
 	out := make([]*structpb.Struct, 0, len(raw))
 	for _, b := range raw {
-		s, err := decodeStruct(b)
+		s, err := d.decode(b)
 		if err != nil {
 			var m map[string]any
 			if err := json.Unmarshal(b, &m); err != nil {

@@ -100,7 +100,7 @@ var sourceMessages = []string{
 func TestSourceStructsAreToStructs(t *testing.T) {
 	for _, m := range sourceMessages {
 		raw := []json.RawMessage{json.RawMessage(`{"role":"system","content":"x"}`), json.RawMessage(m)}
-		got, gotErr := sourceStructs(raw)
+		got, gotErr := sourceStructs(raw, nil)
 		want, wantErr := viaMaps(raw)
 		if (gotErr != nil) != (wantErr != nil) {
 			t.Errorf("%s: error %v, through maps %v", m, gotErr, wantErr)
@@ -125,7 +125,7 @@ func FuzzSourceStructs(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, m string) {
 		raw := []json.RawMessage{json.RawMessage(m)}
-		got, gotErr := sourceStructs(raw)
+		got, gotErr := sourceStructs(raw, nil)
 		want, wantErr := viaMaps(raw)
 		if (gotErr != nil) != (wantErr != nil) {
 			t.Fatalf("error %v, through maps %v", gotErr, wantErr)
