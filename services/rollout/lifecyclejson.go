@@ -13,8 +13,8 @@ import (
 // appendJSON writes lc into b[:0], growing it to fit, as encoding/json
 // encodes the struct (the field names, omitempty and omitzero of its tags;
 // json.Unmarshal reads it back), field by field instead of by reflection.
-// Without payloads, the callbacks' payloads are left out (a private
-// state's are held in process: heldPayloads).
+// Not inline, the request and the callbacks' payloads are left out (a
+// private state's are held in process: heldParts).
 //
 // Every stage write stores the whole lifecycle, the callbacks' payloads
 // included. Through json.Marshal each payload, a json.RawMessage of several
@@ -23,13 +23,16 @@ import (
 // such a write), compact and valid JSON already, and are copied as they
 // are. TestLifecycleMarshal holds the two encodings to the
 // same decoded lifecycle.
-func (lc *lifecycle) appendJSON(b []byte, payloads bool) []byte {
-	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Request)) + base64.StdEncoding.EncodedLen(len(lc.Response))
+func (lc *lifecycle) appendJSON(b []byte, inline bool) []byte {
+	n := 512 + base64.StdEncoding.EncodedLen(len(lc.Response))
+	if inline {
+		n += base64.StdEncoding.EncodedLen(len(lc.Request))
+	}
 	for _, st := range []*owedStage{lc.Ran, lc.Final} {
 		if st != nil {
 			for _, c := range st.Callbacks {
 				n += 128 + len(c.URL) + len(c.Bearer)
-				if payloads {
+				if inline {
 					n += len(c.Payload)
 				}
 			}
@@ -46,7 +49,7 @@ func (lc *lifecycle) appendJSON(b []byte, payloads bool) []byte {
 	b = jsonenc.AppendString(b, lc.Workflow)
 	b = append(b, `,"created":`...)
 	b = appendTime(b, lc.Created)
-	if len(lc.Request) > 0 {
+	if inline && len(lc.Request) > 0 {
 		b = append(b, `,"request":`...)
 		b = appendBytes(b, lc.Request)
 	}
@@ -87,11 +90,11 @@ func (lc *lifecycle) appendJSON(b []byte, payloads bool) []byte {
 	}
 	if lc.Ran != nil {
 		b = append(b, `,"ran":`...)
-		b = lc.Ran.append(b, payloads)
+		b = lc.Ran.append(b, inline)
 	}
 	if lc.Final != nil {
 		b = append(b, `,"final":`...)
-		b = lc.Final.append(b, payloads)
+		b = lc.Final.append(b, inline)
 	}
 	if lc.Outcome != nil {
 		b = append(b, `,"outcome":`...)
@@ -112,7 +115,7 @@ func (lc *lifecycle) appendJSON(b []byte, payloads bool) []byte {
 	return append(b, '}')
 }
 
-func (st *owedStage) append(b []byte, payloads bool) []byte {
+func (st *owedStage) append(b []byte, inline bool) []byte {
 	b = append(b, `{"outcome":`...)
 	b = st.Outcome.append(b)
 	b = append(b, `,"callbacks":`...)
@@ -124,7 +127,7 @@ func (st *owedStage) append(b []byte, payloads bool) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = c.append(b, payloads)
+			b = c.append(b, inline)
 		}
 		b = append(b, ']')
 	}
@@ -161,7 +164,7 @@ func (o *savedOutcome) append(b []byte) []byte {
 	return append(b, '}')
 }
 
-func (c *savedCallback) append(b []byte, payloads bool) []byte {
+func (c *savedCallback) append(b []byte, inline bool) []byte {
 	b = append(b, `{"event":`...)
 	b = jsonenc.AppendString(b, c.Event)
 	b = append(b, `,"route":`...)
@@ -174,7 +177,7 @@ func (c *savedCallback) append(b []byte, payloads bool) []byte {
 	}
 	b = append(b, `,"status":`...)
 	b = jsonenc.AppendString(b, c.Status)
-	if payloads && len(c.Payload) > 0 {
+	if inline && len(c.Payload) > 0 {
 		b = append(b, `,"payload":`...)
 		b = append(b, c.Payload...)
 	}

@@ -60,8 +60,9 @@ func TestLifecycleMarshal(t *testing.T) {
 				t.Errorf("appendJSON into a used buffer:\n%s\nwant\n%s", reused, got)
 			}
 			sameAsMarshal(t, got, lc)
-			// Without payloads: as the lifecycle with none.
+			// Not inline: as the lifecycle without its request and payloads.
 			bare := lc.clone()
+			bare.Request = nil
 			for _, st := range []*owedStage{bare.Ran, bare.Final} {
 				if st != nil {
 					for i := range st.Callbacks {

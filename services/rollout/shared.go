@@ -225,9 +225,9 @@ type shared struct {
 	// known holds the last lifecycles this replica read or wrote, so that
 	// a stage change of a rollout it runs writes without reading first.
 	known known
-	// held keeps the callbacks' payloads out of a private state (nil
-	// otherwise: they are stored in the lifecycles).
-	held *heldPayloads
+	// held keeps the requests and the callbacks' payloads out of a
+	// private state (nil otherwise: they are stored in the lifecycles).
+	held *heldParts
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
 	// buffers are lifecycle encodings' buffers kept between writes: each
@@ -340,7 +340,7 @@ const maxAckPending = 1 << 20
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
 	if st.Private() {
-		sh.held = &heldPayloads{}
+		sh.held = &heldParts{}
 	}
 	// Each bucket, stream and consumer is looked up first and created (or
 	// updated) only when it is missing or set otherwise: a lookup is
@@ -510,6 +510,10 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 	b := lc.appendJSON(sh.buffer(), sh.held == nil)
 	defer sh.release(b)
 	for {
+		// Held before the write, unless the id holds another admission's
+		// parts: a reader of what it stores finds them. A create that
+		// fails for another reason may have been written: they stay.
+		kept := sh.held.keepNew(lc)
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
 		if err == nil {
@@ -518,6 +522,12 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, 0, err
+		}
+		if kept {
+			// Not this admission's id: the lifecycle there is finished
+			// (nothing held), or gone since (then this one is tried
+			// again).
+			sh.held.forget(lc.ID)
 		}
 		existing, rev, err = sh.get(ctx, lc.ID)
 		if errors.Is(err, errGone) {

@@ -1,0 +1,142 @@
+package rollout
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/workflows/calculator"
+)
+
+// TestHeldParts: what a lifecycle read back without its request and
+// payloads gets back from heldParts: its request until its final stage is
+// owed, the payloads of its callbacks not done, by stage and index;
+// nothing once it is finished, and nothing for another rollout. A create
+// keeps nothing over what another admission of the id holds.
+func TestHeldParts(t *testing.T) {
+	stage := func(payloads ...string) *owedStage {
+		st := &owedStage{Callbacks: make([]savedCallback, len(payloads)), Done: make([]bool, len(payloads))}
+		for i, p := range payloads {
+			st.Callbacks[i] = savedCallback{Event: "e", Payload: json.RawMessage(p)}
+		}
+		return st
+	}
+	bare := func(lc *lifecycle) *lifecycle {
+		var back lifecycle
+		if err := json.Unmarshal(lc.appendJSON(nil, false), &back); err != nil {
+			t.Fatal(err)
+		}
+		return &back
+	}
+	payload := func(st *owedStage, i int) string { return string(st.Callbacks[i].Payload) }
+
+	var h heldParts
+	request := []byte("sealed request")
+	created := &lifecycle{ID: "r", Phase: phaseQueued, Request: request}
+	if !h.keepNew(created) {
+		t.Fatal("a new id's parts not kept")
+	}
+	if h.keepNew(&lifecycle{ID: "r", Phase: phaseQueued, Request: []byte("another admission's")}) {
+		t.Fatal("a create kept parts over those its id holds")
+	}
+	queued := bare(created)
+	if queued.Request != nil {
+		t.Fatal("request stored")
+	}
+	h.fill(queued)
+	if string(queued.Request) != string(request) {
+		t.Fatalf("request read back %q, want %q", queued.Request, request)
+	}
+
+	lc := &lifecycle{ID: "r", Phase: phaseRan, Request: request, Ran: stage(`{"ran":0}`, `{"ran":1}`)}
+	h.keep(lc)
+	ran := bare(lc)
+	h.fill(ran)
+	if string(ran.Request) != string(request) || payload(ran.Ran, 0) != `{"ran":0}` {
+		t.Fatalf("ran: request %q, first payload %q", ran.Request, payload(ran.Ran, 0))
+	}
+	// The final stage is owed with the first stage's first callback done.
+	lc.Ran.Done[0], lc.Ran.Callbacks[0].Payload = true, nil
+	lc.Phase, lc.Final, lc.Request = phaseFinal, stage(`{"final":0}`), nil
+	h.keep(lc)
+
+	back := bare(lc)
+	if back.Ran.Callbacks[1].Payload != nil || back.Final.Callbacks[0].Payload != nil {
+		t.Fatal("payloads stored without them")
+	}
+	h.fill(back)
+	if back.Request != nil {
+		t.Errorf("the request read back past the final stage: %q", back.Request)
+	}
+	if got := payload(back.Ran, 0); got != "" {
+		t.Errorf("a done callback got its payload back: %s", got)
+	}
+	if got := payload(back.Ran, 1); got != `{"ran":1}` {
+		t.Errorf("ran[1]: %q", got)
+	}
+	if got := payload(back.Final, 0); got != `{"final":0}` {
+		t.Errorf("final[0]: %q", got)
+	}
+
+	other := bare(&lifecycle{ID: "other", Phase: phaseRan, Ran: stage(`{}`)})
+	h.fill(other)
+	if got := payload(other.Ran, 0); got != "" {
+		t.Errorf("another rollout's lifecycle got %q", got)
+	}
+
+	finished := bare(&lifecycle{ID: "r", Phase: phaseFinished})
+	h.fill(finished)
+	if h.len() != 0 {
+		t.Errorf("%d rollouts' payloads held once the lifecycle read is finished", h.len())
+	}
+
+	var none *heldParts // a state that stores its payloads
+	none.keep(lc)
+	none.fill(back)
+	none.forget("r")
+	if none.len() != 0 {
+		t.Error("a nil heldParts holds something")
+	}
+}
+
+// TestPrivateStateHoldsTheRequest: a private state (an embedded server in
+// memory) stores a lifecycle without its request, which a read gives
+// back all the same, the request being held in process.
+func TestPrivateStateHoldsTheRequest(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if !s.sh.store.Private() || s.sh.held == nil {
+		t.Fatal("the default state is not private, or holds nothing in process")
+	}
+	ctx := t.Context()
+	lc := &lifecycle{ID: "held-1", Key: "held-1", Wire: wireV03, Created: time.Now(), Phase: phaseQueued, Request: []byte("sealed request")}
+	if _, _, err := s.sh.create(ctx, lc); err != nil {
+		t.Fatal(err)
+	}
+	e, err := s.sh.rollouts.Get(ctx, natsstore.Key(lc.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(e.Value(), []byte(`"request"`)) {
+		t.Errorf("stored with its request: %s", e.Value())
+	}
+	s.sh.known.drop(lc.ID) // read from the state, not from what this replica wrote
+	got, _, err := s.sh.get(ctx, lc.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Request) != "sealed request" {
+		t.Errorf("read back with request %q", got.Request)
+	}
+	// Another admission of the id finds it taken, and holds nothing.
+	if existing, _, err := s.sh.create(ctx, &lifecycle{ID: lc.ID, Key: "other", Created: time.Now(), Phase: phaseQueued, Request: []byte("other")}); err != nil || existing == nil || string(existing.Request) != "sealed request" {
+		t.Errorf("a second create: existing %+v, %v", existing, err)
+	}
+}
