@@ -574,9 +574,11 @@ func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer str
 	if err != nil {
 		return fmt.Errorf("%w: build request: %v", errPermanent, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	// The header's map made to its size, its keys canonical already.
+	req.Header = make(http.Header, 4)
+	req.Header["Content-Type"] = []string{"application/json"}
 	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
+		req.Header["Authorization"] = []string{"Bearer " + bearer}
 	}
 	resp, err := c.client.Do(req)
 	if netguard.Refused(err) {

@@ -225,6 +225,10 @@ func New(cfg Config) (*Service, error) {
 				MaxConnsPerHost:     cfg.Client.MaxConnections,
 				MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 				IdleConnTimeout:     90 * time.Second,
+				// A trainer's answer is a few bytes, drained unread:
+				// asking for it gzipped would cost each attempt a header
+				// and a decompressor for nothing.
+				DisableCompression: true,
 			},
 			CheckRedirect: netguard.CheckRedirect,
 		}
