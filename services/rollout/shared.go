@@ -542,7 +542,8 @@ var errUnchanged = errors.New("unchanged")
 
 // update applies change to id's lifecycle and stores the result under the
 // revision it read, reading again and reapplying when another replica
-// wrote in between; it returns what it stored. change returning
+// wrote in between; it returns what it stored, which the caller must not
+// change (the known lifecycles hold it). change returning
 // errUnchanged stops without a write (update returns the lifecycle read
 // and errUnchanged). A finished lifecycle is stored with the record TTL.
 //
@@ -595,7 +596,9 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 			sh.known.drop(lc.ID)
 			return err
 		}
-		sh.known.put(lc.ID, lc.clone(), next)
+		// Kept as it is: what update returns is not changed (an update
+		// changes a clone of it).
+		sh.known.put(lc.ID, lc, next)
 		return nil
 	}
 	sh.known.drop(lc.ID)

@@ -312,6 +312,8 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 		}
 		return
 	}
+	// As the lost replica left it, which the messages name.
+	stored = stored.clone()
 	stored.Owner = lost
 	rec.work = msg
 	s.leases.hold(msg)
