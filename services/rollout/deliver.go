@@ -301,10 +301,7 @@ const repairEvery = 5 * time.Second
 // before it reached its peers) while the dedup window still remembers it.
 // One the outbox holds is left to it.
 func (s *Service) repair(lc *lifecycle, log *slog.Logger) {
-	for _, st := range []struct {
-		name string
-		st   *owedStage
-	}{{stageRan, lc.Ran}, {stageFinal, lc.Final}} {
+	for _, st := range lc.stages() {
 		if st.st == nil || !st.st.Sending {
 			continue
 		}

@@ -90,10 +90,7 @@ func (h *heldParts) keepLocked(lc *lifecycle) {
 	if len(lc.Request) > 0 {
 		entry().request = lc.Request
 	}
-	for _, s := range []struct {
-		name string
-		st   *owedStage
-	}{{stageRan, lc.Ran}, {stageFinal, lc.Final}} {
+	for _, s := range lc.stages() {
 		if s.st == nil {
 			continue
 		}
@@ -131,10 +128,7 @@ func (h *heldParts) fill(lc *lifecycle) {
 	if lc.Final == nil && len(lc.Request) == 0 {
 		lc.Request = p.request
 	}
-	for _, s := range []struct {
-		name string
-		st   *owedStage
-	}{{stageRan, lc.Ran}, {stageFinal, lc.Final}} {
+	for _, s := range lc.stages() {
 		if s.st == nil {
 			continue
 		}

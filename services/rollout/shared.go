@@ -24,7 +24,9 @@ import (
 //
 //	osmo_rollouts  (KV)     one lifecycle per rollout id: its request, the
 //	                        phase it reached, who runs it, the callbacks
-//	                        each stage owes and which are done. Created
+//	                        each stage owes and which are done (a private
+//	                        state holds the request and the callbacks'
+//	                        bodies in process instead: heldParts). Created
 //	                        if absent at admission: one id, one run,
 //	                        whichever replica is asked. A finished one is
 //	                        kept for the record TTL (a per-key TTL), so a
@@ -136,6 +138,17 @@ type owedStage struct {
 	// once the first stage's callbacks are done, so they arrive in order).
 	// Whoever sets it delivers the stage.
 	Sending bool `json:"sending,omitempty"`
+}
+
+// namedStage is a stage of a lifecycle (nil when not owed) and its name.
+type namedStage struct {
+	name string
+	st   *owedStage
+}
+
+// stages are lc's stages, in order.
+func (lc *lifecycle) stages() [2]namedStage {
+	return [2]namedStage{{stageRan, lc.Ran}, {stageFinal, lc.Final}}
 }
 
 func (st *owedStage) done() bool {
