@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/openai/openai-go/v3"
@@ -75,14 +76,17 @@ func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 // complete posts params with items as its messages; enc, when not nil,
 // is params encoded (see encodeParams). toolTurn: a reply that asks for
 // tools is decoded by decodeToolTurn (see Session.complete).
-func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams, toolTurn bool) (*openai.ChatCompletion, error) {
+//
+// A reply decodeToolTurn read is in a kept completion, which turn holds,
+// to be let go (done) once the turn no longer reads it.
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams, toolTurn bool) (_ *openai.ChatCompletion, turn *toolTurnCompletion, _ error) {
 	body, err := requestBody(params, items, enc)
 	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
+		return nil, nil, fmt.Errorf("encode request: %w", err)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header = make(http.Header, len(d.header))
 	for _, f := range d.header {
@@ -90,29 +94,29 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	}
 	res, err := d.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	contents, err := readBody(res)
 	_ = res.Body.Close()
 	if err != nil {
-		return nil, fmt.Errorf("error reading response body: %w", err)
+		return nil, nil, fmt.Errorf("error reading response body: %w", err)
 	}
 	if res.StatusCode >= 400 {
-		return nil, apiError(req, res, contents)
+		return nil, nil, apiError(req, res, contents)
 	}
 	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); !strings.Contains(mt, "application/json") && !strings.HasSuffix(mt, "+json") {
-		return nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
+		return nil, nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
 	}
 	if toolTurn {
-		if out, ok := decodeToolTurn(contents); ok {
-			return out, nil
+		if t, ok := decodeToolTurn(contents); ok {
+			return &t.c, t, nil
 		}
 	}
 	out, err := decodeCompletion(contents)
 	if err != nil {
-		return nil, fmt.Errorf("error parsing response json: %w", err)
+		return nil, nil, fmt.Errorf("error parsing response json: %w", err)
 	}
-	return out, nil
+	return out, nil, nil
 }
 
 // toolTurnReply is what a turn of Run reads of a reply that asks for
@@ -167,7 +171,7 @@ type functionCall struct {
 // workflow, half of it on replies only read for their tool calls
 // (docs/performance.md). encoding/json runs on a goroutine of its own as
 // openai-go's does (offStack), so the caller's stack stays as it is.
-func decodeToolTurn(contents []byte) (_ *openai.ChatCompletion, ok bool) {
+func decodeToolTurn(contents []byte) (_ *toolTurnCompletion, ok bool) {
 	if !utf8.Valid(contents) {
 		return nil, false
 	}
@@ -181,7 +185,9 @@ func decodeToolTurn(contents []byte) (_ *openai.ChatCompletion, ok bool) {
 	if len(m.ToolCalls) == 0 || m.Role != "assistant" {
 		return nil, false
 	}
-	msg := openai.ChatCompletionMessage{Role: constant.Assistant(m.Role)}
+	t := toolTurns.Get().(*toolTurnCompletion)
+	msg := &t.choice[0].Message
+	msg.Role = constant.Assistant(m.Role)
 	if m.Content != nil {
 		msg.Content = *m.Content
 	}
@@ -201,10 +207,31 @@ func decodeToolTurn(contents []byte) (_ *openai.ChatCompletion, ok bool) {
 		u.Function.Name, u.Function.Arguments = tc.Function.Name, tc.Function.Arguments
 		u.Custom.Name, u.Custom.Input = tc.Custom.Name, tc.Custom.Input
 	}
-	return &openai.ChatCompletion{
-		ID:      r.ID,
-		Choices: []openai.ChatCompletionChoice{{FinishReason: r.Choices[0].FinishReason, Message: msg}},
-	}, true
+	t.choice[0].FinishReason = r.Choices[0].FinishReason
+	t.c.ID, t.c.Choices = r.ID, t.choice[:]
+	return t, true
+}
+
+// toolTurnCompletion is a completion as decodeToolTurn fills it, with its
+// one choice. A turn of Run reads it and lets it go (done) for the next
+// tool turn's: an openai.ChatCompletion, its JSON metadata included, is
+// over 2 KiB, allocated once per tool turn of every rollout.
+type toolTurnCompletion struct {
+	c      openai.ChatCompletion
+	choice [1]openai.ChatCompletionChoice
+}
+
+// toolTurns are the tool turns' completions let go: a cache of values, as
+// offStack's goroutines are one of goroutines.
+var toolTurns = sync.Pool{New: func() any { return new(toolTurnCompletion) }}
+
+// done lets t go for reuse, once nothing reads it; nil does nothing.
+func (t *toolTurnCompletion) done() {
+	if t == nil {
+		return
+	}
+	*t = toolTurnCompletion{}
+	toolTurns.Put(t)
 }
 
 // decodeCompletion decodes a reply with openai-go, on a goroutine of its

@@ -207,11 +207,12 @@ func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 		if err := want.UnmarshalJSON(body); err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
-		got, ok := decodeToolTurn(body)
+		kept, ok := decodeToolTurn(body)
 		if !ok {
 			t.Errorf("%s: not read for a tool turn", m)
 			continue
 		}
+		got := &kept.c
 		if got.ID != want.ID || len(got.Choices) != 1 || got.Choices[0].FinishReason != want.Choices[0].FinishReason {
 			t.Errorf("%s: id %q, finish reason %q; want %q, %q", m, got.ID, got.Choices[0].FinishReason, want.ID, want.Choices[0].FinishReason)
 		}
@@ -226,6 +227,9 @@ func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 		if g, w := toolCalls(gm.ToolCalls), toolCalls(wm.ToolCalls); !reflect.DeepEqual(g, w) {
 			t.Errorf("%s: tool calls %+v, want %+v", m, g, w)
 		}
+		// Let go for the next reply's, which must not read anything of
+		// this one's (the replies above differ field by field).
+		kept.done()
 	}
 	for _, m := range []string{
 		`{"role":"assistant","content":"done"}`,

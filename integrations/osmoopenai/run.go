@@ -96,7 +96,7 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 	for turn := 1; ; turn++ {
 		// A reply that asks for tools before the last turn is only read
 		// for its tool calls and its message (see decodeToolTurn).
-		resp, err := s.complete(ctx, &params, enc, turn < maxTurns)
+		resp, kept, err := s.complete(ctx, &params, enc, turn < maxTurns)
 		if err != nil {
 			return nil, fmt.Errorf("osmoopenai.Run: turn %d: %w", turn, err)
 		}
@@ -111,6 +111,8 @@ func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams,
 			return resp, nil
 		}
 		s.runTools(ctx, calls, exec, turn)
+		// Read: its message is in the session, its calls were run.
+		kept.done()
 	}
 }
 

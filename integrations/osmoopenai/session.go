@@ -197,7 +197,8 @@ func (s *Session) SampleMessages() ([]osmo.Message, error) {
 // reply (choices[0].message, tool calls included) is appended as the
 // assistant message param it converts to, so it can be sent back as is.
 func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
-	return s.complete(ctx, &params, nil, false)
+	resp, _, err := s.complete(ctx, &params, nil, false)
+	return resp, err
 }
 
 // complete is Complete on params, which it changes (Messages and Model).
@@ -207,20 +208,21 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 // once for all its turns. toolTurn says the caller reads a reply that asks
 // for tools only for those and its message, and returns the next reply
 // instead (Run before its last turn): the direct path then decodes such a
-// reply no further (decodeToolTurn).
+// reply no further (decodeToolTurn), into a kept completion that turn
+// holds, for the caller to let go (done) once its turn is over.
 //
 // Its frame is below every frame of the call (the in-process proxy's
 // included), and a rollout in flight parks its goroutine inside that call:
 // what the call does not need (the path through openai-go, the reply's
 // bookkeeping) is in functions of their own, so that the goroutine of a
 // rollout in flight fits a 16 KiB stack instead of 32 (docs/performance.md).
-func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, enc *encodedParams, toolTurn bool) (*openai.ChatCompletion, error) {
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, enc *encodedParams, toolTurn bool) (_ *openai.ChatCompletion, turn *toolTurnCompletion, _ error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 	}
 	items, err := s.requestItems()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	params.Messages = nil
 	if params.Model == "" {
@@ -229,18 +231,19 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	start := time.Now()
 	var resp *openai.ChatCompletion
 	if s.direct != nil {
-		resp, err = s.direct.complete(ctx, params, items, enc, toolTurn)
+		resp, turn, err = s.direct.complete(ctx, params, items, enc, toolTurn)
 	} else {
 		resp, err = s.viaClient(ctx, params, items)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
+		return nil, nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
 	}
 	if len(resp.Choices) == 0 {
-		return nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
+		turn.done()
+		return nil, nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
 	}
 	s.replied(ctx, resp, params.Model, len(items), time.Since(start))
-	return resp, nil
+	return resp, turn, nil
 }
 
 // viaClient sends params with items as its messages through openai-go.
