@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates Go, gRPC, Connect, gateway code and the OpenAPI document from api/.
+# Regenerates Go (and its reflection-free marshal), gRPC, Connect, gateway code and the OpenAPI document from api/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

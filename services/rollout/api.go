@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -85,7 +84,7 @@ func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rol
 		return nil, err
 	}
 	out := &rolloutv1.Rollout{}
-	if err := proto.Unmarshal(e.Value(), out); err != nil {
+	if err := unmarshal(e.Value(), out); err != nil {
 		return nil, err
 	}
 	out.Sequence = int64(e.Revision())
@@ -104,14 +103,14 @@ func (s *Service) askOwner(ctx context.Context, owner, id string) (*rolloutv1.Ro
 		return nil, errGone
 	}
 	out := &rolloutv1.Rollout{}
-	return out, proto.Unmarshal(msg.Data, out)
+	return out, unmarshal(msg.Data, out)
 }
 
 // answerGets serves askOwner for the rollouts this replica holds.
 func (s *Service) answerGets(msg *nats.Msg) {
 	var b []byte
 	if rec := s.store.get(string(msg.Data)); rec != nil {
-		b, _ = proto.Marshal(rec.proto())
+		b, _ = marshal(rec.proto())
 	}
 	_ = msg.Respond(b)
 }
@@ -155,7 +154,7 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 			continue
 		}
 		out := &rolloutv1.Rollout{}
-		if err := proto.Unmarshal(msg.Data(), out); err != nil {
+		if err := unmarshal(msg.Data(), out); err != nil {
 			continue
 		}
 		out.Sequence = int64(meta.Sequence.Stream)

@@ -83,7 +83,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
-	answer, err := proto.Marshal(w.resp)
+	answer, err := marshal(w.resp)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode the init answer: %v", err)
 	}
@@ -132,7 +132,7 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 		}
 	}
 	resp := &rolloutv1.InitRolloutResponse{}
-	if err := proto.Unmarshal(lc.Response, resp); err != nil {
+	if err := unmarshal(lc.Response, resp); err != nil {
 		return nil, status.Errorf(codes.Internal, "the saved init answer: %v", err)
 	}
 	return resp, nil

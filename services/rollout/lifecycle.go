@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cenkalti/backoff/v5"
@@ -312,7 +311,7 @@ func (s *Service) record(rec *record, log *slog.Logger) {
 	rec.mu.Lock()
 	rec.finished = time.Now()
 	rec.mu.Unlock()
-	b, err := proto.Marshal(rec.render())
+	b, err := marshal(rec.render())
 	if err == nil {
 		var rev uint64
 		rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b)
