@@ -24,6 +24,7 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/grpccodec"
 	"github.com/osmo-rl/osmo/internal/inproc"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
@@ -221,13 +222,14 @@ func (f *graderFlags) service(ctx context.Context, e *env, log *slog.Logger, reg
 }
 
 // grpcServer builds a gRPC server with the options every service shares:
-// message limits, panic recovery, health and reflection, and tracing
+// the codec, message limits, panic recovery, health and reflection, and tracing
 // through tp (nil: none). extra adds options, such as the TLS credentials
 // of tlsFlags.serverOptions.
 func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.ServerOption) (*server.GRPC, *health.Server, error) {
 	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
 	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
 	opts := append(telemetry.GRPCServerOptions(tp, prop),
+		grpccodec.ServerOption(),
 		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
 		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
 		// Connections are recycled so dns:/// clients re-resolve and spread
@@ -275,6 +277,7 @@ func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagat
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, telemetry.GRPCDialOptions(tp, prop)...)
 	opts = append(opts, extra...)
 	opts = append(opts,
+		grpccodec.DialOption(),
 		grpc.WithDefaultServiceConfig(roundRobin),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),
