@@ -105,6 +105,9 @@ type Service struct {
 // the policy server.
 const upstreamBufferSize = 1 << 10
 
+// callbackBufferSize is the write buffer of each connection to a trainer.
+const callbackBufferSize = 16 << 10
+
 // New validates cfg, opens the embedded LLM proxy's listener and returns a
 // Service ready to accept rollouts. Serve runs its background work.
 func New(cfg Config) (*Service, error) {
@@ -229,6 +232,12 @@ func New(cfg Config) (*Service, error) {
 				// asking for it gzipped would cost each attempt a header
 				// and a decompressor for nothing.
 				DisableCompression: true,
+				// A callback that fits the buffer goes out in one write:
+				// with net/http's 4 KiB, a grader callback of two LLM
+				// calls (5 KiB) took two, the second through a
+				// ReadFrom detour. Connections are at most
+				// MaxConnections per trainer host, not one per rollout.
+				WriteBufferSize: callbackBufferSize,
 			},
 			CheckRedirect: netguard.CheckRedirect,
 		}
