@@ -286,9 +286,10 @@ func TestBenchBaseline(t *testing.T) {
 				continue
 			}
 			// round, rollouts/s, p50 "ms", p99 "ms", graded, CPU "µs",
-			// alloc "KiB", allocs, RSS held "MiB", peak RSS "MiB"
+			// alloc "KiB", allocs, RSS held "MiB", of it anonymous "MiB",
+			// peak RSS "MiB"
 			f := strings.Fields(rest)
-			want := []string{"", "", "", "ms", "", "ms", "100/100", "", "µs", "", "KiB", "", "", "MiB", "", "MiB"}
+			want := []string{"", "", "", "ms", "", "ms", "100/100", "", "µs", "", "KiB", "", "", "MiB", "", "MiB", "", "MiB"}
 			if len(f) != len(want) {
 				t.Fatalf("row %q: %d fields, want %d", line, len(f), len(want))
 			}
@@ -297,7 +298,7 @@ func TestBenchBaseline(t *testing.T) {
 					t.Errorf("row %q: field %d is %q, want %q", line, i, f[i], w)
 				}
 			}
-			for _, i := range []int{1, 2, 4, 7, 9, 11, 12, 14} {
+			for _, i := range []int{1, 2, 4, 7, 9, 11, 12, 14, 16} {
 				checkPositive(t, fmt.Sprintf("row %q: field %d", line, i), f[i])
 			}
 			rows[name]++
@@ -312,7 +313,7 @@ func TestBenchBaseline(t *testing.T) {
 		t.Errorf("no ratio line:\n%s", out.String())
 	}
 	// Every figure is compared: each ratio a positive number.
-	for _, name := range []string{"rollouts/s", "p50", "p99", "CPU/rollout", "alloc/rollout", "allocs/rollout", "RSS with 50 held", "peak RSS"} {
+	for _, name := range []string{"rollouts/s", "p50", "p99", "CPU/rollout", "alloc/rollout", "allocs/rollout", "RSS with 50 held", "anonymous RSS with 50 held", "peak RSS"} {
 		_, rest, ok := strings.Cut(ratios, name+" ")
 		x, _, _ := strings.Cut(rest, ",")
 		if v, found := strings.CutSuffix(x, "x"); !ok || !found {

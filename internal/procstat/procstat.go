@@ -44,6 +44,13 @@ type Memory struct {
 	// RSS is resident now (VmRSS); Peak the most that has ever been
 	// (VmHWM, the high-water mark).
 	RSS, Peak uint64
+	// Anon is the part of RSS that is the process's own memory (RssAnon),
+	// 0 where the kernel does not say (before Linux 4.5). The rest is
+	// mostly the executable's pages, which count as resident once
+	// mapped: how many are mapped depends on how the file sits in the
+	// page cache (the same binary, copied afresh, maps fewer), not on
+	// anything the process does.
+	Anon uint64
 }
 
 // Mem reads process pid's resident memory.
@@ -88,13 +95,14 @@ func parseStat(b []byte) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / clockTicks, nil
 }
 
-// parseStatus is VmRSS and VmHWM of a /proc/PID/status ("VmRSS:	  1234 kB").
+// parseStatus is VmRSS, VmHWM and RssAnon of a /proc/PID/status
+// ("VmRSS:	  1234 kB").
 func parseStatus(b []byte) (Memory, error) {
 	var m Memory
 	var rss, hwm bool
 	for line := range strings.Lines(string(b)) {
 		name, value, ok := strings.Cut(line, ":")
-		if !ok || (name != "VmRSS" && name != "VmHWM") {
+		if !ok || (name != "VmRSS" && name != "VmHWM" && name != "RssAnon") {
 			continue
 		}
 		kb, ok := strings.CutSuffix(strings.TrimSpace(value), " kB")
@@ -105,10 +113,13 @@ func parseStatus(b []byte) (Memory, error) {
 		if err != nil {
 			return Memory{}, fmt.Errorf("%s: %w", name, err)
 		}
-		if name == "VmRSS" {
+		switch name {
+		case "VmRSS":
 			m.RSS, rss = n<<10, true
-		} else {
+		case "VmHWM":
 			m.Peak, hwm = n<<10, true
+		default:
+			m.Anon = n << 10
 		}
 	}
 	if !rss || !hwm {

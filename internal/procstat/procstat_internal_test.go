@@ -37,10 +37,15 @@ func TestParseStat(t *testing.T) {
 }
 
 func TestParseStatus(t *testing.T) {
-	const status = "Name:\tosmo\nUmask:\t0022\nState:\tS (sleeping)\nVmPeak:\t 2000000 kB\nVmSize:\t 1900000 kB\nVmHWM:\t  950000 kB\nVmRSS:\t  120000 kB\nThreads:\t9\n"
+	const status = "Name:\tosmo\nUmask:\t0022\nState:\tS (sleeping)\nVmPeak:\t 2000000 kB\nVmSize:\t 1900000 kB\nVmHWM:\t  950000 kB\nVmRSS:\t  120000 kB\nRssAnon:\t   80000 kB\nRssFile:\t   40000 kB\nThreads:\t9\n"
 	got, err := parseStatus([]byte(status))
-	if want := (Memory{RSS: 120000 << 10, Peak: 950000 << 10}); err != nil || got != want {
+	if want := (Memory{RSS: 120000 << 10, Peak: 950000 << 10, Anon: 80000 << 10}); err != nil || got != want {
 		t.Errorf("parseStatus = %+v, %v; want %+v", got, err, want)
+	}
+	// Before Linux 4.5 there is no RssAnon.
+	got, err = parseStatus([]byte("VmHWM:\t 20 kB\nVmRSS:\t 10 kB\n"))
+	if want := (Memory{RSS: 10 << 10, Peak: 20 << 10}); err != nil || got != want {
+		t.Errorf("parseStatus without RssAnon = %+v, %v; want %+v", got, err, want)
 	}
 	for _, bad := range []string{
 		"Name:\tkthreadd\nState:\tS (sleeping)\n", // a kernel thread has neither
@@ -73,7 +78,7 @@ func TestSelf(t *testing.T) {
 	if cpuErr != nil || cpu <= 0 {
 		t.Errorf("CPU = %v, %v; want some", cpu, cpuErr)
 	}
-	if memErr != nil || m.RSS == 0 || m.Peak < m.RSS {
-		t.Errorf("Mem = %+v, %v; want a resident set at most its peak", m, memErr)
+	if memErr != nil || m.RSS == 0 || m.Peak < m.RSS || m.Anon == 0 || m.Anon > m.RSS {
+		t.Errorf("Mem = %+v, %v; want a resident set at most its peak, part of it anonymous", m, memErr)
 	}
 }

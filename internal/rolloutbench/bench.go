@@ -87,6 +87,10 @@ type Report struct {
 	// every held rollout was graded (VmHWM, /proc/PID/status), in bytes:
 	// the peak while they finish. NaN where /proc is not Linux's.
 	PeakRSS float64
+	// HeldAnon is the part of Held's RSS that is the process's own memory
+	// (RssAnon, /proc/PID/status; see procstat.Memory), in bytes. NaN
+	// where /proc is not Linux's.
+	HeldAnon float64
 	// AllGraded: every held rollout was graded once released; GradeErr
 	// says what the first that was not got instead.
 	AllGraded bool
@@ -152,6 +156,21 @@ func peakRSS(pid int) (float64, error) {
 		return 0, fmt.Errorf("rolloutbench: %w", err)
 	}
 	return float64(m.Peak), nil
+}
+
+// anonRSS is process pid's anonymous resident memory in bytes, NaN where
+// /proc is not Linux's or does not say.
+func anonRSS(pid int) (float64, error) {
+	m, err := procstat.Mem(pid)
+	switch {
+	case errors.Is(err, procstat.ErrUnsupported):
+		return math.NaN(), nil
+	case err != nil:
+		return 0, fmt.Errorf("rolloutbench: %w", err)
+	case m.Anon == 0:
+		return math.NaN(), nil
+	}
+	return float64(m.Anon), nil
 }
 
 // WritesPerRollout is the state's writes per rollout of the run.
@@ -257,7 +276,10 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	}
 
 	gradeErr, err := h.hold(ctx, b, srv, "held", cfg.InFlight, func() (err error) {
-		rep.Held, err = Scrape(ctx, base)
+		if rep.Held, err = Scrape(ctx, base); err != nil {
+			return err
+		}
+		rep.HeldAnon, err = anonRSS(srv.pid())
 		return err
 	})
 	if err != nil {
@@ -691,8 +713,8 @@ func (r *Report) WriteTable(w io.Writer) {
 		graded += " (" + r.GradeErr + ")"
 	}
 	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }
-	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (+%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; peak RSS %s while they finish (VmHWM); all graded when released: %s\n",
-		r.InFlight, mib(r.Held.RSS), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
+	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (anonymous %s; +%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; peak RSS %s while they finish (VmHWM); all graded when released: %s\n",
+		r.InFlight, mib(r.Held.RSS), fmtMiB(r.HeldAnon), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
 		r.Held.FDs, r.Held.Goroutines, fmtMiB(r.PeakRSS), graded)
 	fmt.Fprintf(w, "  osmo serve, %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
 		r.Done.Records, mib(r.Done.RecordBytes), kib(r.Done.RecordBytes/math.Max(r.Done.Records, 1)),

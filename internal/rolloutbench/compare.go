@@ -32,10 +32,12 @@ type Run struct {
 	// Timed is the timed rollouts, with what they cost the server.
 	Timed
 	// HeldRSS is the server's resident memory with the comparison's
-	// InFlight rollouts held in their LLM call (VmRSS), PeakRSS the most
-	// it was resident by the time they were all graded (VmHWM), in bytes;
-	// NaN when none were held, or where /proc is not Linux's.
-	HeldRSS, PeakRSS float64
+	// InFlight rollouts held in their LLM call (VmRSS), HeldAnon the part
+	// of it that is the process's own (RssAnon: not the executable's
+	// pages, see procstat.Memory), PeakRSS the most it was resident by
+	// the time they were all graded (VmHWM), in bytes; NaN when none
+	// were held, or where /proc is not Linux's.
+	HeldRSS, HeldAnon, PeakRSS float64
 	// GradeErr says what the first held rollout that was not graded got
 	// instead.
 	GradeErr string
@@ -74,7 +76,7 @@ func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline fun
 // runServe starts a server, warms it up, times cfg.Rollouts rollouts (ids
 // prefixed by prefix), holds cfg.InFlight, and stops it.
 func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) *exec.Cmd, prefix string) (Run, error) {
-	r := Run{HeldRSS: math.NaN(), PeakRSS: math.NaN()}
+	r := Run{HeldRSS: math.NaN(), HeldAnon: math.NaN(), PeakRSS: math.NaN()}
 	srv, base, err := startServe(ctx, cfg, serve)
 	if err != nil {
 		return r, err
@@ -94,6 +96,9 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 		switch m, err := procstat.Mem(srv.pid()); {
 		case err == nil:
 			r.HeldRSS = float64(m.RSS)
+			if m.Anon > 0 {
+				r.HeldAnon = float64(m.Anon)
+			}
 		case !errors.Is(err, procstat.ErrUnsupported):
 			return fmt.Errorf("rolloutbench: %w", err)
 		}
@@ -164,9 +169,9 @@ func (c *Comparison) WriteTable(w io.Writer) {
 	held := func(r Run) string { return "" }
 	header := fmt.Sprintf("  %-22s %6s %10s %10s %10s %11s %12s %14s %15s", "", "round", "rollouts/s", "p50", "p99", "graded", "CPU/rollout", "alloc/rollout", "allocs/rollout")
 	if c.InFlight > 0 {
-		header += fmt.Sprintf(" %20s %20s", fmt.Sprintf("RSS, %d held", c.InFlight), "peak RSS (VmHWM)")
+		header += fmt.Sprintf(" %20s %16s %20s", fmt.Sprintf("RSS, %d held", c.InFlight), "of it anonymous", "peak RSS (VmHWM)")
 		held = func(r Run) string {
-			s := fmt.Sprintf(" %20s %20s", fmtMiB(r.HeldRSS), fmtMiB(r.PeakRSS))
+			s := fmt.Sprintf(" %20s %16s %20s", fmtMiB(r.HeldRSS), fmtMiB(r.HeldAnon), fmtMiB(r.PeakRSS))
 			if r.GradeErr != "" {
 				s += "  not all graded: " + r.GradeErr
 			}
@@ -195,13 +200,15 @@ func (c *Comparison) WriteTable(w io.Writer) {
 		x(perSec), x(p50), x(p99), x(c.Ratio(func(r Run) float64 { return r.CPU })),
 		x(c.Ratio(func(r Run) float64 { return r.AllocBytes })), x(c.Ratio(func(r Run) float64 { return r.Allocs })))
 	if c.InFlight > 0 {
-		fmt.Fprintf(w, ", RSS with %d held %s, peak RSS %s", c.InFlight,
-			x(c.Ratio(func(r Run) float64 { return r.HeldRSS })), x(c.Ratio(func(r Run) float64 { return r.PeakRSS })))
+		fmt.Fprintf(w, ", RSS with %d held %s, anonymous RSS with %d held %s, peak RSS %s",
+			c.InFlight, x(c.Ratio(func(r Run) float64 { return r.HeldRSS })),
+			c.InFlight, x(c.Ratio(func(r Run) float64 { return r.HeldAnon })),
+			x(c.Ratio(func(r Run) float64 { return r.PeakRSS })))
 	}
 	fmt.Fprintln(w)
 	note := "(CPU/rollout: the server's user+system time over the timed run, /proc/PID/stat; alloc/rollout and allocs/rollout: bytes and objects its Go runtime allocated then, from its /metrics"
 	if c.InFlight > 0 {
-		note += "; RSS: VmRSS with the rollouts held, VmHWM once all are graded, /proc/PID/status"
+		note += "; RSS: VmRSS with the rollouts held, and of it RssAnon (the rest is mostly the executable's pages, as many as the page cache maps), VmHWM once all are graded, /proc/PID/status"
 	}
 	fmt.Fprintln(w, note+")")
 }
