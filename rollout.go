@@ -10,7 +10,6 @@ import (
 	"iter"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"slices"
 	"sync"
 	"time"
@@ -110,16 +109,29 @@ func newRollout(id string, rt rolloutRuntime) *Rollout {
 	return &Rollout{ID: id, rt: rt}
 }
 
-// sampleIDPattern keeps sample ids usable as one URL path segment and as a
-// JSON key: what the proxy path and the grader callback need.
-var sampleIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$`)
-
 // ValidSampleID reports why id cannot be a sample id, or nil.
+//
+// A sample id is 1-128 characters of ^[A-Za-z0-9][A-Za-z0-9._:@+-]*$:
+// usable as one URL path segment and as a JSON key, what the proxy path
+// and the grader callback need.
 func ValidSampleID(id string) error {
-	if !sampleIDPattern.MatchString(id) || id == "." || id == ".." {
+	// A loop rather than a regular expression: every LLM call checks its
+	// sample id, and the regexp was a third of a percent of osmo serve's
+	// CPU.
+	ok := len(id) >= 1 && len(id) <= 128 && alnum(id[0])
+	for i := 1; ok && i < len(id); i++ {
+		c := id[i]
+		ok = alnum(c) || c == '.' || c == '_' || c == ':' || c == '@' || c == '+' || c == '-'
+	}
+	if !ok {
 		return fmt.Errorf("sample id %q must be 1-128 characters of letters, digits and ._:@+- starting with a letter or digit", id)
 	}
 	return nil
+}
+
+// alnum reports whether c is an ASCII letter or digit.
+func alnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
 // Register adds a sample source under id. A second source under the same id
