@@ -1,0 +1,80 @@
+package gostack
+
+import (
+	"runtime"
+	"testing"
+)
+
+// stackPerGoroutine is the goroutine stack each of many goroutines holds
+// while it waits, having run f first.
+func stackPerGoroutine(f func()) uint64 {
+	const n = 200
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.StackInuse
+	wait, ran := make(chan struct{}), make(chan struct{}, n)
+	for range n {
+		go func() {
+			f()
+			ran <- struct{}{}
+			<-wait
+		}()
+	}
+	for range n {
+		<-ran
+	}
+	runtime.ReadMemStats(&ms)
+	close(wait)
+	return (ms.StackInuse - before) / n
+}
+
+// deep calls f under about n KiB of frames.
+//
+//go:noinline
+func deep(n int, f func()) byte {
+	var frame [1000]byte
+	if n <= 0 {
+		f()
+		return frame[0]
+	}
+	frame[n%len(frame)] = byte(n)
+	return deep(n-1, f) + frame[(n+1)%len(frame)]
+}
+
+// A goroutine that reserves holds 16 KiB, no more, and a call 12 KiB down
+// then needs no more either; one that does not starts smaller.
+func TestReserveGrowsTo16KiB(t *testing.T) {
+	if got := stackPerGoroutine(Reserve); got != 16<<10 {
+		t.Errorf("a goroutine that reserved holds %d KiB of stack, want 16", got>>10)
+	}
+	if got := stackPerGoroutine(func() { Reserve(); deep(12, func() {}) }); got != 16<<10 {
+		t.Errorf("a goroutine that reserved and went 12 KiB down holds %d KiB of stack, want 16", got>>10)
+	}
+	if got := stackPerGoroutine(func() {}); got >= 16<<10 {
+		t.Errorf("a goroutine that did not reserve holds %d KiB of stack; the test shows nothing", got>>10)
+	}
+}
+
+// BenchmarkGrowth: a goroutine going 12 KiB down, its stack grown on the
+// way (copied with the frames above it) or reserved first.
+func BenchmarkGrowth(b *testing.B) {
+	for _, c := range []struct {
+		name    string
+		reserve bool
+	}{{"on the way", false}, {"reserved", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			done := make(chan struct{})
+			for b.Loop() {
+				go func() {
+					if c.reserve {
+						Reserve()
+					}
+					deep(12, func() {})
+					done <- struct{}{}
+				}()
+				<-done
+			}
+		})
+	}
+}
