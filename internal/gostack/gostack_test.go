@@ -42,21 +42,30 @@ func deep(n int, f func()) byte {
 	return deep(n-1, f) + frame[(n+1)%len(frame)]
 }
 
-// A goroutine that reserves holds 16 KiB, no more, and a call 12 KiB down
-// then needs no more either; one that does not starts smaller.
+// A goroutine that reserves holds 16 KiB, not 32, and a call 10 KiB down
+// then needs no more either; one that does not starts smaller. (Other
+// goroutines' stacks may change meanwhile: the figures are compared to
+// halfway between sizes.)
 func TestReserveGrowsTo16KiB(t *testing.T) {
-	if got := stackPerGoroutine(Reserve); got != 16<<10 {
-		t.Errorf("a goroutine that reserved holds %d KiB of stack, want 16", got>>10)
+	for _, c := range []struct {
+		name string
+		f    func()
+	}{
+		{"reserved", Reserve},
+		{"reserved, then 10 KiB down", func() { Reserve(); deep(10, func() {}) }},
+	} {
+		got := stackPerGoroutine(c.f)
+		t.Logf("%s: %d KiB of stack per goroutine", c.name, got>>10)
+		if got < 12<<10 || got > 24<<10 {
+			t.Errorf("%s: %d KiB of stack per goroutine, want 16", c.name, got>>10)
+		}
 	}
-	if got := stackPerGoroutine(func() { Reserve(); deep(12, func() {}) }); got != 16<<10 {
-		t.Errorf("a goroutine that reserved and went 12 KiB down holds %d KiB of stack, want 16", got>>10)
-	}
-	if got := stackPerGoroutine(func() {}); got >= 16<<10 {
+	if got := stackPerGoroutine(func() {}); got > 12<<10 {
 		t.Errorf("a goroutine that did not reserve holds %d KiB of stack; the test shows nothing", got>>10)
 	}
 }
 
-// BenchmarkGrowth: a goroutine going 12 KiB down, its stack grown on the
+// BenchmarkGrowth: a goroutine going 10 KiB down, its stack grown on the
 // way (copied with the frames above it) or reserved first.
 func BenchmarkGrowth(b *testing.B) {
 	for _, c := range []struct {
@@ -70,7 +79,7 @@ func BenchmarkGrowth(b *testing.B) {
 					if c.reserve {
 						Reserve()
 					}
-					deep(12, func() {})
+					deep(10, func() {})
 					done <- struct{}{}
 				}()
 				<-done
