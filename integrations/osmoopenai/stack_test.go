@@ -3,48 +3,17 @@ package osmoopenai
 import (
 	"context"
 	"encoding/json"
-	"runtime"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
-)
 
-// deep calls f under about n KiB of frames, as a call deep in a workflow
-// is (a rollout's goroutine waits for the policy about 10 KiB down).
-//
-//go:noinline
-func deep(n int, f func()) byte {
-	var frame [1000]byte
-	if n <= 0 {
-		f()
-		return frame[0]
-	}
-	frame[n%len(frame)] = byte(n)
-	return deep(n-1, f) + frame[(n+1)%len(frame)]
-}
+	"github.com/osmo-rl/osmo/internal/gostack"
+)
 
 // stackPerGoroutine is the goroutine stack each of many goroutines holds
 // once it ran f under about depth KiB of frames and waits.
 func stackPerGoroutine(depth int, f func()) uint64 {
-	const n = 200
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	before := ms.StackInuse
-	wait, ran := make(chan struct{}), make(chan struct{}, n)
-	for range n {
-		go func() {
-			deep(depth, f)
-			ran <- struct{}{}
-			<-wait
-		}()
-	}
-	for range n {
-		<-ran
-	}
-	runtime.ReadMemStats(&ms)
-	close(wait)
-	return (ms.StackInuse - before) / n
+	return gostack.Held(200, func() { gostack.Under(depth, f) })
 }
 
 // TestRequestBodyKeepsTheCallersStack: encoding params (openai-go's

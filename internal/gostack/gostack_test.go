@@ -1,46 +1,10 @@
 package gostack
 
-import (
-	"runtime"
-	"testing"
-)
+import "testing"
 
-// stackPerGoroutine is the goroutine stack each of many goroutines holds
-// while it waits, having run f first.
-func stackPerGoroutine(f func()) uint64 {
-	const n = 200
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	before := ms.StackInuse
-	wait, ran := make(chan struct{}), make(chan struct{}, n)
-	for range n {
-		go func() {
-			f()
-			ran <- struct{}{}
-			<-wait
-		}()
-	}
-	for range n {
-		<-ran
-	}
-	runtime.ReadMemStats(&ms)
-	close(wait)
-	return (ms.StackInuse - before) / n
-}
-
-// deep calls f under about n KiB of frames.
-//
-//go:noinline
-func deep(n int, f func()) byte {
-	var frame [1000]byte
-	if n <= 0 {
-		f()
-		return frame[0]
-	}
-	frame[n%len(frame)] = byte(n)
-	return deep(n-1, f) + frame[(n+1)%len(frame)]
-}
+// stackPerGoroutine is the stack each of 200 goroutines holds once it ran
+// f.
+func stackPerGoroutine(f func()) uint64 { return Held(200, f) }
 
 // A goroutine that reserves holds 16 KiB, not 32, and a call 10 KiB down
 // then needs no more either; one that does not starts smaller. (Other
@@ -52,7 +16,7 @@ func TestReserveGrowsTo16KiB(t *testing.T) {
 		f    func()
 	}{
 		{"reserved", Reserve},
-		{"reserved, then 10 KiB down", func() { Reserve(); deep(10, func() {}) }},
+		{"reserved, then 10 KiB down", func() { Reserve(); Under(10, func() {}) }},
 	} {
 		got := stackPerGoroutine(c.f)
 		t.Logf("%s: %d KiB of stack per goroutine", c.name, got>>10)
@@ -79,7 +43,7 @@ func BenchmarkGrowth(b *testing.B) {
 					if c.reserve {
 						Reserve()
 					}
-					deep(10, func() {})
+					Under(10, func() {})
 					done <- struct{}{}
 				}()
 				<-done

@@ -148,29 +148,28 @@ func (t *Timed) spent(before, after usage) {
 // peakRSS is process pid's resident high-water mark in bytes, NaN where
 // /proc is not Linux's.
 func peakRSS(pid int) (float64, error) {
-	m, err := procstat.Mem(pid)
-	switch {
-	case errors.Is(err, procstat.ErrUnsupported):
-		return math.NaN(), nil
-	case err != nil:
-		return 0, fmt.Errorf("rolloutbench: %w", err)
-	}
-	return float64(m.Peak), nil
+	return memFigure(pid, func(m procstat.Memory) uint64 { return m.Peak })
 }
 
 // anonRSS is process pid's anonymous resident memory in bytes, NaN where
 // /proc is not Linux's or does not say.
 func anonRSS(pid int) (float64, error) {
+	return memFigure(pid, func(m procstat.Memory) uint64 { return m.Anon })
+}
+
+// memFigure is the figure of process pid's memory that pick picks, NaN
+// where /proc is not Linux's or the figure is zero (not reported).
+func memFigure(pid int, pick func(procstat.Memory) uint64) (float64, error) {
 	m, err := procstat.Mem(pid)
 	switch {
 	case errors.Is(err, procstat.ErrUnsupported):
 		return math.NaN(), nil
 	case err != nil:
 		return 0, fmt.Errorf("rolloutbench: %w", err)
-	case m.Anon == 0:
+	case pick(m) == 0:
 		return math.NaN(), nil
 	}
-	return float64(m.Anon), nil
+	return float64(pick(m)), nil
 }
 
 // WritesPerRollout is the state's writes per rollout of the run.
