@@ -3,8 +3,10 @@ package rollout
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,5 +140,52 @@ func TestPrivateStateHoldsTheRequest(t *testing.T) {
 	// Another admission of the id finds it taken, and holds nothing.
 	if existing, _, err := s.sh.create(ctx, &lifecycle{ID: lc.ID, Key: "other", Created: time.Now(), Phase: phaseQueued, Request: []byte("other")}); err != nil || existing == nil || string(existing.Request) != "sealed request" {
 		t.Errorf("a second create: existing %+v, %v", existing, err)
+	}
+}
+
+// TestDuplicateCreatesKeepTheWinnersRequest: two admissions of one id
+// racing (a trainer's duplicate init) in a private state. Whichever
+// creates the lifecycle, it is read back with its own request: when the
+// other held the id's parts first, the winner's lifecycle is stored whole,
+// and the loser's failed create lets go of nothing the winner needs.
+func TestDuplicateCreatesKeepTheWinnersRequest(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	const ids = 200
+	for i := range ids {
+		id := fmt.Sprintf("dup-%d", i)
+		var wg sync.WaitGroup
+		won := make([]string, 2)
+		for j := range 2 {
+			wg.Go(func() {
+				request := fmt.Sprintf("request %d of %s", j, id)
+				lc := &lifecycle{ID: id, Key: id, Wire: wireV03, Created: time.Now(), Phase: phaseQueued, Request: []byte(request)}
+				existing, _, err := s.sh.create(ctx, lc)
+				if err != nil {
+					t.Errorf("%s: create %d: %v", id, j, err)
+					return
+				}
+				if existing == nil {
+					won[j] = request
+				}
+			})
+		}
+		wg.Wait()
+		winner := won[0] + won[1]
+		if won[0] != "" && won[1] != "" || winner == "" {
+			t.Fatalf("%s: creates won %q", id, won)
+		}
+		s.sh.known.drop(id) // read from the state, not from what was written
+		got, _, err := s.sh.get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Request) != winner {
+			t.Errorf("%s: read back with request %q, want the winner's %q", id, got.Request, winner)
+		}
 	}
 }

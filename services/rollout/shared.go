@@ -520,27 +520,30 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // create stores lc unless its id has a lifecycle already: then it returns
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
-	b := lc.appendJSON(sh.buffer(), sh.held == nil)
-	defer sh.release(b)
 	for {
-		// Held before the write, unless the id holds another admission's
-		// parts: a reader of what it stores finds them. A create that
-		// fails for another reason may have been written: they stay.
+		// Held before the write: a reader of what it stores finds them.
+		// Unless the id holds parts already, another admission's (a
+		// duplicate racing this one, whose create may yet fail): then
+		// this lifecycle is stored whole, its request in it, and relies on
+		// nothing held. Its next write keeps its own parts.
 		kept := sh.held.keepNew(lc)
+		b := lc.appendJSON(sh.buffer(), sh.held == nil || !kept)
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
+		sh.release(b)
 		if err == nil {
 			sh.known.put(lc.ID, lc.clone(), rev)
 			return nil, rev, nil
 		}
+		// What was kept stays, whatever the error: a create that fails
+		// for another reason may have been written; and an id taken by a
+		// duplicate that found these parts held has a lifecycle stored
+		// whole, whose own writes replace them. Letting them go here let
+		// go of that duplicate's, once it had written again without its
+		// request. A finished lifecycle read below, or one gone, lets go
+		// of them.
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, 0, err
-		}
-		if kept {
-			// Not this admission's id: the lifecycle there is finished
-			// (nothing held), or gone since (then this one is tried
-			// again).
-			sh.held.forget(lc.ID)
 		}
 		existing, rev, err = sh.get(ctx, lc.ID)
 		if errors.Is(err, errGone) {
