@@ -23,7 +23,7 @@ import (
 // Readers see no difference: a lifecycle read back from the state has its
 // parts put back (fill) as it would have had them stored. A part is kept
 // before the write that stores the lifecycle, so no reader finds it
-// without, and let go once the lifecycle is finished or gone.
+// without, and let go once the lifecycle is finished or removed.
 type heldParts struct {
 	mu sync.Mutex
 	m  map[string]*heldLifecycle

@@ -189,3 +189,50 @@ func TestDuplicateCreatesKeepTheWinnersRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusDuringAdmissionKeepsTheRequest: a read of an id whose
+// admission has kept its parts but not yet stored its lifecycle (a trainer
+// asking for the status of a rollout it is starting) finds nothing, and
+// lets go of nothing: the lifecycle stored next is read back with its
+// request.
+func TestStatusDuringAdmissionKeepsTheRequest(t *testing.T) {
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	for i := range 200 {
+		id := fmt.Sprintf("asked-%d", i)
+		request := "request of " + id
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, _, err := s.sh.get(ctx, id); err == nil {
+					return
+				}
+			}
+		})
+		lc := &lifecycle{ID: id, Key: id, Wire: wireV03, Created: time.Now(), Phase: phaseQueued, Request: []byte(request)}
+		_, _, err := s.sh.create(ctx, lc)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.sh.known.drop(id)
+		got, _, err := s.sh.get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Request) != request {
+			t.Errorf("%s: read back with request %q, want %q", id, got.Request, request)
+		}
+	}
+}

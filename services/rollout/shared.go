@@ -485,7 +485,11 @@ var errGone = errors.New("no such rollout")
 func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error) {
 	e, err := sh.rollouts.Get(ctx, natsstore.Key(id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		sh.held.forget(id)
+		// What is held for id stays: it may be an admission's, kept before
+		// the create that is about to store its lifecycle (a status asked
+		// for the id in between reads nothing). Whoever deletes a
+		// lifecycle lets go of its parts (remove); a finished one's went
+		// with its last write.
 		return nil, 0, errGone
 	}
 	if err != nil {
@@ -540,8 +544,7 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 		// duplicate that found these parts held has a lifecycle stored
 		// whole, whose own writes replace them. Letting them go here let
 		// go of that duplicate's, once it had written again without its
-		// request. A finished lifecycle read below, or one gone, lets go
-		// of them.
+		// request. A finished lifecycle read below lets go of them.
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, 0, err
 		}
