@@ -79,6 +79,19 @@ func (instantGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*grad
 	return resp, nil
 }
 
+// newCalculatorService is a Service of the calculator loop at the default
+// settings (a private state), logging nothing, not serving, closed when
+// the test ends.
+func newCalculatorService(t *testing.T) *Service {
+	t.Helper()
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // serveCalculator serves the calculator loop graded by gr, its lifecycles
 // in the bucket wrap makes of the real one, until the test ends; ctx is
 // the test's, 60 s long.

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/osmo-rl/osmo/internal/natsstore"
-	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
 // TestHeldParts: what a lifecycle read back without its request and
@@ -109,11 +106,7 @@ func TestHeldParts(t *testing.T) {
 // memory) stores a lifecycle without its request, which a read gives
 // back all the same, the request being held in process.
 func TestPrivateStateHoldsTheRequest(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newCalculatorService(t)
 	if !s.sh.store.Private() || s.sh.held == nil {
 		t.Fatal("the default state is not private, or holds nothing in process")
 	}
@@ -149,11 +142,7 @@ func TestPrivateStateHoldsTheRequest(t *testing.T) {
 // other held the id's parts first, the winner's lifecycle is stored whole,
 // and the loser's failed create lets go of nothing the winner needs.
 func TestDuplicateCreatesKeepTheWinnersRequest(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newCalculatorService(t)
 	ctx := t.Context()
 	const ids = 200
 	for i := range ids {
@@ -196,11 +185,7 @@ func TestDuplicateCreatesKeepTheWinnersRequest(t *testing.T) {
 // lets go of nothing: the lifecycle stored next is read back with its
 // request.
 func TestStatusDuringAdmissionKeepsTheRequest(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newCalculatorService(t)
 	ctx := t.Context()
 	for i := range 200 {
 		id := fmt.Sprintf("asked-%d", i)

@@ -2,15 +2,12 @@ package rollout
 
 import (
 	"encoding/json"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
 // TestRestoreFromLifecycle: a replica concluding a rollout it did not
@@ -20,11 +17,7 @@ import (
 // completion to the outbox under an empty id, where it was dropped, and
 // the rollout never ended.
 func TestRestoreFromLifecycle(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newCalculatorService(t)
 	answer, err := proto.Marshal(&rolloutv1.InitRolloutResponse{RolloutId: "g1-a"})
 	if err != nil {
 		t.Fatal(err)
@@ -68,11 +61,7 @@ func TestRestoreFromLifecycle(t *testing.T) {
 // the state has none, and its request is decoded. Beginning the rollout
 // lets the lifecycle's copy go: the record holds the request then.
 func TestRestoreTakesTheAdmittedRequest(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newCalculatorService(t)
 	req := &rolloutv1.StartRolloutRequest{RolloutId: "g2-a", CompletionCallbackUrl: "http://127.0.0.1:1/done"}
 	lc := &lifecycle{ID: "g2-a", Key: "g2-a", Wire: wireG2, Request: []byte("not a request"), Phase: phaseQueued, admitted: req}
 	rec, err := s.restore(lc)

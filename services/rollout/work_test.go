@@ -223,11 +223,7 @@ func (kv hungKV) Update(ctx context.Context, _ string, _ []byte, _ uint64) (uint
 // which the trainer retries, rather than held for as long as each step
 // takes to give up.
 func TestAdmissionAnswersInTime(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = s.Close() }()
+	s := newCalculatorService(t)
 	s.admitWithin = 500 * time.Millisecond
 	s.sh.rollouts = hungKV{s.sh.rollouts}
 	msg, err := structpb.NewStruct(map[string]any{"role": "user", "content": "What is 6 * 7?"})
