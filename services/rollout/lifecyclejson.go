@@ -28,8 +28,8 @@ func (lc *lifecycle) appendJSON(b []byte, inline bool) []byte {
 	if inline {
 		n += base64.StdEncoding.EncodedLen(len(lc.Request))
 	}
-	for _, st := range []*owedStage{lc.Ran, lc.Final} {
-		if st != nil {
+	for _, s := range lc.stages() {
+		if st := s.st; st != nil {
 			for _, c := range st.Callbacks {
 				n += 128 + len(c.URL) + len(c.Bearer)
 				if inline {
