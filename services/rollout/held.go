@@ -3,6 +3,7 @@ package rollout
 import (
 	"encoding/json"
 	"sync"
+	"time"
 )
 
 // heldParts keeps the larger parts of a private state's lifecycles
@@ -24,19 +25,29 @@ import (
 // parts put back (fill) as it would have had them stored. A part is kept
 // before the write that stores the lifecycle, so no reader finds it
 // without, and let go once the lifecycle is finished or removed.
+//
+// What is held belongs to one admission of an id, told apart by its
+// lifecycle's Created: an id admitted again (its finished lifecycle
+// expired, or a duplicate raced it) holds the new admission's parts, and
+// neither a read of the old lifecycle nor its last write touches them.
 type heldParts struct {
 	mu sync.Mutex
 	m  map[string]*heldLifecycle
 }
 
-// heldLifecycle is what is held of one rollout: its request, and its
-// callbacks' payloads by stage and index.
+// heldLifecycle is what is held of one admission of a rollout (the
+// lifecycle created at created): its request, and its callbacks' payloads
+// by stage and index.
 type heldLifecycle struct {
+	created    time.Time
 	request    []byte
 	ran, final []json.RawMessage
 }
 
-func (p *heldLifecycle) of(stage string) *[]json.RawMessage {
+// of reports whether p holds lc's admission's parts.
+func (p *heldLifecycle) of(lc *lifecycle) bool { return p.created.Equal(lc.Created) }
+
+func (p *heldLifecycle) stage(stage string) *[]json.RawMessage {
 	if stage == stageRan {
 		return &p.ran
 	}
@@ -80,8 +91,10 @@ func (h *heldParts) keepLocked(lc *lifecycle) {
 			if h.m == nil {
 				h.m = map[string]*heldLifecycle{}
 			}
-			if p = h.m[lc.ID]; p == nil {
-				p = &heldLifecycle{}
+			// Another admission's parts are replaced, not added to:
+			// none of them is this one's.
+			if p = h.m[lc.ID]; p == nil || !p.of(lc) {
+				p = &heldLifecycle{created: lc.Created}
 				h.m[lc.ID] = p
 			}
 		}
@@ -98,7 +111,7 @@ func (h *heldParts) keepLocked(lc *lifecycle) {
 			if len(c.Payload) == 0 {
 				continue
 			}
-			held := entry().of(s.name)
+			held := entry().stage(s.name)
 			if len(*held) < len(s.st.Callbacks) {
 				*held = append(*held, make([]json.RawMessage, len(s.st.Callbacks)-len(*held))...)
 			}
@@ -110,19 +123,20 @@ func (h *heldParts) keepLocked(lc *lifecycle) {
 // fill puts back into lc, as read from the state without them, its
 // request until its final stage is owed (which drops it), and the
 // payloads of its callbacks not done; a finished lifecycle holds neither,
-// and its parts are let go.
+// and its parts are let go. What another admission of the id holds is
+// neither put into lc nor let go.
 func (h *heldParts) fill(lc *lifecycle) {
 	if h == nil {
 		return
 	}
 	if lc.Phase == phaseFinished {
-		h.forget(lc.ID)
+		h.forget(lc)
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p := h.m[lc.ID]
-	if p == nil {
+	if p == nil || !p.of(lc) {
 		return
 	}
 	if lc.Final == nil && len(lc.Request) == 0 {
@@ -132,7 +146,7 @@ func (h *heldParts) fill(lc *lifecycle) {
 		if s.st == nil {
 			continue
 		}
-		held := *p.of(s.name)
+		held := *p.stage(s.name)
 		for i := range s.st.Callbacks {
 			if i < len(held) && i < len(s.st.Done) && !s.st.Done[i] && len(s.st.Callbacks[i].Payload) == 0 {
 				s.st.Callbacks[i].Payload = held[i]
@@ -141,8 +155,20 @@ func (h *heldParts) fill(lc *lifecycle) {
 	}
 }
 
-// forget lets id's parts go: its lifecycle is finished or gone.
-func (h *heldParts) forget(id string) {
+// forget lets lc's parts go: it is finished.
+func (h *heldParts) forget(lc *lifecycle) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p := h.m[lc.ID]; p != nil && p.of(lc) {
+		delete(h.m, lc.ID)
+	}
+}
+
+// drop lets id's parts go, whichever admission's: its lifecycle is gone.
+func (h *heldParts) drop(id string) {
 	if h == nil {
 		return
 	}

@@ -96,9 +96,76 @@ func TestHeldParts(t *testing.T) {
 	var none *heldParts // a state that stores its payloads
 	none.keep(lc)
 	none.fill(back)
-	none.forget("r")
+	none.forget(lc)
+	none.drop("r")
 	if none.len() != 0 {
 		t.Error("a nil heldParts holds something")
+	}
+}
+
+// TestHeldPartsOfAnotherAdmission: an id admitted again holds the new
+// admission's parts only. A read of the earlier admission's lifecycle (its
+// finished one, read as its TTL ends and the id is admitted again) neither
+// lets them go nor gets them, and the new admission's writes replace what
+// the earlier one left held.
+func TestHeldPartsOfAnotherAdmission(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 1, time.UTC)
+	t1 := t0.Add(time.Hour)
+	var h heldParts
+
+	// The earlier admission left a payload held (a failed create, an init
+	// cleared as stale).
+	h.keep(&lifecycle{ID: "r", Created: t0, Phase: phaseRan, Request: []byte("old"),
+		Ran: &owedStage{Callbacks: []savedCallback{{Payload: json.RawMessage(`{"old":0}`)}, {Payload: json.RawMessage(`{"old":1}`)}}, Done: []bool{false, false}}})
+
+	// The new admission is stored whole (the id holds parts), then its
+	// next write keeps its own.
+	fresh := &lifecycle{ID: "r", Created: t1, Phase: phaseQueued, Request: []byte("new")}
+	if h.keepNew(fresh) {
+		t.Fatal("a create kept parts over those its id holds")
+	}
+	ran := &lifecycle{ID: "r", Created: t1, Phase: phaseRan, Request: []byte("new"),
+		Ran: &owedStage{Callbacks: []savedCallback{{Payload: json.RawMessage(`{"new":0}`)}, {}}, Done: []bool{false, false}}}
+	h.keep(ran)
+	back := &lifecycle{ID: "r", Created: t1, Phase: phaseRan,
+		Ran: &owedStage{Callbacks: []savedCallback{{}, {}}, Done: []bool{false, false}}}
+	h.fill(back)
+	if string(back.Request) != "new" || string(back.Ran.Callbacks[0].Payload) != `{"new":0}` {
+		t.Fatalf("read back request %q, ran[0] %s", back.Request, back.Ran.Callbacks[0].Payload)
+	}
+	if got := back.Ran.Callbacks[1].Payload; got != nil {
+		t.Errorf("ran[1] got the earlier admission's payload %s", got)
+	}
+
+	// The earlier admission's lifecycle, read: not filled, nothing let go.
+	old := &lifecycle{ID: "r", Created: t0, Phase: phaseRan, Ran: &owedStage{Callbacks: []savedCallback{{}}, Done: []bool{false}}}
+	h.fill(old)
+	if old.Request != nil || old.Ran.Callbacks[0].Payload != nil {
+		t.Errorf("the earlier admission's lifecycle got the new one's parts: %q, %s", old.Request, old.Ran.Callbacks[0].Payload)
+	}
+	h.fill(&lifecycle{ID: "r", Created: t0, Phase: phaseFinished})
+	h.forget(&lifecycle{ID: "r", Created: t0, Phase: phaseFinished})
+	again := &lifecycle{ID: "r", Created: t1, Phase: phaseRunning}
+	h.fill(again)
+	if string(again.Request) != "new" {
+		t.Fatalf("after the earlier admission's finished lifecycle was read, the request reads back %q", again.Request)
+	}
+
+	// Created read back from JSON (another location, no monotonic
+	// reading) is the same admission.
+	var decoded lifecycle
+	if err := json.Unmarshal(fresh.appendJSON(nil, false), &decoded); err != nil {
+		t.Fatal(err)
+	}
+	decoded.Created = decoded.Created.In(time.FixedZone("east", 3600))
+	h.fill(&decoded)
+	if string(decoded.Request) != "new" {
+		t.Errorf("a lifecycle read back from JSON got request %q", decoded.Request)
+	}
+	decoded.Phase = phaseFinished
+	h.fill(&decoded)
+	if h.len() != 0 {
+		t.Errorf("%d held once the new admission finished", h.len())
 	}
 }
 

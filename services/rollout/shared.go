@@ -631,7 +631,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	if err == nil {
-		sh.held.forget(lc.ID)
+		sh.held.forget(lc)
 	}
 	return err
 }
@@ -649,7 +649,7 @@ func isWrongSequence(err error) bool {
 // remove deletes id's lifecycle (an init that failed before it was
 // queued), so a retry starts afresh.
 func (sh *shared) remove(ctx context.Context, id string) error {
-	sh.held.forget(id)
+	sh.held.drop(id)
 	return sh.rollouts.Purge(ctx, natsstore.Key(id))
 }
 
