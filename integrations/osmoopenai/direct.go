@@ -74,12 +74,12 @@ func newDirect(ep osmo.Endpoint, rolloutID, sampleID string) *direct {
 }
 
 // complete posts params with items as its messages; enc, when not nil,
-// is params encoded (see encodeParams). toolTurn: a reply that asks for
-// tools is decoded by decodeToolTurn (see Session.complete).
+// is params encoded (see encodeParams). lean says which replies
+// decodeLean reads (see Session.complete).
 //
-// A reply decodeToolTurn read is in a kept completion, which turn holds,
-// to be let go (done) once the turn no longer reads it.
-func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams, toolTurn bool) (_ *openai.ChatCompletion, turn *toolTurnCompletion, _ error) {
+// A reply decodeLean read is in a kept completion, which turn holds, to be
+// let go (done) once the turn no longer reads it.
+func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, enc *encodedParams, lean leanReplies) (_ *openai.ChatCompletion, turn *leanCompletion, _ error) {
 	body, err := requestBody(params, items, enc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("encode request: %w", err)
@@ -107,8 +107,8 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); !strings.Contains(mt, "application/json") && !strings.HasSuffix(mt, "+json") {
 		return nil, nil, fmt.Errorf("response is %q, not JSON: %s", res.Header.Get("Content-Type"), truncate(contents, 128))
 	}
-	if toolTurn {
-		if t, ok := decodeToolTurn(contents); ok {
+	if lean != leanNone {
+		if t, ok := decodeLean(contents, lean == leanToolTurns); ok {
 			return &t.c, t, nil
 		}
 	}
@@ -119,10 +119,10 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 	return out, nil, nil
 }
 
-// toolTurnReply is what a turn of Run reads of a reply that asks for
-// tools: its id, and its first choice's finish reason and message, as far
-// as replyParam and toolCalls read them.
-type toolTurnReply struct {
+// leanReply is what decodeLean reads of a reply: its id, and its first
+// choice's finish reason and message, as far as replyParam and toolCalls
+// read them.
+type leanReply struct {
 	ID      string `json:"id"`
 	Choices []struct {
 		FinishReason string `json:"finish_reason"`
@@ -154,38 +154,44 @@ type functionCall struct {
 	Arguments string `json:"arguments"`
 }
 
-// decodeToolTurn decodes a reply that asks for tools into the completion
-// openai-go would decode, as far as a turn of Run reads it: the first
-// choice's finish reason and message (its text, refusal, audio id, legacy
-// function call and tool calls), and the id. Nothing else is set, and
-// nothing has its JSON metadata: it is for Run's turns before the last,
-// which go no further than replyParam and toolCalls and are not returned.
-// ok is false for a reply that does not ask for tools or that this
-// decoder does not read as openai-go would (a role other than the
-// assistant's, a field of another type, text that is not UTF-8, which
-// encoding/json replaces and openai-go keeps): decodeCompletion reads
-// those.
+// decodeLean decodes a reply into the completion openai-go would decode,
+// as far as Run's turns and RunText read it: the first choice's finish
+// reason and message (its text, refusal, audio id, legacy function call
+// and tool calls), and the id. Nothing else is set, and nothing has its
+// JSON metadata: it is for replies that are not returned as a completion
+// (Run's turns before the last, every turn of RunText), which go no
+// further than replyParam, toolCalls and the message's text. ok is false
+// for a reply without tool calls when needTools, and for one this decoder
+// does not read as openai-go would (a role other than the assistant's, a
+// field of another type, text that is not UTF-8, which encoding/json
+// replaces and openai-go keeps): decodeCompletion reads those.
 //
 // openai-go's decoder, which reads every field of the reply and keeps
 // each field's JSON, was 5% of osmo serve's CPU running the multiply
 // workflow, half of it on replies only read for their tool calls
 // (docs/performance.md). encoding/json runs on a goroutine of its own as
 // openai-go's does (offStack), so the caller's stack stays as it is.
-func decodeToolTurn(contents []byte) (_ *toolTurnCompletion, ok bool) {
+func decodeLean(contents []byte, needTools bool) (_ *leanCompletion, ok bool) {
+	// A reply without the key asks for no tools (a final answer, which Run
+	// returns as openai-go decodes it): not read twice. A key written with
+	// escapes reads as a reply without it, which openai-go decodes too.
+	if needTools && !bytes.Contains(contents, []byte(`"tool_calls"`)) {
+		return nil, false
+	}
 	if !utf8.Valid(contents) {
 		return nil, false
 	}
-	var r toolTurnReply
+	var r leanReply
 	var err error
 	offStack(func() { err = json.Unmarshal(contents, &r) })
 	if err != nil || len(r.Choices) == 0 {
 		return nil, false
 	}
 	m := &r.Choices[0].Message
-	if len(m.ToolCalls) == 0 || m.Role != "assistant" {
+	if (needTools && len(m.ToolCalls) == 0) || m.Role != "assistant" {
 		return nil, false
 	}
-	t := toolTurns.Get().(*toolTurnCompletion)
+	t := leanCompletions.Get().(*leanCompletion)
 	msg := &t.choice[0].Message
 	msg.Role = constant.Assistant(m.Role)
 	if m.Content != nil {
@@ -200,7 +206,9 @@ func decodeToolTurn(contents []byte) (_ *toolTurnCompletion, ok bool) {
 	if m.FunctionCall != nil {
 		msg.FunctionCall.Name, msg.FunctionCall.Arguments = m.FunctionCall.Name, m.FunctionCall.Arguments
 	}
-	msg.ToolCalls = make([]openai.ChatCompletionMessageToolCallUnion, len(m.ToolCalls))
+	if len(m.ToolCalls) > 0 {
+		msg.ToolCalls = make([]openai.ChatCompletionMessageToolCallUnion, len(m.ToolCalls))
+	}
 	for i, tc := range m.ToolCalls {
 		u := &msg.ToolCalls[i]
 		u.ID, u.Type = tc.ID, tc.Type
@@ -212,27 +220,43 @@ func decodeToolTurn(contents []byte) (_ *toolTurnCompletion, ok bool) {
 	return t, true
 }
 
-// toolTurnCompletion is a completion as decodeToolTurn fills it, with its
-// one choice. A turn of Run reads it and lets it go (done) for the next
-// tool turn's: an openai.ChatCompletion, its JSON metadata included, is
-// over 2 KiB, allocated once per tool turn of every rollout.
-type toolTurnCompletion struct {
+// leanCompletion is a completion as decodeLean fills it, with its one
+// choice. A turn of Run reads it and lets it go (done) for the next
+// turn's: an openai.ChatCompletion, its JSON metadata included, is over
+// 2 KiB, allocated once per turn of every rollout.
+type leanCompletion struct {
 	c      openai.ChatCompletion
 	choice [1]openai.ChatCompletionChoice
 }
 
-// toolTurns are the tool turns' completions let go: a cache of values, as
+// leanCompletions are the turns' completions let go: a cache of values, as
 // offStack's goroutines are one of goroutines.
-var toolTurns = sync.Pool{New: func() any { return new(toolTurnCompletion) }}
+var leanCompletions = sync.Pool{New: func() any { return new(leanCompletion) }}
 
 // done lets t go for reuse, once nothing reads it; nil does nothing.
-func (t *toolTurnCompletion) done() {
+func (t *leanCompletion) done() {
 	if t == nil {
 		return
 	}
-	*t = toolTurnCompletion{}
-	toolTurns.Put(t)
+	*t = leanCompletion{}
+	leanCompletions.Put(t)
 }
+
+// leanReplies says which replies a call reads with decodeLean.
+type leanReplies uint8
+
+const (
+	// leanNone: none; every reply is openai-go's (Complete, Run's last
+	// turn: both return it).
+	leanNone leanReplies = iota
+	// leanToolTurns: a reply that asks for tools (Run's turns before its
+	// last, which read such a reply for its tool calls and its message,
+	// and return the next).
+	leanToolTurns
+	// leanAll: any reply decodeLean reads as openai-go would (RunText,
+	// which returns none).
+	leanAll
+)
 
 // decodeCompletion decodes a reply with openai-go, on a goroutine of its
 // own (see offStack): openai-go's decoder needs over 12 KiB of stack.

@@ -184,10 +184,11 @@ func TestReplyParamIsToParam(t *testing.T) {
 	}
 }
 
-// A reply that asks for tools, decoded for a turn of Run, gives the same
-// next message and the same tool calls as openai-go's decode of it, and
-// the same id and finish reason; a reply it cannot read so (no tool calls,
-// no assistant role, a field of another type) is left to openai-go.
+// A reply decoded lean (for a turn of Run, or by RunText) gives the same
+// next message, text and tool calls as openai-go's decode of it, and the
+// same id and finish reason; a reply it cannot read so (no assistant role,
+// a field of another type) is left to openai-go, and so is one without
+// tool calls for a turn of Run (Run returns it).
 func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 	reply := func(message string) []byte {
 		return []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":` +
@@ -201,15 +202,27 @@ func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 		`{"role":"assistant","content":"spoken","audio":{"id":"audio_1","data":"AAAA","expires_at":1,"transcript":"spoken"},"function_call":{"name":"legacy","arguments":"{}"},"tool_calls":[{"id":"c7","type":"function","function":{"name":"f","arguments":"{}"}}],"annotations":[],"extra":{"k":[1,2]}}`,
 		`{"role":"assistant","content":"\u00e9\ud83d\ude00 \\n","tool_calls":[{"id":"c8","type":"function","function":{"name":"f","arguments":"{\"s\":\"\\u00e9\"}"}}]}`,
 	}
-	for _, m := range read {
+	// Final answers: read by RunText, left to openai-go by Run's turns.
+	final := []string{
+		`{"role":"assistant","content":"done"}`,
+		`{"role":"assistant","content":null,"tool_calls":[]}`,
+		`{"role":"assistant","content":"42","refusal":null,"annotations":[],"tool_calls":null}`,
+		`{"role":"assistant","content":"\u00e9\ud83d\ude00 \\n"}`,
+	}
+	for _, m := range final {
+		if _, ok := decodeLean(reply(m), true); ok {
+			t.Errorf("%s: read for a tool turn, want it left to openai-go", m)
+		}
+	}
+	for i, m := range append(read, final...) {
 		body := reply(m)
 		var want openai.ChatCompletion
 		if err := want.UnmarshalJSON(body); err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
-		kept, ok := decodeToolTurn(body)
+		kept, ok := decodeLean(body, i < len(read))
 		if !ok {
-			t.Errorf("%s: not read for a tool turn", m)
+			t.Errorf("%s: not read lean", m)
 			continue
 		}
 		got := &kept.c
@@ -217,6 +230,9 @@ func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 			t.Errorf("%s: id %q, finish reason %q; want %q, %q", m, got.ID, got.Choices[0].FinishReason, want.ID, want.Choices[0].FinishReason)
 		}
 		gm, wm := &got.Choices[0].Message, &want.Choices[0].Message
+		if gm.Content != wm.Content {
+			t.Errorf("%s: content %q, want %q", m, gm.Content, wm.Content)
+		}
 		if g, w := replyParam(gm), replyParam(wm); !reflect.DeepEqual(g, w) {
 			t.Errorf("%s:\n message %+v\n    want %+v", m, *g.OfAssistant, *w.OfAssistant)
 		} else if gi, err := encodeItem(g); err != nil {
@@ -232,18 +248,18 @@ func TestToolTurnDecodesAsOpenAI(t *testing.T) {
 		kept.done()
 	}
 	for _, m := range []string{
-		`{"role":"assistant","content":"done"}`,
-		`{"role":"assistant","content":null,"tool_calls":[]}`,
 		`{"content":"no role","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`,
 		`{"role":"assistant","content":[{"type":"text","text":"parts"}],"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`,
 		`{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}]}`,
 		"{\"role\":\"assistant\",\"content\":\"a\xffb\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}",
 	} {
-		if _, ok := decodeToolTurn(reply(m)); ok {
-			t.Errorf("%s: read for a tool turn, want it left to openai-go", m)
+		for _, needTools := range []bool{true, false} {
+			if _, ok := decodeLean(reply(m), needTools); ok {
+				t.Errorf("%s: read lean (needTools %v), want it left to openai-go", m, needTools)
+			}
 		}
 	}
-	if _, ok := decodeToolTurn([]byte(`{"id":"x","choices":[]}`)); ok {
+	if _, ok := decodeLean([]byte(`{"id":"x","choices":[]}`), false); ok {
 		t.Error("a reply without choices was read for a tool turn")
 	}
 }

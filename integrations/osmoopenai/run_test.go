@@ -6,12 +6,14 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
 )
 
@@ -134,6 +136,70 @@ func TestRunTurnBudget(t *testing.T) {
 		if got, want := len(s.Items()), 1+tc.wantCalls+(tc.wantCalls-1); got != want {
 			t.Errorf("maxTurns %d: %d items, want %d", tc.maxTurns, got, want)
 		}
+	}
+}
+
+// RunText sends what Run sends, leaves the session as Run leaves it and
+// returns the text Run's last completion holds: for a final answer, for
+// one only openai-go reads (content in parts), for a message without
+// text, and when the turn budget runs out with tool calls pending.
+func TestRunTextIsRun(t *testing.T) {
+	calls := toolCallsReply(t, [2]string{"multiply", `{"a":6,"b":7}`})
+	for _, tc := range []struct {
+		name     string
+		replies  []string
+		maxTurns int
+		want     string
+	}{
+		{"answer", []string{calls, completion(`{"role":"assistant","content":"6 times 7 is 42"}`)}, 5, "6 times 7 is 42"},
+		// openai-go keeps content of another type as its JSON.
+		{"parts", []string{calls, completion(`{"role":"assistant","content":[{"type":"text","text":"42"}]}`)}, 5, `[{"type":"text","text":"42"}]`},
+		{"refusal", []string{completion(`{"role":"assistant","content":null,"refusal":"no"}`)}, 5, ""},
+		{"budget", []string{calls}, 2, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			type result struct {
+				text   string
+				items  []osmo.Message
+				bodies []map[string]any
+			}
+			runs := map[string]func(ctx context.Context, s *osmoopenai.Session) (string, error){
+				"Run": func(ctx context.Context, s *osmoopenai.Session) (string, error) {
+					resp, err := osmoopenai.Run(ctx, s, openai.ChatCompletionNewParams{Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(task)}}, []osmoopenai.Tool{multiplyTool()}, tc.maxTurns)
+					if err != nil {
+						return "", err
+					}
+					return resp.Choices[0].Message.Content, nil
+				},
+				"RunText": func(ctx context.Context, s *osmoopenai.Session) (string, error) {
+					return osmoopenai.RunText(ctx, s, openai.ChatCompletionNewParams{Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(task)}}, []osmoopenai.Tool{multiplyTool()}, tc.maxTurns)
+				},
+			}
+			got := map[string]result{}
+			for name, run := range runs {
+				up := newScripted(t, tc.replies...)
+				ctx, _ := rolloutCtx(t, "r1", func(string) string { return up.URL })
+				s, err := osmoopenai.NewSession(ctx, "s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				text, err := run(ctx, s)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				got[name] = result{text, s.Items(), up.requestBodies()}
+			}
+			run, text := got["Run"], got["RunText"]
+			if run.text != tc.want || text.text != tc.want {
+				t.Errorf("text: Run's %q, RunText's %q, want %q", run.text, text.text, tc.want)
+			}
+			if !reflect.DeepEqual(run.items, text.items) {
+				t.Errorf("session items differ:\n Run     %v\n RunText %v", run.items, text.items)
+			}
+			if !reflect.DeepEqual(run.bodies, text.bodies) {
+				t.Errorf("requests differ:\n Run     %v\n RunText %v", run.bodies, text.bodies)
+			}
+		})
 	}
 }
 

@@ -197,7 +197,7 @@ func (s *Session) SampleMessages() ([]osmo.Message, error) {
 // reply (choices[0].message, tool calls included) is appended as the
 // assistant message param it converts to, so it can be sent back as is.
 func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
-	resp, _, err := s.complete(ctx, &params, nil, false)
+	resp, _, err := s.complete(ctx, &params, nil, leanNone)
 	return resp, err
 }
 
@@ -205,18 +205,19 @@ func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewP
 // The params, over a kilobyte, are passed by reference: Run's turns and
 // the direct path copy them no more (openai-go's New takes its own copy).
 // enc, when not nil, is params encoded (encodeParams), as Run encodes them
-// once for all its turns. toolTurn says the caller reads a reply that asks
-// for tools only for those and its message, and returns the next reply
-// instead (Run before its last turn): the direct path then decodes such a
-// reply no further (decodeToolTurn), into a kept completion that turn
-// holds, for the caller to let go (done) once its turn is over.
+// once for all its turns. lean says which replies the caller reads no
+// further than their message and tool calls, returning none of them as a
+// completion (Run before its last turn: one that asks for tools; RunText:
+// all): the direct path decodes those no further (decodeLean), into a
+// kept completion that turn holds, for the caller to let go (done) once
+// its turn is over.
 //
 // Its frame is below every frame of the call (the in-process proxy's
 // included), and a rollout in flight parks its goroutine inside that call:
 // what the call does not need (the path through openai-go, the reply's
 // bookkeeping) is in functions of their own, so that the goroutine of a
 // rollout in flight fits a 16 KiB stack instead of 32 (docs/performance.md).
-func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, enc *encodedParams, toolTurn bool) (_ *openai.ChatCompletion, turn *toolTurnCompletion, _ error) {
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, enc *encodedParams, lean leanReplies) (_ *openai.ChatCompletion, turn *leanCompletion, _ error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 	}
@@ -231,7 +232,7 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	start := time.Now()
 	var resp *openai.ChatCompletion
 	if s.direct != nil {
-		resp, turn, err = s.direct.complete(ctx, params, items, enc, toolTurn)
+		resp, turn, err = s.direct.complete(ctx, params, items, enc, lean)
 	} else {
 		resp, err = s.viaClient(ctx, params, items)
 	}

@@ -142,7 +142,9 @@ func (w Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) err
 	// The params are built in the call: a variable of them would be a
 	// second copy (over a kilobyte) in this frame, which the rollout's
 	// goroutine holds while it waits for the policy.
-	if _, err := osmoopenai.Run(ctx, session, openai.ChatCompletionNewParams{
+	// The answer is read by the grader from the session's messages, so
+	// the last reply is not decoded as a completion (RunText).
+	if _, err := osmoopenai.RunText(ctx, session, openai.ChatCompletionNewParams{
 		Temperature: openai.Float(cfg.Temperature),
 		MaxTokens:   maxTokens(cfg.MaxTokens),
 	}, tools, cfg.MaxTurns); err != nil {
