@@ -5,9 +5,11 @@
 // Inside AgentWorkflow.Run, NewSession creates a conversation registered as
 // one sample of the active rollout; its client sends every chat completion
 // through the rollout's LLM proxy under that sample id, and its items are
-// what the grader reads. Run is a small tool-calling loop over a session.
-// Messages keep the OpenAI chat JSON shape throughout, so samples look
-// exactly like what went on the wire.
+// what the grader reads. Run is a small tool-calling loop over a session that
+// returns the last completion; RunText is the same loop for a caller that
+// needs no more of the last reply than its text, and decodes no reply as an
+// openai.ChatCompletion. Messages keep the OpenAI chat JSON shape throughout,
+// so samples look exactly like what went on the wire.
 //
 //	func (Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 //		prompt, err := osmoopenai.MessageParams(wc.Prompt)
@@ -19,7 +21,7 @@
 //			return err
 //		}
 //		s.AddItems(prompt...)
-//		_, err = osmoopenai.Run(ctx, s, openai.ChatCompletionNewParams{}, tools, 0)
+//		_, err = osmoopenai.RunText(ctx, s, openai.ChatCompletionNewParams{}, tools, 0)
 //		return err
 //	}
 package osmoopenai
