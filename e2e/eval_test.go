@@ -322,7 +322,9 @@ func TestEvalResumesAfterKill(t *testing.T) {
 	toml := evalFiles(t, ".jsonl", policy.srv.URL+"/v1", 4)
 	out := filepath.Join(t.TempDir(), "out")
 	cmd := exec.Command(osmoBin, "eval", "run", toml, "--output", filepath.Dir(out), "--name", filepath.Base(out))
-	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream")
+	// A TMPDIR of the test's: the killed process leaves its embedded
+	// state server's directory behind.
+	cmd.Env = append(os.Environ(), "OSMO_TEST_EVAL_KEY=k-upstream", "TMPDIR="+t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -192,7 +192,9 @@ func TestOsmosisWorkspaceEvalResumesAfterKill(t *testing.T) {
 	env := []string{"MULTIPLY_SECRET=s", "OPENAI_BASE_URL=" + policy.srv.URL + "/v1", "OPENAI_API_KEY=k"}
 	dir := filepath.Join(ws, ".osmosis", "evals", "half")
 	cmd := exec.Command(osmoBin, "eval", "run", "configs/eval/multiply.toml", "--name", "half", "--max-in-flight", "2")
-	cmd.Dir, cmd.Env = ws, append(os.Environ(), env...)
+	// A TMPDIR of the test's: the killed process leaves its embedded
+	// state server's directory behind.
+	cmd.Dir, cmd.Env = ws, append(os.Environ(), append(env, "TMPDIR="+t.TempDir())...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
