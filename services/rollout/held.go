@@ -155,7 +155,8 @@ func (h *heldParts) fill(lc *lifecycle) {
 	}
 }
 
-// forget lets lc's parts go: it is finished.
+// forget lets lc's parts go (it is finished, or its admission lost its
+// id to another), unless another admission's are held now.
 func (h *heldParts) forget(lc *lifecycle) {
 	if h == nil {
 		return

@@ -288,3 +288,40 @@ func TestStatusDuringAdmissionKeepsTheRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateOfAFinishedRolloutHoldsNothing: a start of an id whose
+// lifecycle is finished (a trainer's late duplicate) keeps its parts
+// before its create, finds the finished lifecycle, and lets them go: a
+// private state holds nothing for it afterwards, and the finished
+// lifecycle reads back as it was.
+func TestDuplicateOfAFinishedRolloutHoldsNothing(t *testing.T) {
+	s := newCalculatorService(t)
+	ctx := t.Context()
+	const id = "finished-dup"
+	first := &lifecycle{ID: id, Key: id, Wire: wireV03, Created: time.Now(), Phase: phaseQueued, Request: []byte("first")}
+	if _, _, err := s.sh.create(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.sh.update(ctx, id, func(lc *lifecycle) error {
+		lc.Phase, lc.Finished, lc.Request = phaseFinished, time.Now(), nil
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.sh.held.len(); n != 0 {
+		t.Fatalf("%d rollouts' parts held once the lifecycle finished", n)
+	}
+	for i := range 3 {
+		dup := &lifecycle{ID: id, Key: id, Wire: wireV03, Created: time.Now(), Phase: phaseQueued, Request: []byte(fmt.Sprintf("duplicate %d", i))}
+		existing, _, err := s.sh.create(ctx, dup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if existing == nil || existing.Phase != phaseFinished {
+			t.Fatalf("duplicate %d: found %+v, want the finished lifecycle", i, existing)
+		}
+		if n := s.sh.held.len(); n != 0 {
+			t.Errorf("duplicate %d: %d rollouts' parts held after it found the id finished", i, n)
+		}
+	}
+}

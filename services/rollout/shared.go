@@ -539,18 +539,22 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 			sh.known.put(lc.ID, lc.clone(), rev)
 			return nil, rev, nil
 		}
-		// What was kept stays, whatever the error: a create that fails
-		// for another reason may have been written; and an id taken by a
-		// duplicate that found these parts held has a lifecycle stored
-		// whole, whose own writes replace them. Letting them go here let
-		// go of that duplicate's, once it had written again without its
-		// request. A finished lifecycle read below lets go of them.
+		// What was kept stays while the id may be this admission's: a
+		// create that fails for another reason may have been written.
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, 0, err
 		}
 		existing, rev, err = sh.get(ctx, lc.ID)
 		if errors.Is(err, errGone) {
 			continue // deleted (a failed init, an expiry) in between
+		}
+		if err == nil && kept && !existing.Created.Equal(lc.Created) {
+			// The id is another admission's (a duplicate that won the
+			// race, or a finished rollout's): what this one kept is let
+			// go, if it is still what is held. The other's lifecycle
+			// relies on none of it: one that found these parts held was
+			// stored whole, and its next write keeps its own.
+			sh.held.forget(lc)
 		}
 		return existing, rev, err
 	}
