@@ -453,7 +453,7 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 // whether the bucket's stream is set as wanted (and sets it so): if not,
 // the stream is updated.
 func keyValue(ctx context.Context, st *natsstore.Store, cfg jetstream.KeyValueConfig, adjust func(*jetstream.StreamConfig) bool) (jetstream.KeyValue, error) {
-	kv, err := st.JS.KeyValue(ctx, cfg.Bucket)
+	kv, err := lookUp(ctx, st, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = st.KeyValue(ctx, cfg)
 	}
@@ -475,7 +475,17 @@ func keyValue(ctx context.Context, st *natsstore.Store, cfg jetstream.KeyValueCo
 		return nil, fmt.Errorf("rollout: bucket %s: %w", cfg.Bucket, err)
 	}
 	// The handle reads the stream's settings when it is made.
-	return st.JS.KeyValue(ctx, cfg.Bucket)
+	return lookUp(ctx, st, cfg.Bucket)
+}
+
+// lookUp is an existing bucket, its writes lean (natsstore's buckets are
+// osmo's own: no mirror, no domain).
+func lookUp(ctx context.Context, st *natsstore.Store, bucket string) (jetstream.KeyValue, error) {
+	kv, err := st.JS.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return st.LeanWrites(kv), nil
 }
 
 // errGone: the rollout has no lifecycle (never admitted, or expired).
@@ -632,7 +642,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	msg.Data = b
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
-	_, err := sh.js.PublishMsg(ctx, msg)
+	_, err := sh.store.Publish(ctx, msg)
 	sh.wrote(len(b))
 	if err == nil {
 		sh.held.forget(lc)
@@ -687,7 +697,7 @@ func (sh *shared) conclude(ctx context.Context, lc *lifecycle) error {
 func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle) error {
 	msg := nats.NewMsg(prefix + natsstore.Key(lc.ID))
 	msg.Header.Set(jetstream.MsgIDHeader, prefix+lc.ID+"@"+strconv.FormatInt(lc.Created.UnixNano(), 10))
-	_, err := sh.js.PublishMsg(ctx, msg)
+	_, err := sh.store.Publish(ctx, msg)
 	sh.wrote(0)
 	return err
 }
@@ -785,7 +795,7 @@ func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxM
 		id += "/again@" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
-	_, err = sh.js.PublishMsg(ctx, msg)
+	_, err = sh.store.Publish(ctx, msg)
 	sh.wrote(len(b))
 	return err
 }
