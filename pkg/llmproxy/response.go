@@ -64,12 +64,22 @@ func recordCompletion(c *Call, data []byte) error {
 		}
 		return errors.New("body is not a JSON object")
 	}
-	var cr completion
-	if err := json.Unmarshal(data, &cr); err != nil {
-		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
-			return fmt.Errorf("body is not valid JSON: %w", err)
-		}
+	if !json.Valid(data) {
+		var v any
+		return fmt.Errorf("body is not valid JSON: %w", json.Unmarshal(data, &v))
 	}
+	if readCompletion(c, data) {
+		return nil
+	}
+	decodeCompletion(c, data)
+	return nil
+}
+
+// decodeCompletion is recordCompletion's reading of a body that is a
+// valid JSON object, by encoding/json.
+func decodeCompletion(c *Call, data []byte) {
+	var cr completion
+	_ = json.Unmarshal(data, &cr) // valid: only fields of other types fail
 	c.ID = cr.ID
 	if len(cr.Choices) > 0 {
 		ch := &cr.Choices[0]
@@ -84,5 +94,4 @@ func recordCompletion(c *Call, data []byte) error {
 		c.Usage = cr.Usage.usage()
 	}
 	c.PromptTokenIDs = cr.PromptTokenIDs
-	return nil
 }
