@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/osmo-rl/osmo/internal/jsonscan"
 )
 
 // Bodies as policies answer, and the odd ones a policy may send: what
@@ -103,7 +105,7 @@ func FuzzRecordCompletion(f *testing.F) {
 		f.Add([]byte(b.body))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		i := skipSpace(data, 0)
+		i := jsonscan.SkipSpace(data, 0)
 		if i >= len(data) || data[i] != '{' || !json.Valid(data) {
 			return
 		}

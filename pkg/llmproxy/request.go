@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/jsonscan"
 )
 
 // requestError is a client mistake in the request body; param names the
@@ -76,26 +77,26 @@ func (req *chatRequest) parse(body []byte) *requestError {
 		var v any
 		return invalidJSON(json.Unmarshal(body, &v))
 	}
-	i := skipSpace(body, 0)
+	i := jsonscan.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return &requestError{code: "invalid_request_body", msg: "llmproxy: request body must be a JSON object"}
 	}
 	req.body = body
 	members := req.scratch[:0]
-	i = skipSpace(body, i+1)
+	i = jsonscan.SkipSpace(body, i+1)
 	for i < len(body) && body[i] != '}' {
 		m := member{start: i}
-		kEnd := skipString(body, i)
+		kEnd := jsonscan.SkipString(body, i)
 		m.key = memberKey(body[i:kEnd])
-		i = skipSpace(body, kEnd)
-		i = skipSpace(body, i+1) // ':'
+		i = jsonscan.SkipSpace(body, kEnd)
+		i = jsonscan.SkipSpace(body, i+1) // ':'
 		m.vstart = i
-		i = skipValue(body, i)
+		i = jsonscan.SkipValue(body, i)
 		m.end = i
 		members = append(members, m)
-		i = skipSpace(body, i)
+		i = jsonscan.SkipSpace(body, i)
 		if i < len(body) && body[i] == ',' {
-			i = skipSpace(body, i+1)
+			i = jsonscan.SkipSpace(body, i+1)
 		}
 	}
 	req.members = members
@@ -145,16 +146,16 @@ func checkMessages(v []byte) *requestError {
 	if v[0] != '[' {
 		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must be an array of message objects`}
 	}
-	i := skipSpace(v, 1)
+	i := jsonscan.SkipSpace(v, 1)
 	n := 0
 	for i < len(v) && v[i] != ']' {
 		if v[i] != '{' {
 			return &requestError{param: fmt.Sprintf("messages[%d]", n), code: "invalid_messages",
 				msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, n)}
 		}
-		i = skipSpace(v, skipValue(v, i))
+		i = jsonscan.SkipSpace(v, jsonscan.SkipValue(v, i))
 		if i < len(v) && v[i] == ',' {
-			i = skipSpace(v, i+1)
+			i = jsonscan.SkipSpace(v, i+1)
 		}
 		n++
 	}
@@ -218,76 +219,6 @@ func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, mod
 		out = appendJSONString(append(out, `"rollout_id":`...), rolloutID)
 	}
 	return append(out, '}'), model
-}
-
-// The scanners below assume input that json.Valid accepted.
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index after the string starting at b[i] == '"'.
-// It jumps from quote to quote, which is fast on long message contents.
-func skipString(b []byte, i int) int {
-	i++
-	for {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
-			return len(b)
-		}
-		q := i + j
-		bs := 0
-		for k := q - 1; k >= i && b[k] == '\\'; k-- {
-			bs++
-		}
-		if bs%2 == 0 {
-			return q + 1
-		}
-		i = q + 1
-	}
-}
-
-// skipValue returns the index after the value starting at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	default:
-		for i < len(b) {
-			switch b[i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return i
-			}
-			i++
-		}
-		return i
-	}
 }
 
 // memberKey returns the key of a quoted JSON string; escaped keys are rare

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/osmo-rl/osmo/internal/jsonscan"
 )
 
 // completion is the part of a chat completion the record needs. Raw fields
@@ -58,7 +60,7 @@ func (u *usageJSON) usage() Usage {
 // fields of unexpected types are skipped so an odd but well-formed answer
 // still reaches the client.
 func recordCompletion(c *Call, data []byte) error {
-	if i := skipSpace(data, 0); i >= len(data) || data[i] != '{' {
+	if i := jsonscan.SkipSpace(data, 0); i >= len(data) || data[i] != '{' {
 		if !json.Valid(data) {
 			return errors.New("body is not valid JSON")
 		}
