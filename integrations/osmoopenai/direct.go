@@ -123,28 +123,38 @@ func (d *direct) complete(ctx context.Context, params *openai.ChatCompletionNewP
 // choice's finish reason and message, as far as replyParam and toolCalls
 // read them.
 type leanReply struct {
-	ID      string `json:"id"`
-	Choices []struct {
-		FinishReason string `json:"finish_reason"`
-		Message      struct {
-			Role    string  `json:"role"`
-			Content *string `json:"content"`
-			Refusal *string `json:"refusal"`
-			Audio   *struct {
-				ID string `json:"id"`
-			} `json:"audio"`
-			FunctionCall *functionCall `json:"function_call"`
-			ToolCalls    []struct {
-				ID       string       `json:"id"`
-				Type     string       `json:"type"`
-				Function functionCall `json:"function"`
-				Custom   struct {
-					Name  string `json:"name"`
-					Input string `json:"input"`
-				} `json:"custom"`
-			} `json:"tool_calls"`
-		} `json:"message"`
-	} `json:"choices"`
+	ID      string       `json:"id"`
+	Choices []leanChoice `json:"choices"`
+}
+
+type leanChoice struct {
+	FinishReason string      `json:"finish_reason"`
+	Message      leanMessage `json:"message"`
+}
+
+type leanMessage struct {
+	Role         string         `json:"role"`
+	Content      *string        `json:"content"`
+	Refusal      *string        `json:"refusal"`
+	Audio        *leanAudio     `json:"audio"`
+	FunctionCall *functionCall  `json:"function_call"`
+	ToolCalls    []leanToolCall `json:"tool_calls"`
+}
+
+type leanAudio struct {
+	ID string `json:"id"`
+}
+
+type leanToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function functionCall `json:"function"`
+	Custom   customCall   `json:"custom"`
+}
+
+type customCall struct {
+	Name  string `json:"name"`
+	Input string `json:"input"`
 }
 
 // functionCall is a function's name and arguments, in a tool call or the
@@ -169,8 +179,9 @@ type functionCall struct {
 // openai-go's decoder, which reads every field of the reply and keeps
 // each field's JSON, was 5% of osmo serve's CPU running the multiply
 // workflow, half of it on replies only read for their tool calls
-// (docs/performance.md). encoding/json runs on a goroutine of its own as
-// openai-go's does (offStack), so the caller's stack stays as it is.
+// (docs/performance.md). A reply is read by scanReply, in one pass; one
+// it leaves is decoded by encoding/json, on a goroutine of its own as
+// openai-go's is (offStack), so the caller's stack stays as it is.
 func decodeLean(contents []byte, needTools bool) (_ *leanCompletion, ok bool) {
 	// A reply without the key asks for no tools (a final answer, which Run
 	// returns as openai-go decodes it): not read twice. A key written with
@@ -181,10 +192,19 @@ func decodeLean(contents []byte, needTools bool) (_ *leanCompletion, ok bool) {
 	if !utf8.Valid(contents) {
 		return nil, false
 	}
+	if !json.Valid(contents) {
+		return nil, false
+	}
 	var r leanReply
-	var err error
-	offStack(func() { err = json.Unmarshal(contents, &r) })
-	if err != nil || len(r.Choices) == 0 {
+	if !scanReply(contents, &r) {
+		r = leanReply{}
+		var err error
+		offStack(func() { err = json.Unmarshal(contents, &r) })
+		if err != nil {
+			return nil, false
+		}
+	}
+	if len(r.Choices) == 0 {
 		return nil, false
 	}
 	m := &r.Choices[0].Message
