@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/gostack"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -65,7 +66,11 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 	req, resp := rec.wire.saved()
 	lc := &lifecycle{ID: rec.id, Key: rec.key, Wire: rec.wire.name(), Workflow: rec.workflow, Created: rec.created,
 		Phase: phase, State: rolloutv1.State_STATE_QUEUED}
-	if s.sh.store.Embedded() {
+	if phase == phaseRunning {
+		// Started here at once (see admit): what begin writes when it
+		// takes a rollout from the queue, and the record holds the request.
+		lc.Owner, lc.State, lc.Started = s.replica, rolloutv1.State_STATE_RUNNING, time.Now()
+	} else if s.sh.store.Embedded() {
 		// The only replica (the embedded server takes no other): the one
 		// that runs the rollout. With a shared NATS another replica may
 		// take it, and the request would stay in this one's known
@@ -90,6 +95,10 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 			trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
 		}
 		lc.Trace = map[string]string{}
+		if phase == phaseRunning {
+			// The rollout's span, as begin writes it.
+			ctx = rec.traced(context.Background())
+		}
 		s.cfg.Propagator.Inject(ctx, propagation.MapCarrier(lc.Trace))
 	}
 	return lc, nil
@@ -100,14 +109,37 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 // With bounded, a full queue (all replicas' together) refuses rec
 // (ResourceExhausted, with the delay to retry after) unless its id is one
 // the state holds, whose duplicate start costs nothing.
+//
+// A rollout to be queued may instead start here at once (startsHere):
+// then it is entered running, rec holds its slot (rec.slot), and enqueue
+// runs it.
 func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
-	defer rec.release()
 	// An admission the shared state cannot answer soon is refused (503,
 	// which trainers retry) rather than held: with NATS unreachable, each
 	// request would otherwise wait out every call's timeout in turn.
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
-	if bounded {
+	if phase == phaseQueued && s.startsHere(ctx, rec) {
+		phase = phaseRunning
+		s.traceRollout(ctx, rec)
+	}
+	existing, err := s.enter(ctx, rec, phase, bounded)
+	if rec.slot != nil && (err != nil || existing != nil) {
+		// Not started after all. Its span, never ended, is not exported.
+		s.store.remove(rec)
+		rec.slot()
+		rec.slot = nil
+	}
+	if rec.slot == nil {
+		// Not started here: a replica's take rebuilds it from its
+		// lifecycle.
+		rec.release()
+	}
+	return existing, err
+}
+
+func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
+	if bounded && phase == phaseQueued {
 		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
 			return nil, unavailable(err)
 		} else if !room {
@@ -145,12 +177,52 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	return nil, nil
 }
 
+// startsHere says whether rec, admitted to be queued, starts here at
+// once instead, taking a free slot (rec.slot) and its place in this
+// replica's records. The queue, and the write that says which replica
+// took a rollout from it, are how replicas share work and conclude a lost
+// one's; a private state has no other replica, and outlives no process.
+// So its one replica runs what it admits without them (two writes and a
+// round trip through the queue fewer), while a slot is free and nothing
+// waits in the queue (what waits is taken first: no rollout overtakes
+// one queued before it).
+func (s *Service) startsHere(ctx context.Context, rec *record) bool {
+	if !s.sh.store.Private() || !s.sh.queueEmpty(ctx) {
+		return false
+	}
+	release, ok := s.tryAcquire()
+	if !ok {
+		return false
+	}
+	// Not while the id has a record here: a duplicate start of a rollout
+	// under way, which create finds.
+	if !s.store.addNew(rec) {
+		release()
+		return false
+	}
+	rec.slot = release
+	return true
+}
+
 // enqueue puts an admitted rollout on the shared queue: once there, any
 // replica may run it. One the queue could not take is refused
 // (Unavailable) but its lifecycle stays: the publish may have been stored
 // and only its answer lost, and the trainer's retry of the start queues
 // it again (requeue) rather than starting a second one.
 func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields map[string]any) error {
+	if release := rec.slot; release != nil {
+		// Started here at once (startsHere): run as take runs what it
+		// takes from the queue.
+		rec.slot = nil
+		rec.log.write(event, fields)
+		s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow, "queued", false)
+		s.metrics.started.Inc()
+		s.wg.Go(func() {
+			gostack.Reserve()
+			s.process(rec, release)
+		})
+		return nil
+	}
 	lc := &lifecycle{ID: rec.id, Created: rec.created}
 	if err := s.sh.enqueue(ctx, lc); err != nil {
 		s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; its start is refused until retried", "rollout_id", rec.id, "error", err)

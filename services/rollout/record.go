@@ -60,6 +60,9 @@ type record struct {
 	gradeBudget time.Duration
 	created     time.Time
 	log         *eventLog
+	// slot, from admission to enqueue, is the slot of a rollout admitted
+	// to start here at once (startsHere), which enqueue runs.
+	slot func()
 
 	// runCtx bounds the queue wait and the workflow; gradeCtx the grading.
 	// A cancel ends both; shutdown only runCtx (grading finished work

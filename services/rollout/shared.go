@@ -702,6 +702,23 @@ func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle)
 	return err
 }
 
+// queueEmpty reports whether the queue is empty: it was when its depth
+// was last read (again if that was depthFresh ago), and no start was
+// queued since.
+func (sh *shared) queueEmpty(ctx context.Context) bool {
+	d := &sh.depth
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.read) >= depthFresh {
+		n, err := sh.queued(ctx)
+		if err != nil {
+			return false
+		}
+		d.n, d.admitted, d.read = n, 0, time.Now()
+	}
+	return d.n+d.admitted == 0
+}
+
 // queued is how many rollouts wait in the queue, all replicas together.
 func (sh *shared) queued(ctx context.Context) (int64, error) {
 	info, err := sh.work.Info(ctx)

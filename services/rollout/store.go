@@ -19,6 +19,18 @@ func (s *store) add(rec *record) {
 	s.byID[rec.id] = rec
 }
 
+// addNew adds rec unless its id has a record here, and reports whether
+// it did.
+func (s *store) addNew(rec *record) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.byID[rec.id]; ok {
+		return false
+	}
+	s.byID[rec.id] = rec
+	return true
+}
+
 // remove lets go of rec (not of a newer record under its id).
 func (s *store) remove(rec *record) {
 	s.mu.Lock()

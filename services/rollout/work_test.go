@@ -18,6 +18,7 @@ import (
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/logtest"
+	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
@@ -84,7 +85,14 @@ func (l *leases) holds(m jetstream.Msg) bool {
 // left held, where the replica's renewals would keep it from every
 // replica for ever and the rollout would never run.
 func TestRedeliveryDuringAFailedStart(t *testing.T) {
-	s, err := New(Config{AgentLoop: calculator.Loop{}, LostAfter: time.Second,
+	// A state in files: not private, so the start is queued (a private
+	// state's one replica starts it at once, see startsHere).
+	st, err := natsstore.Open(t.Context(), natsstore.Config{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = st.Close() }()
+	s, err := New(Config{AgentLoop: calculator.Loop{}, LostAfter: time.Second, State: st,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
