@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/structjson"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -206,19 +207,19 @@ type decodedMessage struct {
 	s   *structpb.Struct
 }
 
-// decode is decodeStruct(b), or the Struct of the same JSON decoded
+// decode is structjson.Decode(b), or the Struct of the same JSON decoded
 // before. A sample holds tens of messages: a scan, most of it comparing
 // lengths, costs less than hashing each.
 func (d *decoded) decode(b []byte) (*structpb.Struct, error) {
 	if d == nil {
-		return decodeStruct(b)
+		return structjson.Decode(b)
 	}
 	for _, e := range *d {
 		if bytes.Equal(e.raw, b) {
 			return e.s, nil
 		}
 	}
-	s, err := decodeStruct(b)
+	s, err := structjson.Decode(b)
 	if err == nil {
 		*d = append(*d, decodedMessage{raw: b, s: s})
 	}

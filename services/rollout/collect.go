@@ -17,6 +17,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/structjson"
 )
 
 // collect asks every sample source the workflow registered for its sample
@@ -268,7 +269,7 @@ func toStruct(m map[string]any) (*structpb.Struct, error) {
 	if err != nil {
 		return nil, err
 	}
-	return decodeStruct(b)
+	return structjson.Decode(b)
 }
 
 // directStruct converts m when every value in it is JSON's own type and

@@ -1,4 +1,10 @@
-package rollout
+// Package structjson decodes JSON into google.protobuf.Struct values as
+// protojson does, without its reflection, for the documents osmo reads on
+// every rollout (recorded LLM calls, requests): a Parser reads plain JSON
+// itself and says "not sure" of anything out of the ordinary, which the
+// caller then hands to protojson. FuzzDecode holds Decode to protojson's
+// answers on any input.
+package structjson
 
 import (
 	"strconv"
@@ -8,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// decodeStruct decodes a JSON object into a Struct, as protojson.Unmarshal
+// Decode decodes a JSON object into a Struct, as protojson.Unmarshal
 // does: the same Struct, or an error where protojson has one.
 //
 // Every recorded LLM call's messages and reply become Structs (a call's
@@ -17,10 +23,10 @@ import (
 // here takes what recorded calls hold, objects of plain JSON, and hands
 // anything out of the ordinary to protojson itself: an escaped surrogate,
 // invalid UTF-8, a control character, a number out of float64's range,
-// deep nesting, a duplicate key, any syntax error. FuzzDecodeStruct holds
-// the two to the same answers.
-func decodeStruct(data []byte) (*structpb.Struct, error) {
-	p := structParser{data: data}
+// deep nesting, a duplicate key, any syntax error. FuzzDecode holds the
+// two to the same answers.
+func Decode(data []byte) (*structpb.Struct, error) {
+	p := Parser{data: data}
 	if s, ok := p.document(); ok {
 		return s, nil
 	}
@@ -31,37 +37,60 @@ func decodeStruct(data []byte) (*structpb.Struct, error) {
 	return s, nil
 }
 
-// structMaxDepth is how deep decodeStruct's parser nests before handing
-// the document to protojson (whose own limit is far deeper).
-const structMaxDepth = 64
+// maxDepth is how deep a Parser nests before it is not sure (protojson's
+// own limit is far deeper).
+const maxDepth = 64
 
-// structParser parses JSON into Struct values; any false is "not sure":
-// the caller goes to protojson.
-type structParser struct {
+// Parser parses JSON into Struct values as protojson would, from its
+// position on; any false is "not sure" (an escaped surrogate, invalid
+// UTF-8, a control character, a number out of float64's range, deep
+// nesting, a duplicate key, any syntax error): the caller goes to
+// protojson. Every method skips the space before what it reads.
+type Parser struct {
 	data  []byte
 	i     int
 	depth int
 }
 
-func (p *structParser) document() (*structpb.Struct, bool) {
+// NewParser is a Parser at the start of data.
+func NewParser(data []byte) *Parser { return &Parser{data: data} }
+
+// End reports whether nothing but space is left.
+func (p *Parser) End() bool {
+	p.space()
+	return p.i == len(p.data)
+}
+
+// Next is the next byte that is not space (0 at the end).
+func (p *Parser) Next() byte {
+	p.space()
+	if p.i >= len(p.data) {
+		return 0
+	}
+	return p.data[p.i]
+}
+
+// Skip passes the byte at the position, which Next returned.
+func (p *Parser) Skip() { p.i++ }
+
+func (p *Parser) document() (*structpb.Struct, bool) {
 	if !p.at('{') {
 		return nil, false
 	}
-	s, ok := p.object()
+	s, ok := p.Object()
 	if !ok {
 		return nil, false
 	}
-	p.space()
-	return s, p.i == len(p.data)
+	return s, p.End()
 }
 
 // at skips space and reports whether the next byte is c.
-func (p *structParser) at(c byte) bool {
+func (p *Parser) at(c byte) bool {
 	p.space()
 	return p.i < len(p.data) && p.data[p.i] == c
 }
 
-func (p *structParser) space() {
+func (p *Parser) space() {
 	for p.i < len(p.data) {
 		switch p.data[p.i] {
 		case ' ', '\t', '\n', '\r':
@@ -72,9 +101,12 @@ func (p *structParser) space() {
 	}
 }
 
-// object parses an object at p.i (its '{').
-func (p *structParser) object() (*structpb.Struct, bool) {
-	if p.depth++; p.depth > structMaxDepth {
+// Object parses an object (after any space).
+func (p *Parser) Object() (*structpb.Struct, bool) {
+	if !p.at('{') {
+		return nil, false
+	}
+	if p.depth++; p.depth > maxDepth {
 		return nil, false
 	}
 	defer func() { p.depth-- }()
@@ -88,7 +120,7 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 		if !p.at('"') {
 			return nil, false
 		}
-		k, ok := p.string()
+		k, ok := p.String()
 		if !ok {
 			return nil, false
 		}
@@ -99,12 +131,12 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 			return nil, false
 		}
 		p.i++
-		v, ok := p.value()
+		v, ok := p.Value()
 		if !ok {
 			return nil, false
 		}
 		s.Fields[k] = v
-		switch end, ok := p.after('}'); {
+		switch end, ok := p.After('}'); {
 		case !ok:
 			return nil, false
 		case end:
@@ -113,15 +145,15 @@ func (p *structParser) object() (*structpb.Struct, bool) {
 	}
 }
 
-// value parses the value at p.i, after any space.
-func (p *structParser) value() (*structpb.Value, bool) {
+// Value parses a value (after any space).
+func (p *Parser) Value() (*structpb.Value, bool) {
 	p.space()
 	if p.i >= len(p.data) {
 		return nil, false
 	}
 	switch c := p.data[p.i]; {
 	case c == '{':
-		s, ok := p.object()
+		s, ok := p.Object()
 		if !ok {
 			return nil, false
 		}
@@ -129,7 +161,7 @@ func (p *structParser) value() (*structpb.Value, bool) {
 	case c == '[':
 		return p.list()
 	case c == '"':
-		s, ok := p.string()
+		s, ok := p.String()
 		if !ok {
 			return nil, false
 		}
@@ -141,12 +173,16 @@ func (p *structParser) value() (*structpb.Value, bool) {
 	case c == 'n':
 		return p.literal("null", structpb.NewNullValue())
 	case c == '-' || (c >= '0' && c <= '9'):
-		return p.number()
+		f, ok := p.Number()
+		if !ok {
+			return nil, false
+		}
+		return structpb.NewNumberValue(f), true
 	}
 	return nil, false
 }
 
-func (p *structParser) literal(word string, v *structpb.Value) (*structpb.Value, bool) {
+func (p *Parser) literal(word string, v *structpb.Value) (*structpb.Value, bool) {
 	if len(p.data)-p.i < len(word) || string(p.data[p.i:p.i+len(word)]) != word {
 		return nil, false
 	}
@@ -163,8 +199,8 @@ func isWordByte(c byte) bool {
 }
 
 // list parses an array at p.i (its '[').
-func (p *structParser) list() (*structpb.Value, bool) {
-	if p.depth++; p.depth > structMaxDepth {
+func (p *Parser) list() (*structpb.Value, bool) {
+	if p.depth++; p.depth > maxDepth {
 		return nil, false
 	}
 	defer func() { p.depth-- }()
@@ -175,12 +211,12 @@ func (p *structParser) list() (*structpb.Value, bool) {
 		return structpb.NewListValue(l), true
 	}
 	for {
-		v, ok := p.value()
+		v, ok := p.Value()
 		if !ok {
 			return nil, false
 		}
 		l.Values = append(l.Values, v)
-		switch end, ok := p.after(']'); {
+		switch end, ok := p.After(']'); {
 		case !ok:
 			return nil, false
 		case end:
@@ -189,9 +225,9 @@ func (p *structParser) list() (*structpb.Value, bool) {
 	}
 }
 
-// after reads what follows a member of an object or an element of an
+// After reads what follows a member of an object or an element of an
 // array: a comma (more to come) or closer (the end, reported by end).
-func (p *structParser) after(closer byte) (end, ok bool) {
+func (p *Parser) After(closer byte) (end, ok bool) {
 	p.space()
 	if p.i >= len(p.data) {
 		return false, false
@@ -207,9 +243,14 @@ func (p *structParser) after(closer byte) (end, ok bool) {
 	return false, false
 }
 
-// number parses a number of JSON's grammar,
-// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, as a float64.
-func (p *structParser) number() (*structpb.Value, bool) {
+// Number parses a number of JSON's grammar,
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, as a float64 (after any
+// space).
+func (p *Parser) Number() (float64, bool) {
+	p.space()
+	if p.i >= len(p.data) {
+		return 0, false
+	}
 	start := p.i
 	if p.data[p.i] == '-' {
 		p.i++
@@ -225,12 +266,12 @@ func (p *structParser) number() (*structpb.Value, bool) {
 	if p.i < len(p.data) && p.data[p.i] == '0' {
 		p.i++
 	} else if digits() == 0 {
-		return nil, false
+		return 0, false
 	}
 	if p.i < len(p.data) && p.data[p.i] == '.' {
 		p.i++
 		if digits() == 0 {
-			return nil, false
+			return 0, false
 		}
 	}
 	if p.i < len(p.data) && (p.data[p.i] == 'e' || p.data[p.i] == 'E') {
@@ -239,23 +280,26 @@ func (p *structParser) number() (*structpb.Value, bool) {
 			p.i++
 		}
 		if digits() == 0 {
-			return nil, false
+			return 0, false
 		}
 	}
 	if p.i < len(p.data) && isWordByte(p.data[p.i]) {
-		return nil, false
+		return 0, false
 	}
 	f, err := strconv.ParseFloat(string(p.data[start:p.i]), 64)
 	if err != nil {
-		return nil, false
+		return 0, false
 	}
-	return structpb.NewNumberValue(f), true
+	return f, true
 }
 
-// string parses a string at p.i (its '"'). Escapes other than those of a
+// String parses a string (after any space). Escapes other than those of a
 // character outside the surrogates, control characters and invalid UTF-8
 // are left to protojson.
-func (p *structParser) string() (string, bool) {
+func (p *Parser) String() (string, bool) {
+	if !p.at('"') {
+		return "", false
+	}
 	p.i++ // '"'
 	start := p.i
 	// Most strings have no escape: they are the bytes between the quotes.
@@ -280,7 +324,7 @@ func (p *structParser) string() (string, bool) {
 }
 
 // escapedString finishes a string that has escapes, from its start.
-func (p *structParser) escapedString(start int) (string, bool) {
+func (p *Parser) escapedString(start int) (string, bool) {
 	b := make([]byte, 0, p.i-start+16)
 	b = append(b, p.data[start:p.i]...)
 	for p.i < len(p.data) {

@@ -1,4 +1,4 @@
-package rollout
+package structjson
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// structDocuments are what recorded calls hold, and the cases decodeStruct's
+// structDocuments are what recorded calls hold, and the cases Decode's
 // parser must either get right or leave to protojson.
 var structDocuments = []string{
 	`{}`, ` { } `, `{"role":"assistant","content":"6 times 7 is 42."}`,
@@ -27,24 +27,24 @@ var structDocuments = []string{
 
 // TestDecodeStructIsProtojson: the same Struct as protojson's, or an error
 // where protojson has one.
-func TestDecodeStructIsProtojson(t *testing.T) {
+func TestDecodeIsProtojson(t *testing.T) {
 	for _, doc := range structDocuments {
-		checkDecodeStruct(t, []byte(doc))
+		checkDecode(t, []byte(doc))
 	}
 	// The documents above that are plain take the parser's own path.
 	for _, doc := range []string{`{"role":"user","content":"hi"}`, `{"a":[1,{"b":"\u00e9\n"}],"c":null}`} {
-		p := structParser{data: []byte(doc)}
+		p := Parser{data: []byte(doc)}
 		if _, ok := p.document(); !ok {
 			t.Errorf("%s: left to protojson", doc)
 		}
 	}
 }
 
-func checkDecodeStruct(t *testing.T, doc []byte) {
+func checkDecode(t *testing.T, doc []byte) {
 	t.Helper()
 	want := &structpb.Struct{}
 	wantErr := protojson.Unmarshal(doc, want)
-	got, err := decodeStruct(doc)
+	got, err := Decode(doc)
 	switch {
 	case (err != nil) != (wantErr != nil):
 		t.Errorf("%q: error %v, protojson's %v", doc, err, wantErr)
@@ -53,23 +53,22 @@ func checkDecodeStruct(t *testing.T, doc []byte) {
 	}
 }
 
-// FuzzDecodeStruct: for any input, decodeStruct answers what protojson
-// answers.
-func FuzzDecodeStruct(f *testing.F) {
+// FuzzDecode: for any input, Decode answers what protojson answers.
+func FuzzDecode(f *testing.F) {
 	for _, doc := range structDocuments {
 		f.Add([]byte(doc))
 	}
-	f.Fuzz(func(t *testing.T, doc []byte) { checkDecodeStruct(t, doc) })
+	f.Fuzz(func(t *testing.T, doc []byte) { checkDecode(t, doc) })
 }
 
-// BenchmarkDecodeStruct: a recorded reply with a tool call, through
-// decodeStruct and through protojson.
-func BenchmarkDecodeStruct(b *testing.B) {
+// BenchmarkDecode: a recorded reply with a tool call, through Decode and
+// through protojson.
+func BenchmarkDecode(b *testing.B) {
 	doc := []byte(structDocuments[3])
-	b.Run("decodeStruct", func(b *testing.B) {
+	b.Run("Decode", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_, _ = decodeStruct(doc)
+			_, _ = Decode(doc)
 		}
 	})
 	b.Run("protojson", func(b *testing.B) {
