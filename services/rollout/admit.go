@@ -138,6 +138,8 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	return existing, err
 }
 
+// enter enters rec's lifecycle in phase for admit (which see), the
+// queue's bound first when bounded and it is to be queued.
 func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
 	if bounded && phase == phaseQueued {
 		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
