@@ -14,24 +14,21 @@ func scanReply(b []byte, r *leanReply) bool {
 		if k == 0 {
 			return jsonscan.String(b, i, &r.ID)
 		}
-		switch b[i] {
-		case 'n':
-			return i + 4, true
-		case '[':
-		default:
-			return i, false
-		}
-		r.Choices = []leanChoice{} // [] is no choice, but not none
-		return jsonscan.Elements(b, i, func(i int) (int, bool) {
-			if len(r.Choices) > 0 {
+		choices := []leanChoice{} // [] is no choice, but not none
+		end, null, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
+			if len(choices) > 0 {
 				return jsonscan.SkipValue(b, i), true
 			}
-			r.Choices = make([]leanChoice, 1)
+			choices = make([]leanChoice, 1)
 			if b[i] == 'n' {
 				return i + 4, true
 			}
-			return scanChoice(b, i, &r.Choices[0])
+			return scanChoice(b, i, &choices[0])
 		})
+		if !null {
+			r.Choices = choices
+		}
+		return end, ok
 	})
 	return ok
 }
@@ -109,16 +106,8 @@ func scanFunction(b []byte, i int, f *functionCall) (int, bool) {
 }
 
 func scanToolCalls(b []byte, i int, out *[]leanToolCall) (int, bool) {
-	switch b[i] {
-	case 'n':
-		*out = nil
-		return i + 4, true
-	case '[':
-	default:
-		return i, false
-	}
 	calls := []leanToolCall{}
-	end, ok := jsonscan.Elements(b, i, func(i int) (int, bool) {
+	end, null, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
 		calls = append(calls, leanToolCall{})
 		tc := &calls[len(calls)-1]
 		if b[i] == 'n' {
@@ -148,6 +137,9 @@ func scanToolCalls(b []byte, i int, out *[]leanToolCall) (int, bool) {
 			}
 		})
 	})
+	if null {
+		calls = nil
+	}
 	*out = calls
 	return end, ok
 }

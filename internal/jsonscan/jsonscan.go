@@ -189,19 +189,25 @@ func String(b []byte, i int, s *string) (int, bool) {
 	return end, json.Unmarshal(b[i:end], s) == nil
 }
 
+// Array is Elements of the array at b[i], or of none for a null there,
+// which it reports (encoding/json makes null no slice, and [] an empty
+// one); anything else is not read.
+func Array(b []byte, i int, f func(i int) (int, bool)) (end int, null, ok bool) {
+	switch b[i] {
+	case 'n':
+		return i + 4, true, true
+	case '[':
+		end, ok = Elements(b, i, f)
+		return end, false, ok
+	}
+	return i, false, false
+}
+
 // Int32s reads the array of integers at b[i], each within int32 (null is
 // no array; [] an empty one, not none, as encoding/json makes it).
 func Int32s(b []byte, i int, out *[]int32) (int, bool) {
-	switch b[i] {
-	case 'n':
-		*out = nil
-		return i + 4, true
-	case '[':
-	default:
-		return i, false
-	}
 	ids := make([]int32, 0, 16)
-	end, ok := Elements(b, i, func(i int) (int, bool) {
+	end, null, ok := Array(b, i, func(i int) (int, bool) {
 		end := SkipValue(b, i)
 		v := b[i:end]
 		if !isInteger(v) {
@@ -211,6 +217,9 @@ func Int32s(b []byte, i int, out *[]int32) (int, bool) {
 		ids = append(ids, int32(n))
 		return end, err == nil
 	})
+	if null {
+		ids = nil
+	}
 	*out = ids
 	return end, ok
 }

@@ -81,21 +81,15 @@ var (
 // readChoices calls first with the index of the first choice (null or an
 // object), if there is one: the record reads no other.
 func readChoices(b []byte, i int, first func(i int) (int, bool)) (int, bool) {
-	switch b[i] {
-	case 'n':
-		return i + 4, true
-	case '[':
-	default:
-		return i, false
-	}
 	n := 0
-	return jsonscan.Elements(b, i, func(i int) (int, bool) {
+	end, _, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
 		n++
 		if n > 1 {
 			return jsonscan.SkipValue(b, i), true
 		}
 		return first(i)
 	})
+	return end, ok
 }
 
 func readChoice(b []byte, i int, message *[]byte, finish *string, tokenIDs *[]int32, logprobs *[]float64) (int, bool) {
@@ -125,15 +119,8 @@ func readLogprobs(b []byte, i int, out *[]float64) (int, bool) {
 		return i + 4, true
 	}
 	return jsonscan.Members(b, i, logprobsKeys, func(_ int, b []byte, i int) (int, bool) {
-		switch b[i] {
-		case 'n':
-			return i + 4, true
-		case '[':
-		default:
-			return i, false
-		}
 		var lps []float64
-		end, ok := jsonscan.Elements(b, i, func(i int) (int, bool) {
+		end, _, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
 			lp := 0.0
 			end, ok := i+4, true
 			if b[i] != 'n' {
