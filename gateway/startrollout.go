@@ -22,7 +22,8 @@ var startRolloutFields = (&rolloutv1.StartRolloutRequest{}).ProtoReflect().Descr
 // an extension's name.
 //
 // Every rollout of the G2 and v0.3 wires starts with this body: protojson
-// decodes by reflection, and was half of the gateway's cost of a start.
+// decodes by reflection, and was a third of the gateway's CPU (the
+// rollout service's admission under it included).
 // FuzzStartRolloutBody holds the two to the same message on any input.
 func decodeStartRollout(data []byte, req *rolloutv1.StartRolloutRequest) bool {
 	p := structjson.NewParser(data)

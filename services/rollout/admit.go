@@ -212,28 +212,29 @@ func (s *Service) startsHere(ctx context.Context, rec *record) bool {
 // and only its answer lost, and the trainer's retry of the start queues
 // it again (requeue) rather than starting a second one.
 func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields map[string]any) error {
-	if release := rec.slot; release != nil {
-		// Started here at once (startsHere): run as take runs what it
-		// takes from the queue.
-		rec.slot = nil
-		rec.log.write(event, fields)
-		s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow, "queued", false)
-		s.metrics.started.Inc()
-		s.wg.Go(func() {
-			gostack.Reserve()
-			s.process(rec, release)
-		})
-		return nil
-	}
-	lc := &lifecycle{ID: rec.id, Created: rec.created}
-	if err := s.sh.enqueue(ctx, lc); err != nil {
-		s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; its start is refused until retried", "rollout_id", rec.id, "error", err)
-		return unavailable(err)
+	// A rollout started here at once (startsHere) holds its slot, and is
+	// not queued: it runs as take runs what it takes from the queue.
+	release := rec.slot
+	rec.slot = nil
+	if release == nil {
+		lc := &lifecycle{ID: rec.id, Created: rec.created}
+		if err := s.sh.enqueue(ctx, lc); err != nil {
+			s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; its start is refused until retried", "rollout_id", rec.id, "error", err)
+			return unavailable(err)
+		}
 	}
 	rec.log.write(event, fields)
-	_ = rec.log.close()
-	s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow)
+	s.log.InfoContext(ctx, "rollout accepted", "rollout_id", rec.id, "wire", rec.wire.name(), "workflow", rec.workflow, "queued", release == nil)
 	s.metrics.started.Inc()
+	if release == nil {
+		// The record that runs is the one a replica's take rebuilds.
+		_ = rec.log.close()
+		return nil
+	}
+	s.wg.Go(func() {
+		gostack.Reserve()
+		s.process(rec, release)
+	})
 	return nil
 }
 
