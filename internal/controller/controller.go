@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/server"
 )
 
 // Completion is a received POST /v1/rollout/completed body.
@@ -111,18 +113,18 @@ func New(addr string, opts Options) (*Controller, error) {
 // URL is the server_url to put in init requests.
 func (c *Controller) URL() string { return "http://" + c.ln.Addr().String() }
 
-// Serve runs until ctx ends.
+// shutdownGrace is how long a controller, once its context ends, waits for
+// the calls in progress (a callback being committed, a chat being answered)
+// before cutting them.
+const shutdownGrace = 5 * time.Second
+
+// Serve runs until ctx ends, then shuts down, returning once the calls in
+// progress have finished (or shutdownGrace is past).
 func (c *Controller) Serve(ctx context.Context) error {
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.srv.Shutdown(sctx)
-	}()
 	// Its own idle connections go with it.
 	defer c.client.CloseIdleConnections()
-	if err := c.srv.Serve(c.ln); err != nil && err != http.ErrServerClosed {
-		return err
+	if err := server.ServeHTTP(ctx, c.srv, c.ln, shutdownGrace); err != nil {
+		return fmt.Errorf("controller: %w", err)
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/server"
 )
 
 // maxBody bounds what the controller reads of any request or answer body.
@@ -171,19 +173,14 @@ func (c *G2) StartBody(rolloutID string, initialMessages []map[string]any) map[s
 	return body
 }
 
-// Serve runs until ctx ends, then shuts down (waiting up to 5s for calls in
-// progress).
+// Serve runs until ctx ends, then shuts down, returning once the calls in
+// progress have finished (or shutdownGrace is past): what they record is
+// complete when it returns.
 func (c *G2) Serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.srv.Shutdown(sctx)
-	})
-	defer stop()
 	// Its own idle connections go with it.
 	defer c.client.CloseIdleConnections()
-	if err := c.srv.Serve(c.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("controller: serve: %w", err)
+	if err := server.ServeHTTP(ctx, c.srv, c.ln, shutdownGrace); err != nil {
+		return fmt.Errorf("controller: %w", err)
 	}
 	return nil
 }

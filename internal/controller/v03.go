@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/server"
 )
 
 // V03Options configure a V03 controller.
@@ -242,19 +244,14 @@ func (c *V03) CompletionURL(id string) string { return c.ChatCompletionsURL(id) 
 // GraderURL is the grader_callback_url of id.
 func (c *V03) GraderURL(id string) string { return c.ChatCompletionsURL(id) + "/grader" }
 
-// Serve runs until ctx ends, then shuts down (waiting up to 5s for calls in
-// progress).
+// Serve runs until ctx ends, then shuts down, returning once the calls in
+// progress have finished (or shutdownGrace is past): what they record is
+// complete when it returns.
 func (c *V03) Serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.srv.Shutdown(sctx)
-	})
-	defer stop()
 	// Its own idle connections go with it.
 	defer c.client.CloseIdleConnections()
-	if err := c.srv.Serve(c.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("controller: serve: %w", err)
+	if err := server.ServeHTTP(ctx, c.srv, c.ln, shutdownGrace); err != nil {
+		return fmt.Errorf("controller: %w", err)
 	}
 	return nil
 }

@@ -197,6 +197,13 @@ type runner struct {
 	files   *sdkFiles // nil without an output directory
 	ctl     *controller.V03
 
+	// commits is held for reading by each result being committed and
+	// for writing by the end of the run, which sets sealed: after it, the
+	// report is read from done, and a late result is refused rather than
+	// journaled behind the summary's back.
+	commits sync.RWMutex
+	sealed  bool
+
 	mu       sync.Mutex
 	done     map[Key]Result
 	byRow    map[int]Row
@@ -227,7 +234,13 @@ func (r *runner) run(ctx context.Context, todo []Key) (int, error) {
 	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- ctl.Serve(srvCtx) }()
-	defer func() { stopSrv(); <-srvDone }()
+	defer func() {
+		stopSrv()
+		<-srvDone
+		r.commits.Lock()
+		r.sealed = true
+		r.commits.Unlock()
+	}()
 
 	r.progress = newProgress(p.Progress, p.Live, len(todo), p.PassThreshold)
 	defer r.progress.finish()
@@ -369,9 +382,17 @@ func deref(s *string) string {
 	return *s
 }
 
+// errSealed refuses a result that arrives after the run has ended.
+var errSealed = errors.New("eval: the run has ended; its results are summarized")
+
 // commitResult completes out with what the runner knows of the attempt,
 // journals it and counts it.
 func (r *runner) commitResult(_ context.Context, id string, out Result, res *controller.V03Result) error {
+	r.commits.RLock()
+	defer r.commits.RUnlock()
+	if r.sealed {
+		return errSealed
+	}
 	r.mu.Lock()
 	a, ok := r.starts[id]
 	r.mu.Unlock()

@@ -2,7 +2,6 @@ package proxybench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -12,6 +11,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -38,14 +38,5 @@ func ServeReverseProxy(ctx context.Context, addr, upstream string) error {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	defer stop()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return server.ServeHTTP(ctx, srv, ln, 5*time.Second)
 }

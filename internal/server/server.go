@@ -128,15 +128,26 @@ func (s *HTTP) URL() string {
 
 // Serve serves until ctx ends, then shuts down gracefully.
 func (s *HTTP) Serve(ctx context.Context) error {
+	serve := func() error { return s.srv.Serve(s.ln) }
+	if s.tls {
+		// The certificate comes from TLSConfig.
+		serve = func() error { return s.srv.ServeTLS(s.ln, "", "") }
+	}
+	return serveUntil(ctx, s.srv, serve, ShutdownTimeout)
+}
+
+// ServeHTTP serves srv on ln until ctx ends, then shuts it down, waiting up
+// to grace for requests in progress before cutting their connections. It
+// returns only once the shutdown is over: http.Server.Serve returns as soon
+// as Shutdown begins, while handlers may still be running, and a caller that
+// reads what those handlers record must not read it before they finish.
+func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	return serveUntil(ctx, srv, func() error { return srv.Serve(ln) }, grace)
+}
+
+func serveUntil(ctx context.Context, srv *http.Server, serve func() error, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() {
-		if s.tls {
-			// The certificate comes from TLSConfig.
-			errc <- s.srv.ServeTLS(s.ln, "", "")
-			return
-		}
-		errc <- s.srv.Serve(s.ln)
-	}()
+	go func() { errc <- serve() }()
 	select {
 	case err := <-errc:
 		if errors.Is(err, http.ErrServerClosed) {
@@ -145,10 +156,11 @@ func (s *HTTP) Serve(ctx context.Context) error {
 		return fmt.Errorf("http serve: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
-	if err := s.srv.Shutdown(sctx); err != nil {
-		_ = s.srv.Close()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
 	}
+	<-errc
 	return nil
 }
