@@ -203,10 +203,10 @@ func runBenchReverseProxy(ctx context.Context, e *env, args []string) error {
 
 // rolloutBenchFlags configure the end-to-end rollout figures.
 type rolloutBenchFlags struct {
-	rollouts, concurrency, inFlight int
-	workflow                        string
-	state, cluster                  bool
-	stateSync                       string
+	rollouts, concurrency, inFlight, maxConcurrent int
+	workflow                                       string
+	state, cluster                                 bool
+	stateSync                                      string
 	// baseline, when set, is another osmo build whose osmo serve is
 	// compared with this one's, rounds times each.
 	baseline string
@@ -233,6 +233,7 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.rollouts, "rollouts", 2000, "rollouts timed end to end")
 	fs.IntVar(&f.concurrency, "concurrency", 64, "rollouts in flight while timing")
 	fs.IntVar(&f.inFlight, "in-flight", 2000, "rollouts held in their LLM call at once for the memory figures")
+	fs.IntVar(&f.maxConcurrent, "max-concurrent", 0, "osmo serve's --max-concurrent (default: a slot for every rollout in flight); fewer make the rest wait in its queue")
 	fs.StringVar(&f.workflow, "workflow", "multiply", "the workflow osmo serve runs (graded by its own grader)")
 	fs.BoolVar(&f.state, "state", false, "run osmo serve with --state in a temporary directory: its embedded NATS server keeps the state in files there")
 	fs.StringVar(&f.stateSync, "state-sync", "", `with --state: the server's --state-sync ("always", or an fsync interval such as 1s; default the server's, 2m)`)
@@ -246,6 +247,9 @@ func (f *rolloutBenchFlags) register(fs *flag.FlagSet) {
 func (f *rolloutBenchFlags) check() error {
 	if f.rollouts < 100 || f.concurrency < 1 || f.inFlight < 1 {
 		return usagef("--rollouts (at least 100 for a p99), --concurrency and --in-flight must be positive")
+	}
+	if f.maxConcurrent < 0 {
+		return usagef("--max-concurrent: must not be negative, got %d", f.maxConcurrent)
 	}
 	if f.rounds < 1 {
 		return usagef("--rounds: must be at least 1, got %d", f.rounds)
@@ -268,7 +272,7 @@ func (f *rolloutBenchFlags) run(ctx context.Context, e *env) error {
 		return nil
 	}
 	cfg := rolloutbench.Config{
-		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, Workflow: f.workflow, Timeout: 15 * time.Minute,
+		Serve: serve, Rollouts: f.rollouts, Concurrency: f.concurrency, InFlight: f.inFlight, MaxConcurrent: f.maxConcurrent, Workflow: f.workflow, Timeout: 15 * time.Minute,
 	}
 	if f.baseline != "" {
 		return f.compare(ctx, e, cfg)

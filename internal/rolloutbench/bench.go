@@ -46,6 +46,11 @@ type Config struct {
 	// InFlight rollouts are held in their first LLM call at once for the
 	// memory figures, then released and graded.
 	InFlight int
+	// MaxConcurrent, when set, is each server's --max-concurrent: fewer
+	// slots than rollouts in flight make the rest wait in its queue, as a
+	// trainer that keeps more in flight than the server runs does. By
+	// default every rollout in flight has a slot.
+	MaxConcurrent int
 	// Workflow is the workflow the server runs (multiply when empty); its
 	// own grader grades.
 	Workflow string
@@ -62,10 +67,13 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// limit is each server's --max-concurrent and --max-queued: room for
-// every rollout the bench has in flight at once, so none waits in a queue
-// or is refused.
+// limit is each server's --max-queued, and its --max-concurrent unless
+// MaxConcurrent is set: room for every rollout the bench has in flight at
+// once, so none is refused (nor, by default, waits in a queue).
 func (c *Config) limit() int { return max(c.InFlight, c.Concurrency) }
+
+// slots is each server's --max-concurrent.
+func (c *Config) slots() int { return cmp.Or(c.MaxConcurrent, c.limit()) }
 
 // Report is what was measured.
 type Report struct {
@@ -274,7 +282,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 
-	gradeErr, err := h.hold(ctx, b, srv, "held", cfg.InFlight, func() (err error) {
+	gradeErr, err := h.hold(ctx, b, srv, "held", cfg.InFlight, cfg.slots(), func() (err error) {
 		if rep.Held, err = Scrape(ctx, base); err != nil {
 			return err
 		}
@@ -315,10 +323,11 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	return rep, nil
 }
 
-// hold holds n rollouts (ids prefix-00000 on) in their first LLM call at
-// once, calls atHeld, then lets the policy answer and waits until every
+// hold holds n rollouts (ids prefix-00000 on) at once, as many as the
+// server has slots for in their first LLM call and the rest queued, calls
+// atHeld, then lets the policy answer and waits until every
 // one is graded. gradeErr says what the first that was not got instead.
-func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, n int, atHeld func() error) (gradeErr, err error) {
+func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, n, slots int, atHeld func() error) (gradeErr, err error) {
 	h.gate.Close()
 	defer h.gate.Open()
 	held := make([]string, n)
@@ -328,7 +337,9 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, 
 	if err := b.start(ctx, held, 64); err != nil {
 		return nil, err
 	}
-	if err := h.gate.WaitParked(ctx, n); err != nil {
+	// With fewer slots than n (Config.MaxConcurrent), the rest wait in
+	// the server's queue, admitted: they are held too.
+	if err := h.gate.WaitParked(ctx, min(n, slots)); err != nil {
 		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.out.String())
 	}
 	if err := atHeld(); err != nil {
@@ -365,7 +376,7 @@ func startServeOnce(ctx context.Context, cfg Config, serve func([]string) *exec.
 	limit := strconv.Itoa(cfg.limit())
 	workflow := cmp.Or(cfg.Workflow, "multiply")
 	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
-		"--max-concurrent", limit, "--max-queued", limit, "--log-level", "error"}
+		"--max-concurrent", strconv.Itoa(cfg.slots()), "--max-queued", limit, "--log-level", "error"}
 	if cfg.StateDir != "" {
 		args = append(args, "--state", cfg.StateDir)
 		if cfg.StateSync != "" {

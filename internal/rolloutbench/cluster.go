@@ -89,7 +89,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		name := fmt.Sprintf("rollout-%d", i)
 		p, err := start("osmo rollout "+name, cl.Rollout, "--grpc-addr", ip+":"+port, "--metrics-addr", metricsAddr,
 			"--nats", nc.url(), "--grader-addr", graderAddr, "--workflow", cmp.Or(cfg.Workflow, "multiply"),
-			"--max-concurrent", limit, "--max-queued", limit, "--replica-name", name, "--drain-timeout", "2s", "--log-level", "warn")
+			"--max-concurrent", strconv.Itoa(cfg.slots()), "--max-queued", limit, "--replica-name", name, "--drain-timeout", "2s", "--log-level", "warn")
 		if err != nil {
 			return nil, err
 		}

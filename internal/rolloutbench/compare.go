@@ -92,7 +92,7 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if cfg.InFlight <= 0 {
 		return r, nil
 	}
-	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, func() error {
+	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, cfg.slots(), func() error {
 		switch m, err := procstat.Mem(srv.pid()); {
 		case err == nil:
 			r.HeldRSS = float64(m.RSS)
