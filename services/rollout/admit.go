@@ -119,11 +119,16 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	// request would otherwise wait out every call's timeout in turn.
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
-	if phase == phaseQueued && s.startsHere(ctx, rec) {
+	if phase == phaseQueued && s.startsHere(rec) {
 		phase = phaseRunning
 		s.traceRollout(ctx, rec)
 	}
 	existing, err := s.enter(ctx, rec, phase, bounded)
+	if rec.placed && (err != nil || existing != nil) {
+		// Not queued after all: its place in a private queue is free.
+		s.sh.local.unreserve()
+		rec.placed = false
+	}
 	if rec.slot != nil && (err != nil || existing != nil) {
 		// Not started after all. Its span, never ended, is not exported.
 		s.store.remove(rec)
@@ -144,7 +149,9 @@ func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded 
 	if bounded && phase == phaseQueued {
 		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
 			return nil, unavailable(err)
-		} else if !room {
+		} else if room {
+			rec.placed = s.sh.local != nil
+		} else {
 			if lc, _, err := s.sh.get(ctx, rec.id); err == nil {
 				return lc, nil
 			}
@@ -170,9 +177,10 @@ func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded 
 			// Its first start may have failed to queue it: queue it again
 			// (a message still in the queue makes this one a duplicate the
 			// stream drops, or a stale one its taker ignores).
-			if err := s.sh.enqueue(ctx, existing); err != nil {
+			if err := s.sh.enqueue(ctx, existing, rec.placed); err != nil {
 				return nil, unavailable(err)
 			}
+			rec.placed = false
 		}
 		return existing, nil
 	}
@@ -188,8 +196,8 @@ func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded 
 // round trip through the queue fewer), while a slot is free and nothing
 // waits in the queue (what waits is taken first: no rollout overtakes
 // one queued before it).
-func (s *Service) startsHere(ctx context.Context, rec *record) bool {
-	if !s.sh.store.Private() || !s.sh.queueEmpty(ctx) {
+func (s *Service) startsHere(rec *record) bool {
+	if s.sh.local == nil || !s.sh.local.empty() {
 		return false
 	}
 	release, ok := s.tryAcquire()
@@ -218,7 +226,9 @@ func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields
 	rec.slot = nil
 	if release == nil {
 		lc := &lifecycle{ID: rec.id, Created: rec.created}
-		if err := s.sh.enqueue(ctx, lc); err != nil {
+		placed := rec.placed
+		rec.placed = false
+		if err := s.sh.enqueue(ctx, lc, placed); err != nil {
 			s.log.ErrorContext(ctx, "shared state: could not queue an accepted rollout; its start is refused until retried", "rollout_id", rec.id, "error", err)
 			return unavailable(err)
 		}

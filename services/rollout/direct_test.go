@@ -44,9 +44,10 @@ func (kv *createdKV) get(id string) lifecycle {
 
 // TestPrivateStateStartsAtOnce: a private state's replica starts a rollout
 // it admits at once while a slot is free and nothing is queued: entered
-// running, owned by it, never in the queue. With no slot free, a start is
-// queued and runs when one frees; once the queue is empty again (its depth
-// read anew) starts run at once again. Each is graded and called back.
+// running, owned by it, never in a queue. With no slot free, a start is
+// queued, in the process (the JetStream queue gets nothing), and runs when
+// a slot frees; once the queue is empty again starts run at once again.
+// Each is graded and called back.
 func TestPrivateStateStartsAtOnce(t *testing.T) {
 	mock, err := mockllm.New(mockllm.Options{Latency: 300 * time.Millisecond})
 	if err != nil {
@@ -69,8 +70,7 @@ func TestPrivateStateStartsAtOnce(t *testing.T) {
 	}))
 	defer trainer.Close()
 
-	// One slot more than the queue's taker holds while it waits for work.
-	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: instantGrader{}, MaxConcurrent: fetchBatch + 1,
+	s, err := New(Config{AgentLoop: calculator.Loop{}, Grader: instantGrader{}, MaxConcurrent: 2,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func TestPrivateStateStartsAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	queued := func() uint64 {
+	published := func() uint64 {
 		t.Helper()
 		info, err := s.sh.queue.Info(ctx)
 		if err != nil {
@@ -127,10 +127,9 @@ func TestPrivateStateStartsAtOnce(t *testing.T) {
 		t.Fatalf("%v not all graded", ids)
 	}
 
-	base := queued()
+	base := published()
 	start("first")
-	// Every slot the queue's taker does not hold is taken: the next start
-	// finds none free.
+	// Every other slot is taken: the next start finds none free.
 	var taken []func()
 	for {
 		release, ok := s.tryAcquire()
@@ -146,21 +145,23 @@ func TestPrivateStateStartsAtOnce(t *testing.T) {
 	if lc := kv.get("second"); lc.Phase != phaseQueued || lc.Owner != "" {
 		t.Errorf("the second start (no slot free) was entered %+v, want queued", lc)
 	}
-	if n := queued() - base; n != 1 {
-		t.Errorf("%d starts went to the queue, want 1 (the second)", n)
+	if n := s.sh.local.depth(); n != 1 {
+		t.Errorf("%d starts wait in the queue, want 1 (the second)", n)
+	}
+	if queued, err := s.sh.queued(ctx); err != nil || queued != 1 {
+		t.Errorf("the queue's depth (osmo_rollouts_queued) reads %d, %v; want 1", queued, err)
 	}
 	for _, release := range taken {
 		release()
 	}
 	waitGraded("first", "second")
 
-	time.Sleep(2 * depthFresh) // the queue's depth is read anew
 	start("third")
 	if lc := kv.get("third"); lc.Phase != phaseRunning || lc.Owner != s.replica {
 		t.Errorf("a start once the queue is empty again was entered %+v, want running here", lc)
 	}
-	if n := queued() - base; n != 1 {
-		t.Errorf("%d starts went to the queue, want 1", n)
+	if n := published() - base; n != 0 {
+		t.Errorf("%d starts went to the JetStream queue, want none", n)
 	}
 	waitGraded("third")
 	for _, id := range []string{"first", "second", "third"} {

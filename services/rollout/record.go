@@ -63,6 +63,9 @@ type record struct {
 	// slot, from admission to enqueue, is the slot of a rollout admitted
 	// to start here at once (startsHere), which enqueue runs.
 	slot func()
+	// placed, from admission to enqueue, says a private queue reserved a
+	// place for the rollout (shared.admitQueued), which enqueue takes.
+	placed bool
 
 	// runCtx bounds the queue wait and the workflow; gradeCtx the grading.
 	// A cancel ends both; shutdown only runCtx (grading finished work

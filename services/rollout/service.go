@@ -415,7 +415,14 @@ func (s *Service) Serve(ctx context.Context) error {
 	// cut short, while the server goes away.
 	var starting, loops sync.WaitGroup
 	starting.Add(2)
-	go func() { defer starting.Done(); s.takeWork(takeCtx) }()
+	go func() {
+		defer starting.Done()
+		if s.sh.local != nil {
+			s.takePrivate(takeCtx, s.sh.local)
+			return
+		}
+		s.takeWork(takeCtx)
+	}()
 	go func() { defer starting.Done(); s.concludeCancelled(takeCtx) }()
 	loops.Add(1)
 	go func() { defer loops.Done(); s.deliverOutbox(takeCtx) }()

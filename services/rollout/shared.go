@@ -41,6 +41,10 @@ import (
 //	                        that dies stops holding it, and after the
 //	                        consumer's ack wait (--lost-after) another takes
 //	                        it and concludes the rollout from its lifecycle.
+//	                        A private state (one replica, gone with its
+//	                        process) queues in process instead
+//	                        (privateQueue); its cancels of queued rollouts
+//	                        still go through this stream.
 //	osmo_outbox    (stream) callbacks whose first attempt failed: any
 //	                        replica posts them, JetStream redelivers them
 //	                        with a delay (nak) until the delivery deadline.
@@ -241,6 +245,9 @@ type shared struct {
 	// held keeps the requests and the callbacks' payloads out of a
 	// private state (nil otherwise: they are stored in the lifecycles).
 	held *heldParts
+	// local is a private state's queue, in place of the JetStream one
+	// (nil otherwise).
+	local *privateQueue
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
 	// buffers are lifecycle encodings' buffers kept between writes: each
@@ -354,6 +361,7 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
 	if st.Private() {
 		sh.held = &heldParts{}
+		sh.local = newPrivateQueue()
 	}
 	// Each bucket, stream and consumer is looked up first and created (or
 	// updated) only when it is missing or set otherwise: a lookup is
@@ -669,8 +677,13 @@ func (sh *shared) remove(ctx context.Context, id string) error {
 
 // enqueue puts an admitted rollout on the work queue. A publish whose
 // answer was lost is sent again (the stream drops the duplicate), for up
-// to 10s.
-func (sh *shared) enqueue(ctx context.Context, lc *lifecycle) error {
+// to 10s. In a private state it joins the queue in process, in the place
+// admitQueued reserved for it when reserved.
+func (sh *shared) enqueue(ctx context.Context, lc *lifecycle, reserved bool) error {
+	if sh.local != nil {
+		sh.local.push(lc.ID, reserved)
+		return nil
+	}
 	giveUp := time.Now().Add(10 * time.Second)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -691,6 +704,10 @@ func (sh *shared) conclude(ctx context.Context, lc *lifecycle) error {
 	}
 	// Its place in the queue is free at once (a replica that took it
 	// meanwhile finds it is not queued any more).
+	if sh.local != nil {
+		sh.local.remove(lc.ID)
+		return nil
+	}
 	return sh.queue.Purge(ctx, jetstream.WithPurgeSubject(subjectQueued+natsstore.Key(lc.ID)))
 }
 
@@ -702,25 +719,11 @@ func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle)
 	return err
 }
 
-// queueEmpty reports whether the queue is empty: it was when its depth
-// was last read (again if that was depthFresh ago), and no start was
-// queued since.
-func (sh *shared) queueEmpty(ctx context.Context) bool {
-	d := &sh.depth
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if time.Since(d.read) >= depthFresh {
-		n, err := sh.queued(ctx)
-		if err != nil {
-			return false
-		}
-		d.n, d.admitted, d.read = n, 0, time.Now()
-	}
-	return d.n+d.admitted == 0
-}
-
 // queued is how many rollouts wait in the queue, all replicas together.
 func (sh *shared) queued(ctx context.Context) (int64, error) {
+	if sh.local != nil {
+		return sh.local.depth(), nil
+	}
 	info, err := sh.work.Info(ctx)
 	if err != nil {
 		return 0, err
@@ -735,7 +738,15 @@ func (sh *shared) queued(ctx context.Context) (int64, error) {
 // Rollouts taken from the queue since only make the estimate high, so one
 // process alone never admits past the bound; replicas admitting together
 // could already each read a depth under it.
+//
+// A private state's queue is counted exactly: room granted there is a
+// place reserved, which the admission's enqueue takes (reserved) or
+// unreserve gives back.
 func (sh *shared) admitQueued(ctx context.Context, bound int64) (room bool, n int64, err error) {
+	if sh.local != nil {
+		room, n = sh.local.reserve(bound)
+		return room, n, nil
+	}
 	d := &sh.depth
 	d.mu.Lock()
 	defer d.mu.Unlock()

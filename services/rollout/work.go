@@ -20,7 +20,8 @@ import (
 
 // takeWork takes rollouts from the shared queue while this replica has
 // free slots, until ctx ends: a replica holds no more work than it runs,
-// so what waits, waits where every replica can take it.
+// so what waits, waits where every replica can take it. (A private state
+// queues in process instead: takePrivate.)
 func (s *Service) takeWork(ctx context.Context) {
 	for ctx.Err() == nil {
 		release, err := s.acquire(ctx)
@@ -219,16 +220,24 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 // lifecycle and entered locally first (so a cancel reaching this replica
 // finds it), then the lifecycle says this replica runs it. One that was
 // cancelled while queued is concluded without running.
-func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, queue string, release func()) {
+//
+// msg is the work message that holds it, or nil for a rollout from a
+// private state's queue (queue is then ""); again says a start the state
+// could not write should be tried later (a message goes back by itself).
+func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, queue string, release func()) (again bool) {
 	rec, err := s.restore(lc)
 	if err != nil {
 		s.log.Error("shared state: a queued rollout could not be rebuilt; it is dropped", "rollout_id", lc.ID, "error", err)
-		_ = msg.Term()
+		if msg != nil {
+			_ = msg.Term()
+		}
 		release()
-		return
+		return false
 	}
-	rec.work = msg
-	s.leases.hold(msg)
+	if msg != nil {
+		rec.work = msg
+		s.leases.hold(msg)
+	}
 	s.store.add(rec)
 	// The rollout's span starts here, under the admitting request's trace;
 	// the lifecycle then carries the span, for whoever delivers its
@@ -267,23 +276,30 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		// and take put that delivery in the record: it is the live one,
 		// and the one to answer. Left held, it would be renewed for ever
 		// and the rollout never taken again.
-		s.leases.drop(msg)
+		if msg != nil {
+			s.leases.drop(msg)
+		}
 		if live := s.detachWork(rec); live != nil {
 			msg = live
 		}
 		rec.rolloutSpan().End()
 		if errors.Is(err, errNotOwner) || errors.Is(err, errGone) {
-			_ = msg.Ack()
-			return
+			if msg != nil {
+				_ = msg.Ack()
+			}
+			return false
 		}
 		s.log.Warn("shared state: could not start a queued rollout; it goes back", "rollout_id", lc.ID, "error", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
+		if msg != nil {
+			_ = msg.NakWithDelay(time.Second)
+		}
+		return true
 	}
 	if stored.Cancelled {
 		rec.cancel()
 	}
 	s.process(rec, release)
+	return false
 }
 
 // resume concludes a rollout whose replica was lost, from its lifecycle:
