@@ -20,9 +20,6 @@ func scanReply(b []byte, r *leanReply) bool {
 				return jsonscan.SkipValue(b, i), true
 			}
 			choices = make([]leanChoice, 1)
-			if b[i] == 'n' {
-				return i + 4, true
-			}
 			return scanChoice(b, i, &choices[0])
 		})
 		if !null {
@@ -44,19 +41,16 @@ var (
 )
 
 func scanChoice(b []byte, i int, c *leanChoice) (int, bool) {
-	return jsonscan.Members(b, i, choiceKeys, func(k int, b []byte, i int) (int, bool) {
+	return jsonscan.Object(b, i, choiceKeys, func(k int, b []byte, i int) (int, bool) {
 		if k == 0 {
 			return jsonscan.String(b, i, &c.FinishReason)
-		}
-		if b[i] == 'n' {
-			return i + 4, true
 		}
 		return scanMessage(b, i, &c.Message)
 	})
 }
 
 func scanMessage(b []byte, i int, m *leanMessage) (int, bool) {
-	return jsonscan.Members(b, i, messageKeys, func(k int, b []byte, i int) (int, bool) {
+	return jsonscan.Object(b, i, messageKeys, func(k int, b []byte, i int) (int, bool) {
 		switch k {
 		case 0:
 			return jsonscan.String(b, i, &m.Role)
@@ -97,7 +91,7 @@ func optionalString(b []byte, i int, s **string) (int, bool) {
 }
 
 func scanFunction(b []byte, i int, f *functionCall) (int, bool) {
-	return jsonscan.Members(b, i, functionKeys, func(k int, b []byte, i int) (int, bool) {
+	return jsonscan.Object(b, i, functionKeys, func(k int, b []byte, i int) (int, bool) {
 		if k == 0 {
 			return jsonscan.String(b, i, &f.Name)
 		}
@@ -110,25 +104,16 @@ func scanToolCalls(b []byte, i int, out *[]leanToolCall) (int, bool) {
 	end, null, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
 		calls = append(calls, leanToolCall{})
 		tc := &calls[len(calls)-1]
-		if b[i] == 'n' {
-			return i + 4, true
-		}
-		return jsonscan.Members(b, i, toolCallKeys, func(k int, b []byte, i int) (int, bool) {
+		return jsonscan.Object(b, i, toolCallKeys, func(k int, b []byte, i int) (int, bool) {
 			switch k {
 			case 0:
 				return jsonscan.String(b, i, &tc.ID)
 			case 1:
 				return jsonscan.String(b, i, &tc.Type)
 			case 2:
-				if b[i] == 'n' {
-					return i + 4, true
-				}
 				return scanFunction(b, i, &tc.Function)
 			default:
-				if b[i] == 'n' {
-					return i + 4, true
-				}
-				return jsonscan.Members(b, i, customKeys, func(k int, b []byte, i int) (int, bool) {
+				return jsonscan.Object(b, i, customKeys, func(k int, b []byte, i int) (int, bool) {
 					if k == 0 {
 						return jsonscan.String(b, i, &tc.Custom.Name)
 					}

@@ -151,6 +151,15 @@ func Members(b []byte, i int, want Keys, f func(k int, b []byte, vi int) (int, b
 	return i + 1, true
 }
 
+// Object is Members of the object at b[i], or nothing for a null there,
+// which encoding/json leaves a struct as it is for.
+func Object(b []byte, i int, want Keys, f func(k int, b []byte, vi int) (int, bool)) (int, bool) {
+	if b[i] == 'n' {
+		return i + 4, true
+	}
+	return Members(b, i, want, f)
+}
+
 // Elements calls f with the index of each element of the array at
 // b[i] ('['); f returns the index after the element. Elements returns
 // the index after the array, and reports false where f does.

@@ -111,3 +111,29 @@ func float(b []byte) (any, bool) {
 	end, ok := Float(b, 0, &f)
 	return f, ok && end == len(b)
 }
+
+// TestObjectPassesOverNull: Object reads an object as Members does, and
+// passes over a null without calling f; anything else is not read.
+func TestObjectPassesOverNull(t *testing.T) {
+	want := NewKeys("id")
+	for doc, c := range map[string]struct {
+		ok    bool
+		calls int
+	}{
+		`null`:       {true, 0},
+		`{"id":"a"}`: {true, 1},
+		`{"ID":"a"}`: {false, 0},
+		`[]`:         {false, 0},
+		`"null"`:     {false, 0},
+	} {
+		calls := 0
+		end, ok := Object([]byte(doc), 0, want, func(_ int, b []byte, i int) (int, bool) {
+			calls++
+			var s string
+			return String(b, i, &s)
+		})
+		if ok != c.ok || calls != c.calls || ok && end != len(doc) {
+			t.Errorf("Object(%s) = %d, %v with %d calls; want %v with %d, ending at %d", doc, end, ok, calls, c.ok, c.calls, len(doc))
+		}
+	}
+}

@@ -93,10 +93,7 @@ func readChoices(b []byte, i int, first func(i int) (int, bool)) (int, bool) {
 }
 
 func readChoice(b []byte, i int, message *[]byte, finish *string, tokenIDs *[]int32, logprobs *[]float64) (int, bool) {
-	if b[i] == 'n' {
-		return i + 4, true
-	}
-	return jsonscan.Members(b, i, choiceKeys, func(k int, b []byte, i int) (int, bool) {
+	return jsonscan.Object(b, i, choiceKeys, func(k int, b []byte, i int) (int, bool) {
 		switch k {
 		case 0:
 			end := jsonscan.SkipValue(b, i)
@@ -115,17 +112,11 @@ func readChoice(b []byte, i int, message *[]byte, finish *string, tokenIDs *[]in
 // readLogprobs reads logprobs.content[].logprob: one value per token, 0
 // where a token has none, as logprobsJSON.appendTo makes them.
 func readLogprobs(b []byte, i int, out *[]float64) (int, bool) {
-	if b[i] == 'n' {
-		return i + 4, true
-	}
-	return jsonscan.Members(b, i, logprobsKeys, func(_ int, b []byte, i int) (int, bool) {
+	return jsonscan.Object(b, i, logprobsKeys, func(_ int, b []byte, i int) (int, bool) {
 		var lps []float64
 		end, _, ok := jsonscan.Array(b, i, func(i int) (int, bool) {
 			lp := 0.0
-			end, ok := i+4, true
-			if b[i] != 'n' {
-				end, ok = jsonscan.Members(b, i, logprobKeys, func(_ int, b []byte, i int) (int, bool) { return jsonscan.Float(b, i, &lp) })
-			}
+			end, ok := jsonscan.Object(b, i, logprobKeys, func(_ int, b []byte, i int) (int, bool) { return jsonscan.Float(b, i, &lp) })
 			lps = append(lps, lp)
 			return end, ok
 		})
@@ -144,10 +135,7 @@ func readUsage(b []byte, i int, u *Usage) (int, bool) {
 		case 2:
 			return jsonscan.Int(b, i, &u.TotalTokens)
 		default:
-			if b[i] == 'n' {
-				return i + 4, true
-			}
-			return jsonscan.Members(b, i, detailsKeys, func(_ int, b []byte, i int) (int, bool) { return jsonscan.Int(b, i, &u.CachedTokens) })
+			return jsonscan.Object(b, i, detailsKeys, func(_ int, b []byte, i int) (int, bool) { return jsonscan.Int(b, i, &u.CachedTokens) })
 		}
 	})
 }
