@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/jsonscan"
 	"github.com/osmo-rl/osmo/internal/structjson"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -57,7 +58,7 @@ func newRecordedCall(c *llmproxy.Call, prev []json.RawMessage) (*recordedCall, [
 // checked that a request's messages are one), each as its bytes; nil for
 // anything else.
 func splitArray(raw []byte) []json.RawMessage {
-	i := skipSpace(raw, 0)
+	i := jsonscan.SkipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return nil
 	}
@@ -103,13 +104,6 @@ func splitArray(raw []byte) []json.RawMessage {
 		}
 	}
 	return nil
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // callProtos converts a sample's recorded calls to their stored form, in
