@@ -15,23 +15,20 @@ import (
 // each storage and sync setting, as a rollout uses it: one op is a
 // lifecycle created, then updated four times under compare-and-set (about
 // what osmo_state_writes_total counts per rollout), with many rollouts
-// written at once. "memory-library" writes as "memory" does, through the
-// library's own writes instead of LeanWrites. Compare within one run:
+// written at once. Compare within one run:
 //
 //	go test -run '^$' -bench LifecycleWrites ./internal/natsstore/
 func BenchmarkLifecycleWrites(b *testing.B) {
 	value := make([]byte, 1500) // a G2 request with a short prompt
 	for _, bc := range []struct {
-		name    string
-		cfg     func(b *testing.B) natsstore.Config
-		library bool
+		name string
+		cfg  func(b *testing.B) natsstore.Config
 	}{
-		{"memory", func(*testing.B) natsstore.Config { return natsstore.Config{} }, false},
-		{"memory-library", func(*testing.B) natsstore.Config { return natsstore.Config{} }, true},
-		{"file-sync-2m", func(b *testing.B) natsstore.Config { return natsstore.Config{Dir: b.TempDir()} }, false},
+		{"memory", func(*testing.B) natsstore.Config { return natsstore.Config{} }},
+		{"file-sync-2m", func(b *testing.B) natsstore.Config { return natsstore.Config{Dir: b.TempDir()} }},
 		{"file-sync-always", func(b *testing.B) natsstore.Config {
 			return natsstore.Config{Dir: b.TempDir(), Sync: natsstore.SyncAlways}
-		}, false},
+		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -43,11 +40,6 @@ func BenchmarkLifecycleWrites(b *testing.B) {
 			kv, err := st.KeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench", History: 1})
 			if err != nil {
 				b.Fatal(err)
-			}
-			if bc.library {
-				if kv, err = st.JS.KeyValue(ctx, "bench"); err != nil {
-					b.Fatal(err)
-				}
 			}
 			var n atomic.Int64
 			b.SetParallelism(100) // rollouts written at once, per core

@@ -77,8 +77,8 @@ type Store struct {
 	tmpDir   string
 	log      *slog.Logger
 	url      string
-	// startTimeout is Config.StartTimeout, timeout Config.Timeout.
-	startTimeout, timeout time.Duration
+	// startTimeout is Config.StartTimeout.
+	startTimeout time.Duration
 	// closing is set by Close: a disconnection after it is not news.
 	closing atomic.Bool
 	// closed is closed by the connection's last callback, once it is closed.
@@ -97,7 +97,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = time.Minute
 	}
-	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{}), startTimeout: cfg.StartTimeout, timeout: cfg.Timeout}
+	s := &Store{log: cfg.Logger, storage: jetstream.FileStorage, closed: make(chan struct{}), startTimeout: cfg.StartTimeout}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -315,18 +315,14 @@ func NotReady(err error) bool {
 const errCodeNoSuitablePeers jetstream.ErrorCode = 10005
 
 // KeyValue creates (or updates to cfg) a bucket with the store's storage
-// and replicas. Its writes are lean (LeanWrites); cfg may not mirror or
-// source another bucket.
+// and replicas.
 func (s *Store) KeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	if cfg.Mirror != nil || len(cfg.Sources) > 0 {
-		return nil, fmt.Errorf("natsstore: bucket %s: mirrors and sources are not supported", cfg.Bucket)
-	}
 	cfg.Storage, cfg.Replicas = s.storage, s.replicas
 	kv, err := s.JS.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("natsstore: bucket %s: %w", cfg.Bucket, err)
 	}
-	return s.LeanWrites(kv), nil
+	return kv, nil
 }
 
 // Stream creates (or updates to cfg) a stream with the store's storage and

@@ -461,7 +461,7 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 // whether the bucket's stream is set as wanted (and sets it so): if not,
 // the stream is updated.
 func keyValue(ctx context.Context, st *natsstore.Store, cfg jetstream.KeyValueConfig, adjust func(*jetstream.StreamConfig) bool) (jetstream.KeyValue, error) {
-	kv, err := lookUp(ctx, st, cfg.Bucket)
+	kv, err := st.JS.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = st.KeyValue(ctx, cfg)
 	}
@@ -483,17 +483,7 @@ func keyValue(ctx context.Context, st *natsstore.Store, cfg jetstream.KeyValueCo
 		return nil, fmt.Errorf("rollout: bucket %s: %w", cfg.Bucket, err)
 	}
 	// The handle reads the stream's settings when it is made.
-	return lookUp(ctx, st, cfg.Bucket)
-}
-
-// lookUp is an existing bucket, its writes lean (natsstore's buckets are
-// osmo's own: no mirror, no domain).
-func lookUp(ctx context.Context, st *natsstore.Store, bucket string) (jetstream.KeyValue, error) {
-	kv, err := st.JS.KeyValue(ctx, bucket)
-	if err != nil {
-		return nil, err
-	}
-	return st.LeanWrites(kv), nil
+	return st.JS.KeyValue(ctx, cfg.Bucket)
 }
 
 // errGone: the rollout has no lifecycle (never admitted, or expired).
@@ -644,13 +634,11 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	}
 	sh.known.drop(lc.ID)
 	// The KV API sets a key's TTL only when it creates it; a finished
-	// lifecycle takes it as the stream's per-message TTL header on the
-	// same compare-and-set write.
-	msg := nats.NewMsg("$KV." + bucketRollouts + "." + natsstore.Key(lc.ID))
-	msg.Data = b
-	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	msg.Header.Set(jetstream.MsgTTLHeader, strconv.FormatInt(int64(max(sh.keep, time.Second)/time.Second), 10))
-	_, err := sh.store.Publish(ctx, msg)
+	// lifecycle takes it as the stream's per-message TTL on the same
+	// compare-and-set write, published to the key's subject.
+	msg := &nats.Msg{Subject: "$KV." + bucketRollouts + "." + natsstore.Key(lc.ID), Data: b}
+	_, err := sh.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev),
+		jetstream.WithMsgTTL(max(sh.keep, time.Second)))
 	sh.wrote(len(b))
 	if err == nil {
 		sh.held.forget(lc)
@@ -714,7 +702,7 @@ func (sh *shared) conclude(ctx context.Context, lc *lifecycle) error {
 func (sh *shared) publishWork(ctx context.Context, prefix string, lc *lifecycle) error {
 	msg := nats.NewMsg(prefix + natsstore.Key(lc.ID))
 	msg.Header.Set(jetstream.MsgIDHeader, prefix+lc.ID+"@"+strconv.FormatInt(lc.Created.UnixNano(), 10))
-	_, err := sh.store.Publish(ctx, msg)
+	_, err := sh.js.PublishMsg(ctx, msg)
 	sh.wrote(0)
 	return err
 }
@@ -823,7 +811,7 @@ func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxM
 		id += "/again@" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
-	_, err = sh.store.Publish(ctx, msg)
+	_, err = sh.js.PublishMsg(ctx, msg)
 	sh.wrote(len(b))
 	return err
 }
