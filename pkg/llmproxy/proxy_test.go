@@ -455,7 +455,7 @@ func TestUpstreamFailures(t *testing.T) {
 			name: "4xx passed through at once",
 			handler: func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Retry-After", "7")
-				http.Error(w, `{"error":"slow down"}`, 429)
+				http.Error(w, `{"error":"slow down"}`, http.StatusTooManyRequests)
 			},
 			retries:  3,
 			status:   429,
@@ -723,7 +723,7 @@ func TestUpstreamResponseLimitAndBadRoute(t *testing.T) {
 }
 
 func TestLogsCarryIDs(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", 503) })
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
 	var logs logtest.Buffer
 	h := newProxy(t, llmproxy.Config{
 		Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base}),
