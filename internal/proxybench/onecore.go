@@ -1,7 +1,6 @@
 package proxybench
 
 import (
-	"bytes"
 	"compress/gzip"
 	"context"
 	"fmt"
@@ -19,7 +18,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/osmo-rl/osmo/internal/procstat"
 )
@@ -651,12 +651,8 @@ func (t *tailBuffer) String() string {
 }
 
 // spanSink is an OTLP/HTTP trace receiver that answers every export with
-// success. It counts the spans of each export per process, walking the
-// protobuf encoding without decoding it, so that the bench's side of the
-// tracing setup costs little more than the untraced one's.
+// success and counts the spans it received from each process.
 type spanSink struct {
-	bufs sync.Pool // *bytes.Buffer
-
 	mu    sync.Mutex
 	byPID map[int64]int64 // spans per process.pid resource attribute
 	bad   int             // exports that could not be read
@@ -676,24 +672,27 @@ func (s *spanSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		body = zr
 	}
-	buf, _ := s.bufs.Get().(*bytes.Buffer)
-	if buf == nil {
-		buf = new(bytes.Buffer)
-	}
-	defer s.bufs.Put(buf)
-	buf.Reset()
-	if _, err := buf.ReadFrom(io.LimitReader(body, 64<<20)); err != nil {
+	b, err := io.ReadAll(io.LimitReader(body, 64<<20))
+	if err != nil {
 		s.failed(w, err)
 		return
 	}
-	counts := map[int64]int64{}
-	if err := countSpans(buf.Bytes(), counts); err != nil {
+	var req coltracepb.ExportTraceServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
 		s.failed(w, err)
 		return
 	}
 	s.mu.Lock()
-	for pid, n := range counts {
-		s.byPID[pid] += n
+	for _, rs := range req.GetResourceSpans() {
+		pid := int64(-1)
+		for _, kv := range rs.GetResource().GetAttributes() {
+			if kv.GetKey() == "process.pid" {
+				pid = kv.GetValue().GetIntValue()
+			}
+		}
+		for _, ss := range rs.GetScopeSpans() {
+			s.byPID[pid] += int64(len(ss.GetSpans()))
+		}
 	}
 	s.mu.Unlock()
 	// An empty ExportTraceServiceResponse: everything accepted.
@@ -714,99 +713,6 @@ func (s *spanSink) counts() (map[int64]int64, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.byPID), s.bad
-}
-
-// countSpans adds the spans of an OTLP ExportTraceServiceRequest to
-// byPID, keyed by the process.pid attribute of their resource (-1 without
-// one). Field numbers are those of opentelemetry/proto/trace/v1 and
-// common/v1: request.resource_spans 1; ResourceSpans.resource 1,
-// .scope_spans 2; Resource.attributes 1; KeyValue.key 1, .value 2;
-// AnyValue.int_value 3; ScopeSpans.spans 2.
-func countSpans(req []byte, byPID map[int64]int64) error {
-	return eachField(req, func(num protowire.Number, rs []byte, _ uint64) error {
-		if num != 1 || rs == nil {
-			return nil
-		}
-		pid, spans := int64(-1), int64(0)
-		err := eachField(rs, func(num protowire.Number, v []byte, _ uint64) error {
-			switch {
-			case num == 1 && v != nil: // resource
-				return eachField(v, func(num protowire.Number, kv []byte, _ uint64) error {
-					if num != 1 || kv == nil {
-						return nil
-					}
-					var key string
-					var val []byte
-					if err := eachField(kv, func(num protowire.Number, v []byte, _ uint64) error {
-						switch num {
-						case 1:
-							key = string(v)
-						case 2:
-							val = v
-						}
-						return nil
-					}); err != nil {
-						return err
-					}
-					if key != "process.pid" {
-						return nil
-					}
-					return eachField(val, func(num protowire.Number, v []byte, x uint64) error {
-						if num == 3 && v == nil {
-							pid = int64(x)
-						}
-						return nil
-					})
-				})
-			case num == 2 && v != nil: // scope spans
-				return eachField(v, func(num protowire.Number, v []byte, _ uint64) error {
-					if num == 2 && v != nil {
-						spans++
-					}
-					return nil
-				})
-			}
-			return nil
-		})
-		byPID[pid] += spans
-		return err
-	})
-}
-
-// eachField calls fn with every field of the protobuf message b: its
-// number and, for length-delimited fields, its bytes (non-nil), for
-// varints its value.
-func eachField(b []byte, fn func(num protowire.Number, v []byte, x uint64) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		var (
-			v []byte
-			x uint64
-		)
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
-			if v == nil && n >= 0 {
-				v = []byte{}
-			}
-		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		if err := fn(num, v, x); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // benchPin is where the proxies and this process run during the

@@ -1,7 +1,10 @@
 package proxybench
 
 import (
+	"bytes"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -11,9 +14,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// TestCountSpans checks the sink's protobuf walk against the real
-// encoding of an export.
-func TestCountSpans(t *testing.T) {
+// TestSpanSink: the sink counts the spans of an export per process and
+// counts an export it cannot read as bad.
+func TestSpanSink(t *testing.T) {
 	str := func(k, v string) *commonpb.KeyValue {
 		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
 	}
@@ -38,17 +41,13 @@ func TestCountSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[int64]int64{}
-	if err := countSpans(b, got); err != nil {
-		t.Fatalf("countSpans: %v", err)
+	sink := &spanSink{byPID: map[int64]int64{}}
+	for _, body := range [][]byte{b, b[:len(b)-3], nil} {
+		w := httptest.NewRecorder()
+		sink.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/traces", bytes.NewReader(body)))
 	}
-	if want := map[int64]int64{4242: 5, -1: 1}; !maps.Equal(got, want) {
-		t.Errorf("countSpans = %v, want %v", got, want)
-	}
-	if err := countSpans(b[:len(b)-3], map[int64]int64{}); err == nil {
-		t.Error("countSpans of a truncated export succeeded, want an error")
-	}
-	if err := countSpans(nil, map[int64]int64{}); err != nil {
-		t.Errorf("countSpans of an empty export: %v", err)
+	got, bad := sink.counts()
+	if want := map[int64]int64{4242: 5, -1: 1}; !maps.Equal(got, want) || bad != 1 {
+		t.Errorf("the sink counted %v spans and %d bad exports, want %v and 1 (the truncated one)", got, bad, want)
 	}
 }

@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/internal/jsonscan"
 )
 
 // requestError is a client mistake in the request body; param names the
@@ -21,45 +20,19 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.msg }
 
-// chatRequest is what the proxy needs from a chat-completions body. Spans
-// point into the body, which is never modified, so nothing is copied.
+// chatRequest is what the proxy needs from a chat-completions body.
 type chatRequest struct {
-	body     []byte
-	members  []member
-	model    member // value span zero when absent
-	hasModel bool
-	messages []byte
+	body []byte
+	// members are the body's top-level members by their exact key, as a
+	// policy server reads them; values are left as they came, so numbers and
+	// everything else the proxy does not read pass through unchanged.
+	members  map[string]json.RawMessage
+	messages json.RawMessage
 	stream   bool
-	// requestedModel is the client's model string ("" when absent).
+	// requestedModel is the client's model string; hasModel is false when
+	// the body names none (or null).
 	requestedModel string
-	// params are the raw values of the sampling parameters spans report
-	// (nil when absent); they are only decoded when the call is traced.
-	params [numParams][]byte
-	// scratch backs members for typical bodies, saving an allocation.
-	scratch [16]member
-}
-
-// Sampling parameters recorded on GenAI spans, indexes of chatRequest.params.
-const (
-	paramTemperature = iota
-	paramTopP
-	paramMaxTokens
-	paramMaxCompletionTokens
-	paramSeed
-	paramFrequencyPenalty
-	paramPresencePenalty
-	paramN
-	numParams
-)
-
-// paramKeys are the body keys of the sampling parameters, by index.
-var paramKeys = [numParams]string{"temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "frequency_penalty", "presence_penalty", "n"}
-
-// member is one top-level member of the body: [start, end) covers
-// `"key" : value`, value starts at vstart.
-type member struct {
-	start, vstart, end int
-	key                string
+	hasModel       bool
 }
 
 // invalidJSON is the error of a body that is not JSON; err is the
@@ -68,107 +41,56 @@ func invalidJSON(err error) *requestError {
 	return &requestError{code: "invalid_json", msg: fmt.Sprintf("llmproxy: request body is not valid JSON: %v", err)}
 }
 
-// parse checks the body and locates the members the proxy reads or
-// rewrites. It does not decode values it does not need, so numbers and
-// everything else pass through byte for byte.
+// parse checks the body and reads the members the proxy needs.
 func (req *chatRequest) parse(body []byte) *requestError {
-	if !json.Valid(body) {
-		// Decode only to obtain a message with the offset of the mistake.
-		var v any
-		return invalidJSON(json.Unmarshal(body, &v))
-	}
-	i := jsonscan.SkipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
+	if err := json.Unmarshal(body, &req.members); err != nil || req.members == nil {
+		// Unmarshal checks the whole body is JSON before it decodes: a
+		// syntax error is the body's, any other that it is not an object.
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return invalidJSON(err)
+		}
 		return &requestError{code: "invalid_request_body", msg: "llmproxy: request body must be a JSON object"}
 	}
 	req.body = body
-	members := req.scratch[:0]
-	i = jsonscan.SkipSpace(body, i+1)
-	for i < len(body) && body[i] != '}' {
-		m := member{start: i}
-		kEnd := jsonscan.SkipString(body, i)
-		m.key = memberKey(body[i:kEnd])
-		i = jsonscan.SkipSpace(body, kEnd)
-		i = jsonscan.SkipSpace(body, i+1) // ':'
-		m.vstart = i
-		i = jsonscan.SkipValue(body, i)
-		m.end = i
-		members = append(members, m)
-		i = jsonscan.SkipSpace(body, i)
-		if i < len(body) && body[i] == ',' {
-			i = jsonscan.SkipSpace(body, i+1)
-		}
-	}
-	req.members = members
-	// Later duplicates win, as in most JSON decoders the upstream may use.
-	var messages []byte
-	for _, m := range members {
-		v := body[m.vstart:m.end]
-		switch m.key {
-		case "model":
-			req.model, req.hasModel = m, true
-		case "messages":
-			messages = v
-		case "stream":
-			req.stream = string(v) == "true"
-		case "":
-		default:
-			for i, k := range paramKeys {
-				if m.key == k {
-					req.params[i] = v
-				}
-			}
-		}
-	}
-	if messages == nil {
+	messages, ok := req.members["messages"]
+	if !ok {
 		return &requestError{param: "messages", code: "missing_messages", msg: `llmproxy: request body has no "messages" array`}
 	}
 	if re := checkMessages(messages); re != nil {
 		return re
 	}
 	req.messages = messages
-	if req.hasModel {
-		v := body[req.model.vstart:req.model.end]
-		switch v[0] {
-		case 'n': // null counts as absent
-			req.hasModel = false
-		case '"':
-			req.requestedModel = decodeString(v)
-		default:
+	_ = json.Unmarshal(req.members["stream"], &req.stream) // anything but true is no stream
+	if v := req.members["model"]; !isNull(v) {
+		if err := json.Unmarshal(v, &req.requestedModel); err != nil {
 			return &requestError{param: "model", code: "invalid_model", msg: "llmproxy: \"model\" must be a string"}
 		}
+		req.hasModel = true
 	}
 	return nil
 }
 
 // checkMessages requires a non-empty array of objects.
-func checkMessages(v []byte) *requestError {
-	if v[0] != '[' {
+func checkMessages(v json.RawMessage) *requestError {
+	var msgs []json.RawMessage
+	if isNull(v) || json.Unmarshal(v, &msgs) != nil {
 		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must be an array of message objects`}
 	}
-	i := jsonscan.SkipSpace(v, 1)
-	n := 0
-	for i < len(v) && v[i] != ']' {
-		if v[i] != '{' {
-			return &requestError{param: fmt.Sprintf("messages[%d]", n), code: "invalid_messages",
-				msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, n)}
-		}
-		i = jsonscan.SkipSpace(v, jsonscan.SkipValue(v, i))
-		if i < len(v) && v[i] == ',' {
-			i = jsonscan.SkipSpace(v, i+1)
-		}
-		n++
-	}
-	if n == 0 {
+	if len(msgs) == 0 {
 		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
+	}
+	for i, m := range msgs {
+		if m[0] != '{' {
+			return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
+				msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
+		}
 	}
 	return nil
 }
 
-// rewrite returns the body to send upstream and the model it names. The
-// body is returned as is when nothing changes; otherwise members are copied
-// verbatim in order, with "model" (and "rollout_id" when injected) replaced
-// in place or appended.
+// rewrite returns the body to send upstream and the model it names: the
+// body as it came when nothing changes, else its members with "model" (and
+// "rollout_id" when injected) set.
 func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, model string) {
 	model = req.requestedModel
 	switch {
@@ -183,99 +105,30 @@ func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, mod
 	if !setModel && !route.InjectRolloutID {
 		return req.body, model
 	}
-	out := make([]byte, 0, len(req.body)+len(model)+len(rolloutID)+32)
-	out = append(out, '{')
-	wroteModel, wroteRollout := false, false
-	sep := func() {
-		if len(out) > 1 {
-			out = append(out, ',')
-		}
+	if setModel {
+		req.members["model"] = jsonString(model)
 	}
-	for _, m := range req.members {
-		switch {
-		case setModel && m.key == "model":
-			if !wroteModel {
-				sep()
-				out = appendJSONString(append(out, `"model":`...), model)
-				wroteModel = true
-			}
-		case route.InjectRolloutID && m.key == "rollout_id":
-			if !wroteRollout {
-				sep()
-				out = appendJSONString(append(out, `"rollout_id":`...), rolloutID)
-				wroteRollout = true
-			}
-		default:
-			sep()
-			out = append(out, req.body[m.start:m.end]...)
-		}
+	if route.InjectRolloutID {
+		req.members["rollout_id"] = jsonString(rolloutID)
 	}
-	if setModel && !wroteModel {
-		sep()
-		out = appendJSONString(append(out, `"model":`...), model)
-	}
-	if route.InjectRolloutID && !wroteRollout {
-		sep()
-		out = appendJSONString(append(out, `"rollout_id":`...), rolloutID)
-	}
-	return append(out, '}'), model
+	return marshalMembers(req.members), model
 }
 
-// memberKey returns the key of a quoted JSON string; escaped keys are rare
-// and take the slow path.
-func memberKey(q []byte) string {
-	inner := q[1 : len(q)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
-		// Compare against the keys the proxy cares about without allocating.
-		switch string(inner) {
-		case "model":
-			return "model"
-		case "messages":
-			return "messages"
-		case "stream":
-			return "stream"
-		case "rollout_id":
-			return "rollout_id"
-		}
-		for _, k := range paramKeys {
-			if string(inner) == k {
-				return k
-			}
-		}
-		return ""
+// marshalMembers encodes an object whose values are JSON already. HTML
+// characters are left as they are: the policy reads JSON, not a page.
+func marshalMembers(m map[string]json.RawMessage) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		// The values were decoded from JSON or made by jsonString.
+		panic("llmproxy: encoding a request body: " + err.Error())
 	}
-	return decodeString(q)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
-// decodeString decodes a quoted JSON string.
-func decodeString(q []byte) string {
-	inner := q[1 : len(q)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner)
-	}
-	var s string
-	_ = json.Unmarshal(q, &s) // q was validated
-	return s
-}
-
-// appendJSONString appends s as a JSON string.
-func appendJSONString(dst []byte, s string) []byte {
-	if !utf8.ValidString(s) {
-		b, _ := json.Marshal(s) // replaces invalid bytes with U+FFFD
-		return append(dst, b...)
-	}
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return append(dst, '"')
+// jsonString is s as a JSON string.
+func jsonString(s string) json.RawMessage {
+	b, _ := json.Marshal(s) // a string always encodes
+	return b
 }

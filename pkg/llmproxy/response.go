@@ -1,34 +1,72 @@
 package llmproxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-
-	"github.com/osmo-rl/osmo/internal/jsonscan"
 )
 
-// completion is the part of a chat completion the record needs. Raw fields
-// are kept as bytes; nothing else is decoded.
+// completion is the part of a chat completion, or of one chunk of a
+// streamed one, that the record needs. Both answers are read into it by
+// encoding/json, so a body is recorded alike whichever way it came: keys
+// match as encoding/json matches them (in any case), a value of another
+// type is skipped, the rest is still read.
 type completion struct {
-	ID      string `json:"id"`
-	Choices []struct {
-		Message      json.RawMessage `json:"message"`
-		FinishReason string          `json:"finish_reason"`
-		TokenIDs     []int32         `json:"token_ids"`
-		Logprobs     *logprobsJSON   `json:"logprobs"`
-	} `json:"choices"`
-	Usage          *usageJSON `json:"usage"`
-	PromptTokenIDs []int32    `json:"prompt_token_ids"`
+	ID             string   `json:"id"`
+	Choices        []choice `json:"choices"`
+	Usage          *usage   `json:"usage"`
+	PromptTokenIDs []int32  `json:"prompt_token_ids"`
+	// Error is set by an upstream that reports a failure mid-stream.
+	Error json.RawMessage `json:"error"`
 }
 
-type logprobsJSON struct {
+// choice is one of a completion's choices: Message in a whole answer,
+// Delta in a chunk.
+type choice struct {
+	Index        int             `json:"index"`
+	Message      json.RawMessage `json:"message"`
+	Delta        delta           `json:"delta"`
+	FinishReason string          `json:"finish_reason"`
+	TokenIDs     []int32         `json:"token_ids"`
+	Logprobs     *logprobs       `json:"logprobs"`
+}
+
+// delta is what a chunk adds to the message.
+type delta struct {
+	Role             string `json:"role"`
+	Content          string `json:"content"`
+	ReasoningContent string `json:"reasoning_content"`
+	Reasoning        string `json:"reasoning"`
+	ToolCalls        []struct {
+		Index    int    `json:"index"`
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+// choice0 is the first choice with index 0, the one the record holds (nil
+// when there is none).
+func (c *completion) choice0() *choice {
+	for i := range c.Choices {
+		if c.Choices[i].Index == 0 {
+			return &c.Choices[i]
+		}
+	}
+	return nil
+}
+
+// logprobs holds one value per token, 0 where a token has none.
+type logprobs struct {
 	Content []struct {
 		Logprob float64 `json:"logprob"`
 	} `json:"content"`
 }
 
-func (l *logprobsJSON) appendTo(dst []float64) []float64 {
+func (l *logprobs) appendTo(dst []float64) []float64 {
 	if l == nil {
 		return dst
 	}
@@ -38,7 +76,7 @@ func (l *logprobsJSON) appendTo(dst []float64) []float64 {
 	return dst
 }
 
-type usageJSON struct {
+type usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
 	TotalTokens         int `json:"total_tokens"`
@@ -47,7 +85,7 @@ type usageJSON struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func (u *usageJSON) usage() Usage {
+func (u *usage) usage() Usage {
 	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
 	if u.PromptTokensDetails != nil {
 		out.CachedTokens = u.PromptTokensDetails.CachedTokens
@@ -55,36 +93,30 @@ func (u *usageJSON) usage() Usage {
 	return out
 }
 
-// recordCompletion fills c from a non-stream response body. It fails only
-// when the body is not a JSON object, which makes the attempt retryable;
-// fields of unexpected types are skipped so an odd but well-formed answer
-// still reaches the client.
-func recordCompletion(c *Call, data []byte) error {
-	if i := jsonscan.SkipSpace(data, 0); i >= len(data) || data[i] != '{' {
-		if !json.Valid(data) {
-			return errors.New("body is not valid JSON")
-		}
-		return errors.New("body is not a JSON object")
+// readCompletion reads one completion or chunk. It fails only when data is
+// not JSON; fields of unexpected types are skipped, so an odd but
+// well-formed answer is still recorded.
+func readCompletion(data []byte) (completion, error) {
+	var cr completion
+	err := json.Unmarshal(data, &cr)
+	if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return cr, err
 	}
-	if !json.Valid(data) {
-		var v any
-		return fmt.Errorf("body is not valid JSON: %w", json.Unmarshal(data, &v))
-	}
-	if readCompletion(c, data) {
-		return nil
-	}
-	decodeCompletion(c, data)
-	return nil
+	return cr, nil
 }
 
-// decodeCompletion is recordCompletion's reading of a body that is a
-// valid JSON object, by encoding/json.
-func decodeCompletion(c *Call, data []byte) {
-	var cr completion
-	_ = json.Unmarshal(data, &cr) // valid: only fields of other types fail
+// recordCompletion fills c from a non-stream response body. It fails when
+// the body is not a JSON object, which makes the attempt retryable.
+func recordCompletion(c *Call, data []byte) error {
+	cr, err := readCompletion(data)
+	switch {
+	case err != nil:
+		return errors.New("body is not valid JSON: " + err.Error())
+	case !bytes.HasPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte("{")):
+		return errors.New("body is not a JSON object")
+	}
 	c.ID = cr.ID
-	if len(cr.Choices) > 0 {
-		ch := &cr.Choices[0]
+	if ch := cr.choice0(); ch != nil {
 		if len(ch.Message) > 0 && string(ch.Message) != "null" {
 			c.ResponseMessage = ch.Message
 		}
@@ -96,4 +128,5 @@ func decodeCompletion(c *Call, data []byte) {
 		c.Usage = cr.Usage.usage()
 	}
 	c.PromptTokenIDs = cr.PromptTokenIDs
+	return nil
 }

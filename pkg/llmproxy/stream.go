@@ -184,35 +184,6 @@ func clientWentAway(err error) (msg, errType string) {
 	return "llmproxy: client went away mid-stream: " + err.Error(), "client_closed"
 }
 
-// streamChunk is the part of a chat.completion.chunk the record needs.
-type streamChunk struct {
-	ID      string `json:"id"`
-	Choices []struct {
-		Index int `json:"index"`
-		Delta struct {
-			Role             string `json:"role"`
-			Content          string `json:"content"`
-			ReasoningContent string `json:"reasoning_content"`
-			Reasoning        string `json:"reasoning"`
-			ToolCalls        []struct {
-				Index    int    `json:"index"`
-				ID       string `json:"id"`
-				Type     string `json:"type"`
-				Function struct {
-					Name      string `json:"name"`
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-		FinishReason string        `json:"finish_reason"`
-		TokenIDs     []int32       `json:"token_ids"`
-		Logprobs     *logprobsJSON `json:"logprobs"`
-	} `json:"choices"`
-	Usage          *usageJSON      `json:"usage"`
-	PromptTokenIDs []int32         `json:"prompt_token_ids"`
-	Error          json.RawMessage `json:"error"`
-}
-
 // streamAcc assembles choice 0 of a stream into one message.
 type streamAcc struct {
 	start time.Time
@@ -224,7 +195,7 @@ type streamAcc struct {
 	reasoning   strings.Builder
 	tools       []toolCallAcc
 	finish      string
-	usage       *usageJSON
+	usage       *usage
 	promptIDs   []int32
 	tokenIDs    []int32
 	logprobs    []float64
@@ -278,16 +249,14 @@ func (a *streamAcc) event(ev []byte, now time.Time) chunkDelta {
 		a.done = true
 		return chunkDelta{}
 	}
-	var ch streamChunk
-	if err := json.Unmarshal(data, &ch); err != nil {
-		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
-			return chunkDelta{} // not ours to judge; the client got the bytes as they were
-		}
+	ch, err := readCompletion(data)
+	if err != nil {
+		return chunkDelta{} // not ours to judge; the client got the bytes as they were
 	}
 	return a.chunk(&ch, now)
 }
 
-func (a *streamAcc) chunk(ch *streamChunk, now time.Time) (d0 chunkDelta) {
+func (a *streamAcc) chunk(ch *completion, now time.Time) (d0 chunkDelta) {
 	if a.id == "" {
 		a.id = ch.ID
 	}
@@ -300,47 +269,44 @@ func (a *streamAcc) chunk(ch *streamChunk, now time.Time) (d0 chunkDelta) {
 	if len(ch.PromptTokenIDs) > 0 {
 		a.promptIDs = ch.PromptTokenIDs
 	}
-	for i := range ch.Choices {
-		c := &ch.Choices[i]
-		if c.Index != 0 {
-			continue // only choice 0 is recorded
-		}
-		d := &c.Delta
-		if d.Role != "" {
-			a.role = d.Role
-		}
-		reasoning := d.ReasoningContent
-		if reasoning == "" {
-			reasoning = d.Reasoning
-		}
-		if a.ttft == 0 && (d.Content != "" || reasoning != "" || len(d.ToolCalls) > 0) {
-			a.ttft = now.Sub(a.start)
-		}
-		a.content.WriteString(d.Content)
-		a.reasoning.WriteString(reasoning)
-		d0.content += d.Content
-		d0.reasoning += reasoning
-		for _, tc := range d.ToolCalls {
-			t := a.tool(tc.Index)
-			if tc.ID != "" {
-				t.id = tc.ID
-			}
-			if tc.Type != "" {
-				t.typ = tc.Type
-			}
-			// Names normally arrive whole in the first delta; some servers
-			// repeat them, a few split them.
-			if n := tc.Function.Name; n != "" && n != t.name {
-				t.name += n
-			}
-			t.arguments = append(t.arguments, tc.Function.Arguments...)
-		}
-		if c.FinishReason != "" {
-			a.finish = c.FinishReason
-		}
-		a.tokenIDs = append(a.tokenIDs, c.TokenIDs...)
-		a.logprobs = c.Logprobs.appendTo(a.logprobs)
+	c := ch.choice0()
+	if c == nil {
+		return d0
 	}
+	d := &c.Delta
+	if d.Role != "" {
+		a.role = d.Role
+	}
+	reasoning := d.ReasoningContent
+	if reasoning == "" {
+		reasoning = d.Reasoning
+	}
+	if a.ttft == 0 && (d.Content != "" || reasoning != "" || len(d.ToolCalls) > 0) {
+		a.ttft = now.Sub(a.start)
+	}
+	a.content.WriteString(d.Content)
+	a.reasoning.WriteString(reasoning)
+	d0.content, d0.reasoning = d.Content, reasoning
+	for _, tc := range d.ToolCalls {
+		t := a.tool(tc.Index)
+		if tc.ID != "" {
+			t.id = tc.ID
+		}
+		if tc.Type != "" {
+			t.typ = tc.Type
+		}
+		// Names normally arrive whole in the first delta; some servers
+		// repeat them, a few split them.
+		if n := tc.Function.Name; n != "" && n != t.name {
+			t.name += n
+		}
+		t.arguments = append(t.arguments, tc.Function.Arguments...)
+	}
+	if c.FinishReason != "" {
+		a.finish = c.FinishReason
+	}
+	a.tokenIDs = append(a.tokenIDs, c.TokenIDs...)
+	a.logprobs = c.Logprobs.appendTo(a.logprobs)
 	return d0
 }
 

@@ -2,6 +2,7 @@ package llmproxy
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/url"
@@ -262,38 +263,36 @@ var clientStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClien
 // appendParamAttrs adds the request's sampling parameters; values that are
 // not numbers (null, say) are left out.
 func (req *chatRequest) appendParamAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
-	float := func(i int) (float64, bool) {
-		if req.params[i] == nil {
-			return 0, false
-		}
-		f, err := strconv.ParseFloat(string(req.params[i]), 64)
+	float := func(key string) (float64, bool) {
+		var f float64
+		err := json.Unmarshal(req.members[key], &f)
 		return f, err == nil
 	}
-	integer := func(i int) (int, bool) {
-		f, ok := float(i)
+	integer := func(key string) (int, bool) {
+		f, ok := float(key)
 		return int(f), ok && f == float64(int(f))
 	}
-	if v, ok := float(paramTemperature); ok {
+	if v, ok := float("temperature"); ok {
 		attrs = append(attrs, semconv.GenAIRequestTemperature(v))
 	}
-	if v, ok := float(paramTopP); ok {
+	if v, ok := float("top_p"); ok {
 		attrs = append(attrs, semconv.GenAIRequestTopP(v))
 	}
-	if v, ok := integer(paramMaxTokens); ok {
+	if v, ok := integer("max_tokens"); ok {
 		attrs = append(attrs, semconv.GenAIRequestMaxTokens(v))
-	} else if v, ok := integer(paramMaxCompletionTokens); ok {
+	} else if v, ok := integer("max_completion_tokens"); ok {
 		attrs = append(attrs, semconv.GenAIRequestMaxTokens(v))
 	}
-	if v, ok := integer(paramSeed); ok {
+	if v, ok := integer("seed"); ok {
 		attrs = append(attrs, semconv.GenAIRequestSeed(v))
 	}
-	if v, ok := float(paramFrequencyPenalty); ok {
+	if v, ok := float("frequency_penalty"); ok {
 		attrs = append(attrs, semconv.GenAIRequestFrequencyPenalty(v))
 	}
-	if v, ok := float(paramPresencePenalty); ok {
+	if v, ok := float("presence_penalty"); ok {
 		attrs = append(attrs, semconv.GenAIRequestPresencePenalty(v))
 	}
-	if v, ok := integer(paramN); ok && v != 1 {
+	if v, ok := integer("n"); ok && v != 1 {
 		attrs = append(attrs, semconv.GenAIRequestChoiceCount(v))
 	}
 	return attrs
