@@ -75,14 +75,14 @@ func TestMeasureOneCore(t *testing.T) {
 	if err != nil {
 		t.Fatalf("MeasureOneCore: %v", err)
 	}
-	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID, rep.ReverseProxy.PID)
+	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.ReverseProxy.PID)
 	if after := affinity(t); after != before {
 		t.Errorf("this process's CPU affinity is %v after the measurement, want %v restored", after, before)
 	}
 	if rep.Skipped != "" {
 		t.Fatalf("skipped: %s", rep.Skipped)
 	}
-	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK, rep.ReverseProxy} {
+	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.ReverseProxy} {
 		if s.Requests != requests || s.Warmup <= 0 || s.Wall <= 0 || s.PID <= 0 {
 			t.Errorf("%s: %+v, want %d timed requests, a warm-up, a wall time and a pid", s.Name, s, requests)
 		}
@@ -97,11 +97,11 @@ func TestMeasureOneCore(t *testing.T) {
 		t.Errorf("direct: %+v, want %d timed requests with their latency and no process", d, requests)
 	}
 	pids := map[int]bool{}
-	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.SDK, rep.ReverseProxy} {
+	for _, s := range []proxybench.OneCoreSetup{rep.Off, rep.Tracing, rep.ReverseProxy} {
 		pids[s.PID] = true
 	}
-	if len(pids) != 4 {
-		t.Errorf("setups shared a process: %d %d %d %d", rep.Off.PID, rep.Tracing.PID, rep.SDK.PID, rep.ReverseProxy.PID)
+	if len(pids) != 3 {
+		t.Errorf("setups shared a process: %d %d %d", rep.Off.PID, rep.Tracing.PID, rep.ReverseProxy.PID)
 	}
 	// The reverse proxy records nothing and exports nothing.
 	if rep.ReverseProxy.Spans != 0 {
@@ -110,25 +110,22 @@ func TestMeasureOneCore(t *testing.T) {
 	if rep.ReverseProxyThroughputRatio() <= 0 || rep.ReverseProxyCPURatio() <= 0 {
 		t.Errorf("ratios to the reverse proxy: req/s %v, CPU %v, want positive", rep.ReverseProxyThroughputRatio(), rep.ReverseProxyCPURatio())
 	}
-	// Every call is a span, flushed when the proxy stops, whichever the
-	// pipeline.
-	for _, s := range []proxybench.OneCoreSetup{rep.Tracing, rep.SDK} {
-		if calls := int64(s.Requests + s.Warmup); s.Spans < calls {
-			t.Errorf("the sink received %d spans from the %s proxy, want at least one per call (%d)", s.Spans, s.Name, calls)
-		}
+	// Every call is a span, flushed when the proxy stops.
+	if s := rep.Tracing; s.Spans < int64(s.Requests+s.Warmup) {
+		t.Errorf("the sink received %d spans from the %s proxy, want at least one per call (%d)", s.Spans, s.Name, s.Requests+s.Warmup)
 	}
 	if rep.Off.Spans != 0 || leaked.Load() != 0 {
 		t.Errorf("the untraced proxy exported: %d spans to the sink, %d requests to the environment's endpoint", rep.Off.Spans, leaked.Load())
 	}
-	if rep.TracingCPURatio() <= 0 || rep.TracingThroughputRatio() <= 0 || rep.SDKCPURatio() <= 0 || rep.SDKThroughputRatio() <= 0 {
-		t.Errorf("tracing ratios %v %v, SDK %v %v, want positive", rep.TracingCPURatio(), rep.TracingThroughputRatio(), rep.SDKCPURatio(), rep.SDKThroughputRatio())
+	if rep.TracingCPURatio() <= 0 || rep.TracingThroughputRatio() <= 0 {
+		t.Errorf("tracing ratios %v %v, want positive", rep.TracingCPURatio(), rep.TracingThroughputRatio())
 	}
 	if len(rep.Warnings) > 0 {
 		t.Errorf("warnings: %q", rep.Warnings)
 	}
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, s := range []string{"proxy process on one core", "off", "tracing", "tracing-sdk", "reverseproxy", "direct", "p99", "CPU/req", "capacity on one core", "tracing/off", "tracing-sdk/off", "off against reverseproxy: added p99"} {
+	for _, s := range []string{"proxy process on one core", "off", "tracing", "reverseproxy", "direct", "p99", "CPU/req", "capacity on one core", "tracing/off", "off against reverseproxy: added p99"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, out.String())
 		}
@@ -152,7 +149,7 @@ func TestMeasureOneCoreCancel(t *testing.T) {
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("returned %s after the start, long after the cancellation", d)
 	}
-	assertReaped(t, rep.Off.PID, rep.Tracing.PID, rep.SDK.PID)
+	assertReaped(t, rep.Off.PID, rep.Tracing.PID)
 }
 
 // TestBench runs `osmo bench` whole, the one-core section and the servers

@@ -570,7 +570,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	}
 	// The embedded LLM proxy's spans belong to a service of their own, as
 	// in `osmo serve`.
-	tr := tracing{rollout: tel.TracerProvider(), proxy: tel.DirectTracerProvider(serviceLLMProxy), prop: tel.Propagator(), content: tel.CaptureContent()}
+	tr := tracing{rollout: tel.TracerProvider(), proxy: tel.ServiceTracerProvider(serviceLLMProxy), prop: tel.Propagator(), content: tel.CaptureContent()}
 	var (
 		g   rollout.Grader
 		cli *grader.Pool

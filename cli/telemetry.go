@@ -1,8 +1,8 @@
 package cli
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -39,21 +39,21 @@ func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Log
 	return log, tel, stop, nil
 }
 
-// setupTelemetry configures tracing from the environment for a command
+// setupTelemetry configures tracing from the process environment (as the
+// OpenTelemetry SDK reads it) for a command
 // whose service is named service; failed exports are logged to log. The
 // returned func flushes and stops it; call it once everything that makes
 // spans has stopped.
 func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
-	tel, err := telemetry.Setup(ctx, service, e.getenv)
+	tel, err := telemetry.Setup(ctx, service)
 	if err != nil {
-		if _, ok := errors.AsType[*telemetry.EnvError](err); ok {
-			return nil, nil, usageError{err.Error()}
-		}
-		return nil, nil, err
+		return nil, nil, usageError{err.Error()}
 	}
 	tel.LogErrorsTo(log)
 	if tel.Enabled() {
-		log.Info("tracing on", "service", tel.ServiceName(), "exporter", tel.Endpoint(), "capture_content", tel.CaptureContent())
+		log.Info("tracing on", "service", tel.ServiceName(), "exporter", cmp.Or(e.getenv("OTEL_TRACES_EXPORTER"), "otlp"),
+			"endpoint", cmp.Or(e.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), e.getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
+			"capture_content", tel.CaptureContent())
 	}
 	return tel, func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTelemetryTimeout)
@@ -77,7 +77,7 @@ func stackTracing(tel *telemetry.Telemetry) tracing {
 	return tracing{
 		gateway: tel.ServiceTracerProvider(serviceGateway),
 		rollout: tel.ServiceTracerProvider(serviceRollout),
-		proxy:   tel.DirectTracerProvider(serviceLLMProxy),
+		proxy:   tel.ServiceTracerProvider(serviceLLMProxy),
 		grader:  tel.ServiceTracerProvider(serviceGrader),
 		prop:    tel.Propagator(),
 		content: tel.CaptureContent(),

@@ -15,13 +15,14 @@ import (
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/proxybench"
 	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/internal/server"
-	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
+	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -67,7 +68,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		MaxBodyBytes:   maxBody,
 		Logger:         log,
 		Metrics:        reg,
-		TracerProvider: tel.DirectTracerProvider(tel.ServiceName()),
+		TracerProvider: tel.TracerProvider(),
 		Propagator:     tel.Propagator(),
 		CaptureContent: tel.CaptureContent(),
 	})
@@ -152,7 +153,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	// The traced setup runs the proxy's span pipeline, sampling every call,
 	// in front of an exporter that drops the batches: the cost measured is
 	// the proxy's, not a collector's.
-	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
+	tp := telemetry.NewTracerProvider(tracetest.NewNoopExporter(), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
 	rep, err := proxybench.MeasureOverhead(ctx, n, tp)
 	if err != nil {

@@ -14,17 +14,18 @@ import (
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo/internal/proxybench"
-	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
+	"github.com/osmo-rl/osmo/internal/telemetry"
 )
 
 // benchTracerProvider is the proxy's span pipeline (every span sampled,
 // the baggage ids, batches) in front of an exporter that drops the
 // batches, so the benchmark measures the proxy's side of tracing.
 func benchTracerProvider(tb testing.TB) trace.TracerProvider {
-	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: otlpdirect.Discard(), Sampler: sdktrace.AlwaysSample()})
+	tp := telemetry.NewTracerProvider(tracetest.NewNoopExporter(), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return tp
 }

@@ -30,8 +30,8 @@ type OneCoreConfig struct {
 	// llmproxy`) with args, its flags, appended: for example
 	// exec.Command(osmo, append([]string{"llmproxy"}, args...)...). Its Env,
 	// when set, is the environment to start from (nil: this process's);
-	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT,
-	// OSMO_TRACE_PIPELINE and GOMAXPROCS variable from it and adds its own. It sets Stdout and Stderr. Nil
+	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT and GOMAXPROCS
+	// variable from it and adds its own. It sets Stdout and Stderr. Nil
 	// skips the measurement.
 	Command func(args []string) *exec.Cmd
 	// ReverseProxyCommand runs the process compared with it: a plain
@@ -48,7 +48,7 @@ type OneCoreConfig struct {
 
 // OneCoreSetup is one proxy process's measurement.
 type OneCoreSetup struct {
-	// Name is "off", "tracing", "tracing-sdk", "reverseproxy" or
+	// Name is "off", "tracing", "reverseproxy" or
 	// "direct" (the clients calling the upstream themselves: the floor
 	// the others' latency is measured from; it has no process).
 	Name string
@@ -111,12 +111,9 @@ type OneCoreReport struct {
 	// Skipped says why nothing was measured; it is empty when the setups
 	// were.
 	Skipped string
-	// Off runs without tracing; Tracing exports every call's span through
-	// the proxy's span pipeline (the direct one), SDK through the
-	// OpenTelemetry SDK's (OSMO_TRACE_PIPELINE=sdk), for comparison.
+	// Off runs without tracing; Tracing exports every call's span.
 	Off     OneCoreSetup
 	Tracing OneCoreSetup
-	SDK     OneCoreSetup
 	// ReverseProxy is a plain httputil.ReverseProxy process run alike
 	// (its Name is "" when cfg.ReverseProxyCommand was nil), Direct the
 	// same load sent straight to the upstream.
@@ -139,9 +136,6 @@ type OneCoreReport struct {
 // setup's: 1.10 means tracing costs 10% more CPU per call (and 1/1.10 of
 // the capacity on one core). It is 0 when nothing was measured.
 func (r OneCoreReport) TracingCPURatio() float64 { return r.cpuRatio(r.Tracing) }
-
-// SDKCPURatio is TracingCPURatio of the SDK's span pipeline.
-func (r OneCoreReport) SDKCPURatio() float64 { return r.cpuRatio(r.SDK) }
 
 func (r OneCoreReport) cpuRatio(s OneCoreSetup) float64 {
 	if r.Skipped != "" || r.Off.CPUPerRequest() == 0 {
@@ -187,9 +181,6 @@ func (r OneCoreReport) ReverseProxyCPURatio() float64 {
 	return r.Off.CPUPerRequest() / r.ReverseProxy.CPUPerRequest()
 }
 
-// SDKThroughputRatio is TracingThroughputRatio of the SDK's span pipeline.
-func (r OneCoreReport) SDKThroughputRatio() float64 { return r.throughputRatio(r.SDK) }
-
 func (r OneCoreReport) throughputRatio(s OneCoreSetup) float64 {
 	if r.Skipped != "" || r.Off.Throughput() == 0 {
 		return 0
@@ -215,20 +206,16 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 			s.Name, s.Requests, s.Throughput(), micros(s.Latency.P50), micros(s.Latency.P99), s.CPUPerRequest(), 100*s.Busy(), s.Capacity())
 	}
 	_ = tw.Flush()
-	for _, c := range []struct {
-		name     string
-		cpu, thr float64
-	}{{"tracing/off", r.TracingCPURatio(), r.TracingThroughputRatio()}, {"tracing-sdk/off", r.SDKCPURatio(), r.SDKThroughputRatio()}} {
-		fmt.Fprintf(w, "%s: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
-			c.name, c.cpu, 100*(c.cpu-1), 100/c.cpu, 100*c.thr)
-	}
+	cpu := r.TracingCPURatio()
+	fmt.Fprintf(w, "tracing/off: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
+		cpu, 100*(cpu-1), 100/cpu, 100*r.TracingThroughputRatio())
 	if r.ReverseProxy.Name != "" {
 		fmt.Fprintf(w, "off against reverseproxy: added p99 %.2fx (%s against %s over direct), req/s %.2fx, CPU per request %.2fx\n",
 			r.AddedP99Ratio(), signedMicros(r.Off.Latency.P99-r.Direct.Latency.P99), signedMicros(r.ReverseProxy.Latency.P99-r.Direct.Latency.P99),
 			r.ReverseProxyThroughputRatio(), r.ReverseProxyCPURatio())
 	}
-	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d and tracing-sdk %d for %d calls each (warm-up included; the readiness probe's 404 is one more), off %d\n",
-		r.Tracing.Spans, r.SDK.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
+	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d for %d calls (warm-up included; the readiness probe's 404 is one more), off %d\n",
+		r.Tracing.Spans, r.Tracing.Requests+r.Tracing.Warmup, r.Off.Spans)
 	gogc := "unset"
 	if r.GOGC != "" {
 		gogc = r.GOGC
@@ -246,8 +233,7 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "CPU/req: the proxy process's user+system time (/proc/PID/stat) over the timed requests;")
 	fmt.Fprintln(w, "capacity: 1e6 / CPU/req, the rate the proxy would serve with its core saturated;")
 	fmt.Fprintln(w, "req/s: what this load generator reached (busy < 100%: the proxy was not the limit);")
-	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200,")
-	fmt.Fprintln(w, "  through osmo's direct span pipeline; tracing-sdk: the same through the OpenTelemetry SDK's;")
+	fmt.Fprintln(w, "tracing: every call sampled, spans batched and exported over OTLP/HTTP to a sink that answers 200;")
 	fmt.Fprintln(w, "reverseproxy: a plain httputil.ReverseProxy process run alike; direct: the clients calling the upstream")
 	fmt.Fprintln(w, "  themselves, the floor each proxy's added latency is measured from")
 	for _, warn := range r.Warnings {
@@ -257,7 +243,7 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 
 // setups are the report's measured setups, in table order.
 func (r OneCoreReport) setups() []OneCoreSetup {
-	out := []OneCoreSetup{r.Off, r.Tracing, r.SDK}
+	out := []OneCoreSetup{r.Off, r.Tracing}
 	if r.ReverseProxy.Name != "" {
 		out = append(out, r.ReverseProxy)
 	}
@@ -276,9 +262,9 @@ func cpuList(cpus []int) string {
 // its own (cfg.Command), with GOMAXPROCS=1 and, on Linux, pinned to one CPU,
 // in front of an upstream in this process, which moves to the remaining
 // CPUs for the time of the measurement (its affinity is restored after).
-// Three proxy processes run side by side: "off" without tracing, and
-// "tracing" and "tracing-sdk" exporting every call's span over OTLP/HTTP to
-// a sink in this process, through the direct span pipeline and the SDK's.
+// Two proxy processes run side by side: "off" without tracing, and
+// "tracing" exporting every call's span over OTLP/HTTP to a sink in this
+// process.
 // They serve cfg.Requests requests each in cfg.Rounds rounds, taking turns
 // in an order that rotates each round; the proxy's CPU time over the rounds
 // is read from /proc.
@@ -288,7 +274,7 @@ func cpuList(cpus []int) string {
 // proxy processes are stopped and waited for before MeasureOneCore returns.
 func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, error) {
 	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
-		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}, SDK: OneCoreSetup{Name: "tracing-sdk"}}
+		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}}
 	if cfg.Requests <= 0 || cfg.Rounds <= 0 || cfg.Clients <= 0 || cfg.Requests < cfg.Rounds {
 		return rep, fmt.Errorf("proxybench.MeasureOneCore: want positive Clients and Rounds and Requests >= Rounds, got %+v", cfg)
 	}
@@ -321,7 +307,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		return rep, fmt.Errorf("proxybench.MeasureOneCore: %w", err)
 	}
 
-	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing, &rep.SDK}
+	setups := []*OneCoreSetup{&rep.Off, &rep.Tracing}
 	if cfg.ReverseProxyCommand != nil {
 		rep.ReverseProxy.Name = "reverseproxy"
 		setups = append(setups, &rep.ReverseProxy)
@@ -350,16 +336,12 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		switch s {
 		case &rep.ReverseProxy:
 			command, args = cfg.ReverseProxyCommand, []string{"--upstream", upstream}
-		case &rep.Tracing, &rep.SDK:
+		case &rep.Tracing:
 			extra = []string{
 				"OTEL_EXPORTER_OTLP_ENDPOINT=" + sinkURL,
 				"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
 				"OTEL_TRACES_SAMPLER=always_on",
 				"OTEL_SERVICE_NAME=osmo-llmproxy-bench",
-				"OSMO_TRACE_PIPELINE=direct",
-			}
-			if s == &rep.SDK {
-				extra[len(extra)-1] = "OSMO_TRACE_PIPELINE=sdk"
 			}
 		}
 		c, err := startProxyChild(ctx, command, args, extra, pin)
@@ -567,7 +549,7 @@ func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, args
 	gogc := ""
 	for _, kv := range base {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "OSMO_TRACE_PIPELINE" || k == "GOMAXPROCS" {
+		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "GOMAXPROCS" {
 			continue
 		}
 		if k == "GOGC" {

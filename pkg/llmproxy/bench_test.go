@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo/internal/telemetry"
-	"github.com/osmo-rl/osmo/internal/telemetry/otlpdirect"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -133,43 +132,34 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
-// exportingTracerProvider is a span pipeline exporting every span over
-// OTLP/HTTP to a loopback collector that drops them: the direct pipeline
-// or the OpenTelemetry SDK's (the SDK's OTLP exporter included, which
-// encodes the spans).
-func exportingTracerProvider(tb testing.TB, pipeline string) trace.TracerProvider {
+// exportingTracerProvider is the proxy's span pipeline exporting every
+// span over OTLP/HTTP to a loopback collector that drops them.
+func exportingTracerProvider(tb testing.TB) trace.TracerProvider {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 	}))
 	tb.Cleanup(sink.Close)
 	ctx := context.Background()
-	if pipeline == telemetry.PipelineSDK {
-		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(sink.URL+"/v1/traces"))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tp := telemetry.NewTracerProvider(exp, nil, sdktrace.AlwaysSample())
-		tb.Cleanup(func() { _ = tp.Shutdown(ctx) })
-		return tp
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(sink.URL+"/v1/traces"))
+	if err != nil {
+		tb.Fatal(err)
 	}
-	exp := otlpdirect.NewHTTPExporter(otlpdirect.HTTPConfig{URL: sink.URL + "/v1/traces"})
-	tp := otlpdirect.NewTracerProvider(otlpdirect.Config{Exporter: exp, Sampler: sdktrace.AlwaysSample()})
-	tb.Cleanup(func() { _ = tp.Shutdown(ctx); _ = exp.Shutdown(ctx) })
+	tp := telemetry.NewTracerProvider(exp, sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tb.Cleanup(func() { _ = tp.Shutdown(ctx) })
 	return tp
 }
 
 // BenchmarkProxyTracing drives llmproxy with parallel clients with tracing
-// off, on through the direct span pipeline and on through the SDK's, both
-// exporting to a loopback collector; compare their req/s (osmo bench
-// prints the ratios for the proxy process alone on one core).
+// off and on, exporting to a loopback collector; compare their req/s (osmo
+// bench prints the ratio for the proxy process alone on one core).
 func BenchmarkProxyTracing(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		okJSON(w, r)
 	}))
 	b.Cleanup(up.Close)
-	for _, pipeline := range []string{"off", telemetry.PipelineDirect, telemetry.PipelineSDK} {
-		b.Run(pipeline, func(b *testing.B) {
+	for _, tracing := range []string{"off", "on"} {
+		b.Run(tracing, func(b *testing.B) {
 			tr := &http.Transport{MaxIdleConnsPerHost: 100}
 			b.Cleanup(tr.CloseIdleConnections)
 			cfg := llmproxy.Config{
@@ -177,8 +167,8 @@ func BenchmarkProxyTracing(b *testing.B) {
 				Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
 				Transport: tr,
 			}
-			if pipeline != "off" {
-				cfg.TracerProvider = exportingTracerProvider(b, pipeline)
+			if tracing == "on" {
+				cfg.TracerProvider = exportingTracerProvider(b)
 			}
 			p, err := llmproxy.New(cfg)
 			if err != nil {
