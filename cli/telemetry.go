@@ -39,11 +39,11 @@ func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Log
 	return log, tel, stop, nil
 }
 
-// setupTelemetry configures tracing from the process environment (as the
-// OpenTelemetry SDK reads it) for a command
-// whose service is named service; failed exports are logged to log. The
-// returned func flushes and stops it; call it once everything that makes
-// spans has stopped.
+// setupTelemetry configures tracing from the process environment, which
+// the OpenTelemetry SDK reads, for a command whose service is named
+// service; failed exports are logged to log. The returned func flushes and
+// stops it within shutdownTelemetryTimeout; call it once everything that
+// makes spans has stopped.
 func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
 	tel, err := telemetry.Setup(ctx, service)
 	if err != nil {
