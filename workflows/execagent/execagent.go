@@ -199,6 +199,16 @@ func (c *Config) Validate() error {
 	}
 	if u := c.Limits.User; u != nil && os.Geteuid() != 0 {
 		errs = append(errs, fieldErr("limits", "user=%d:%d needs the server to run as root", u.UID, u.GID))
+	} else if u != nil {
+		// The program starts in its scratch directory: as another user it
+		// must be able to reach it, or its start fails with a bare EACCES.
+		base := c.ScratchDir
+		if base == "" {
+			base = os.TempDir()
+		}
+		if err := reachable(base, u); err != nil {
+			errs = append(errs, fieldErr("scratch_dir", "user=%d:%d runs in a directory under %s: %w; set scratch_dir (or the server's TMPDIR) to a directory that user can reach", u.UID, u.GID, base, err))
+		}
 	}
 	if _, err := c.settings(); err != nil {
 		errs = append(errs, err)

@@ -788,6 +788,30 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestScratchReachableByTheUser refuses a scratch base the run's user
+// cannot enter: its start would fail with a bare "permission denied".
+func TestScratchReachableByTheUser(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("user= needs a server running as root")
+	}
+	private := t.TempDir() // under the test's own 0700 directory
+	cfg := execagent.Config{Command: []string{"true"}, ScratchDir: private, Limits: execagent.Limits{User: &execagent.RunAs{UID: 65534, GID: 65534}}}
+	_, err := execagent.New(cfg)
+	var cfgErr *execagent.ConfigError
+	if !errors.As(err, &cfgErr) || cfgErr.Field != "scratch_dir" || !strings.Contains(err.Error(), filepath.Dir(private)) {
+		t.Fatalf("New = %v, want a scratch_dir error naming %s", err, filepath.Dir(private))
+	}
+	for _, d := range []string{filepath.Dir(private), private} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := execagent.New(cfg); err != nil {
+		t.Errorf("New with a reachable scratch_dir: %v", err)
+	}
+}
+
 func TestNewDefaults(t *testing.T) {
 	t.Parallel()
 	wf, err := execagent.New(execagent.Config{Command: []string{"sh", "-c", "true"}})
