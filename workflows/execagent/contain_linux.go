@@ -49,9 +49,14 @@ func (h *host) enforcement(asked Limits) []any {
 	lim := asked.effective()
 	memCG, procCG := false, false
 	where := "no cgroups (" + fmt.Sprint(h.why) + ")"
+	start := "in the server's cgroup"
 	if h.cgroups != nil {
 		memCG, procCG = h.cgroups.Enforces()
 		where = h.cgroups.String()
+		start = "moved into its cgroup just after it starts"
+		if h.cgroups.Version() == cgroup.V2 {
+			start = "created inside its cgroup (clone3)"
+		}
 	}
 	nonRoot := os.Geteuid() != 0 || lim.User != nil && lim.User.UID != 0
 	mem := "not enforced"
@@ -76,7 +81,7 @@ func (h *host) enforcement(asked Limits) []any {
 	if lim.User != nil {
 		user = fmt.Sprintf("%d:%d", lim.User.UID, lim.User.GID)
 	}
-	return []any{"limits", lim.String(), "where", where, "memory", mem, "processes", procs,
+	return []any{"limits", lim.String(), "where", where, "start", start, "memory", mem, "processes", procs,
 		"files_cpu_file_size", "rlimits per process", "user", user}
 }
 
