@@ -78,7 +78,9 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.env = oe
 	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow every rollout runs (G1, G2 and v0.3 alike): an agent loop or an AgentWorkflow by name, or "exec"`)
 	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config (laid over its defaults); for exec: {\"name\", \"command\": [...], \"samples\", \"settings\", ...}")
-	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language; see docs/workflows.md); implies --workflow exec`)
+	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language); implies --workflow exec. `+
+		`Each run works in a scratch directory of its own (under $TMPDIR, or the config's "scratch_dir"), removed when it ends; `+
+		`so a relative program path and each argument naming an existing file (agent.js) are resolved against the config's "dir", default the server's working directory (see docs/workflows.md)`)
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
 	fs.Var(&f.execLimits, "exec-limits", execLimitsUsage)
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)

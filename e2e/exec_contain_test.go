@@ -29,18 +29,18 @@ type containStack struct {
 	script string
 }
 
-func startContain(t *testing.T, python, limits string) *containStack {
+func startContain(t *testing.T, python, limits string, env ...string) *containStack {
 	t.Helper()
 	script, err := filepath.Abs("testdata/hostile_agent.py")
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := []string{
-		"OSMO_TEST_SECRET=" + containSecret,
-		"OSMO_UPSTREAM_API_KEY=" + containUpstream,
-		"AWS_SECRET_ACCESS_KEY=" + containSecret,
-		"OSMO_API_KEY=" + serverKey,
-	}
+	env = append(env,
+		"OSMO_TEST_SECRET="+containSecret,
+		"OSMO_UPSTREAM_API_KEY="+containUpstream,
+		"AWS_SECRET_ACCESS_KEY="+containSecret,
+		"OSMO_API_KEY="+serverKey,
+	)
 	s := startG2(t, nil, env, "--exec", python+" "+script, "--exec-limits", limits, "--grader", "multiply")
 	return &containStack{g2Stack: s, script: script}
 }
@@ -86,15 +86,18 @@ func (s *containStack) afterHostile(t *testing.T, id, message string) {
 		t.Errorf("a rollout after the hostile one: %s %s %q", status, category, msg)
 	}
 	waitFor(t, "no process running "+s.script, func() bool { return len(processesRunning(s.script)) == 0 })
-	m := regexp.MustCompile(`HOSTILE-SCRATCH=(\S*) HOSTILE-CGROUPS=(\S*)`).FindStringSubmatch(message)
+	m := regexp.MustCompile(`HOSTILE-SCRATCH=(\S*) HOSTILE-CWD=(\S*) HOSTILE-CGROUPS=(\S*)`).FindStringSubmatch(message)
 	if m == nil {
 		t.Errorf("the agent's report is not in the message %q", message)
 		return
 	}
+	if m[2] != m[1] {
+		t.Errorf("the agent worked in %q, want its scratch directory %q", m[2], m[1])
+	}
 	if _, err := os.Stat(m[1]); m[1] == "" || !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("scratch directory %q outlived the run: %v", m[1], err)
 	}
-	for _, dir := range cgroupDirs(m[2]) {
+	for _, dir := range cgroupDirs(m[3]) {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("cgroup %s outlived the run: %v", dir, err)
 		}
@@ -232,7 +235,12 @@ func TestContainWritesOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := filepath.Join(outside, "escaped")
-	s := startContain(t, py, "user=65534:65534,processes=64,memory=256MiB")
+	// The agent starts in a scratch directory under the server's TMPDIR:
+	// user 65534 must be able to enter it (the test's own is private).
+	if err := os.Chmod(filepath.Dir(outside), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	s := startContain(t, py, "user=65534:65534,processes=64,memory=256MiB", "TMPDIR="+outside)
 
 	status, category, msg := s.rollout(t, "contain-write", "write "+target)
 	if status != "failure" || category != "agent_error" || !strings.Contains(msg, "Permission denied") {

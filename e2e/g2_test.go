@@ -305,6 +305,32 @@ func TestG2ExecAgents(t *testing.T) {
 	}
 }
 
+// TestG2ExecAgentRelativeToDir runs a JavaScript agent as a user writes
+// it, node and a script with paths relative to the config's dir: the
+// program works in a scratch directory of its own, and Node still finds the
+// agent's node_modules from the script's location.
+func TestG2ExecAgentRelativeToDir(t *testing.T) {
+	tsx("openai-agents.ts")(t) // fails, naming npm ci, without node_modules
+	cfg := filepath.Join(t.TempDir(), "agent.json")
+	doc := `{"command": ["node", "node_modules/.bin/tsx", "openai-agents.ts"], "dir": "../examples/agents-js"}`
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startG2(t, nil, nil, "--workflow", "exec", "--workflow-config", cfg, "--grader", "multiply")
+	const id = "exec-relative"
+	if code, data := s.startRollout(t, id, "What is 6 times 7?", "42", nil); code != 202 {
+		t.Fatalf("POST /rollout = %d %s", code, data)
+	}
+	comp, grade := s.callbacks(t, id)
+	if comp.Status != "success" {
+		t.Fatalf("completion %s\nserver output:\n%s", comp.Raw, s.srv.Output())
+	}
+	if sample, ok := grade.Samples["exec"]; !ok || sample.Reward == nil || *sample.Reward != 1 {
+		t.Errorf("grader callback %s, want the exec sample rewarded 1", grade.Raw)
+	}
+	s.onlyOnce(t, id)
+}
+
 // TestG2CancelLeavesNothingRunning cancels an exec rollout whose agent
 // started a grandchild and waits on an LLM call the policy never answers:
 // both processes must be gone, the upstream call aborted, and the

@@ -1,7 +1,8 @@
 """An exec agent that misbehaves as its prompt says (e2e containment tests).
 
-It first reports, on stderr, its scratch directory and cgroups, so the
-test can check both are gone after the run. Prompts:
+It first reports, on stderr, its scratch directory (its TMPDIR and its
+working directory) and cgroups, so the test can check both are gone after
+the run. Prompts:
 
   benign       answers 42 and exits 0
   fork         forks without end, ignoring failures
@@ -17,7 +18,7 @@ doc = json.load(sys.stdin)
 prompt = doc["prompt"][-1]["content"]
 with open("/proc/self/cgroup") as f:
     cgroups = ";".join(line.strip() for line in f)
-print("HOSTILE-SCRATCH=%s HOSTILE-CGROUPS=%s" % (os.environ.get("TMPDIR", ""), cgroups), file=sys.stderr, flush=True)
+print("HOSTILE-SCRATCH=%s HOSTILE-CWD=%s HOSTILE-CGROUPS=%s" % (os.environ.get("TMPDIR", ""), os.getcwd(), cgroups), file=sys.stderr, flush=True)
 
 
 def answer(text):

@@ -3,9 +3,13 @@
 // tree, a way to kill every process in it (including those that left their
 // process group), and counters that say whether a limit was hit.
 //
-// It writes a handful of files under cgroupfs (the limit, cgroup.procs, the
-// event counters) for cgroup v1 (the memory and pids controllers) and v2. A
-// general library such as containerd/cgroups covers every controller and
+// It writes a handful of files under cgroupfs (the limits, the event
+// counters, cgroup.kill) for cgroup v2 and, where the memory and pids
+// controllers are still on v1, for cgroup v1. On v2 a process is started
+// inside its group (Group.FD, clone3's CLONE_INTO_CGROUP); v1 has no such
+// start, so there a process is moved in just after it started (Group.Add).
+// It reads /proc/self/cgroup and /proc/self/mountinfo with prometheus/procfs.
+// A general library such as containerd/cgroups covers every controller and
 // systemd delegation, and brings their dependencies with it; osmo needs
 // two limits and two counters, which fit in one small file a reader can
 // check against the kernel's documentation.

@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 )
 
 // Manager creates groups under osmo's own group of one hierarchy.
@@ -33,16 +35,27 @@ type Manager struct {
 // group holds processes (the "no internal processes" rule); Detect then
 // moves them into a leaf group named osmo, as a container's init would.
 func Detect() (*Manager, error) {
-	self, err := os.ReadFile("/proc/self/cgroup")
+	self, err := procfs.Self()
 	if err != nil {
 		return nil, unavailable("%v", err)
 	}
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	groups, err := self.Cgroups()
 	if err != nil {
 		return nil, unavailable("%v", err)
 	}
-	paths := parseProcCgroup(string(self))
-	ms := parseMountinfo(string(mounts))
+	ms, err := self.MountInfo()
+	if err != nil {
+		return nil, unavailable("%v", err)
+	}
+	paths := map[string]string{}
+	for _, g := range groups {
+		if g.HierarchyID == 0 && len(g.Controllers) == 0 {
+			paths[""] = g.Path
+		}
+		for _, c := range g.Controllers {
+			paths[c] = g.Path
+		}
+	}
 	var reasons []string
 	if m, err := detectV2(paths, ms); err == nil {
 		return m, nil
@@ -92,7 +105,9 @@ type Group struct {
 	mem, pids string
 	procs     string
 	killFile  string
-	removed   bool
+	// fd is the v2 directory opened for CLONE_INTO_CGROUP; -1 on v1.
+	fd      int
+	removed bool
 }
 
 // New creates the group name with lim. Call Remove when done with it.
@@ -100,7 +115,7 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cgroup: invalid group name %q", name)
 	}
-	g := &Group{version: m.version}
+	g := &Group{version: m.version, fd: -1}
 	mk := func(base string) (string, error) {
 		dir := filepath.Join(base, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -119,6 +134,10 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 			return nil, err
 		}
 		g.mem, g.pids, g.procs = dir, dir, dir
+		if g.fd, err = unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			g.fd = -1
+			return fail(fmt.Errorf("cgroup: open %s: %w", dir, err))
+		}
 		if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err == nil {
 			g.killFile = filepath.Join(dir, "cgroup.kill")
 		}
@@ -171,9 +190,15 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 	return g, nil
 }
 
-// Add moves process pid into the group. A process forked afterwards starts
-// in it; one forked before stays where it was, so add a process before it
-// runs (see execagent's start, which adds it while it is stopped).
+// FD is the group's directory, open, on cgroup v2: a process started with
+// syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()} is created in
+// the group (clone3's CLONE_INTO_CGROUP), so nothing it runs is ever
+// outside it. It is -1 on v1, which has no such start; there Add moves a
+// process in after it started.
+func (g *Group) FD() int { return g.fd }
+
+// Add moves process pid into the group. A process it forked before stays
+// where it was; a process started with FD needs no Add.
 func (g *Group) Add(pid int) error {
 	s := strconv.Itoa(pid)
 	for _, dir := range g.dirs {
@@ -261,6 +286,10 @@ func (g *Group) Remove() error {
 	g.removed = true
 	g.Kill(2 * time.Second)
 	var errs []error
+	if g.fd >= 0 {
+		errs = append(errs, unix.Close(g.fd))
+		g.fd = -1
+	}
 	for _, dir := range slices.Backward(g.dirs) {
 		var err error
 		for try := 0; try < 200; try++ {
@@ -295,88 +324,29 @@ func write(dir, name, value string) error {
 	return nil
 }
 
-// mount is a cgroup filesystem from /proc/self/mountinfo.
-type mount struct {
-	fstype string // cgroup or cgroup2
-	root   string // the hierarchy's path mounted there
-	point  string
-	opts   []string // super options: the v1 controllers
-}
-
-func parseMountinfo(data string) []mount {
-	var ms []mount
-	sc := bufio.NewScanner(strings.NewReader(data))
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		f, p := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(p) < 3 || (p[0] != "cgroup" && p[0] != "cgroup2") {
-			continue
-		}
-		ms = append(ms, mount{fstype: p[0], root: unescape(f[3]), point: unescape(f[4]), opts: strings.Split(p[2], ",")})
-	}
-	return ms
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// parseProcCgroup maps each v1 controller, and "" for v2, to osmo's path.
-func parseProcCgroup(data string) map[string]string {
-	paths := map[string]string{}
-	for line := range strings.Lines(data) {
-		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[1] == "" {
-			paths[""] = parts[2]
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			paths[c] = parts[2]
-		}
-	}
-	return paths
-}
+// mountinfoEscapes undoes the octal escapes mountinfo writes for the
+// characters that would split its fields; procfs leaves them in.
+var mountinfoEscapes = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
 
 // dirOf is where path, as /proc/self/cgroup names it, is under mount m.
-func dirOf(m mount, path string) (string, bool) {
+func dirOf(m *procfs.MountInfo, path string) (string, bool) {
 	rel := path
-	if m.root != "/" {
+	if root := mountinfoEscapes.Replace(m.Root); root != "/" {
 		var ok bool
-		if rel, ok = strings.CutPrefix(path, m.root); !ok {
+		if rel, ok = strings.CutPrefix(path, root); !ok {
 			return "", false
 		}
 	}
-	return filepath.Join(m.point, rel), true
+	return filepath.Join(mountinfoEscapes.Replace(m.MountPoint), rel), true
 }
 
-func detectV2(paths map[string]string, ms []mount) (*Manager, error) {
+func detectV2(paths map[string]string, ms []*procfs.MountInfo) (*Manager, error) {
 	path, ok := paths[""]
 	if !ok {
 		return nil, errors.New("v2: osmo is in no v2 group")
 	}
 	for _, m := range ms {
-		if m.fstype != "cgroup2" {
+		if m.FSType != "cgroup2" {
 			continue
 		}
 		base, ok := dirOf(m, path)
@@ -435,7 +405,7 @@ func enableV2(base string) error {
 	return write(base, "cgroup.subtree_control", "+memory +pids")
 }
 
-func detectV1(paths map[string]string, ms []mount) (*Manager, error) {
+func detectV1(paths map[string]string, ms []*procfs.MountInfo) (*Manager, error) {
 	mgr := &Manager{version: V1}
 	var reasons []string
 	for _, ctrl := range []string{"memory", "pids"} {
@@ -446,7 +416,7 @@ func detectV1(paths map[string]string, ms []mount) (*Manager, error) {
 		}
 		found := false
 		for _, m := range ms {
-			if m.fstype != "cgroup" || !slices.Contains(m.opts, ctrl) {
+			if _, ok := m.SuperOptions[ctrl]; m.FSType != "cgroup" || !ok {
 				continue
 			}
 			base, ok := dirOf(m, path)

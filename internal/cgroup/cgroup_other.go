@@ -21,6 +21,7 @@ func (m *Manager) New(string, Limits) (*Group, error) { return nil, errors.New("
 // Group is never created off Linux.
 type Group struct{}
 
+func (g *Group) FD() int                 { return -1 }
 func (g *Group) Add(int) error           { return errors.New("cgroup: Linux only") }
 func (g *Group) Events() (Events, error) { return Events{}, nil }
 func (g *Group) Kill(time.Duration) bool { return true }

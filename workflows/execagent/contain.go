@@ -2,7 +2,9 @@ package execagent
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -42,20 +44,40 @@ func passed(key string, pass []string) bool {
 	return false
 }
 
-// newScratch makes the run's scratch directory: its TMPDIR (and HOME when
-// it runs as another user), private to it, removed when the run ends.
-func newScratch(runAs *RunAs) (string, error) {
-	dir, err := os.MkdirTemp("", "osmo-exec-")
+// newScratch makes the run's scratch directory under base (os.TempDir()
+// when empty): its working directory and TMPDIR (and HOME when it runs as
+// another user), private to it (0700), removed when the run ends. Two runs
+// of a coding agent then never write into each other's files.
+func newScratch(base string, runAs *RunAs) (string, error) {
+	dir, err := os.MkdirTemp(base, "osmo-exec-")
 	if err != nil {
 		return "", fmt.Errorf("scratch directory: %w", err)
 	}
 	if runAs != nil {
 		if err := os.Chown(dir, int(runAs.UID), int(runAs.GID)); err != nil {
-			os.RemoveAll(dir)
+			_ = os.Remove(dir)
 			return "", fmt.Errorf("scratch directory: %w", err)
 		}
 	}
 	return dir, nil
+}
+
+// removeAll removes dir and everything in it. A directory the program took
+// its own permissions from (chmod 0) stops os.RemoveAll for a server that is
+// not root; it is opened up, and the removal tried again.
+func removeAll(dir string) error {
+	if os.RemoveAll(dir) == nil {
+		return nil
+	}
+	// WalkDir calls back before it reads a directory, so each is opened up
+	// before it is read.
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(path, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
 }
 
 // LimitError is a run that hit one of its Limits: the kernel refused it

@@ -7,9 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,6 +28,9 @@ type host struct {
 	cgroups *cgroup.Manager // nil: none usable
 	why     error           // why not
 	logged  sync.Once
+	// cloneRefused: starting a program inside its cgroup failed once, so
+	// programs join it after they start.
+	cloneRefused atomic.Bool
 }
 
 // logOnce says, at the first run, what contains the runs: the operator
@@ -46,9 +49,14 @@ func (h *host) enforcement(asked Limits) []any {
 	lim := asked.effective()
 	memCG, procCG := false, false
 	where := "no cgroups (" + fmt.Sprint(h.why) + ")"
+	start := "in the server's cgroup"
 	if h.cgroups != nil {
 		memCG, procCG = h.cgroups.Enforces()
 		where = h.cgroups.String()
+		start = "moved into its cgroup just after it starts"
+		if h.cgroups.Version() == cgroup.V2 {
+			start = "created inside its cgroup (clone3)"
+		}
 	}
 	nonRoot := os.Geteuid() != 0 || lim.User != nil && lim.User.UID != 0
 	mem := "not enforced"
@@ -73,12 +81,12 @@ func (h *host) enforcement(asked Limits) []any {
 	if lim.User != nil {
 		user = fmt.Sprintf("%d:%d", lim.User.UID, lim.User.GID)
 	}
-	return []any{"limits", lim.String(), "where", where, "memory", mem, "processes", procs,
+	return []any{"limits", lim.String(), "where", where, "start", start, "memory", mem, "processes", procs,
 		"files_cpu_file_size", "rlimits per process", "user", user}
 }
 
-// jail is one run's containment: its scratch directory, its cgroup and
-// the limit it hit, if any.
+// jail is one run's containment: its scratch directory (its working
+// directory and TMPDIR), its cgroup and the limit it hit, if any.
 type jail struct {
 	lim, asked Limits
 	host       *host
@@ -90,10 +98,10 @@ type jail struct {
 	breach *LimitError
 }
 
-func (h *host) newJail(asked Limits, log *slog.Logger) (*jail, error) {
+func (h *host) newJail(asked Limits, scratchBase string, log *slog.Logger) (*jail, error) {
 	j := &jail{lim: asked.effective(), asked: asked, host: h, log: log}
 	var err error
-	if j.scratch, err = newScratch(j.lim.User); err != nil {
+	if j.scratch, err = newScratch(scratchBase, j.lim.User); err != nil {
 		return nil, err
 	}
 	if h.cgroups != nil {
@@ -105,46 +113,44 @@ func (h *host) newJail(asked Limits, log *slog.Logger) (*jail, error) {
 			cl.Processes = int(j.lim.Processes)
 		}
 		if j.group, err = h.cgroups.New(filepath.Base(j.scratch), cl); err != nil {
-			os.RemoveAll(j.scratch)
+			_ = removeAll(j.scratch)
 			return nil, err
 		}
 	}
 	return j, nil
 }
 
-// start starts the program newCmd builds, contained: the child stops at
-// its exec (ptrace), so that its cgroup, rlimits and oom_score_adj are in
-// place before the program's first instruction, then runs on, no longer
-// traced. Where ptrace is refused (a seccomp profile), the same is done
-// just after it starts: a program that forks within that moment leaves
-// children outside the cgroup, in its process group still.
+// start starts the program newCmd builds, contained. On cgroup v2 the
+// kernel creates it inside the run's group (clone3's CLONE_INTO_CGROUP), so
+// nothing it runs is ever outside; v1 has no such start, so there it joins
+// the group just after it started, and a process it forked in that moment
+// stays outside the group (inside its process group, killed with the run).
+// Its rlimits and oom_score_adj are set just after it started; its children
+// inherit them.
 func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
 	cmd := newCmd()
-	j.prepare(cmd, true)
-	// The tracer is the thread that forked; only it may detach.
-	runtime.LockOSThread()
+	j.prepare(cmd)
+	into := j.group != nil && j.group.FD() >= 0 && !j.host.cloneRefused.Load()
+	if into {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, j.group.FD()
+	}
 	err := cmd.Start()
-	if err == nil {
-		err = j.setupStopped(cmd.Process.Pid)
-		runtime.UnlockOSThread()
-		if err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			return nil, err
+	if into && (errors.Is(err, syscall.ENOSYS) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EPERM)) {
+		// No clone3 (a seccomp profile such as Docker's default answers
+		// ENOSYS, so that libc falls back to clone; Linux before 5.7 has
+		// no CLONE_INTO_CGROUP): join the group after the start, as on v1.
+		if !j.host.cloneRefused.Swap(true) {
+			j.log.Warn("exec agent: clone3 into the cgroup refused; programs join their cgroup just after they start", "error", err)
 		}
-		return cmd, nil
+		into = false
+		cmd = newCmd()
+		j.prepare(cmd)
+		err = cmd.Start()
 	}
-	runtime.UnlockOSThread()
-	if !errors.Is(err, syscall.EPERM) {
+	if err != nil {
 		return nil, err
 	}
-	j.log.Warn("exec agent: ptrace refused; containing the program just after it starts", "error", err)
-	cmd = newCmd()
-	j.prepare(cmd, false)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	if err := j.setup(cmd.Process.Pid); err != nil {
+	if err := j.setup(cmd.Process.Pid, !into); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err
@@ -152,41 +158,16 @@ func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-func (j *jail) prepare(cmd *exec.Cmd, trace bool) {
-	cmd.SysProcAttr.Ptrace = trace
+func (j *jail) prepare(cmd *exec.Cmd) {
 	if u := j.lim.User; u != nil {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
 	}
 }
 
-// setupStopped waits for the traced child's stop at exec, contains it and
-// lets it go.
-func (j *jail) setupStopped(pid int) error {
-	var ws unix.WaitStatus
-	for {
-		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("wait for the exec stop: %w", err)
-		}
-		break
-	}
-	if !ws.Stopped() {
-		return fmt.Errorf("program ended before it ran (status %#x)", uint32(ws))
-	}
-	serr := j.setup(pid)
-	if err := unix.PtraceDetach(pid); err != nil {
-		return errors.Join(serr, fmt.Errorf("ptrace detach: %w", err))
-	}
-	return serr
-}
-
-// setup puts pid into the run's cgroup and sets its rlimits and
-// oom_score_adj; its children inherit all three.
-func (j *jail) setup(pid int) error {
-	if j.group != nil {
+// setup moves pid into the run's cgroup when join, and sets its rlimits and
+// oom_score_adj.
+func (j *jail) setup(pid int, join bool) error {
+	if j.group != nil && join {
 		if err := j.group.Add(pid); err != nil {
 			return err
 		}
@@ -297,7 +278,7 @@ func (j *jail) close() {
 			j.log.Warn("exec agent: removing its cgroup failed", "error", err)
 		}
 	}
-	if err := os.RemoveAll(j.scratch); err != nil {
+	if err := removeAll(j.scratch); err != nil {
 		j.log.Warn("exec agent: removing its scratch directory failed", "dir", j.scratch, "error", err)
 	}
 }

@@ -4,7 +4,6 @@ package execagent
 
 import (
 	"log/slog"
-	"os"
 	"os/exec"
 	"sync"
 )
@@ -23,16 +22,16 @@ func (h *host) enforcement(asked Limits) []any {
 	return []any{"limits", asked.effective().String(), "where", "not enforced on this system: only Linux contains exec agents"}
 }
 
-// jail is only the scratch directory here.
+// jail is only the scratch directory (working directory and TMPDIR) here.
 type jail struct {
 	lim     Limits
 	scratch string
 }
 
-func (h *host) newJail(asked Limits, _ *slog.Logger) (*jail, error) {
+func (h *host) newJail(asked Limits, scratchBase string, _ *slog.Logger) (*jail, error) {
 	j := &jail{lim: asked.effective()}
 	var err error
-	j.scratch, err = newScratch(j.lim.User)
+	j.scratch, err = newScratch(scratchBase, j.lim.User)
 	return j, err
 }
 
@@ -44,4 +43,4 @@ func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
 func (j *jail) check() *LimitError                     { return nil }
 func (j *jail) watch(exited <-chan struct{}, _ func()) {}
 func (j *jail) killAll()                               {}
-func (j *jail) close()                                 { os.RemoveAll(j.scratch) }
+func (j *jail) close()                                 { _ = removeAll(j.scratch) }

@@ -24,9 +24,10 @@
 // the program exits, whatever it left behind in its group is killed too.
 //
 // Each run is contained (Limits, and "Containment" in docs/workflows.md): a
-// scratch directory as its TMPDIR, an oom_score_adj of 1000, rlimits, and
-// on Linux a cgroup of its own bounding its memory and processes where the
-// server may create one. A run that hits a limit ends with a *LimitError.
+// scratch directory of its own as its working directory and TMPDIR, removed
+// when the run ends, an oom_score_adj of 1000, rlimits, and on Linux a
+// cgroup of its own bounding its memory and processes where the server may
+// create one. A run that hits a limit ends with a *LimitError.
 package execagent
 
 import (
@@ -73,10 +74,19 @@ type Config struct {
 
 	// Command is the program and its arguments (see ParseCommand for a
 	// command line). Command[0] without a slash is looked up in the
-	// server's PATH; a relative path with a slash is relative to Dir.
+	// server's PATH; a relative path with a slash is relative to Dir. An
+	// argument that names an existing file under Dir (agent.js), or an
+	// existing directory written with a slash (./data) or as ".", is passed
+	// as its absolute path: the program runs in its scratch directory.
 	Command []string `json:"command"`
-	// Dir is the program's working directory; empty means the server's.
+	// Dir is where Command's relative paths are found; empty means the
+	// server's working directory. The program itself runs in a scratch
+	// directory of its own.
 	Dir string `json:"dir,omitempty"`
+	// ScratchDir is where each run's scratch directory (its working
+	// directory and TMPDIR, removed when the run ends) is made; empty means
+	// os.TempDir() ($TMPDIR, else /tmp).
+	ScratchDir string `json:"scratch_dir,omitempty"`
 	// Env holds extra KEY=VALUE variables. They may not set OSMO_API_KEY or
 	// OPENAI_* / OSMOSIS_* variables: the contract owns those.
 	Env []string `json:"env,omitempty"`
@@ -161,6 +171,13 @@ func (c *Config) Validate() error {
 			errs = append(errs, fieldErr("dir", "%s is not a directory", c.Dir))
 		}
 	}
+	if c.ScratchDir != "" {
+		if fi, err := os.Stat(c.ScratchDir); err != nil {
+			errs = append(errs, fieldErr("scratch_dir", "%w", err))
+		} else if !fi.IsDir() {
+			errs = append(errs, fieldErr("scratch_dir", "%s is not a directory", c.ScratchDir))
+		}
+	}
 	if _, err := c.resolveCommand(); err != nil {
 		errs = append(errs, err)
 	}
@@ -182,6 +199,16 @@ func (c *Config) Validate() error {
 	}
 	if u := c.Limits.User; u != nil && os.Geteuid() != 0 {
 		errs = append(errs, fieldErr("limits", "user=%d:%d needs the server to run as root", u.UID, u.GID))
+	} else if u != nil {
+		// The program starts in its scratch directory: as another user it
+		// must be able to reach it, or its start fails with a bare EACCES.
+		base := c.ScratchDir
+		if base == "" {
+			base = os.TempDir()
+		}
+		if err := reachable(base, u); err != nil {
+			errs = append(errs, fieldErr("scratch_dir", "user=%d:%d runs in a directory under %s: %w; set scratch_dir (or the server's TMPDIR) to a directory that user can reach", u.UID, u.GID, base, err))
+		}
 	}
 	if _, err := c.settings(); err != nil {
 		errs = append(errs, err)
@@ -220,28 +247,59 @@ func orDefault[N int | time.Duration](v, def N) N {
 	return v
 }
 
-// resolveCommand returns the absolute path of Command[0].
-func (c *Config) resolveCommand() (string, error) {
+// resolveCommand returns Command with Command[0] an absolute path and its
+// arguments resolved (resolveArgs), both against Dir: the program runs in
+// a scratch directory, where a relative path would name nothing. Node, for
+// one, finds node_modules from the script's own location, so
+// `node agent.js` in the agent's directory keeps working.
+func (c *Config) resolveCommand() ([]string, error) {
 	if len(c.Command) == 0 {
-		return "", fieldErr("command", "is required: the program to run and its arguments")
+		return nil, fieldErr("command", "is required: the program to run and its arguments")
 	}
 	name := c.Command[0]
 	if name == "" {
-		return "", fieldErr("command[0]", "is empty")
+		return nil, fieldErr("command[0]", "is empty")
 	}
-	if strings.ContainsRune(name, filepath.Separator) && !filepath.IsAbs(name) && c.Dir != "" {
-		// The program starts in Dir, so that is where its relative path points.
-		name = filepath.Join(c.Dir, name)
+	base, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return nil, fieldErr("dir", "%w", err)
+	}
+	if strings.ContainsRune(name, filepath.Separator) && !filepath.IsAbs(name) {
+		name = filepath.Join(base, name)
 	}
 	path, err := exec.LookPath(name)
 	if err != nil {
-		return "", fieldErr("command[0]", "%w", err)
+		return nil, fieldErr("command[0]", "%w", err)
 	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", fieldErr("command[0]", "%w", err)
+	if path, err = filepath.Abs(path); err != nil {
+		return nil, fieldErr("command[0]", "%w", err)
 	}
-	return abs, nil
+	argv := resolveArgs(base, c.Command)
+	argv[0] = path
+	return argv, nil
+}
+
+// resolveArgs returns args with each argument after the first that names,
+// relative to base, an existing file, or an existing directory when it is
+// written with a slash or is "." or "..", made absolute. A bare word that
+// happens to name a directory (python3 -m agent, pytest tests) stays a
+// word, as does an option (-x, --flag=path).
+func resolveArgs(base string, args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		if i == 0 || a == "" || filepath.IsAbs(a) || strings.HasPrefix(a, "-") {
+			continue
+		}
+		p := filepath.Join(base, a)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if !fi.IsDir() || a == "." || a == ".." || strings.ContainsRune(a, filepath.Separator) {
+			out[i] = p
+		}
+	}
+	return out
 }
 
 // settings returns Settings compacted, or {} when empty or null.
@@ -328,7 +386,7 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		return errors.New("execagent: run without a config or rollout")
 	}
 	cfg := wc.Config
-	path, err := cfg.resolveCommand()
+	argv, err := cfg.resolveCommand()
 	if err != nil {
 		return err
 	}
@@ -372,9 +430,8 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		runs[i] = s
 	}
 	spec := procSpec{
-		path:      path,
-		argv:      cfg.Command,
-		dir:       cfg.Dir,
+		path:      argv[0],
+		argv:      argv,
 		stdin:     stdin.Bytes(),
 		maxLine:   cfg.maxLineBytes(),
 		tailBytes: cfg.stderrTailBytes(),
@@ -387,7 +444,7 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 			s.fail(err)
 			return err
 		}
-		j, err := rn.host.newJail(cfg.Limits, wc.Rollout.Logger().With("sample_id", s.id))
+		j, err := rn.host.newJail(cfg.Limits, cfg.ScratchDir, wc.Rollout.Logger().With("sample_id", s.id))
 		if err != nil {
 			err = fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err)
 			s.fail(err)
@@ -396,6 +453,7 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		defer j.close()
 		sp := spec
 		sp.jail = j
+		sp.dir = j.scratch
 		sp.env = childEnv(os.Environ(), cfg.PassEnv, append(scratchEnv(j.scratch, j.lim.User != nil), cfg.Env...),
 			"OPENAI_BASE_URL="+ep.BaseURL,
 			"OSMOSIS_CHAT_COMPLETIONS_URL="+ep.BaseURL,
@@ -445,8 +503,9 @@ func childEnv(parent, pass, extra []string, contract ...string) []string {
 
 // procSpec is one program run.
 type procSpec struct {
-	path      string
-	argv      []string
+	path string
+	argv []string
+	// dir is the run's scratch directory, its working directory.
 	dir       string
 	env       []string
 	stdin     []byte

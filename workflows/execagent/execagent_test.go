@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -129,6 +130,9 @@ func TestEnvironmentAndStdin(t *testing.T) {
 						t.Errorf("env lacks %s", k)
 					}
 				}
+			}
+			if cwd := extras["cwd"]; cwd != got["TMPDIR"] {
+				t.Errorf("working directory %v, want the scratch directory %s", cwd, got["TMPDIR"])
 			}
 			if _, err := os.Stat(got["TMPDIR"]); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("scratch directory %s outlived the run: %v", got["TMPDIR"], err)
@@ -512,20 +516,56 @@ func TestDuplicateSampleID(t *testing.T) {
 func TestCommandResolution(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
+	// The agent prints where it runs, its own path, its arguments and the
+	// first line of the file its first argument names.
 	script := filepath.Join(dir, "agent.sh")
-	if err := os.WriteFile(script, []byte("#!/bin/sh\necho '{\"messages\":[{\"role\":\"assistant\",\"content\":\"'\"$(basename \"$PWD\")\"'\"}]}'\n"), 0o755); err != nil {
+	body := `#!/bin/sh
+line=$(head -n 1 "$1")
+printf '{"messages":[{"role":"assistant","content":"%s %s %s %s"}]}\n' "$(basename "$PWD")" "$0" "$*" "$line"
+`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data.txt"), []byte("from dir\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "pkg"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 
-	t.Run("relative to dir", func(t *testing.T) {
-		_, r, err := run(t, timeout(t, 10*time.Second), execagent.Config{Command: []string{"./agent.sh"}, Dir: dir}, nil)
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		if msgs, _ := onlySource(t, r).Source.SampleMessages(); osmo.LastAssistantText(msgs) != filepath.Base(dir) {
-			t.Errorf("messages %v, want the working directory's name %q", msgs, filepath.Base(dir))
-		}
-	})
+	for _, tc := range []struct {
+		name    string
+		command []string
+		want    string
+	}{
+		{
+			name:    "relative program",
+			command: []string{"./agent.sh", "data.txt", "./pkg", ".", "pkg", "-x", "absent.txt"},
+			want:    script + " " + dir + "/data.txt " + dir + "/pkg " + dir + " pkg -x absent.txt from dir",
+		},
+		{
+			// sh finds agent.sh on its own only in its working directory,
+			// which is the scratch directory.
+			name:    "program on PATH, script argument",
+			command: []string{"sh", "agent.sh", "data.txt"},
+			want:    dir + "/agent.sh " + dir + "/data.txt from dir",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, r, err := run(t, timeout(t, 10*time.Second), execagent.Config{Command: tc.command, Dir: dir}, nil)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			msgs, _ := onlySource(t, r).Source.SampleMessages()
+			cwd, rest, _ := strings.Cut(osmo.LastAssistantText(msgs), " ")
+			if !strings.HasPrefix(cwd, "osmo-exec-") {
+				t.Errorf("the program ran in %q, want its scratch directory", cwd)
+			}
+			if rest != tc.want {
+				t.Errorf("the program saw\n %q\nwant\n %q", rest, tc.want)
+			}
+		})
+	}
 
 	t.Run("removed after New", func(t *testing.T) {
 		gone := filepath.Join(t.TempDir(), "gone.sh")
@@ -546,6 +586,103 @@ func TestCommandResolution(t *testing.T) {
 			t.Fatalf("Run error %v, want a command[0] error naming %s", err, gone)
 		}
 	})
+}
+
+// TestScratchWorkingDirectory runs two rollouts of an agent that writes
+// into its working directory at once: each writes into a directory of its
+// own under scratch_dir, and neither directory outlives its run.
+func TestScratchWorkingDirectory(t *testing.T) {
+	t.Parallel()
+	base, seen, dir := t.TempDir(), t.TempDir(), t.TempDir()
+	// Each run records its working directory, then waits for the other's:
+	// they must be running at once.
+	cfg := shell(`pwd > "$SEEN/$OSMOSIS_ROLLOUT_ID"; echo "$OSMOSIS_ROLLOUT_ID" > work.txt
+i=0; while [ "$(ls "$SEEN" | wc -l)" -lt 2 ]; do sleep 0.02; i=$((i+1)); [ $i -gt 500 ] && exit 9; done
+printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' "$(cat work.txt)"`, "SEEN="+seen)
+	cfg.Dir, cfg.ScratchDir = dir, base
+	wf, err := execagent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"rollout-a", "rollout-b"}
+	errs := make([]error, len(ids))
+	rollouts := make([]*osmo.Rollout, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		_, r := newRollout(id)
+		rollouts[i] = r
+		wg.Go(func() { errs[i] = host.Run(timeout(t, 20*time.Second), wf, r, &host.Input{RolloutID: id}) })
+	}
+	wg.Wait()
+	wds := map[string]string{}
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Fatalf("%s: Run: %v", id, errs[i])
+		}
+		// Each read back its own file: nothing the other wrote.
+		if msgs, err := onlySource(t, rollouts[i]).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != id {
+			t.Errorf("%s: SampleMessages = %v, %v; want its own work.txt", id, msgs, err)
+		}
+		b, err := os.ReadFile(filepath.Join(seen, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wd := strings.TrimSpace(string(b))
+		if filepath.Dir(wd) != base || !strings.HasPrefix(filepath.Base(wd), "osmo-exec-") {
+			t.Errorf("%s ran in %s, want a directory osmo-exec-* under %s", id, wd, base)
+		}
+		wds[wd] = id
+	}
+	if len(wds) != 2 {
+		t.Errorf("both rollouts ran in one directory: %v", wds)
+	}
+	for wd := range wds {
+		if _, err := os.Stat(wd); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("scratch directory %s outlived its run: %v", wd, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "work.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a run wrote into dir: %v", err)
+	}
+}
+
+// TestScratchRemovedHowTheRunEnds checks the scratch directory goes with a
+// run that failed, was killed at its deadline, or locked its files away.
+func TestScratchRemovedHowTheRunEnds(t *testing.T) {
+	t.Parallel()
+	const record = `pwd > "$SEEN/wd"; mkdir -p deep/er && echo x > deep/er/f; `
+	for _, tc := range []struct {
+		name, script string
+		deadline     time.Duration
+	}{
+		{name: "success", script: record + `echo '{"messages":[]}'`},
+		{name: "exit status", script: record + `exit 3`},
+		{name: "deadline", script: record + `trap '' TERM; sleep 1000`, deadline: 500 * time.Millisecond},
+		{name: "files locked away", script: record + `chmod 0 deep/er deep; echo '{"messages":[]}'`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			base, seen := t.TempDir(), t.TempDir()
+			cfg := shell(tc.script, "SEEN="+seen)
+			cfg.ScratchDir = base
+			cfg.KillGrace = 100 * time.Millisecond
+			ctx := timeout(t, 20*time.Second)
+			if tc.deadline > 0 {
+				ctx = timeout(t, tc.deadline)
+			}
+			_, _, err := run(t, ctx, cfg, nil)
+			if (err == nil) != (tc.name == "success" || tc.name == "files locked away") {
+				t.Errorf("Run: %v", err)
+			}
+			b, rerr := os.ReadFile(filepath.Join(seen, "wd"))
+			if rerr != nil || !strings.HasPrefix(string(b), base+"/osmo-exec-") {
+				t.Fatalf("the run recorded working directory %q (%v), want one under %s", b, rerr, base)
+			}
+			if left, err := os.ReadDir(base); err != nil || len(left) != 0 {
+				t.Errorf("scratch base holds %v after the run (%v), want nothing", left, err)
+			}
+		})
+	}
 }
 
 func TestConfigJSON(t *testing.T) {
@@ -628,6 +765,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{name: "env credential", cfg: execagent.Config{Command: []string{"true"}, Env: []string{"OSMO_API_KEY=x"}}, field: "env[0]"},
 		{name: "missing dir", cfg: execagent.Config{Command: []string{"true"}, Dir: filepath.Join(file, "nope")}, field: "dir"},
 		{name: "dir a file", cfg: execagent.Config{Command: []string{"true"}, Dir: file}, field: "dir", msg: "not a directory"},
+		{name: "missing scratch_dir", cfg: execagent.Config{Command: []string{"true"}, ScratchDir: filepath.Join(file, "nope")}, field: "scratch_dir"},
+		{name: "scratch_dir a file", cfg: execagent.Config{Command: []string{"true"}, ScratchDir: file}, field: "scratch_dir", msg: "not a directory"},
 		{name: "name not a sample id", cfg: execagent.Config{AgentWorkflowConfig: osmo.AgentWorkflowConfig{Name: "my agent"}, Command: []string{"true"}}, field: "name"},
 		{name: "negative max_line_bytes", cfg: execagent.Config{Command: []string{"true"}, MaxLineBytes: -1}, field: "max_line_bytes"},
 		{name: "negative stderr_tail_bytes", cfg: execagent.Config{Command: []string{"true"}, StderrTailBytes: -1}, field: "stderr_tail_bytes"},
@@ -646,6 +785,30 @@ func TestNewRejectsBadConfig(t *testing.T) {
 				t.Errorf("error %q does not name %s and say %q", err, tc.field, tc.msg)
 			}
 		})
+	}
+}
+
+// TestScratchReachableByTheUser refuses a scratch base the run's user
+// cannot enter: its start would fail with a bare "permission denied".
+func TestScratchReachableByTheUser(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("user= needs a server running as root")
+	}
+	private := t.TempDir() // under the test's own 0700 directory
+	cfg := execagent.Config{Command: []string{"true"}, ScratchDir: private, Limits: execagent.Limits{User: &execagent.RunAs{UID: 65534, GID: 65534}}}
+	_, err := execagent.New(cfg)
+	var cfgErr *execagent.ConfigError
+	if !errors.As(err, &cfgErr) || cfgErr.Field != "scratch_dir" || !strings.Contains(err.Error(), filepath.Dir(private)) {
+		t.Fatalf("New = %v, want a scratch_dir error naming %s", err, filepath.Dir(private))
+	}
+	for _, d := range []string{filepath.Dir(private), private} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := execagent.New(cfg); err != nil {
+		t.Errorf("New with a reachable scratch_dir: %v", err)
 	}
 }
 

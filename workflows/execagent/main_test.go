@@ -40,15 +40,21 @@ func TestMain(m *testing.M) {
 func testAgent(mode string) int {
 	switch mode {
 	case "dump":
-		// Hands its environment and stdin back through extra_fields.
+		// Hands its environment, stdin and working directory back
+		// through extra_fields.
 		in, err := io.ReadAll(os.Stdin)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "read stdin:", err)
 			return 1
 		}
+		cwd, err := os.Getwd()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "getwd:", err)
+			return 1
+		}
 		out, _ := json.Marshal(map[string]any{
 			"messages":     []any{map[string]any{"role": "assistant", "content": "dumped"}},
-			"extra_fields": map[string]any{"env": os.Environ(), "stdin": string(in)},
+			"extra_fields": map[string]any{"env": os.Environ(), "stdin": string(in), "cwd": cwd},
 		})
 		fmt.Println(string(out))
 		return 0

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -167,6 +168,38 @@ func watch(ctx context.Context, g *procgroup.Group, exited <-chan struct{}, grac
 	case <-t.C:
 		if g.Signal(syscall.SIGKILL) {
 			log.Info("exec agent: process group still running after the grace period, sent SIGKILL", "pgid", g.ID(), "grace", grace)
+		}
+	}
+}
+
+// reachable reports whether u may search every directory from dir up to
+// the root, by the owner, group or other bits that apply to it (it runs
+// with no supplementary groups).
+func reachable(dir string, u *RunAs) error {
+	if u.UID == 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if err := unix.Stat(d, &st); err != nil {
+			return fmt.Errorf("stat %s: %w", d, err)
+		}
+		bit := uint32(0o001)
+		switch {
+		case st.Uid == u.UID:
+			bit = 0o100
+		case st.Gid == u.GID:
+			bit = 0o010
+		}
+		if st.Mode&bit == 0 {
+			return fmt.Errorf("it may not enter %s (mode %#o, owner %d:%d)", d, st.Mode&0o7777, st.Uid, st.Gid)
+		}
+		if d == filepath.Dir(d) {
+			return nil
 		}
 	}
 }
