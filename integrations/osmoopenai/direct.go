@@ -199,7 +199,7 @@ func decodeLean(contents []byte, needTools bool) (_ *leanCompletion, ok bool) {
 	if !scanReply(contents, &r) {
 		r = leanReply{}
 		var err error
-		offStack(func() { err = json.Unmarshal(contents, &r) })
+		err = json.Unmarshal(contents, &r)
 		if err != nil {
 			return nil, false
 		}
@@ -283,7 +283,7 @@ const (
 func decodeCompletion(contents []byte) (*openai.ChatCompletion, error) {
 	out := new(openai.ChatCompletion)
 	var err error
-	offStack(func() { err = out.UnmarshalJSON(contents) })
+	err = out.UnmarshalJSON(contents)
 	return out, err
 }
 
@@ -368,7 +368,7 @@ func encodeOnce(params *openai.ChatCompletionNewParams, own []Tool) (*encodedPar
 // level and needs about 10 KiB of stack for it: it runs off the caller's
 // stack (offStack).
 func encodeParams(params *openai.ChatCompletionNewParams) (enc *encodedParams, err error) {
-	offStack(func() { enc, err = encodeParamsHere(params) })
+	enc, err = encodeParamsHere(params)
 	return enc, err
 }
 
