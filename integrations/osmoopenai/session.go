@@ -215,8 +215,10 @@ func (s *Session) requestItems() ([]json.RawMessage, error) {
 // calls is not a valid request message.
 func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessageParamUnion {
 	p := m.ToParam()
-	if a := p.OfAssistant; !a.Content.OfString.Valid() && len(a.Content.OfArrayOfContentParts) == 0 &&
-		len(a.ToolCalls) == 0 && a.FunctionCall.Name == "" && !a.Refusal.Valid() {
+	a := p.OfAssistant
+	//lint:ignore SA1019 a legacy function call is a call: the message needs no content
+	legacyCall := a.FunctionCall.Name != ""
+	if !a.Content.OfString.Valid() && len(a.ToolCalls) == 0 && !legacyCall && !a.Refusal.Valid() {
 		a.Content.OfString = openai.String("")
 	}
 	return p
