@@ -11,8 +11,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/osmo-rl/osmo/internal/gostack"
 )
 
 // ToolArgumentError reports a tool call whose arguments are not a JSON object.
@@ -109,9 +107,6 @@ func ExecuteToolCalls(ctx context.Context, calls []ToolCall, exec ToolExecutor) 
 	for i, tc := range calls {
 		wg.Add(1)
 		go func() {
-			// A tool decoding its arguments alone grows the stack to
-			// 16 KiB.
-			gostack.Reserve()
 			defer wg.Done()
 			ctx, span := tracer.Start(ctx, "execute_tool "+tc.Function.Name, trace.WithAttributes(
 				semconv.GenAIOperationNameExecuteTool,

@@ -7,9 +7,10 @@
 // through the rollout's LLM proxy under that sample id, and its items are
 // what the grader reads. Run is a small tool-calling loop over a session that
 // returns the last completion; RunText is the same loop for a caller that
-// needs no more of the last reply than its text, and decodes no reply as an
-// openai.ChatCompletion. Messages keep the OpenAI chat JSON shape throughout,
-// so samples look exactly like what went on the wire.
+// needs no more of the last reply than its text. Requests and replies are
+// openai-go's own types, sent and decoded by its client. Messages keep the
+// OpenAI chat JSON shape throughout, so samples look exactly like what went
+// on the wire.
 //
 //	func (Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) error {
 //		prompt, err := osmoopenai.MessageParams(wc.Prompt)
@@ -30,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -94,7 +96,10 @@ func endpoint(r *osmo.Rollout, sampleID string) (osmo.Endpoint, error) {
 // sampleID, opts among them.
 func clientOptions(r *osmo.Rollout, ep osmo.Endpoint, sampleID string, opts []option.RequestOption) []option.RequestOption {
 	all := make([]option.RequestOption, 0, len(opts)+len(ep.Headers)+8)
-	all = append(all, option.WithMaxRetries(0))
+	// A session's service is built from these alone, without openai-go's
+	// defaults (among them a copy of the default transport for each
+	// client): the HTTP client is set here, for opts to replace.
+	all = append(all, option.WithMaxRetries(0), option.WithHTTPClient(http.DefaultClient))
 	all = append(all, opts...)
 	all = append(all,
 		option.WithBaseURL(ep.BaseURL),

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/param"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -74,9 +75,6 @@ func messageParam(i int, m osmo.Message) (openai.ChatCompletionMessageParamUnion
 	case !chatRoles[role]:
 		return p, &MessageError{Index: i, Field: "role", Reason: fmt.Sprintf("unknown role %q (want developer, system, user, assistant, tool or function)", role)}
 	}
-	if p, ok := textMessageParam(role, m); ok {
-		return p, nil
-	}
 	in, err := json.Marshal(m)
 	if err != nil {
 		return p, &MessageError{Index: i, Reason: fmt.Sprintf("not JSON: %v", err)}
@@ -104,37 +102,6 @@ func messageParam(i int, m osmo.Message) (openai.ChatCompletionMessageParamUnion
 		return p, &MessageError{Index: i, Field: path, Reason: fmt.Sprintf("not a field of an OpenAI %s message, or of the wrong type", role)}
 	}
 	return p, nil
-}
-
-// textMessageParam is the param of the commonest prompt message, a role
-// and a string content and nothing else, built directly: it loses nothing
-// by construction, and the round trip through JSON that tells so for any
-// other message costs more than the rest of starting a workflow's session.
-func textMessageParam(role string, m osmo.Message) (openai.ChatCompletionMessageParamUnion, bool) {
-	content, ok := m["content"].(string)
-	if !ok || len(m) != 2 {
-		return openai.ChatCompletionMessageParamUnion{}, false
-	}
-	// The role is set as decoding sets it (the constructors leave it to
-	// its default when encoded), so GetRole reads it either way.
-	p := openai.ChatCompletionMessageParamUnion{}
-	switch role {
-	case "system":
-		p = openai.SystemMessage(content)
-		p.OfSystem.Role = p.OfSystem.Role.Default()
-	case "user":
-		p = openai.UserMessage(content)
-		p.OfUser.Role = p.OfUser.Role.Default()
-	case "developer":
-		p = openai.DeveloperMessage(content)
-		p.OfDeveloper.Role = p.OfDeveloper.Role.Default()
-	case "assistant":
-		p = openai.AssistantMessage(content)
-		p.OfAssistant.Role = p.OfAssistant.Role.Default()
-	default:
-		return p, false
-	}
-	return p, true
 }
 
 // firstLoss returns the path of the first value of in (a decoded JSON value)
@@ -186,4 +153,53 @@ func pathOr(path string) string {
 		return "."
 	}
 	return path
+}
+
+// A session keeps each message as the JSON object openai-go encodes its
+// param to. The three functions below are the only conversions between
+// that, openai-go's message params and osmo's messages (MessageParam is
+// the fourth, from osmo's).
+
+// encodeItem is a message param as a session keeps it, which must be a
+// JSON object.
+func encodeItem(item openai.ChatCompletionMessageParamUnion) (json.RawMessage, error) {
+	raw, err := json.Marshal(item)
+	if err != nil {
+		return nil, fmt.Errorf("encode message: %w", err)
+	}
+	// json.Marshal checks what a MarshalJSON returns and compacts it:
+	// the first byte tells an object.
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, fmt.Errorf("message encodes to %s, not a JSON object", truncate(raw, 64))
+	}
+	return raw, nil
+}
+
+// requestMessages are a session's items as the messages of a request:
+// params that openai-go encodes to exactly those objects.
+func requestMessages(items []json.RawMessage) []openai.ChatCompletionMessageParamUnion {
+	msgs := make([]openai.ChatCompletionMessageParamUnion, len(items))
+	for i, raw := range items {
+		msgs[i] = param.Override[openai.ChatCompletionMessageParamUnion](raw)
+	}
+	return msgs
+}
+
+// sampleMessages are a session's items as osmo messages, fresh copies.
+func sampleMessages(items []json.RawMessage) []osmo.Message {
+	out := make([]osmo.Message, 0, len(items))
+	for _, raw := range items {
+		var m osmo.Message
+		// Every item was checked to be a JSON object when added.
+		_ = json.Unmarshal(raw, &m)
+		out = append(out, m)
+	}
+	return out
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "..."
 }

@@ -70,83 +70,52 @@ func (t Tool) param() openai.ChatCompletionToolUnionParam {
 // not an error. Errors are for tools that cannot be offered and for failed
 // model calls.
 func Run(ctx context.Context, s *Session, params openai.ChatCompletionNewParams, tools []Tool, maxTurns int) (*openai.ChatCompletion, error) {
-	resp, _, err := run(ctx, "osmoopenai.Run", s, &params, tools, maxTurns, false)
-	return resp, err
+	return run(ctx, "osmoopenai.Run", s, &params, tools, maxTurns)
 }
 
 // RunText is Run for a caller that reads no more of the last reply than
 // its text: it returns the content of the last reply's message ("" when it
 // has none, as when the budget runs out with tool calls pending). The
 // conversation is in the session as after Run (Session.Items).
-//
-// No reply is decoded as an openai.ChatCompletion (with the JSON of every
-// field kept, the part of a call that costs the most after the round trip
-// itself), unless its message is one only openai-go reads as it should (a
-// role other than the assistant's, a field of an unexpected type).
 func RunText(ctx context.Context, s *Session, params openai.ChatCompletionNewParams, tools []Tool, maxTurns int) (string, error) {
-	resp, kept, err := run(ctx, "osmoopenai.RunText", s, &params, tools, maxTurns, true)
+	resp, err := run(ctx, "osmoopenai.RunText", s, &params, tools, maxTurns)
 	if err != nil {
 		return "", err
 	}
-	text := resp.Choices[0].Message.Content
-	kept.done()
-	return text, nil
+	return resp.Choices[0].Message.Content, nil
 }
 
-// run is Run, named name in its errors; with lean, it reads every reply
-// it can with decodeLean, and returns the last one's kept completion for
-// the caller to let go.
-func run(ctx context.Context, name string, s *Session, params *openai.ChatCompletionNewParams, tools []Tool, maxTurns int, lean bool) (_ *openai.ChatCompletion, kept *leanCompletion, _ error) {
+// run is Run, named name in its errors, on params, which it changes.
+func run(ctx context.Context, name string, s *Session, params *openai.ChatCompletionNewParams, tools []Tool, maxTurns int) (*openai.ChatCompletion, error) {
 	if s == nil {
-		return nil, nil, fmt.Errorf("%s: nil session", name)
+		return nil, fmt.Errorf("%s: nil session", name)
 	}
 	if maxTurns <= 0 {
 		maxTurns = DefaultMaxTurns
 	}
 	exec, err := offer(params, tools)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", name, err)
-	}
-	// Encoded here rather than in offer: a frame less under it.
-	enc, err := encodeOnce(params, tools)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: encode params: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	// Everything the loop does is the session's sample: its spans (tool
 	// calls included) carry osmo.sample.id when tracing.
 	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
-
-	// The loop's frame stays small (what each turn does besides the call
-	// is in functions of their own): a rollout in flight parks its
-	// goroutine in the call, above it (see Session.complete).
 	for turn := 1; ; turn++ {
-		// A reply that asks for tools before the last turn is only read
-		// for its tool calls and its message (see decodeLean); with lean,
-		// every reply is.
-		replies := leanNone
-		switch {
-		case lean:
-			replies = leanAll
-		case turn < maxTurns:
-			replies = leanToolTurns
-		}
-		resp, kept, err := s.complete(ctx, params, enc, replies)
+		resp, err := s.complete(ctx, params)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: turn %d: %w", name, turn, err)
+			return nil, fmt.Errorf("%s: turn %d: %w", name, turn, err)
 		}
 		// The caller's messages are in the session now.
 		params.Messages = nil
 		calls := resp.Choices[0].Message.ToolCalls
 		if len(calls) == 0 {
-			return resp, kept, nil
+			return resp, nil
 		}
 		if turn >= maxTurns {
 			s.log.DebugContext(ctx, "osmoopenai: turn budget reached with tool calls pending", "max_turns", maxTurns, "tool_calls", len(calls))
-			return resp, kept, nil
+			return resp, nil
 		}
 		s.runTools(ctx, calls, exec, turn)
-		// Read: its message is in the session, its calls were run.
-		kept.done()
 	}
 }
 

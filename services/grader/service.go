@@ -21,7 +21,6 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
-	"github.com/osmo-rl/osmo/internal/gostack"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/retry"
 )
@@ -324,8 +323,6 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep b
 		want := missing
 		led := false
 		ch := s.flight.DoChan(rid, func() (any, error) {
-			// On a goroutine of its own, which grading grows to 16 KiB.
-			gostack.Reserve()
 			led = true
 			// The pass outlives this request if it goes away; its context
 			// only parents the pass's spans and logs.

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/gostack"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
@@ -242,7 +241,6 @@ func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields
 		return nil
 	}
 	s.wg.Go(func() {
-		gostack.Reserve()
 		s.process(rec, release)
 	})
 	return nil

@@ -15,7 +15,6 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/gostack"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/retry"
@@ -89,7 +88,6 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	ranTried := make(chan struct{})
 	offer := &finalOffer{}
 	go func() {
-		gostack.Reserve()
 		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, offer, log)
 		close(ranTried)
 		sent <- ok

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/osmo-rl/osmo/internal/gostack"
 )
 
 // privateQueue is the queue of a private state: the rollouts admitted
@@ -193,8 +191,6 @@ func (s *Service) takePrivate(ctx context.Context, q *privateQueue) {
 // gives it back), as take starts one from the JetStream queue. A start the
 // state could not write goes back to the queue's end, a second later.
 func (s *Service) startPrivate(takeCtx context.Context, q *privateQueue, id string, release func()) {
-	// It writes the lifecycle and runs the workflow: 16 KiB either way.
-	gostack.Reserve()
 	ctx, cancel := context.WithTimeout(s.deliverCtx, 10*time.Second)
 	defer cancel()
 	again := false

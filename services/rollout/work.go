@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/gostack"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
@@ -139,8 +138,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // cancelled while queued, concluded without a slot, and only if nobody
 // took it from the queue meanwhile.
 func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
-	// It writes the lifecycle and runs the workflow: 16 KiB either way.
-	gostack.Reserve()
 	ctx, cancel := context.WithTimeout(s.deliverCtx, 10*time.Second)
 	defer cancel()
 	prefix := subjectQueued

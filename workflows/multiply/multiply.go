@@ -139,11 +139,8 @@ func (w Workflow) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) err
 	if tools == nil {
 		tools = []osmoopenai.Tool{Tool()}
 	}
-	// The params are built in the call: a variable of them would be a
-	// second copy (over a kilobyte) in this frame, which the rollout's
-	// goroutine holds while it waits for the policy.
-	// The answer is read by the grader from the session's messages, so
-	// the last reply is not decoded as a completion (RunText).
+	// The grader reads the answer from the session's messages: only the
+	// text of the last reply is wanted here.
 	if _, err := osmoopenai.RunText(ctx, session, openai.ChatCompletionNewParams{
 		Temperature: openai.Float(cfg.Temperature),
 		MaxTokens:   maxTokens(cfg.MaxTokens),
