@@ -174,7 +174,14 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 	if files != nil {
 		rep.RunID, rep.RunName = files.runID(), files.runName()
 	}
-	rep.Summary = Summarize(rep.Results, p.PassThreshold, time.Since(start).Seconds())
+	// wall_s is the time spent running the run's attempts: an invocation
+	// adds its own to what the earlier ones wrote, and one that ran nothing
+	// leaves it as it was.
+	wall := priorWallS(p.Output)
+	if len(todo) > 0 {
+		wall += time.Since(start).Seconds()
+	}
+	rep.Summary = Summarize(rep.Results, p.PassThreshold, wall)
 	if p.Output != "" {
 		if err := writeOutputs(p, rep, files); err != nil {
 			return rep, errors.Join(runErr, err)
@@ -539,6 +546,25 @@ func CheckServer(ctx context.Context, serverURL string) error {
 
 // writeOutputs writes summary.json, report.html and the SDK's files, each
 // atomically.
+// priorWallS is the wall_s of the summary an earlier invocation wrote in
+// dir; 0 without one (a new run, or a run killed before its first summary).
+func priorWallS(dir string) float64 {
+	if dir == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if err != nil {
+		return 0
+	}
+	var s struct {
+		WallS float64 `json:"wall_s"`
+	}
+	if json.Unmarshal(b, &s) != nil {
+		return 0
+	}
+	return s.WallS
+}
+
 func writeOutputs(p Plan, rep *Report, files *sdkFiles) error {
 	summary, err := json.MarshalIndent(rep.Summary, "", "  ")
 	if err != nil {

@@ -468,3 +468,36 @@ func TestRunResumes(t *testing.T) {
 		t.Errorf("summary after --retry-failed %+v", summary)
 	}
 }
+
+// TestRerunKeepsWallTime: rerunning a finished run runs nothing and keeps
+// the wall time the run took; a resume that runs attempts adds its own.
+func TestRerunKeepsWallTime(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	wallS := func() float64 {
+		var s eval.Summary
+		readJSON(t, filepath.Join(out, eval.SummaryFile), &s)
+		return s.WallS
+	}
+	if _, err := eval.Run(context.Background(), testPlan(t, out, 2)); err != nil {
+		t.Fatal(err)
+	}
+	first := wallS()
+	if first <= 0 {
+		t.Fatalf("wall_s after the run: %v", first)
+	}
+	rep, err := eval.Run(context.Background(), testPlan(t, out, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Ran != 0 || rep.Summary.WallS != first || wallS() != first {
+		t.Fatalf("rerun: ran %d, wall_s %v in the report and %v on disk, want 0 and %v", rep.Ran, rep.Summary.WallS, wallS(), first)
+	}
+	p := testPlan(t, out, 2)
+	p.RetryFailed = true
+	if rep, err = eval.Run(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Ran == 0 || wallS() <= first {
+		t.Errorf("--retry-failed: ran %d, wall_s %v, want more than %v", rep.Ran, wallS(), first)
+	}
+}

@@ -63,7 +63,8 @@ type Summary struct {
 	MeanReward *float64 `json:"mean_reward"`
 	// ErrorsByCategory counts the failures by err_category.
 	ErrorsByCategory map[string]int `json:"errors_by_category"`
-	// WallS is how long this invocation ran.
+	// WallS is the wall time, in seconds, of the invocations that ran any
+	// of the run's attempts, summed.
 	WallS float64 `json:"wall_s"`
 }
 
