@@ -19,10 +19,14 @@ if [[ -n "$unformatted" ]]; then
 fi
 
 step "go mod tidy is a no-op"
-cp go.mod /tmp/osmo-go.mod.bak; cp go.sum /tmp/osmo-go.sum.bak
+# The originals are kept in a directory of this run's own, so two runs on
+# one machine never restore each other's files.
+tidy="$(mktemp -d)"
+trap 'rm -rf "$tidy"' EXIT
+cp go.mod go.sum "$tidy/"
 go mod tidy
 if ! git diff --exit-code --stat -- go.mod go.sum; then
-  cp /tmp/osmo-go.mod.bak go.mod; cp /tmp/osmo-go.sum.bak go.sum
+  cp "$tidy/go.mod" "$tidy/go.sum" .
   echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit" >&2
   exit 1
 fi
