@@ -74,13 +74,23 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
+	// The stack calls the policy and the controller, so it stops first:
+	// as it returns it closes its connections to them, and their own
+	// shutdowns then have no client's connection to wait for.
 	srvCtx, stopServers := context.WithCancel(ctx)
 	defer stopServers()
-	var servers errgroup.Group
+	stackCtx, stopStack := context.WithCancel(srvCtx)
+	defer stopStack()
+	var servers, stack errgroup.Group
 	servers.Go(func() error { return policy.Serve(srvCtx) })
 	servers.Go(func() error { return ctl.Serve(srvCtx) })
-	servers.Go(func() error { return st.run(srvCtx) })
-	defer func() { stopServers(); _ = servers.Wait() }()
+	stack.Go(func() error { return st.run(stackCtx) })
+	defer func() {
+		stopStack()
+		_ = stack.Wait()
+		stopServers()
+		_ = servers.Wait()
+	}()
 
 	fmt.Fprintf(e.stdout, "osmo demo: %d calculator rollouts via POST %s/v1/rollout/init (mock policy at %s)\n\n", n, st.http.URL(), policy.URL())
 	tasks := mockllm.CalculatorTasks(n, seed)
@@ -188,7 +198,9 @@ func fetchRollout(ctx context.Context, base, id string) (*rolloutv1.Rollout, err
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -81,7 +81,12 @@ type Service struct {
 	llmClient *http.Client
 	// sender posts the callbacks; each wire's retry policy sets the
 	// per-attempt timeouts.
-	sender   *sender
+	sender *sender
+	// outbound are the client transports New made (to the policy and the
+	// trainers): Serve closes their idle connections as it returns, or a
+	// server on the other end waits for them (net/http's Shutdown gives a
+	// connection that never sent a request 5 s).
+	outbound []*http.Transport
 	g1Policy callbackPolicy
 	g2Policy callbackPolicy
 	// rejectSem bounds the refused starts reported through callbacks at
@@ -166,6 +171,22 @@ func New(cfg Config) (*Service, error) {
 	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
 		s.wfSem = make(chan struct{}, n)
 	}
+	upstream := &http.Transport{
+		Proxy:               nil,
+		DialContext:         cfg.Outbound.Dialer(nil).DialContext,
+		MaxConnsPerHost:     cfg.Client.MaxConnections,
+		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+		MaxIdleConns:        cfg.Client.MaxConnections,
+		IdleConnTimeout:     90 * time.Second,
+		// Every rollout in its LLM call holds a connection, so its
+		// buffers are paid per rollout in flight (net/http's 4 KiB
+		// each way: 80 MiB at 10,000). 1 KiB holds any response
+		// head; a body larger than the buffer is read and written
+		// around it, straight from and to the proxy's own buffers.
+		ReadBufferSize:  upstreamBufferSize,
+		WriteBufferSize: upstreamBufferSize,
+	}
+	s.outbound = append(s.outbound, upstream)
 	proxy, err := llmproxy.New(llmproxy.Config{
 		Router:   s.routes,
 		Recorder: llmproxy.RecorderFunc(s.recordCall),
@@ -179,21 +200,7 @@ func New(cfg Config) (*Service, error) {
 		// the guarded dialer sees the address each one actually reaches.
 		// The proxy makes each attempt with RoundTrip, which follows no
 		// redirect.
-		Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
-			MaxConnsPerHost:     cfg.Client.MaxConnections,
-			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
-			MaxIdleConns:        cfg.Client.MaxConnections,
-			IdleConnTimeout:     90 * time.Second,
-			// Every rollout in its LLM call holds a connection, so its
-			// buffers are paid per rollout in flight (net/http's 4 KiB
-			// each way: 80 MiB at 10,000). 1 KiB holds any response
-			// head; a body larger than the buffer is read and written
-			// around it, straight from and to the proxy's own buffers.
-			ReadBufferSize:  upstreamBufferSize,
-			WriteBufferSize: upstreamBufferSize,
-		},
+		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
 		Metrics:         cfg.Metrics,
@@ -221,26 +228,25 @@ func New(cfg Config) (*Service, error) {
 		// As the proxy's: direct connections, each address checked, and
 		// no redirect to another host (where the dial check would be the
 		// only thing between a trainer's 307 and the metadata service).
-		callbackClient = &http.Client{
-			Transport: &http.Transport{
-				Proxy:               nil,
-				DialContext:         cfg.Outbound.Dialer(nil).DialContext,
-				MaxConnsPerHost:     cfg.Client.MaxConnections,
-				MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
-				IdleConnTimeout:     90 * time.Second,
-				// A trainer's answer is a few bytes, drained unread:
-				// asking for it gzipped would cost each attempt a header
-				// and a decompressor for nothing.
-				DisableCompression: true,
-				// A callback that fits the buffer goes out in one write:
-				// with net/http's 4 KiB, a grader callback of two LLM
-				// calls (5 KiB) took two, the second through a
-				// ReadFrom detour. Connections are at most
-				// MaxConnections per trainer host, not one per rollout.
-				WriteBufferSize: callbackBufferSize,
-			},
-			CheckRedirect: netguard.CheckRedirect,
+		callbacks := &http.Transport{
+			Proxy:               nil,
+			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
+			MaxConnsPerHost:     cfg.Client.MaxConnections,
+			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
+			IdleConnTimeout:     90 * time.Second,
+			// A trainer's answer is a few bytes, drained unread:
+			// asking for it gzipped would cost each attempt a header
+			// and a decompressor for nothing.
+			DisableCompression: true,
+			// A callback that fits the buffer goes out in one write:
+			// with net/http's 4 KiB, a grader callback of two LLM
+			// calls (5 KiB) took two, the second through a
+			// ReadFrom detour. Connections are at most
+			// MaxConnections per trainer host, not one per rollout.
+			WriteBufferSize: callbackBufferSize,
 		}
+		s.outbound = append(s.outbound, callbacks)
+		callbackClient = &http.Client{Transport: callbacks, CheckRedirect: netguard.CheckRedirect}
 	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer(tracerName)
@@ -439,6 +445,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = s.proxySrv.Shutdown(shutdownCtx)
+	for _, t := range s.outbound {
+		t.CloseIdleConnections()
+	}
 	if s.ownState {
 		_ = s.sh.store.Close()
 	}
