@@ -18,9 +18,10 @@ import (
 	"github.com/osmo-rl/osmo/internal/server"
 )
 
-// runDemo starts the mock policy, the whole stack and a G1 controller on
-// loopback, drives n calculator rollouts through the Osmosis REST protocol and
-// prints each sample with its reward. It needs no network and no keys.
+// runDemo starts the mock policy, the whole stack and a controller of the
+// remote-rollout protocol (/v1/rollout/init) on loopback, drives n
+// calculator rollouts through it and prints each sample with its reward. It
+// needs no network and no keys.
 func runDemo(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "demo")
 	var (

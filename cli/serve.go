@@ -76,7 +76,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 		return usageError{err.Error()}
 	}
 	f.env = oe
-	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow every rollout runs (G1, G2 and v0.3 alike): an agent loop or an AgentWorkflow by name, or "exec"`)
+	fs.StringVar(&f.workflow, "workflow", e.reg.defaultWorkflow(), `workflow every rollout runs, whichever protocol started it: an agent loop or an AgentWorkflow by name, or "exec"`)
 	fs.StringVar(&f.workflowConfig, "workflow-config", "", "JSON file with the workflow's config (laid over its defaults); for exec: {\"name\", \"command\": [...], \"samples\", \"settings\", ...}")
 	fs.StringVar(&f.exec, "exec", "", `run this command once per sample as the workflow (an agent in any language); implies --workflow exec. `+
 		`Each run works in a scratch directory of its own (under $TMPDIR, or the config's "scratch_dir"), removed when it ends; `+
@@ -84,7 +84,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
 	fs.Var(&f.execLimits, "exec-limits", execLimitsUsage)
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
-	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; G1 inits queue without bound)")
+	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; remote-rollout /v1/rollout/init requests queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
 	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)")
 	f.guard.register(fs, e)

@@ -16,7 +16,7 @@
 //	            found in the answer
 //	calculator  the answer contains the ground truth (the label, or its "####"
 //	            part), or its own "####" part equals it
-//	multiply    seed 000's MultiplyGrader: 1 when the trimmed label occurs in the
+//	multiply    the multiply example's grader: 1 when the trimmed label occurs in the
 //	            answer, else 0; a missing or blank label scores 0 (not an error)
 package graders
 

@@ -21,7 +21,7 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// g1Wire is the Osmosis remote rollout (G1, seed 004): POST
+// g1Wire is the Osmosis remote rollout (G1): POST
 // /v1/rollout/init answers with the tools, the LLM calls go to
 // {server_url}/v1/chat/completions with the rollout id in the body, and
 // one completion, after grading, goes to {server_url}/v1/rollout/completed.
