@@ -114,10 +114,17 @@ func decodeEvent(line []byte) (event, error) {
 
 // marshalLine is v as one line of compact JSON, as the SDK writes it
 // (no HTML escaping).
-func marshalLine(v any) ([]byte, error) {
+func marshalLine(v any) ([]byte, error) { return marshalIndent(v, "") }
+
+// marshalFile is v as the SDK writes a JSON file: indented by two, with
+// a final newline.
+func marshalFile(v any) ([]byte, error) { return marshalIndent(v, "  ") }
+
+func marshalIndent(v any, indent string) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
 	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
@@ -125,29 +132,16 @@ func marshalLine(v any) ([]byte, error) {
 }
 
 // jsonLines is items as JSON lines.
-func jsonLines[T any](items []T, of func(T) any) []byte {
+func jsonLines[T any](items []T) []byte {
 	var b bytes.Buffer
 	for _, it := range items {
-		line, err := marshalLine(of(it))
+		line, err := marshalLine(it)
 		if err != nil {
 			continue // nothing here fails to encode
 		}
 		b.Write(line)
 	}
 	return b.Bytes()
-}
-
-// marshalFile is v as the SDK writes a JSON file: indented by two, with
-// a final newline.
-func marshalFile(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
 }
 
 // writeAtomic replaces path with data: a reader sees the old file or the
@@ -344,7 +338,7 @@ func (f *sdkFiles) snapshots(results []Result, status string) error {
 	slices.SortFunc(rows, func(a, b indexRow) int {
 		return cmp.Or(cmp.Compare(a.RowIndex, b.RowIndex), cmp.Compare(a.RunIndex, b.RunIndex))
 	})
-	index := jsonLines(rows, func(r indexRow) any { return r })
+	index := jsonLines(rows)
 	now := time.Now()
 	run := evalRun{
 		ID: f.runID(), Status: status, Name: f.runName(),
