@@ -548,10 +548,7 @@ func (p *parser) secrets(c *Config, s *rawSecrets) error {
 // check fills the defaults and refuses what cannot run.
 func (p *parser) check(c *Config) error {
 	e, v := &c.Experiment, &c.Evaluation
-	sec := "experiment"
-	if c.Generation == GenerationV02 {
-		sec = "eval"
-	}
+	sec := c.section()
 	switch {
 	case strings.TrimSpace(e.Rollout) == "":
 		return p.errAt(toml.Key{sec, "rollout"}, `required: a rollout of the workspace (rollouts/NAME), a workflow name, or "exec"`)
@@ -598,6 +595,14 @@ func (p *parser) check(c *Config) error {
 		c.LLM.APIKeyEnv = DefaultAPIKeyEnv
 	}
 	return nil
+}
+
+// section is the section naming the rollout and the dataset.
+func (c *Config) section() string {
+	if c.Generation == GenerationV02 {
+		return "eval"
+	}
+	return "experiment"
 }
 
 // Model is the upstream model: model_path without its "openai/" provider

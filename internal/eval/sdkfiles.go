@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -104,7 +103,7 @@ func decodeEvent(line []byte) (event, error) {
 	switch {
 	case required.RowIndex == nil || required.RunIndex == nil || required.RolloutID == nil || required.Status == nil:
 		return e, errors.New("not a terminal record: row_index, run_index, rollout_id and status are required")
-	case e.RolloutID == "" || e.RolloutID == "." || e.RolloutID == ".." || strings.ContainsAny(e.RolloutID, `/\`+"\x00"):
+	case !singleSegment(e.RolloutID):
 		return e, fmt.Errorf("rollout_id %q is not one path segment", e.RolloutID)
 	case e.Status != StatusSuccess && e.Status != StatusFailed && e.Status != StatusSkipped:
 		return e, fmt.Errorf("status %q is not success, failed or skipped", e.Status)
