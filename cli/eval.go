@@ -294,7 +294,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	redact := eval.NewRedactor(mapValues(secrets)...)
+	redact := eval.NewRedactor(slices.Collect(maps.Values(secrets))...)
 	inputs, err := evalInputs(e, cfg, layout, dataset, selected)
 	if err != nil {
 		return err
@@ -421,14 +421,6 @@ func evalProvenance(cfg *eval.Config) map[string]any {
 		p["advanced"] = cfg.Advanced
 	}
 	return p
-}
-
-func mapValues(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
 
 // reportEnd prints how a run ended (with asJSON, as one JSON object) and

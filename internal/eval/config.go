@@ -8,12 +8,12 @@ package eval
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -496,12 +496,7 @@ func (p *parser) env(c *Config, env map[string]any) error {
 		return nil
 	}
 	c.Env = make(map[string]string, len(env))
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
 		key := toml.Key{"env", k}
 		s, ok := env[k].(string)
 		switch {
@@ -535,12 +530,13 @@ func (p *parser) secrets(c *Config, s *rawSecrets) error {
 	seen := map[string]bool{}
 	for _, n := range names {
 		key := toml.Key{"secrets", "required"}
+		_, inEnv := c.Env[n]
 		switch {
 		case seen[n]:
 			return p.errAt(key, "Duplicate secret name %s: each name must appear once", n)
 		case !secretNameRE.MatchString(n):
 			return p.errAt(key, "Invalid secret name '%s': use uppercase letters, digits, and underscores, starting with a letter (e.g. MY_SECRET)", n)
-		case c.Env[n] != "" || hasKey(c.Env, n):
+		case inEnv:
 			return p.errAt(key, "%s appears in both [env] and [secrets]: each env var name must come from exactly one place", n)
 		}
 		seen[n] = true
@@ -549,15 +545,10 @@ func (p *parser) secrets(c *Config, s *rawSecrets) error {
 	return nil
 }
 
-func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
-
 // check fills the defaults and refuses what cannot run.
 func (p *parser) check(c *Config) error {
 	e, v := &c.Experiment, &c.Evaluation
-	sec := "experiment"
-	if c.Generation == GenerationV02 {
-		sec = "eval"
-	}
+	sec := c.section()
 	switch {
 	case strings.TrimSpace(e.Rollout) == "":
 		return p.errAt(toml.Key{sec, "rollout"}, `required: a rollout of the workspace (rollouts/NAME), a workflow name, or "exec"`)
@@ -604,6 +595,14 @@ func (p *parser) check(c *Config) error {
 		c.LLM.APIKeyEnv = DefaultAPIKeyEnv
 	}
 	return nil
+}
+
+// section is the section naming the rollout and the dataset.
+func (c *Config) section() string {
+	if c.Generation == GenerationV02 {
+		return "eval"
+	}
+	return "experiment"
 }
 
 // Model is the upstream model: model_path without its "openai/" provider

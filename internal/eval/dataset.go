@@ -10,7 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -263,21 +263,17 @@ func normalize(raw map[string]any, index, source int) (Row, error) {
 			break
 		}
 	}
-	var extra []string
-	for col := range raw {
+	// Any other column is metadata, unless the metadata object has it.
+	for col, v := range raw {
 		switch col {
 		case colSystem, colUser, colGroundTruth, colLabel, colMetadata:
-		default:
-			extra = append(extra, col)
+			continue
 		}
-	}
-	sort.Strings(extra)
-	for _, col := range extra {
 		if row.Metadata == nil {
 			row.Metadata = map[string]any{}
 		}
 		if _, taken := row.Metadata[col]; !taken {
-			row.Metadata[col] = plain(raw[col])
+			row.Metadata[col] = plain(v)
 		}
 	}
 	return row, nil
@@ -379,10 +375,5 @@ func ParseRows(spec string) ([]int, error) {
 			seen[i] = true
 		}
 	}
-	out := make([]int, 0, len(seen))
-	for i := range seen {
-		out = append(out, i)
-	}
-	sort.Ints(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(seen)), nil
 }

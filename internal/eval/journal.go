@@ -96,7 +96,7 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 		for _, r := range results.items {
 			events.items = append(events.items, eventOf(r))
 		}
-		if err := writeAtomic(eventsPath, jsonLines(events.items, func(e event) any { return e })); err != nil {
+		if err := writeAtomic(eventsPath, jsonLines(events.items)); err != nil {
 			return nil, nil, err
 		}
 		events.whole = -1 // written whole just now
@@ -117,7 +117,7 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 	if !slices.EqualFunc(ordered, results.items, func(a, b Result) bool { return a.RolloutID == b.RolloutID }) {
 		// A result never acknowledged, or results missing: results.jsonl
 		// is rewritten to match the events.
-		if err := writeAtomic(path, jsonLines(ordered, func(r Result) any { return r })); err != nil {
+		if err := writeAtomic(path, jsonLines(ordered)); err != nil {
 			return nil, nil, err
 		}
 		results.whole = -1
@@ -222,7 +222,7 @@ func openAppend(path string, whole int) (*os.File, error) {
 // Append writes r durably: its result line, then its event, each
 // fsync'd.
 func (j *Journal) Append(r Result) error {
-	line, err := json.Marshal(r)
+	line, err := marshalLine(r)
 	if err != nil {
 		return fmt.Errorf("eval: journal: %w", err)
 	}
@@ -239,7 +239,7 @@ func (j *Journal) Append(r Result) error {
 			return fmt.Errorf("eval: journal: %w", err)
 		}
 	}
-	for i, data := range [][]byte{append(line, '\n'), ev} {
+	for i, data := range [][]byte{line, ev} {
 		if _, err = files[i].Write(data); err == nil {
 			if err = files[i].Sync(); err != nil {
 				err = fmt.Errorf("fsync: %w", err)

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,7 +119,7 @@ func ChangedKeys(old, cur Inputs) []string {
 			keys = append(keys, k)
 		}
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	return slices.Compact(keys)
 }
 
@@ -213,7 +212,7 @@ func SourceDigest(root, exclude string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sort.Strings(files)
+	slices.Sort(files)
 	h := sha256.New()
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
@@ -241,12 +240,15 @@ func ValidRunName(name string) error {
 	case name[0] == '-' || name[0] == '.':
 		return fmt.Errorf("run name must start with a letter or digit: %q", name)
 	}
-	for _, r := range name {
-		if !(r == '.' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return fmt.Errorf("run name must use only letters, digits, '.', '_' or '-': %q", name)
-		}
+	if strings.ContainsFunc(name, func(r rune) bool { return !runNameChar(r) }) {
+		return fmt.Errorf("run name must use only letters, digits, '.', '_' or '-': %q", name)
 	}
 	return nil
+}
+
+// runNameChar reports whether r may be in a run's name.
+func runNameChar(r rune) bool {
+	return r == '.' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }
 
 // runStamp is the SDK's timestamp in run and archive names.
@@ -255,7 +257,7 @@ const runStamp = "20060102T150405Z"
 // generatedName is an unnamed run's name: STEM-TIME-DIGEST8.
 func generatedName(stem, digest string, now time.Time) string {
 	safe := strings.Map(func(r rune) rune {
-		if r == '.' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+		if runNameChar(r) {
 			return r
 		}
 		return '-'
@@ -420,15 +422,15 @@ func OpenRun(o OpenRunOptions) (*RunDir, error) {
 		SchemaVersion: StateSchemaVersion,
 		LocalRunID:    randomHex(16),
 		RunName:       name,
-		CreatedAt:     o.Now.UTC().Format("2006-01-02T15:04:05.000000Z"),
+		CreatedAt:     sdkTime(o.Now),
 		Inputs:        o.Inputs,
 		Provenance:    o.Provenance,
 	}
-	b, err := json.MarshalIndent(rd.Manifest, "", "  ")
+	b, err := marshalFile(rd.Manifest)
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeAtomic(mpath, append(b, '\n')); err != nil {
+	if err := writeAtomic(mpath, b); err != nil {
 		return fail(err)
 	}
 	return rd, nil

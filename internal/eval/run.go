@@ -16,7 +16,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/osmo-rl/osmo/internal/controller"
 )
@@ -254,40 +257,31 @@ func (r *runner) run(ctx context.Context, todo []Key) (int, error) {
 	// One nonce per invocation: a rerun never reuses a rollout id that a
 	// long-lived server may still hold.
 	nonce := randomHex(4)
-	sem := make(chan struct{}, p.BatchSize)
-	var wg sync.WaitGroup
-	var fatal error
-	var fatalOnce sync.Once
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := 0
+	// The first error that must stop the run cancels the attempts in
+	// flight; an attempt whose turn comes after that does not start.
+	g, runCtx := errgroup.WithContext(ctx)
+	g.SetLimit(p.BatchSize)
+	var ran atomic.Int64
 	for _, k := range todo {
-		select {
-		case sem <- struct{}{}:
-		case <-runCtx.Done():
-		}
 		if runCtx.Err() != nil {
 			break
 		}
-		ran++
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := r.one(runCtx, nonce, k); err != nil {
-				fatalOnce.Do(func() { fatal = err; stop() })
+		g.Go(func() error {
+			if runCtx.Err() != nil {
+				return nil
 			}
-		}()
+			ran.Add(1)
+			return r.one(runCtx, nonce, k)
+		})
 	}
-	wg.Wait()
-	switch {
-	case fatal != nil:
-		return ran, fatal
-	case ctx.Err() != nil:
+	if err := g.Wait(); err != nil {
+		return int(ran.Load()), err
+	}
+	if ctx.Err() != nil {
 		r.awaitCancelled()
-		return ran, ErrInterrupted
+		return int(ran.Load()), ErrInterrupted
 	}
-	return ran, nil
+	return int(ran.Load()), nil
 }
 
 // cancelGrace is how long an interrupted run keeps its listener for the

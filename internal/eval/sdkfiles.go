@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -104,7 +103,7 @@ func decodeEvent(line []byte) (event, error) {
 	switch {
 	case required.RowIndex == nil || required.RunIndex == nil || required.RolloutID == nil || required.Status == nil:
 		return e, errors.New("not a terminal record: row_index, run_index, rollout_id and status are required")
-	case e.RolloutID == "" || e.RolloutID == "." || e.RolloutID == ".." || strings.ContainsAny(e.RolloutID, `/\`+"\x00"):
+	case !singleSegment(e.RolloutID):
 		return e, fmt.Errorf("rollout_id %q is not one path segment", e.RolloutID)
 	case e.Status != StatusSuccess && e.Status != StatusFailed && e.Status != StatusSkipped:
 		return e, fmt.Errorf("status %q is not success, failed or skipped", e.Status)
@@ -114,10 +113,17 @@ func decodeEvent(line []byte) (event, error) {
 
 // marshalLine is v as one line of compact JSON, as the SDK writes it
 // (no HTML escaping).
-func marshalLine(v any) ([]byte, error) {
+func marshalLine(v any) ([]byte, error) { return marshalIndent(v, "") }
+
+// marshalFile is v as the SDK writes a JSON file: indented by two, with
+// a final newline.
+func marshalFile(v any) ([]byte, error) { return marshalIndent(v, "  ") }
+
+func marshalIndent(v any, indent string) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
 	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
@@ -125,29 +131,16 @@ func marshalLine(v any) ([]byte, error) {
 }
 
 // jsonLines is items as JSON lines.
-func jsonLines[T any](items []T, of func(T) any) []byte {
+func jsonLines[T any](items []T) []byte {
 	var b bytes.Buffer
 	for _, it := range items {
-		line, err := marshalLine(of(it))
+		line, err := marshalLine(it)
 		if err != nil {
 			continue // nothing here fails to encode
 		}
 		b.Write(line)
 	}
 	return b.Bytes()
-}
-
-// marshalFile is v as the SDK writes a JSON file: indented by two, with
-// a final newline.
-func marshalFile(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
 }
 
 // writeAtomic replaces path with data: a reader sees the old file or the
@@ -344,7 +337,7 @@ func (f *sdkFiles) snapshots(results []Result, status string) error {
 	slices.SortFunc(rows, func(a, b indexRow) int {
 		return cmp.Or(cmp.Compare(a.RowIndex, b.RowIndex), cmp.Compare(a.RunIndex, b.RunIndex))
 	})
-	index := jsonLines(rows, func(r indexRow) any { return r })
+	index := jsonLines(rows)
 	now := time.Now()
 	run := evalRun{
 		ID: f.runID(), Status: status, Name: f.runName(),

@@ -76,10 +76,7 @@ func (c *Config) Resolve(datasetFile, outputRoot string) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec := "experiment"
-	if c.Generation == GenerationV02 {
-		sec = "eval"
-	}
+	sec := c.section()
 	if err := l.resolveRollout(c, sec); err != nil {
 		return nil, err
 	}

@@ -18,7 +18,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -153,31 +152,25 @@ func (t *Timed) spent(before, after usage) {
 	t.CPU, t.AllocBytes, t.Allocs = (after.cpu-before.cpu)/n, (after.allocBytes-before.allocBytes)/n, (after.allocs-before.allocs)/n
 }
 
-// peakRSS is process pid's resident high-water mark in bytes, NaN where
-// /proc is not Linux's.
-func peakRSS(pid int) (float64, error) {
-	return memFigure(pid, func(m procstat.Memory) uint64 { return m.Peak })
-}
-
-// anonRSS is process pid's anonymous resident memory in bytes, NaN where
-// /proc is not Linux's or does not say.
-func anonRSS(pid int) (float64, error) {
-	return memFigure(pid, func(m procstat.Memory) uint64 { return m.Anon })
-}
-
-// memFigure is the figure of process pid's memory that pick picks, NaN
-// where /proc is not Linux's or the figure is zero (not reported).
-func memFigure(pid int, pick func(procstat.Memory) uint64) (float64, error) {
+// memory is process pid's resident memory (VmRSS), the part of it that
+// is the process's own (RssAnon; see procstat.Memory) and its high-water
+// mark (VmHWM), in bytes; NaN for each where /proc is not Linux's or does
+// not say.
+func memory(pid int) (rss, anon, peak float64, err error) {
 	m, err := procstat.Mem(pid)
-	switch {
-	case errors.Is(err, procstat.ErrUnsupported):
-		return math.NaN(), nil
-	case err != nil:
-		return 0, fmt.Errorf("rolloutbench: %w", err)
-	case pick(m) == 0:
-		return math.NaN(), nil
+	if errors.Is(err, procstat.ErrUnsupported) {
+		return math.NaN(), math.NaN(), math.NaN(), nil
 	}
-	return float64(pick(m)), nil
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("rolloutbench: %w", err)
+	}
+	known := func(v uint64) float64 {
+		if v == 0 {
+			return math.NaN()
+		}
+		return float64(v)
+	}
+	return known(m.RSS), known(m.Anon), known(m.Peak), nil
 }
 
 // WritesPerRollout is the state's writes per rollout of the run.
@@ -201,35 +194,27 @@ type Sample struct {
 // Measure runs the server, measures, and stops it; then, with
 // cfg.Cluster, does the same on a cluster.
 func Measure(ctx context.Context, cfg Config) (*Report, error) {
-	return withHarness(ctx, cfg.Timeout, func(ctx context.Context, h *harness) (*Report, error) {
-		rep, err := measureServe(ctx, h, cfg)
-		if err != nil {
-			return nil, err
-		}
-		if cfg.Cluster != nil {
-			if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
-				return nil, fmt.Errorf("cluster: %w", err)
-			}
-		}
-		return rep, nil
-	})
-}
-
-// withHarness runs measure with a harness, both bounded by timeout.
-func withHarness[T any](ctx context.Context, timeout time.Duration, measure func(context.Context, *harness) (T, error)) (T, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	h, err := newHarness(ctx)
 	if err != nil {
-		var zero T
-		return zero, err
+		return nil, err
 	}
-	defer h.close()
-	return measure(ctx, h)
+	defer h.stop()
+	rep, err := measureServe(ctx, h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Cluster != nil {
+		if rep.Cluster, err = measureCluster(ctx, h, cfg); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	return rep, nil
 }
 
 // harness is the measuring side: the policy double behind a gate and the
-// G2 trainer double, both on loopback in this process.
+// G2 trainer double, both on loopback in this process, until stop.
 type harness struct {
 	gate   *Gate
 	policy *httptest.Server
@@ -254,8 +239,6 @@ func newHarness(ctx context.Context) (*harness, error) {
 	go func() { defer close(ctlDone); _ = ctl.Serve(ctlCtx) }()
 	return &harness{gate: gate, policy: policy, ctl: ctl, stop: func() { stopCtl(); <-ctlDone; policy.Close() }}, nil
 }
-
-func (h *harness) close() { h.stop() }
 
 // bench posts to the rollout service at base.
 func (h *harness) bench(base string) *bench {
@@ -286,7 +269,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		if rep.Held, err = Scrape(ctx, base); err != nil {
 			return err
 		}
-		rep.HeldAnon, err = anonRSS(srv.pid())
+		_, rep.HeldAnon, _, err = memory(srv.pid())
 		return err
 	})
 	if err != nil {
@@ -297,7 +280,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	} else {
 		rep.AllGraded = true
 	}
-	if rep.PeakRSS, err = peakRSS(srv.pid()); err != nil {
+	if _, _, rep.PeakRSS, err = memory(srv.pid()); err != nil {
 		return nil, err
 	}
 
@@ -659,16 +642,6 @@ func settledState(ctx context.Context, bases []string) (stateCount, error) {
 	}
 }
 
-// freeAddr is a loopback address nothing listens on now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func tail(s string) string {
 	if len(s) > 2000 {
 		return s[len(s)-2000:]
@@ -693,9 +666,6 @@ const (
 
 // WriteTable prints the report.
 func (r *Report) WriteTable(w io.Writer) {
-	kib := func(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
-	mib := func(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "Rollouts end to end (G2 trainer and policy double on loopback in this process; %d rollouts, %d at a time, each timed from its start to its grader callback)\n",
 		r.Rollouts, r.Concurrency)
 	fmt.Fprintf(w, "  %-44s %10s %10s %10s %11s %14s %14s %12s %14s %15s\n", "", "rollouts/s", "p50", "p99", "graded", "state writes", "state bytes",
@@ -703,7 +673,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	row := func(name string, t *Timed) {
 		fmt.Fprintf(w, "  %-44s %10.0f %10s %10s %11s %14.1f %14s %12s %14s %15s\n", name, t.RolloutsPerSec, ms(t.P50), ms(t.P99),
 			fmt.Sprintf("%d/%d", t.Graded, t.Rollouts), t.WritesPerRollout(), kib(t.BytesPerRollout()),
-			fmtCPU(t.CPU), fmtKiB(t.AllocBytes), fmtCount(t.Allocs))
+			cpu(t.CPU), kib(t.AllocBytes), count(t.Allocs))
 	}
 	row(RowEmbedded, &r.Timed)
 	switch {
@@ -724,44 +694,31 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	each := func(a, b float64) string { return kib((a - b) / float64(max(r.InFlight, 1))) }
 	fmt.Fprintf(w, "  osmo serve, %d in flight   RSS %s (anonymous %s; +%s each: heap %s, stacks %s), %.0f open files, %.0f goroutines; peak RSS %s while they finish (VmHWM); all graded when released: %s\n",
-		r.InFlight, mib(r.Held.RSS), fmtMiB(r.HeldAnon), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
-		r.Held.FDs, r.Held.Goroutines, fmtMiB(r.PeakRSS), graded)
+		r.InFlight, mib(r.Held.RSS), mib(r.HeldAnon), kib(r.PerRollout()), each(r.Held.HeapInuse, r.Base.HeapInuse), each(r.Held.StackInuse, r.Base.StackInuse),
+		r.Held.FDs, r.Held.Goroutines, mib(r.PeakRSS), graded)
 	fmt.Fprintf(w, "  osmo serve, %.0f finished records   %s held (%s each), heap in use %s (+%s each, garbage included), RSS %s\n",
 		r.Done.Records, mib(r.Done.RecordBytes), kib(r.Done.RecordBytes/math.Max(r.Done.Records, 1)),
 		mib(r.Done.HeapInuse), kib(math.Max(r.PerRecord(), 0)), mib(r.Done.RSS))
 }
 
-// fmtCPU prints seconds as microseconds, "n/a" when unknown.
-func fmtCPU(sec float64) string {
-	if !finite(sec) {
+// orNA is v/unit in format, "n/a" when v is unknown.
+func orNA(format string, v, unit float64) string {
+	if !finite(v) {
 		return "n/a"
 	}
-	return fmt.Sprintf("%.0f µs", sec*1e6)
+	return fmt.Sprintf(format, v/unit)
 }
 
-// fmtKiB prints bytes in KiB, "n/a" when unknown.
-func fmtKiB(b float64) string {
-	if !finite(b) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.1f KiB", b/1024)
-}
+func kib(b float64) string { return orNA("%.1f KiB", b, 1<<10) }
 
-// fmtMiB prints bytes in MiB, "n/a" when unknown.
-func fmtMiB(b float64) string {
-	if !finite(b) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.0f MiB", b/(1<<20))
-}
+func mib(b float64) string { return orNA("%.0f MiB", b, 1<<20) }
 
-// fmtCount prints a count, "n/a" when unknown.
-func fmtCount(n float64) string {
-	if !finite(n) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.0f", n)
-}
+func ms(d time.Duration) string { return orNA("%.1f ms", float64(d), float64(time.Millisecond)) }
+
+// cpu prints seconds as microseconds.
+func cpu(sec float64) string { return orNA("%.0f µs", sec, 1e-6) }
+
+func count(n float64) string { return orNA("%.0f", n, 1) }
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 

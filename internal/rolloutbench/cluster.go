@@ -9,10 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // Cluster says how to run the cluster: three `osmo rollout` replicas over
@@ -82,9 +78,11 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		// Not the replicas' port, which nothing holds until they start.
 		var metricsAddr string
 		for metricsAddr == "" || portOf(metricsAddr) == port {
-			if metricsAddr, err = freeAddrOn(ip); err != nil {
+			addrs, err := freeAddrs(ip, 1)
+			if err != nil {
 				return nil, err
 			}
+			metricsAddr = addrs[0]
 		}
 		name := fmt.Sprintf("rollout-%d", i)
 		p, err := start("osmo rollout "+name, cl.Rollout, "--grpc-addr", ip+":"+port, "--metrics-addr", metricsAddr,
@@ -139,33 +137,6 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 	}
 	run.StateWrites, run.StateBytes = after.writes-before.writes, after.bytes-before.bytes
 	return &run, nil
-}
-
-// waitGRPC checks the gRPC health of the server at addr until it is
-// SERVING, the process ends or ctx does.
-func (p *proc) waitGRPC(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	client := healthpb.NewHealthClient(conn)
-	for {
-		if p.exited() {
-			return p.failed(nil)
-		}
-		check, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := client.Check(check, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return p.failed(fmt.Errorf("%s not serving: %w", addr, ctx.Err()))
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // withOutput is err with the output of each process, which says why a

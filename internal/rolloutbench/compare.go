@@ -2,15 +2,11 @@ package rolloutbench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os/exec"
 	"slices"
-	"time"
-
-	"github.com/osmo-rl/osmo/internal/procstat"
 )
 
 // Comparison is this build's `osmo serve` against another build's, under
@@ -52,25 +48,30 @@ type Run struct {
 // baseline is only asked to serve G2 with the flags every osmo since the
 // rollout table's first version takes; state figures are not compared.
 func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline func([]string) *exec.Cmd, rounds int) (*Comparison, error) {
-	return withHarness(ctx, cfg.Timeout, func(ctx context.Context, h *harness) (*Comparison, error) {
-		c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight}
-		sides := []struct {
-			name  string
-			serve func([]string) *exec.Cmd
-			runs  *[]Run
-		}{{"current", cfg.Serve, &c.Current}, {"baseline", serveBaseline, &c.Base}}
-		for round := range rounds {
-			for i := range sides {
-				side := sides[(i+round)%len(sides)]
-				r, err := runServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
-				if err != nil {
-					return nil, fmt.Errorf("%s, round %d: %w", side.name, round+1, err)
-				}
-				*side.runs = append(*side.runs, r)
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	h, err := newHarness(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer h.stop()
+	c := &Comparison{Baseline: baseline, Rollouts: cfg.Rollouts, Concurrency: cfg.Concurrency, InFlight: cfg.InFlight}
+	sides := []struct {
+		name  string
+		serve func([]string) *exec.Cmd
+		runs  *[]Run
+	}{{"current", cfg.Serve, &c.Current}, {"baseline", serveBaseline, &c.Base}}
+	for round := range rounds {
+		for i := range sides {
+			side := sides[(i+round)%len(sides)]
+			r, err := runServe(ctx, h, cfg, side.serve, fmt.Sprintf("%s-%d", side.name, round))
+			if err != nil {
+				return nil, fmt.Errorf("%s, round %d: %w", side.name, round+1, err)
 			}
+			*side.runs = append(*side.runs, r)
 		}
-		return c, nil
-	})
+	}
+	return c, nil
 }
 
 // runServe starts a server, warms it up, times cfg.Rollouts rollouts (ids
@@ -93,16 +94,9 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 		return r, nil
 	}
 	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, cfg.slots(), func() error {
-		switch m, err := procstat.Mem(srv.pid()); {
-		case err == nil:
-			r.HeldRSS = float64(m.RSS)
-			if m.Anon > 0 {
-				r.HeldAnon = float64(m.Anon)
-			}
-		case !errors.Is(err, procstat.ErrUnsupported):
-			return fmt.Errorf("rolloutbench: %w", err)
-		}
-		return nil
+		var err error
+		r.HeldRSS, r.HeldAnon, _, err = memory(srv.pid())
+		return err
 	})
 	if err != nil {
 		return r, err
@@ -110,7 +104,7 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if gradeErr != nil {
 		r.GradeErr = gradeErr.Error()
 	}
-	r.PeakRSS, err = peakRSS(srv.pid())
+	_, _, r.PeakRSS, err = memory(srv.pid())
 	return r, err
 }
 
@@ -159,7 +153,6 @@ const (
 
 // WriteTable prints every round, then the ratios of the medians.
 func (c *Comparison) WriteTable(w io.Writer) {
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "osmo serve against a baseline (%s): %d rounds, each a fresh server of either, alternately first; %d rollouts timed per run, %d at a time, after %d untimed",
 		c.Baseline, len(c.Current), c.Rollouts, c.Concurrency, c.Concurrency)
 	if c.InFlight > 0 {
@@ -171,7 +164,7 @@ func (c *Comparison) WriteTable(w io.Writer) {
 	if c.InFlight > 0 {
 		header += fmt.Sprintf(" %20s %16s %20s", fmt.Sprintf("RSS, %d held", c.InFlight), "of it anonymous", "peak RSS (VmHWM)")
 		held = func(r Run) string {
-			s := fmt.Sprintf(" %20s %16s %20s", fmtMiB(r.HeldRSS), fmtMiB(r.HeldAnon), fmtMiB(r.PeakRSS))
+			s := fmt.Sprintf(" %20s %16s %20s", mib(r.HeldRSS), mib(r.HeldAnon), mib(r.PeakRSS))
 			if r.GradeErr != "" {
 				s += "  not all graded: " + r.GradeErr
 			}
@@ -181,7 +174,7 @@ func (c *Comparison) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, header)
 	row := func(name string, round int, r Run) {
 		fmt.Fprintf(w, "  %-22s %6d %10.0f %10s %10s %11s %12s %14s %15s%s\n", name, round, r.RolloutsPerSec, ms(r.P50), ms(r.P99),
-			fmt.Sprintf("%d/%d", r.Graded, r.Rollouts), fmtCPU(r.CPU), fmtKiB(r.AllocBytes), fmtCount(r.Allocs), held(r))
+			fmt.Sprintf("%d/%d", r.Graded, r.Rollouts), cpu(r.CPU), kib(r.AllocBytes), count(r.Allocs), held(r))
 	}
 	for i := range c.Current {
 		row(RowCurrent, i+1, c.Current[i])

@@ -1,7 +1,6 @@
 package rolloutbench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,13 +30,15 @@ func FindNATS(ctx context.Context, envBin string) (string, error) {
 	// cached.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, "bash", script)
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s: %w: %s", script, err, tail(strings.TrimSpace(errOut.String())))
+	out, err := exec.CommandContext(ctx, "bash", script).Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			err = fmt.Errorf("%w: %s", err, tail(strings.TrimSpace(string(exit.Stderr))))
+		}
+		return "", fmt.Errorf("%s: %w", script, err)
 	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	bin := lines[len(lines)-1]
 	if _, err := os.Stat(bin); err != nil {
 		return "", fmt.Errorf("%s printed %q: %w", script, bin, err)
@@ -97,7 +98,7 @@ func startNATS(ctx context.Context, bin, dir string) (*natsCluster, error) {
 		return nil, err
 	}
 	// Client, route and monitoring listeners of each node.
-	addrs, err := freeAddrs(3 * n)
+	addrs, err := freeAddrs("127.0.0.1", 3*n)
 	if err != nil {
 		return nil, err
 	}

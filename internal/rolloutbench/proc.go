@@ -12,6 +12,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // proc is a child process of the cluster, its output kept for errors.
@@ -79,27 +83,52 @@ func (p *proc) failed(err error) error {
 
 // waitHTTP polls url until it answers 200, the process ends or ctx does.
 func (p *proc) waitHTTP(ctx context.Context, url string) error {
-	for {
+	return p.wait(ctx, url+" did not answer 200", func(ctx context.Context) bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// waitGRPC checks the gRPC health of the server at addr until it is
+// SERVING, the process ends or ctx does.
+func (p *proc) waitGRPC(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	return p.wait(ctx, addr+" not serving", func(ctx context.Context) bool {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	})
+}
+
+// wait polls ready until it holds, the process ends or ctx does; notReady
+// says what did not happen.
+func (p *proc) wait(ctx context.Context, notReady string, ready func(context.Context) bool) error {
+	for !ready(ctx) {
 		if p.exited() {
 			return p.failed(nil)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
 		select {
 		case <-ctx.Done():
-			return p.failed(fmt.Errorf("%s did not answer 200: %w", url, ctx.Err()))
+			return p.failed(fmt.Errorf("%s: %w", notReady, ctx.Err()))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	return nil
 }
 
 // tailBuffer keeps the last 16 KiB written to it: enough to say why a
@@ -156,12 +185,12 @@ func sharedPort(ips ...string) (string, error) {
 	return "", fmt.Errorf("no port free on all of %s", strings.Join(ips, ", "))
 }
 
-// freeAddrs are n distinct loopback addresses nothing listens on now:
-// each is held until all are chosen, so none is handed out twice.
-func freeAddrs(n int) ([]string, error) {
+// freeAddrs are n distinct addresses on ip nothing listens on now: each
+// is held until all are chosen, so none is handed out twice.
+func freeAddrs(ip string, n int) ([]string, error) {
 	var addrs []string
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", ip+":0")
 		if err != nil {
 			return nil, err
 		}
@@ -171,14 +200,13 @@ func freeAddrs(n int) ([]string, error) {
 	return addrs, nil
 }
 
-// freeAddrOn is an address on ip nothing listens on now.
-func freeAddrOn(ip string) (string, error) {
-	ln, err := net.Listen("tcp", ip+":0")
+// freeAddr is a loopback address nothing listens on now.
+func freeAddr() (string, error) {
+	addrs, err := freeAddrs("127.0.0.1", 1)
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return addrs[0], nil
 }
 
 // portOf is the port of a host:port.
