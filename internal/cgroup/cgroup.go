@@ -7,7 +7,8 @@
 // counters, cgroup.kill) for cgroup v2 and, where the memory and pids
 // controllers are still on v1, for cgroup v1. On v2 a process is started
 // inside its group (Group.FD, clone3's CLONE_INTO_CGROUP); v1 has no such
-// start, so there a process is moved in just after it started (Group.Add).
+// start, so there a process is moved in (Group.Add), by a caller that holds
+// it stopped until then.
 // It reads /proc/self/cgroup and /proc/self/mountinfo with prometheus/procfs.
 // A general library such as containerd/cgroups covers every controller and
 // systemd delegation, and brings their dependencies with it; osmo needs

@@ -194,11 +194,12 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 // syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()} is created in
 // the group (clone3's CLONE_INTO_CGROUP), so nothing it runs is ever
 // outside it. It is -1 on v1, which has no such start; there Add moves a
-// process in after it started.
+// process in.
 func (g *Group) FD() int { return g.fd }
 
 // Add moves process pid into the group. A process it forked before stays
-// where it was; a process started with FD needs no Add.
+// where it was, so add a process before it runs (execagent stops it at its
+// exec); one started with FD needs no Add.
 func (g *Group) Add(pid int) error {
 	s := strconv.Itoa(pid)
 	for _, dir := range g.dirs {

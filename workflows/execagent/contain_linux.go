@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -49,11 +50,10 @@ func (h *host) enforcement(asked Limits) []any {
 	lim := asked.effective()
 	memCG, procCG := false, false
 	where := "no cgroups (" + fmt.Sprint(h.why) + ")"
-	start := "in the server's cgroup"
+	start := "stopped at its exec (ptrace) until contained"
 	if h.cgroups != nil {
 		memCG, procCG = h.cgroups.Enforces()
 		where = h.cgroups.String()
-		start = "moved into its cgroup just after it starts"
 		if h.cgroups.Version() == cgroup.V2 {
 			start = "created inside its cgroup (clone3)"
 		}
@@ -120,37 +120,62 @@ func (h *host) newJail(asked Limits, scratchBase string, log *slog.Logger) (*jai
 	return j, nil
 }
 
-// start starts the program newCmd builds, contained. On cgroup v2 the
-// kernel creates it inside the run's group (clone3's CLONE_INTO_CGROUP), so
-// nothing it runs is ever outside; v1 has no such start, so there it joins
-// the group just after it started, and a process it forked in that moment
-// stays outside the group (inside its process group, killed with the run).
-// Its rlimits and oom_score_adj are set just after it started; its children
-// inherit them.
+// start starts the program newCmd builds, contained from its first
+// instruction. On cgroup v2 the kernel creates it inside the run's group
+// (clone3's CLONE_INTO_CGROUP), which bounds its memory and processes and
+// holds all it forks; its rlimits and oom_score_adj are set just after it
+// started (a process it forks in that moment keeps the server's, inside the
+// group still). v1 has no such start, and without cgroups the rlimits are
+// all that bound a run, so there the child stops at its exec (ptrace) until
+// its cgroup, rlimits and oom_score_adj are in place. Where ptrace is
+// refused too (a seccomp profile), that is done just after it starts: a
+// program that forks within that moment leaves children outside the
+// cgroup, in its process group still.
 func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
-	cmd := newCmd()
-	j.prepare(cmd)
-	into := j.group != nil && j.group.FD() >= 0 && !j.host.cloneRefused.Load()
-	if into {
+	if j.group != nil && j.group.FD() >= 0 && !j.host.cloneRefused.Load() {
+		cmd := newCmd()
+		j.prepare(cmd, false)
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, j.group.FD()
-	}
-	err := cmd.Start()
-	if into && (errors.Is(err, syscall.ENOSYS) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EPERM)) {
+		err := cmd.Start()
+		if err == nil {
+			return j.started(cmd, j.setup(cmd.Process.Pid, false))
+		}
+		if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.EPERM) {
+			return nil, err
+		}
 		// No clone3 (a seccomp profile such as Docker's default answers
 		// ENOSYS, so that libc falls back to clone; Linux before 5.7 has
-		// no CLONE_INTO_CGROUP): join the group after the start, as on v1.
+		// no CLONE_INTO_CGROUP): contain it as on v1.
 		if !j.host.cloneRefused.Swap(true) {
-			j.log.Warn("exec agent: clone3 into the cgroup refused; programs join their cgroup just after they start", "error", err)
+			j.log.Warn("exec agent: clone3 into the cgroup refused; stopping programs at their exec until they are contained", "error", err)
 		}
-		into = false
-		cmd = newCmd()
-		j.prepare(cmd)
-		err = cmd.Start()
 	}
-	if err != nil {
+	cmd := newCmd()
+	j.prepare(cmd, true)
+	// The tracer is the thread that forked; only it may detach.
+	runtime.LockOSThread()
+	err := cmd.Start()
+	if err == nil {
+		err = j.setupStopped(cmd.Process.Pid)
+		runtime.UnlockOSThread()
+		return j.started(cmd, err)
+	}
+	runtime.UnlockOSThread()
+	if !errors.Is(err, syscall.EPERM) {
 		return nil, err
 	}
-	if err := j.setup(cmd.Process.Pid, !into); err != nil {
+	j.log.Warn("exec agent: ptrace refused; containing the program just after it starts", "error", err)
+	cmd = newCmd()
+	j.prepare(cmd, false)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return j.started(cmd, j.setup(cmd.Process.Pid, true))
+}
+
+// started returns cmd, or kills and reaps it when containing it failed.
+func (j *jail) started(cmd *exec.Cmd, err error) (*exec.Cmd, error) {
+	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err
@@ -158,10 +183,35 @@ func (j *jail) start(newCmd func() *exec.Cmd) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-func (j *jail) prepare(cmd *exec.Cmd) {
+func (j *jail) prepare(cmd *exec.Cmd, trace bool) {
+	cmd.SysProcAttr.Ptrace = trace
 	if u := j.lim.User; u != nil {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
 	}
+}
+
+// setupStopped waits for the traced child's stop at exec, contains it and
+// lets it go.
+func (j *jail) setupStopped(pid int) error {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait for the exec stop: %w", err)
+		}
+		break
+	}
+	if !ws.Stopped() {
+		return fmt.Errorf("program ended before it ran (status %#x)", uint32(ws))
+	}
+	serr := j.setup(pid, true)
+	if err := unix.PtraceDetach(pid); err != nil {
+		return errors.Join(serr, fmt.Errorf("ptrace detach: %w", err))
+	}
+	return serr
 }
 
 // setup moves pid into the run's cgroup when join, and sets its rlimits and

@@ -19,6 +19,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/cgroup"
 	"github.com/osmo-rl/osmo/workflows/execagent"
 )
 
@@ -427,6 +428,28 @@ func TestEscapedProcessCannotHoldTheRun(t *testing.T) {
 	if !strings.Contains(rt.Logs(), "a process outside the group holds it") {
 		if pid := readPID(t, t.Context(), pidFile); pid > 0 {
 			requireGone(t, pid)
+		}
+	}
+}
+
+// TestFirstForkIsContained starts programs that fork as their first act:
+// each child must be in the run's cgroup, never in the server's, or a fork
+// bomb would escape the process limit.
+func TestFirstForkIsContained(t *testing.T) {
+	t.Parallel()
+	if _, err := cgroup.Detect(); err != nil {
+		t.Skipf("runs get no cgroup here: %v", err)
+	}
+	cfg := shell(`sleep 5 & p=$!
+if grep -q osmo-exec- /proc/$p/cgroup; then w=inside; else w=outside; fi
+printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' $w`)
+	for i := range 20 {
+		_, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
+		if err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if msgs, _ := onlySource(t, r).Source.SampleMessages(); osmo.LastAssistantText(msgs) != "inside" {
+			t.Fatalf("run %d: the program's first child started outside the run's cgroup (%v)", i, msgs)
 		}
 	}
 }
