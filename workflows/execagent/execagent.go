@@ -178,7 +178,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fieldErr("scratch_dir", "%s is not a directory", c.ScratchDir))
 		}
 	}
-	if _, err := c.resolveCommand(); err != nil {
+	if _, _, err := c.resolveCommand(); err != nil {
 		errs = append(errs, err)
 	}
 	for i, kv := range c.Env {
@@ -247,36 +247,38 @@ func orDefault[N int | time.Duration](v, def N) N {
 	return v
 }
 
-// resolveCommand returns Command with Command[0] an absolute path and its
-// arguments resolved (resolveArgs), both against Dir: the program runs in
-// a scratch directory, where a relative path would name nothing. Node, for
-// one, finds node_modules from the script's own location, so
-// `node agent.js` in the agent's directory keeps working.
-func (c *Config) resolveCommand() ([]string, error) {
+// resolveCommand returns the absolute path of Command[0] and the argv the
+// program gets, both resolved against Dir: the program runs in a scratch
+// directory, where a relative path would name nothing. argv[0] is the path
+// when Command[0] has a slash, else as written (node); the arguments are
+// resolveArgs'. Node, for one, finds node_modules from the script's own
+// location, so `node agent.js` in the agent's directory keeps working.
+func (c *Config) resolveCommand() (path string, argv []string, err error) {
 	if len(c.Command) == 0 {
-		return nil, fieldErr("command", "is required: the program to run and its arguments")
+		return "", nil, fieldErr("command", "is required: the program to run and its arguments")
 	}
 	name := c.Command[0]
 	if name == "" {
-		return nil, fieldErr("command[0]", "is empty")
+		return "", nil, fieldErr("command[0]", "is empty")
 	}
 	base, err := filepath.Abs(c.Dir)
 	if err != nil {
-		return nil, fieldErr("dir", "%w", err)
+		return "", nil, fieldErr("dir", "%w", err)
 	}
 	if strings.ContainsRune(name, filepath.Separator) && !filepath.IsAbs(name) {
 		name = filepath.Join(base, name)
 	}
-	path, err := exec.LookPath(name)
-	if err != nil {
-		return nil, fieldErr("command[0]", "%w", err)
+	if path, err = exec.LookPath(name); err != nil {
+		return "", nil, fieldErr("command[0]", "%w", err)
 	}
 	if path, err = filepath.Abs(path); err != nil {
-		return nil, fieldErr("command[0]", "%w", err)
+		return "", nil, fieldErr("command[0]", "%w", err)
 	}
-	argv := resolveArgs(base, c.Command)
-	argv[0] = path
-	return argv, nil
+	argv = resolveArgs(base, c.Command)
+	if strings.ContainsRune(argv[0], filepath.Separator) {
+		argv[0] = path
+	}
+	return path, argv, nil
 }
 
 // resolveArgs returns args with each argument after the first that names,
@@ -386,7 +388,7 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		return errors.New("execagent: run without a config or rollout")
 	}
 	cfg := wc.Config
-	argv, err := cfg.resolveCommand()
+	path, argv, err := cfg.resolveCommand()
 	if err != nil {
 		return err
 	}
@@ -430,7 +432,7 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		runs[i] = s
 	}
 	spec := procSpec{
-		path:      argv[0],
+		path:      path,
 		argv:      argv,
 		stdin:     stdin.Bytes(),
 		maxLine:   cfg.maxLineBytes(),
