@@ -195,8 +195,8 @@ func reachable(dir string, u *RunAs) error {
 		case st.Gid == u.GID:
 			bit = 0o010
 		}
-		if st.Mode&bit == 0 {
-			return fmt.Errorf("it may not enter %s (mode %#o, owner %d:%d)", d, st.Mode&0o7777, st.Uid, st.Gid)
+		if mode := uint32(st.Mode); mode&bit == 0 {
+			return fmt.Errorf("it may not enter %s (mode %#o, owner %d:%d)", d, mode&0o7777, st.Uid, st.Gid)
 		}
 		if d == filepath.Dir(d) {
 			return nil
