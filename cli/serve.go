@@ -295,6 +295,7 @@ func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagat
 // gateway, joined by real gRPC over loopback exactly as when split.
 type stack struct {
 	log        *slog.Logger
+	addrFile   addrFile
 	graderSrv  *server.GRPC
 	graderHS   *health.Server
 	graderConn *grpc.ClientConn
@@ -318,12 +319,13 @@ type stackConfig struct {
 	grader      graderFlags
 	tracing     tracing
 	tls         tlsFlags
+	addrFile    addrFile
 }
 
 func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	// st is a local, not the named result, so a failed start (which
 	// returns nil) still releases what it opened.
-	st := &stack{log: log}
+	st := &stack{log: log, addrFile: sc.addrFile}
 	defer func() {
 		if err != nil {
 			st.release()
@@ -435,6 +437,11 @@ func (st *stack) close() {
 // stop, so rollouts finishing during the drain still get their rewards.
 func (st *stack) run(ctx context.Context) error {
 	defer st.close()
+	// The listeners are open since newStack: a caller that reads the
+	// file can connect at once.
+	if err := st.addrFile.write("http", st.http.URL(), "rollout_grpc", st.rolloutSrv.Addr(), "grader_grpc", st.graderSrv.Addr(), "llm_proxy", st.rolloutSvc.ProxyURL()); err != nil {
+		return err
+	}
 	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBack()
 	back, backCtx := errgroup.WithContext(backCtx)
@@ -493,6 +500,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	sc.grader.register(fs, "grader-")
 	sc.tls.register(fs, e)
+	sc.addrFile.register(fs)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -535,9 +543,11 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		rf               rolloutFlags
 		lf               logFlags
 		tf               tlsFlags
+		af               addrFile
 	)
 	var metricsAddr string
 	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
+	af.register(fs)
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9464", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (dns:///host:port balances over its replicas)")
 	var graderStreams int
@@ -614,6 +624,10 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	rolloutv1.RegisterRolloutServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("rollout service serving", "grpc", srv.Addr(), "metrics", metricsURL, "workflow", rf.workflow, "grader", spec, "llm_proxy", svc.ProxyURL())
+	if err := af.write("grpc", srv.Addr(), "metrics", metricsURL, "llm_proxy", svc.ProxyURL()); err != nil {
+		_ = srv.Close()
+		return err
+	}
 
 	// The grader client outlives the drain so late rollouts still get graded.
 	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
@@ -642,9 +656,11 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		nf   natsFlags
 		lf   logFlags
 		tf   tlsFlags
+		af   addrFile
 	)
 	var metricsAddr, apiKey string
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
+	af.register(fs)
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
 	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
@@ -692,6 +708,10 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	graderv1.RegisterGraderServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "nats", state.URL())
+	if err := af.write("grpc", srv.Addr(), "metrics", metricsURL); err != nil {
+		_ = srv.Close()
+		return err
+	}
 	var g errgroup.Group
 	g.Go(func() error { return srv.Serve(ctx) })
 	g.Go(func() error { return serveMetrics(ctx) })
@@ -706,8 +726,10 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		guard                                 listenGuard
 		lf                                    logFlags
 		tf                                    tlsFlags
+		af                                    addrFile
 	)
 	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
+	af.register(fs)
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
@@ -756,5 +778,9 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.Info("gateway serving", "http", srv.URL(), "rollout", rolloutAddr, "grader", graderAddr)
+	if err := af.write("http", srv.URL()); err != nil {
+		_ = srv.Close()
+		return err
+	}
 	return srv.Serve(ctx)
 }

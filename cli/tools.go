@@ -96,8 +96,10 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 		addr string
 		o    mockllm.Options
 		lf   logFlags
+		af   addrFile
 	)
 	fs.StringVar(&addr, "addr", ":9003", "HTTP listen address")
+	af.register(fs)
 	fs.StringVar(&o.Model, "model", "mock-policy", "model name reported by /v1/models")
 	fs.DurationVar(&o.Latency, "latency", 0, "delay before each response")
 	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "delay between SSE chunks")
@@ -122,6 +124,10 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.Info("mock policy serving", "http", srv.URL(), "base_url", srv.URL()+"/v1")
+	if err := af.write("http", srv.URL(), "base_url", srv.URL()+"/v1"); err != nil {
+		_ = srv.Close()
+		return err
+	}
 	return srv.Serve(ctx)
 }
 

@@ -292,9 +292,8 @@ func TestEvalRun(t *testing.T) {
 		}
 	})
 	t.Run("against a separately started osmo serve", func(t *testing.T) {
-		port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-		srv := start(t, "serve", nil, "serve", "--workflow", "multiply", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn")
-		base := "http://127.0.0.1:" + port
+		srv, addrs := startListening(t, "serve", nil, "serve", "--workflow", "multiply", "--api-key", serverKey, "-p", "0", "-H", "127.0.0.1", "--log-level", "warn")
+		base := addrs["http"]
 		waitHTTP(t, srv, base+"/health")
 		srvOut := filepath.Join(t.TempDir(), "out")
 		if code, output := runEval(t, toml, "--output", filepath.Dir(srvOut), "--name", filepath.Base(srvOut), "--server", base, "--server-key", serverKey); code != 0 {

@@ -45,11 +45,10 @@ func startG1Env(t *testing.T, env []string, ctlOpts controller.Options, serveArg
 	ctlOpts.PolicyURL = "http://" + mockAddr + "/v1"
 	ctl := startG1Controller(t, ctlOpts)
 
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	args := append([]string{"serve", "--workflow", "calculator", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)
+	args := append([]string{"serve", "--workflow", "calculator", "--api-key", serverKey, "-p", "0", "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)
 	env = append([]string{"OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY=0.01", "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY=0.05"}, env...)
-	srv := start(t, "serve", env, args...)
-	base := "http://127.0.0.1:" + port
+	srv, addrs := startListening(t, "serve", env, args...)
+	base := addrs["http"]
 	waitHTTP(t, srv, base+"/health")
 	return &g1Stack{base: base, ctl: ctl, srv: srv}
 }

@@ -43,10 +43,9 @@ func startG2(t *testing.T, mockArgs []string, env []string, serveArgs ...string)
 	}
 	serveUntilEnd(t, ctl.Serve)
 
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	args := append([]string{"serve", "--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)
-	srv := start(t, "serve", env, args...)
-	base := "http://127.0.0.1:" + port
+	args := append([]string{"serve", "--api-key", serverKey, "-p", "0", "-H", "127.0.0.1", "--log-level", "warn"}, serveArgs...)
+	srv, addrs := startListening(t, "serve", env, args...)
+	base := addrs["http"]
 	waitHTTP(t, srv, base+"/health")
 	return &g2Stack{base: base, ctl: ctl, srv: srv}
 }

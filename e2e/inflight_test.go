@@ -101,11 +101,10 @@ func TestCancelAllInFlight(t *testing.T) {
 	t.Cleanup(gate.Open) // before Close, which waits for the held calls
 	ctl := startController(t, controller.G2Options{PolicyURL: policy.URL + "/v1", APIKey: controllerKey, Logger: quietLog()})
 
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	limit := strconv.Itoa(inFlight)
-	srv := start(t, "serve", []string{memLimit, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS=" + strconv.Itoa(inFlight+100)},
-		"serve", "--workflow", "multiply", "-p", port, "-H", "127.0.0.1", "--max-concurrent", limit, "--max-queued", limit, "--log-level", "error")
-	base := "http://127.0.0.1:" + port
+	srv, addrs := startListening(t, "serve", []string{memLimit, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS=" + strconv.Itoa(inFlight+100)},
+		"serve", "--workflow", "multiply", "-p", "0", "-H", "127.0.0.1", "--max-concurrent", limit, "--max-queued", limit, "--log-level", "error")
+	base := addrs["http"]
 	waitHTTP(t, srv, base+"/health")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

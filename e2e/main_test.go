@@ -46,14 +46,23 @@ func TestMain(m *testing.M) {
 // freeAddr returns a loopback address with a port nothing listens on now.
 func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
-// startMockPolicy runs `osmo mockllm` with args on a free loopback address
-// until the test ends, and returns the address once it answers.
+// startMockPolicy runs `osmo mockllm` with args on a loopback port of the
+// kernel's choosing until the test ends, and returns its address once it
+// answers.
 func startMockPolicy(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
-	mock := start(t, "mockllm", nil, append([]string{"mockllm", "--addr", addr, "--log-level", "warn"}, args...)...)
-	waitHTTP(t, mock, "http://"+addr+"/health")
-	return addr
+	mock, addrs := startListening(t, "mockllm", nil, append([]string{"mockllm", "--addr", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
+	waitHTTP(t, mock, addrs["http"]+"/health")
+	return strings.TrimPrefix(addrs["http"], "http://")
+}
+
+// startListening is start for a server osmo command whose args bind port
+// 0: it returns the process and the addresses it reports (--addr-file).
+func startListening(t *testing.T, name string, env []string, args ...string) (*proc, map[string]string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "addr.json")
+	p := start(t, name, env, append(args, "--addr-file", path)...)
+	return p, p.Addrs(t, path)
 }
 
 // proc is a running process whose output is kept for assertions.

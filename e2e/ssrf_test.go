@@ -56,12 +56,12 @@ func startSSRF(t *testing.T, host string, args ...string) *ssrfStack {
 		t.Fatal(err)
 	}
 	serveUntilEnd(t, s.v03.Serve)
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	// A long delivery deadline: a refused callback that was retried would
 	// still be pending when the tests look.
-	s.srv = start(t, "serve", nil, append([]string{"serve", "--workflow", "calculator", "-H", "127.0.0.1", "-p", port,
+	var addrs map[string]string
+	s.srv, addrs = startListening(t, "serve", nil, append([]string{"serve", "--workflow", "calculator", "-H", "127.0.0.1", "-p", "0",
 		"--delivery-deadline", "5m", "--log-level", "info"}, args...)...)
-	s.base = "http://127.0.0.1:" + port
+	s.base = addrs["http"]
 	waitHTTP(t, s.srv, s.base+"/health")
 	return s
 }

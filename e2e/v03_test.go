@@ -26,10 +26,9 @@ func TestV03Controller(t *testing.T) {
 		{"calculator", "What is 6 * 7?", "42", "41"},
 	} {
 		t.Run(wf.workflow, func(t *testing.T) {
-			port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-			srv := start(t, "serve", nil, "serve", "--workflow", wf.workflow, "--api-key", serverKey,
-				"-p", port, "-H", "127.0.0.1", "--log-level", "warn")
-			base := "http://127.0.0.1:" + port
+			srv, addrs := startListening(t, "serve", nil, "serve", "--workflow", wf.workflow, "--api-key", serverKey,
+				"-p", "0", "-H", "127.0.0.1", "--log-level", "warn")
+			base := addrs["http"]
 			waitHTTP(t, srv, base+"/health")
 
 			for _, keys := range []struct{ name, llm string }{{"one secret", ""}, {"two secrets", "K-llm"}} {

@@ -7,6 +7,7 @@ package proctest
 
 import (
 	"bytes"
+	"encoding/json"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -123,6 +124,31 @@ func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 	case <-time.After(grace):
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
+	}
+}
+
+// Addrs waits until the process has written the JSON object of its
+// listening addresses to path (osmo's --addr-file, given with port 0) and
+// returns it. The test fails if the process exits first or takes longer
+// than a minute.
+func (p *Proc) Addrs(t testing.TB, path string) map[string]string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			var addrs map[string]string
+			if err := json.Unmarshal(b, &addrs); err != nil {
+				t.Fatalf("%s: %s: %v", p.Name, path, err)
+			}
+			return addrs
+		}
+		if p.Exited() {
+			t.Fatalf("%s exited before it listened:\n%s", p.Name, p.Output())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %s after a minute:\n%s", p.Name, path, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// addrFile is --addr-file: a server started on port 0 (a test, or several
+// servers on one machine) tells whoever started it where it listens by
+// writing its addresses there once every listener is open, whatever the
+// log level.
+type addrFile string
+
+func (a *addrFile) register(fs *flag.FlagSet) {
+	fs.StringVar((*string)(a), "addr-file", "", "once listening, write the bound addresses to `FILE` as a JSON object (the keys of the \"serving\" log line); with port 0, how a caller learns the ports")
+}
+
+// write writes the addresses, given as key, value pairs, to the file (if
+// one was named): whole, by a rename, so a reader never sees half of it.
+func (a addrFile) write(kv ...string) error {
+	if a == "" {
+		return nil
+	}
+	m := make(map[string]string, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(string(a)), ".addr-*")
+	if err != nil {
+		return fmt.Errorf("--addr-file: %w", err)
+	}
+	_, werr := tmp.Write(append(b, '\n'))
+	if err := tmp.Close(); werr == nil {
+		werr = err
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), string(a))
+	}
+	if werr != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("--addr-file: %w", werr)
+	}
+	return nil
+}
