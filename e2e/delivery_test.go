@@ -152,15 +152,18 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, FailFraction: 0.5, Logger: quietLog()})
 
 	stateDir := t.TempDir()
-	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "multiply", "--state", stateDir, "--log-level", "error"}
-	grader := start(t, "grader-1", nil, graderArgs...)
+	graderArgs := func(addr string) []string {
+		return []string{"grader", "--grpc-addr", addr, "--metrics-addr", "", "--grader", "multiply", "--state", stateDir, "--log-level", "error"}
+	}
+	grader, addrs := startListening(t, "grader-1", nil, graderArgs("127.0.0.1:0")...)
+	graderAddr := addrs["grpc"]
 	waitGRPC(t, grader, graderAddr)
-	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "", "--grader-addr", graderAddr,
+	roll, addrs := startListening(t, "rollout", nil, "rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader-addr", graderAddr,
 		"--workflow", "multiply", "--max-concurrent", "64", "--max-queued", "4000", "--log-level", "error")
+	rolloutAddr := addrs["grpc"]
 	waitGRPC(t, roll, rolloutAddr)
-	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "error")
-	base := "http://" + gwAddr
+	gw, addrs := startListening(t, "gateway", nil, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "error")
+	base := addrs["http"]
 	waitHTTP(t, gw, base+"/health")
 
 	const n = 2000
@@ -180,7 +183,8 @@ func TestSplitDeliveryUnderFaults(t *testing.T) {
 		if i == n/4 || i == 3*n/4 {
 			grader.Stop(syscall.SIGKILL, time.Second)
 			time.Sleep(500 * time.Millisecond)
-			grader = start(t, fmt.Sprintf("grader-%d", i), nil, graderArgs...)
+			// Each new grader takes the first one's address.
+			grader = start(t, fmt.Sprintf("grader-%d", i), nil, graderArgs(graderAddr)...)
 			waitGRPC(t, grader, graderAddr)
 		}
 	}

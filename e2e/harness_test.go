@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,8 +198,8 @@ func TestGatewayBalancesOverDNS(t *testing.T) {
 			"--grader", "none", "--workflow", "calculator", "--log-level", "warn")
 		waitGRPC(t, p, ip+":"+grpcPort)
 	}
-	gwAddr := freeAddr(t)
-	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", "dns://"+d.addr+"/osmo-rollout.test:"+grpcPort, "--log-level", "warn")
+	gw, addrs := startListening(t, "gateway", nil, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", "dns://"+d.addr+"/osmo-rollout.test:"+grpcPort, "--log-level", "warn")
+	gwAddr := strings.TrimPrefix(addrs["http"], "http://")
 	waitHTTP(t, gw, "http://"+gwAddr+"/health")
 
 	const n = 30

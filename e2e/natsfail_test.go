@@ -53,15 +53,16 @@ func TestNATSLostWhileServing(t *testing.T) {
 	g2 := startController(t, controller.G2Options{PolicyURL: policy, APIKey: controllerKey, Logger: quietLog()})
 	g1 := startG1Controller(t, controller.Options{PolicyURL: policy, APIKey: controllerKey, Logger: quietLog()})
 
-	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	grader := start(t, "grader", nil, "grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "calculator",
+	grader, addrs := startListening(t, "grader", nil, "grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader", "calculator",
 		"--nats", nc.URL(), "--log-level", "warn")
+	graderAddr := addrs["grpc"]
 	waitGRPC(t, grader, graderAddr)
-	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "", "--grader-addr", graderAddr,
+	roll, addrs := startListening(t, "rollout", nil, "rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader-addr", graderAddr,
 		"--workflow", "calculator", "--max-concurrent", "2", "--max-queued", "100", "--nats", nc.URL(), "--lost-after", "3s", "--log-level", "warn")
+	rolloutAddr := addrs["grpc"]
 	waitGRPC(t, roll, rolloutAddr)
-	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
-	base := "http://" + gwAddr
+	gw, addrs := startListening(t, "gateway", nil, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
+	base := addrs["http"]
 	waitHTTP(t, gw, base+"/health")
 
 	// Accepted before the outage: more than the replica runs at once.

@@ -83,9 +83,9 @@ func startReplicas(t *testing.T, o replicaOptions) *replicaCluster {
 	grpcPort, metricsPort := sharedPort(t, ips...), sharedPort(t, ips...)
 	dns := startDNS(t, map[string][]string{"osmo-rollout.test": ips})
 
-	graderAddr := freeAddr(t)
-	gr := start(t, "grader", env("grader"), "grader", "--grpc-addr", graderAddr, "--metrics-addr", "",
+	gr, addrs := startListening(t, "grader", env("grader"), "grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "",
 		"--grader", "calculator", "--nats", c.nats.URL(), "--log-level", "warn")
+	graderAddr := addrs["grpc"]
 	waitGRPC(t, gr, graderAddr)
 	for i, ip := range ips {
 		r := &replica{name: "rollout-" + string(rune('a'+i)), addr: ip + ":" + grpcPort, metrics: "http://" + ip + ":" + metricsPort + "/metrics"}
@@ -102,10 +102,9 @@ func startReplicas(t *testing.T, o replicaOptions) *replicaCluster {
 		r.client = rolloutv1.NewRolloutServiceClient(conn)
 		c.replicas = append(c.replicas, r)
 	}
-	gwAddr := freeAddr(t)
-	gw := start(t, "gateway", env("gateway"), "gateway", "--addr", gwAddr, "--rollout-addr", "dns://"+dns.addr+"/osmo-rollout.test:"+grpcPort,
+	gw, addrs := startListening(t, "gateway", env("gateway"), "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", "dns://"+dns.addr+"/osmo-rollout.test:"+grpcPort,
 		"--grader-addr", graderAddr, "--log-level", "warn")
-	c.gateway = "http://" + gwAddr
+	c.gateway = addrs["http"]
 	waitHTTP(t, gw, c.gateway+"/health")
 	return c
 }

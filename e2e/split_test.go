@@ -26,15 +26,18 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	ctl := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1"})
 
 	stateDir := t.TempDir()
-	graderAddr, rolloutAddr, gwAddr, rolloutMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	graderArgs := []string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "127.0.0.1:0", "--grader", "calculator", "--state", stateDir, "--log-level", "debug"}
-	grader1 := start(t, "grader-1", nil, graderArgs...)
+	graderArgs := func(addr string) []string {
+		return []string{"grader", "--grpc-addr", addr, "--metrics-addr", "127.0.0.1:0", "--grader", "calculator", "--state", stateDir, "--log-level", "debug"}
+	}
+	grader1, addrs := startListening(t, "grader-1", nil, graderArgs("127.0.0.1:0")...)
+	graderAddr := addrs["grpc"]
 	waitGRPC(t, grader1, graderAddr)
-	roll := start(t, "rollout", nil, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", rolloutMetrics, "--grader-addr", graderAddr,
+	roll, addrs := startListening(t, "rollout", nil, "rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--grader-addr", graderAddr,
 		"--workflow", "calculator", "--max-concurrent", "4", "--log-level", "warn")
+	rolloutAddr, rolloutMetrics := addrs["grpc"], addrs["metrics"]
 	waitGRPC(t, roll, rolloutAddr)
-	gw := start(t, "gateway", nil, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
-	base := "http://" + gwAddr
+	gw, addrs := startListening(t, "gateway", nil, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
+	base := addrs["http"]
 	waitHTTP(t, gw, base+"/health")
 
 	const n = 24
@@ -64,7 +67,8 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	}
 	grader1.Stop(syscall.SIGKILL, time.Second)
 	time.Sleep(600 * time.Millisecond)
-	grader2 := start(t, "grader-2", nil, graderArgs...)
+	// The second grader takes the first one's address.
+	grader2 := start(t, "grader-2", nil, graderArgs(graderAddr)...)
 	waitGRPC(t, grader2, graderAddr)
 
 	for _, id := range ids {
@@ -96,7 +100,7 @@ func TestSplitDeploymentSurvivesGraderRestart(t *testing.T) {
 	if len(stored) != n || writes != n {
 		t.Errorf("the bucket holds gradings of %d rollouts from %d writes, want %d from %d (one grading each): %v", len(stored), writes, n, n, stored)
 	}
-	metrics := httpGet(t, "http://"+rolloutMetrics+"/metrics")
+	metrics := httpGet(t, rolloutMetrics+"/metrics")
 	for _, want := range []string{
 		fmt.Sprintf(`osmo_rollouts_finished_total{error_category="",status="COMPLETED"} %d`, n),
 		fmt.Sprintf(`osmo_rollouts_started_total %d`, n),

@@ -148,16 +148,18 @@ func TestTLSSplitDeployment(t *testing.T) {
 	me := ca.Issue(t, "trainer")
 	mine := clientTLS(t, ca.PEM, &me)
 
-	graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	grader := start(t, "grader", nil, append([]string{"grader", "--grpc-addr", graderAddr, "--metrics-addr", "127.0.0.1:0",
+	grader, addrs := startListening(t, "grader", nil, append([]string{"grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
 		"--grader", "calculator", "--log-level", "info"}, tlsFlags(graderFiles)...)...)
+	graderAddr := addrs["grpc"]
 	waitGRPCCreds(t, grader, graderAddr, 20*time.Second, credentials.NewTLS(mine))
-	roll := start(t, "rollout", nil, append([]string{"rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "127.0.0.1:0",
+	roll, addrs := startListening(t, "rollout", nil, append([]string{"rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
 		"--grader-addr", graderAddr, "--workflow", "calculator", "--log-level", "warn"}, tlsFlags(rolloutFiles)...)...)
+	rolloutAddr := addrs["grpc"]
 	waitGRPCCreds(t, roll, rolloutAddr, 20*time.Second, credentials.NewTLS(mine))
-	gw := start(t, "gateway", nil, append([]string{"gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr,
+	gw, addrs := startListening(t, "gateway", nil, append([]string{"gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutAddr,
 		"--grader-addr", graderAddr, "--log-level", "warn"}, tlsFlags(gatewayFiles)...)...)
-	base := "https://" + gwAddr
+	base := addrs["http"]
+	gwAddr := strings.TrimPrefix(base, "https://")
 	client := httpsClient(mine, true)
 	waitHTTPClient(t, gw, client, base+"/health")
 
@@ -240,10 +242,8 @@ func TestTLSServe(t *testing.T) {
 	mine := clientTLS(t, ca.PEM, &me)
 	mine.ServerName = "osmo.example"
 
-	addr := freeAddr(t)
-	host, port, _ := net.SplitHostPort(addr)
-	srv := start(t, "serve", nil, append([]string{"serve", "-H", host, "-p", port, "--workflow", "calculator", "--log-level", "warn"}, tlsFlags(files)...)...)
-	base := "https://" + addr
+	srv, addrs := startListening(t, "serve", nil, append([]string{"serve", "-H", "127.0.0.1", "-p", "0", "--workflow", "calculator", "--log-level", "warn"}, tlsFlags(files)...)...)
+	base := addrs["http"]
 	waitHTTPClient(t, srv, httpsClient(mine, true), base+"/health")
 
 	for _, h2 := range []bool{true, false} {
