@@ -3,18 +3,20 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/osmo-rl/osmo/internal/logtest"
-	"github.com/osmo-rl/osmo/internal/proctest"
 	"github.com/osmo-rl/osmo/internal/tlsconfig/tlstest"
 )
 
@@ -84,24 +86,28 @@ func TestOpenListenRefused(t *testing.T) {
 	}
 }
 
-// serveUntilHealthy runs `osmo serve` on addr with args until /health
-// answers, then stops it, and returns what it logged.
+// serveUntilHealthy runs `osmo serve` on every interface, on a port of the
+// kernel's choosing, with args until /health answers on loopback, then stops
+// it, and returns what it logged.
 func serveUntilHealthy(t *testing.T, vars map[string]string, check func(base string), args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	port := freePort(t)
+	addrFile := filepath.Join(t.TempDir(), "addr.json")
 	done := make(chan error, 1)
 	var out *logtest.Buffer
 	started := make(chan struct{})
 	go func() {
 		var err error
-		out, err = runCommand(ctx, vars, append([]string{"serve", "-H", "0.0.0.0", "-p", port, "--log-level", "warn"}, args...)...)
+		out, err = runCommand(ctx, vars, append([]string{"serve", "-H", "0.0.0.0", "-p", "0", "--addr-file", addrFile, "--log-level", "warn"}, args...)...)
 		close(started)
 		done <- err
 	}()
-	base := "http://127.0.0.1:" + port
+	base := ""
 	for {
+		if base == "" {
+			base = loopbackURL(addrFile)
+		}
 		resp, err := http.Get(base + "/health")
 		if err == nil {
 			resp.Body.Close()
@@ -126,10 +132,22 @@ func serveUntilHealthy(t *testing.T, vars map[string]string, check func(base str
 	return out.String()
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	_, port, _ := net.SplitHostPort(proctest.FreeAddr(t))
-	return port
+// loopbackURL is the loopback URL of the HTTP port addrFile reports, or ""
+// while it reports none.
+func loopbackURL(addrFile string) string {
+	b, err := os.ReadFile(addrFile)
+	if err != nil {
+		return ""
+	}
+	var addrs map[string]string
+	if json.Unmarshal(b, &addrs) != nil {
+		return ""
+	}
+	u, err := url.Parse(addrs["http"])
+	if err != nil {
+		return ""
+	}
+	return "http://127.0.0.1:" + u.Port()
 }
 
 func status(t *testing.T, url, key string) int {
