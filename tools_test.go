@@ -7,7 +7,7 @@ import (
 	"math"
 	"sync/atomic"
 	"testing"
-	"time"
+	"testing/synctest"
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/host"
@@ -78,38 +78,44 @@ func TestToolResults(t *testing.T) {
 	}
 }
 
+// TestExecuteToolCallsIsConcurrentAndOrdered: every call runs at once (the
+// bubble's goroutines all block in their tools before any is released),
+// the results keep the calls' order, and a panicking tool becomes an
+// error result.
 func TestExecuteToolCallsIsConcurrentAndOrdered(t *testing.T) {
-	calls := make([]osmo.ToolCall, 8)
-	for i := range calls {
-		calls[i] = osmo.ToolCall{ID: fmt.Sprint(i), Function: osmo.FunctionCall{Name: "sleep"}}
-	}
-	var inFlight, peak atomic.Int32
-	release := make(chan struct{})
-	go func() {
-		for inFlight.Load() < int32(len(calls)) {
-			time.Sleep(time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		calls := make([]osmo.ToolCall, 8)
+		for i := range calls {
+			calls[i] = osmo.ToolCall{ID: fmt.Sprint(i), Function: osmo.FunctionCall{Name: "sleep"}}
+		}
+		var inFlight atomic.Int32
+		release := make(chan struct{})
+		results := make(chan []osmo.Message, 1)
+		go func() {
+			results <- osmo.ExecuteToolCalls(context.Background(), calls, func(_ context.Context, tc osmo.ToolCall) osmo.Message {
+				inFlight.Add(1)
+				<-release
+				if tc.ID == "3" {
+					panic("boom")
+				}
+				return osmo.ToolResult(tc.ID, "ok "+tc.ID)
+			})
+		}()
+		synctest.Wait()
+		if n := inFlight.Load(); n != int32(len(calls)) {
+			t.Fatalf("%d of %d tool calls running at once", n, len(calls))
 		}
 		close(release)
-	}()
-	out := osmo.ExecuteToolCalls(context.Background(), calls, func(_ context.Context, tc osmo.ToolCall) osmo.Message {
-		n := inFlight.Add(1)
-		if n > peak.Load() {
-			peak.Store(n)
+		out := <-results
+		for i, m := range out {
+			if m["tool_call_id"] != fmt.Sprint(i) {
+				t.Fatalf("result %d is for call %v: order not kept", i, m["tool_call_id"])
+			}
 		}
-		<-release // every call must be running at once for this to return
-		if tc.ID == "3" {
-			panic("boom")
+		if out[3]["content"] != `Error: tool "sleep" panicked: boom` {
+			t.Fatalf("panicking tool = %v", out[3])
 		}
-		return osmo.ToolResult(tc.ID, "ok "+tc.ID)
 	})
-	for i, m := range out {
-		if m["tool_call_id"] != fmt.Sprint(i) {
-			t.Fatalf("result %d is for call %v: order not kept", i, m["tool_call_id"])
-		}
-	}
-	if out[3]["content"] != `Error: tool "sleep" panicked: boom` {
-		t.Fatalf("panicking tool = %v", out[3])
-	}
 }
 
 func TestGraderContext(t *testing.T) {
