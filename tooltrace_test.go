@@ -58,7 +58,7 @@ func TestExecuteToolCallsSpans(t *testing.T) {
 		}
 		got := map[attribute.Key]string{}
 		for _, kv := range s.Attributes {
-			got[kv.Key] = kv.Value.Emit()
+			got[kv.Key] = kv.Value.String()
 		}
 		if s.Parent.SpanID() != parent.SpanContext().SpanID() {
 			t.Errorf("%s: parent %v, want the caller's span", tc.name, s.Parent.SpanID())

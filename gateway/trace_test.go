@@ -22,7 +22,7 @@ import (
 func spanAttr(s tracetest.SpanStub, key attribute.Key) string {
 	for _, kv := range s.Attributes {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
@@ -96,7 +96,7 @@ func TestTracing(t *testing.T) {
 		route, hasRoute := "", false
 		for _, kv := range s.Attributes {
 			if kv.Key == semconv.HTTPRouteKey {
-				route, hasRoute = kv.Value.Emit(), true
+				route, hasRoute = kv.Value.String(), true
 			}
 		}
 		want := s.Name

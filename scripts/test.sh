@@ -37,6 +37,9 @@ step "JavaScript agents (examples/agents-js): install from the lockfile, unit te
 step "go vet"
 go vet ./...
 
+step "staticcheck"
+"$(bash scripts/tools.sh)/staticcheck" ./...
+
 # The end-to-end tracing test runs a real Jaeger; building it from source
 # takes several minutes the first time (cached in ~/.cache/osmo afterwards), so
 # it happens here, before the tests' clock starts.

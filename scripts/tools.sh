@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned code generators into ~/.cache/osmo/bin (idempotent, offline
+# Installs the pinned code generators and linters into ~/.cache/osmo/bin (idempotent, offline
 # once the Go module cache has them). Source it or run it; it prints the bin dir.
 set -euo pipefail
 # Outside the work tree so fresh clones on the same machine reuse it.
@@ -16,6 +16,7 @@ tools=(
   "protoc-gen-grpc-gateway=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@v2.32.0"
   "protoc-gen-openapiv2=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@v2.32.0"
   "protoc-gen-go-vtproto=github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@v0.6.1-0.20240319094008-0393e58bdf10"
+  "staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2"
 )
 for entry in "${tools[@]}"; do
   name="${entry%%=*}"

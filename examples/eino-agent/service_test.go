@@ -220,9 +220,7 @@ func TestServedByTheRolloutService(t *testing.T) {
 		t.Errorf("sample label %v, want %q", sample.Label, "42")
 	}
 	msgs := make([]osmo.Message, len(sample.Messages))
-	for i, m := range sample.Messages {
-		msgs[i] = m
-	}
+	copy(msgs, sample.Messages)
 	checkConversation(t, msgs)
 	if len(sample.LLMCalls) < 2 {
 		t.Errorf("%d llm_calls, want the tool turn and the answer", len(sample.LLMCalls))

@@ -348,6 +348,7 @@ func outputParts(parts []schema.MessageOutputPart) ([]any, *MessageError) {
 	return out, nil
 }
 
+//lint:ignore SA1019 models built on older eino still fill MultiContent, so the adapter reads it too.
 func legacyParts(parts []schema.ChatMessagePart) ([]any, *MessageError) {
 	out := make([]any, 0, len(parts))
 	for j, p := range parts {

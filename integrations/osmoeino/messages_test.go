@@ -1,5 +1,7 @@
 package osmoeino_test
 
+//lint:file-ignore SA1019 the deprecated MultiContent parts are among the inputs the adapter must read.
+
 import (
 	"errors"
 	"reflect"

@@ -266,5 +266,5 @@ func isInteger(v []byte) bool {
 	if len(v) == 0 || v[0] != '-' && (v[0] < '0' || v[0] > '9') {
 		return false
 	}
-	return bytes.IndexAny(v, ".eE") < 0
+	return !bytes.ContainsAny(v, ".eE")
 }

@@ -62,26 +62,26 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	if len(c.Graders) == 0 {
-		return errors.New("Graders: at least one grader is required")
+		return errors.New("Config.Graders: at least one grader is required")
 	}
 	for name, g := range c.Graders {
 		if name == "" {
-			return errors.New("Graders: a grader has an empty name")
+			return errors.New("Config.Graders: a grader has an empty name")
 		}
 		if g == nil {
-			return fmt.Errorf("Graders: grader %q is nil", name)
+			return fmt.Errorf("Config.Graders: grader %q is nil", name)
 		}
 	}
 	if c.Default != "" {
 		if _, ok := c.Graders[c.Default]; !ok {
-			return fmt.Errorf("Default: unknown grader %q (known: %s)", c.Default, strings.Join(c.graderNames(), ", "))
+			return fmt.Errorf("Config.Default: unknown grader %q (known: %s)", c.Default, strings.Join(c.graderNames(), ", "))
 		}
 	}
 	if c.Timeout < 0 || c.MaxConcurrent < 0 || c.ResultTTL < 0 {
-		return errors.New("Timeout, MaxConcurrent and ResultTTL must not be negative")
+		return errors.New("Config.Timeout, MaxConcurrent and ResultTTL must not be negative")
 	}
 	if c.State == nil {
-		return errors.New("State: required: the NATS JetStream that keeps the gradings (natsstore.Open)")
+		return errors.New("Config.State: required: the NATS JetStream that keeps the gradings (natsstore.Open)")
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout

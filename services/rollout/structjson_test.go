@@ -15,7 +15,7 @@ func TestJSONStructIsEncodingJSON(t *testing.T) {
 		"", "plain", `quote " and \ backslash`, "new\nline\r\ttab", "\x00\x01\x1f\x7f",
 		"<html> & </html>", "é ü 日本語 🙂", "line\u2028sep\u2029", "emoji \U0001F600 end",
 	} {
-		for _, n := range []float64{0, -0.0, 1, -1, 0.1, 1.5e-7, 1e-6, 123456789, 1e20, 1e21, 1.7976931348623157e308, 5e-324, 42.42} {
+		for _, n := range []float64{0, math.Copysign(0, -1), 1, -1, 0.1, 1.5e-7, 1e-6, 123456789, 1e20, 1e21, 1.7976931348623157e308, 5e-324, 42.42} {
 			m := map[string]any{
 				"s": s, s: n, "n": n, "b": true, "f": false, "null": nil,
 				"list":   []any{s, n, nil, []any{}, map[string]any{}},

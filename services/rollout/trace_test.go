@@ -2,7 +2,6 @@ package rollout_test
 
 import (
 	"context"
-	otelcodes "go.opentelemetry.io/otel/codes"
 	"strings"
 	"sync"
 	"testing"
@@ -197,7 +196,7 @@ func TestRolloutTrace(t *testing.T) {
 			t.Errorf("deliver span %d: parent %v, attributes %v", i, d.Parent.SpanID(), attrMap(d))
 		}
 	}
-	if delivers[0].Status.Code != otelcodes.Error || delivers[1].Status.Code == otelcodes.Error {
+	if delivers[0].Status.Code != codes.Error || delivers[1].Status.Code == codes.Error {
 		t.Errorf("deliver spans' statuses %v, %v: want the first failed, the second not", delivers[0].Status, delivers[1].Status)
 	}
 	attempts := tr.named("POST /v1/rollout/completed")
