@@ -71,25 +71,20 @@ func (req *chatRequest) parse(body []byte) *requestError {
 	return nil
 }
 
-// checkMessages requires a non-empty array of objects. Empty structs take
-// the shape without copying the messages; only a body that fails is read
-// again, for the index of the message at fault.
+// checkMessages requires a non-empty array of objects.
 func checkMessages(v json.RawMessage) *requestError {
-	var shape []*struct{}
-	if err := json.Unmarshal(v, &shape); err == nil && !isNull(v) && !slices.Contains(shape, nil) {
-		if len(shape) == 0 {
-			return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
-		}
-		return nil
-	}
 	var msgs []json.RawMessage
-	_ = json.Unmarshal(v, &msgs)
-	i := slices.IndexFunc(msgs, func(m json.RawMessage) bool { return m[0] != '{' })
-	if isNull(v) || i < 0 {
+	if isNull(v) || json.Unmarshal(v, &msgs) != nil {
 		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must be an array of message objects`}
 	}
-	return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
-		msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
+	if len(msgs) == 0 {
+		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
+	}
+	if i := slices.IndexFunc(msgs, func(m json.RawMessage) bool { return m[0] != '{' }); i >= 0 {
+		return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
+			msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
+	}
+	return nil
 }
 
 // rewrite returns the body to send upstream and the model it names: the
