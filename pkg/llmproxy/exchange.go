@@ -116,7 +116,7 @@ func (x *exchange) serve(idSource string) {
 		x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
 		return
 	}
-	out, model := x.req.rewrite(route, c.RolloutID)
+	out, model := x.req.rewrite(body, route, c.RolloutID)
 	c.RequestedModel = x.req.requestedModel
 	c.Model = model
 	c.RequestMessages = x.req.messages
