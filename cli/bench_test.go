@@ -333,3 +333,15 @@ func TestBenchBaselineMissing(t *testing.T) {
 		t.Fatalf("err %v, stderr %q: want a usage error naming --baseline", err, errOut.String())
 	}
 }
+
+// TestBenchProxyArgs: osmo bench proxy takes only -n; anything else is a
+// usage error before anything runs.
+func TestBenchProxyArgs(t *testing.T) {
+	for _, args := range [][]string{{"bench", "proxy", "extra"}, {"bench", "proxy", "-n", "5"}, {"bench", "proxy", "--rollouts", "5"}, {"bench", "proxy", "--help"}} {
+		var out, errOut bytes.Buffer
+		err := cli.Run(t.Context(), args, &out, &errOut)
+		if err == nil || out.Len() > 0 {
+			t.Errorf("%q: err %v, stdout %q: want a usage error and nothing measured", args, err, out.String())
+		}
+	}
+}

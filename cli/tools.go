@@ -132,22 +132,23 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 && args[0] == "rollouts" {
-		return runBenchRollouts(ctx, e, args[1:])
-	}
-	if len(args) > 0 && args[0] == "reverse-proxy" {
-		return runBenchReverseProxy(ctx, e, args[1:])
+	if len(args) > 0 {
+		switch args[0] {
+		case "proxy":
+			return runBenchProxy(ctx, e, args[1:])
+		case "rollouts":
+			return runBenchRollouts(ctx, e, args[1:])
+		case "reverse-proxy":
+			return runBenchReverseProxy(ctx, e, args[1:])
+		}
 	}
 	fs := flagSet(e, "bench")
 	var n int
 	var rb rolloutBenchFlags
-	fs.IntVar(&n, "n", 5000, "sequential requests per setup (the one-core section sends 4n per setup)")
+	fs.IntVar(&n, "n", 5000, benchProxyNUsage)
 	rb.register(fs)
-	if err := parse(fs, args); err != nil {
+	if err := parseBenchProxy(fs, args, &n); err != nil {
 		return err
-	}
-	if n < 100 {
-		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
 	}
 	if err := rb.check(); err != nil {
 		return err
@@ -156,6 +157,43 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		// A comparison is all that is asked for.
 		return rb.run(ctx, e)
 	}
+	if err := benchProxy(ctx, e, n); err != nil {
+		return err
+	}
+	return rb.run(ctx, e)
+}
+
+// runBenchProxy prints the proxy's figures alone.
+func runBenchProxy(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "bench proxy")
+	n := fs.Int("n", 5000, benchProxyNUsage)
+	if err := parseBenchProxy(fs, args, n); err != nil {
+		return err
+	}
+	return benchProxy(ctx, e, *n)
+}
+
+const benchProxyNUsage = "sequential requests per setup (the one-core section sends 4n per setup)"
+
+// parseBenchProxy parses the flags of osmo bench or osmo bench proxy; n
+// is the -n flag's value.
+func parseBenchProxy(fs *flag.FlagSet, args []string, n *int) error {
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *n < 100 {
+		return usagef("-n: at least 100 requests are needed for a p99, got %d", *n)
+	}
+	return nil
+}
+
+// benchProxy measures the proxy in one process against
+// httputil.ReverseProxy and a direct call, then as its own process on one
+// core, with n requests per setup.
+func benchProxy(ctx context.Context, e *env, n int) error {
 	// The traced setup runs the proxy's span pipeline, sampling every call,
 	// in front of an exporter that drops the batches: the cost measured is
 	// the proxy's, not a collector's.
@@ -190,7 +228,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	one.WriteTable(e.stdout)
 	fmt.Fprintln(e.stdout)
-	return rb.run(ctx, e)
+	return nil
 }
 
 // runBenchReverseProxy serves the plain httputil.ReverseProxy that osmo

@@ -132,8 +132,8 @@ func (r OverheadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "process's, not the proxy's alone (see the one-core section for that)\n")
 	fmt.Fprintf(w, "throughput with %d concurrent clients over %s: llmproxy %.0f req/s, reverseproxy %.0f req/s, direct %.0f req/s\n",
 		r.ThroughputClients, r.ThroughputDuration, r.Throughput, r.ReverseProxyThroughput, r.DirectThroughput)
-	fmt.Fprintf(w, "llmproxy against reverseproxy, recording every call: added p99 %.2fx, req/s %.2fx\n",
-		r.AddedP99Ratio(), r.ReverseProxyThroughputRatio())
+	fmt.Fprintf(w, "llmproxy against reverseproxy, recording every call: added p99 %s, req/s %.2fx\n",
+		addedP99Ratio(r.AddedP99Ratio()), r.ReverseProxyThroughputRatio())
 	if r.Traced {
 		fmt.Fprintf(w, "tracing on (every span sampled, batch export to an exporter that drops them): llmproxy+tracing %.0f req/s = %.1f%% of llmproxy (%+.1f%%)\n",
 			r.TracedThroughput, 100*r.TracingThroughputRatio(), 100*(r.TracingThroughputRatio()-1))
@@ -152,6 +152,16 @@ func gcPercent() int {
 		return -1
 	}
 	return int(v)
+}
+
+// addedP99Ratio prints an AddedP99Ratio. 0 means the reverse proxy's p99
+// was no longer than a direct call's: on a busy machine the tail is noise,
+// and a ratio to it would read as a result.
+func addedP99Ratio(r float64) string {
+	if r == 0 {
+		return "n/a (reverseproxy added no p99 over direct: the tails are noise; rerun on a quiet machine)"
+	}
+	return fmt.Sprintf("%.2fx", r)
 }
 
 func micros(d time.Duration) string {

@@ -146,6 +146,15 @@ func TestOneCoreReverseProxyRatios(t *testing.T) {
 		t.Errorf("table lacks the comparison:\n%s", out.String())
 	}
 
+	// A reverse proxy whose tail came out shorter than a direct call's
+	// leaves nothing to compare with: the table says so, not 0x.
+	rep.ReverseProxy.Latency.P99 = 250 * time.Microsecond
+	out.Reset()
+	rep.WriteTable(&out)
+	if rep.AddedP99Ratio() != 0 || !strings.Contains(out.String(), "added p99 n/a") {
+		t.Errorf("AddedP99Ratio = %v against a reverse proxy faster than direct; table:\n%s", rep.AddedP99Ratio(), out.String())
+	}
+
 	rep.ReverseProxy = proxybench.OneCoreSetup{}
 	if rep.AddedP99Ratio() != 0 || rep.ReverseProxyThroughputRatio() != 0 || rep.ReverseProxyCPURatio() != 0 {
 		t.Error("ratios to a reverse proxy that was not measured are not 0")

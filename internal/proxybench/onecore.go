@@ -210,8 +210,8 @@ func (r OneCoreReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "tracing/off: CPU per request %.3f (%+.1f%%), capacity on one core %.1f%%, req/s %.1f%%\n",
 		cpu, 100*(cpu-1), 100/cpu, 100*r.TracingThroughputRatio())
 	if r.ReverseProxy.Name != "" {
-		fmt.Fprintf(w, "off against reverseproxy: added p99 %.2fx (%s against %s over direct), req/s %.2fx, CPU per request %.2fx\n",
-			r.AddedP99Ratio(), signedMicros(r.Off.Latency.P99-r.Direct.Latency.P99), signedMicros(r.ReverseProxy.Latency.P99-r.Direct.Latency.P99),
+		fmt.Fprintf(w, "off against reverseproxy: added p99 %s (%s against %s over direct), req/s %.2fx, CPU per request %.2fx\n",
+			addedP99Ratio(r.AddedP99Ratio()), signedMicros(r.Off.Latency.P99-r.Direct.Latency.P99), signedMicros(r.ReverseProxy.Latency.P99-r.Direct.Latency.P99),
 			r.ReverseProxyThroughputRatio(), r.ReverseProxyCPURatio())
 	}
 	fmt.Fprintf(w, "spans received over OTLP/HTTP: tracing %d for %d calls (warm-up included; the readiness probe's 404 is one more), off %d\n",

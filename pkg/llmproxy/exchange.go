@@ -46,15 +46,7 @@ type exchange struct {
 // serve handles one call of the given API; idSource says where a missing
 // rollout id was expected, for the error message.
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sampleID, idSource string) {
-	// Exchanges are pooled: nothing outlives the handler but the Call,
-	// which is allocated afresh for the Recorder to keep.
-	//
-	// A pooled exchange is zero. Its fields are set one by one: a whole
-	// exchange written at once is built in this frame first (over a
-	// kilobyte), and a rollout in flight parks its goroutine above this
-	// frame while the call waits for the policy.
-	x := p.exchanges.Get().(*exchange)
-	x.p, x.w, x.r, x.ctx, x.start = p, w, r, r.Context(), time.Now()
+	x := &exchange{p: p, w: w, r: r, ctx: r.Context(), start: time.Now()}
 	if p.tracing != nil {
 		x.ctx = p.tracing.traceContext(r)
 	}
@@ -64,8 +56,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sa
 		p.traceRejected(x.ctx, r, x.start, x.call.StatusCode, rolloutID, sampleID)
 	}
 	x.finish()
-	*x = exchange{}
-	p.exchanges.Put(x)
 }
 
 func (x *exchange) serve(idSource string) {
@@ -126,7 +116,7 @@ func (x *exchange) serve(idSource string) {
 		x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
 		return
 	}
-	out, model := x.req.rewrite(route, c.RolloutID)
+	out, model := x.req.rewrite(body, route, c.RolloutID)
 	c.RequestedModel = x.req.requestedModel
 	c.Model = model
 	c.RequestMessages = x.req.messages

@@ -128,6 +128,9 @@ func FuzzChatRequest(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"logprobs":true,"extra_body":{"return_token_ids":true}}`))
 	f.Add([]byte(`{"messages":"no"}`))
 	f.Add([]byte(`{"model":"m","messages":[],"stream":true}`))
+	// Streams are fuzzed here too: the upstream answers JSON, and the oracle
+	// no longer guesses from the bytes which bodies ask for a stream.
+	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"str\u0065am":true,"Stream":false}`))
 	up := &fuzzUpstream{status: http.StatusOK, contentType: "application/json", body: []byte(completionJSON)}
 	h, calls := fuzzProxy(f, up)
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -142,6 +145,7 @@ func FuzzResponsesRequest(f *testing.F) {
 	f.Add([]byte(`{"model":"m","input":"What is 2+2?"}`))
 	f.Add([]byte(`{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"4"}],"tools":[{"type":"function","name":"f","parameters":{}}],"tool_choice":"auto","text":{"format":{"type":"json_schema","name":"x","schema":{}}}}`))
 	f.Add([]byte(`{"input":[{"role":"system","content":5}]}`))
+	f.Add([]byte(`{"model":"m","input":"hi","stream":true}`))
 	up := &fuzzUpstream{status: http.StatusOK, contentType: "application/json", body: []byte(completionJSON)}
 	h, calls := fuzzProxy(f, up)
 	f.Fuzz(func(t *testing.T, body []byte) {

@@ -110,9 +110,8 @@ type Proxy struct {
 	tracing         *tracing // nil when not traced
 
 	// Pools hold per-call scratch space so the hot path allocates little.
-	bufs      sync.Pool // *bytes.Buffer
-	readers   sync.Pool // *bufio.Reader
-	exchanges sync.Pool // *exchange
+	bufs    sync.Pool // *bytes.Buffer
+	readers sync.Pool // *bufio.Reader
 }
 
 // New validates cfg and returns a Proxy.
@@ -160,7 +159,6 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.bufs.New = func() any { return new(bytes.Buffer) }
 	p.readers.New = func() any { return bufio.NewReaderSize(nil, 16<<10) }
-	p.exchanges.New = func() any { return new(exchange) }
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {

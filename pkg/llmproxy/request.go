@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -22,7 +23,6 @@ func (e *requestError) Error() string { return e.msg }
 
 // chatRequest is what the proxy needs from a chat-completions body.
 type chatRequest struct {
-	body []byte
 	// members are the body's top-level members by their exact key, as a
 	// policy server reads them; values are left as they came, so numbers and
 	// everything else the proxy does not read pass through unchanged.
@@ -51,7 +51,6 @@ func (req *chatRequest) parse(body []byte) *requestError {
 		}
 		return &requestError{code: "invalid_request_body", msg: "llmproxy: request body must be a JSON object"}
 	}
-	req.body = body
 	messages, ok := req.members["messages"]
 	if !ok {
 		return &requestError{param: "messages", code: "missing_messages", msg: `llmproxy: request body has no "messages" array`}
@@ -79,20 +78,19 @@ func checkMessages(v json.RawMessage) *requestError {
 	if len(msgs) == 0 {
 		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
 	}
-	for i, m := range msgs {
-		if m[0] != '{' {
-			return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
-				msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
-		}
+	if i := slices.IndexFunc(msgs, func(m json.RawMessage) bool { return m[0] != '{' }); i >= 0 {
+		return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
+			msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
 	}
 	return nil
 }
 
-// rewrite returns the body to send upstream and the model it names: the
-// body as it came when nothing changes, else its members with "model" (and
-// "rollout_id" when injected) set.
-func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, model string) {
-	model = req.requestedModel
+// rewrite returns the body to send upstream and the model it names: body,
+// the one parsed, when nothing changes, else its members with "model" (and
+// "rollout_id" when injected) set. The request keeps no reference to body,
+// so a call in flight holds it only when it goes upstream as it came.
+func (req *chatRequest) rewrite(body []byte, route Route, rolloutID string) ([]byte, string) {
+	model := req.requestedModel
 	switch {
 	case route.PinModel:
 		model = cmp.Or(route.Model, osmo.PlaceholderModel)
@@ -103,7 +101,7 @@ func (req *chatRequest) rewrite(route Route, rolloutID string) (body []byte, mod
 	}
 	setModel := !req.hasModel || model != req.requestedModel
 	if !setModel && !route.InjectRolloutID {
-		return req.body, model
+		return body, model
 	}
 	if setModel {
 		req.members["model"] = jsonString(model)
