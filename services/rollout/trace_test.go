@@ -2,11 +2,12 @@ package rollout_test
 
 import (
 	"context"
-	otelcodes "go.opentelemetry.io/otel/codes"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	otelcodes "go.opentelemetry.io/otel/codes"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -118,7 +119,7 @@ func attrMap(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
 func TestRolloutTrace(t *testing.T) {
 	g := &spanGrader{fakeGrader: fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 		return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "calculator",
-			Grades: []*graderv1.SampleGrade{{SampleId: req.GetSamples()[0].GetId(), Reward: osmo.Float(1)}}}, nil
+			Grades: []*graderv1.SampleGrade{{SampleId: samplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
 	}}}
 	h, exp, tp := traced(t, harnessOpts{
 		cfg: func(c *rollout.Config) { c.Grader = g; c.GraderName = "calculator" },
@@ -331,7 +332,7 @@ func TestG2WorkflowTrace(t *testing.T) {
 func TestOutboxFinalStageTrace(t *testing.T) {
 	g := &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 		return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "multiply",
-			Grades: []*graderv1.SampleGrade{{SampleId: req.GetSamples()[0].GetId(), Reward: osmo.Float(1)}}}, nil
+			Grades: []*graderv1.SampleGrade{{SampleId: samplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
 	}}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))
