@@ -342,7 +342,7 @@ func TestFinalOwedAfterASlowGrading(t *testing.T) {
 // messages, whichever form it carries them in.
 func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
 	if len(req.GetSamplesJson()) == 0 {
-		return samplesOf(req)
+		return req.GetSamples()
 	}
 	var r graderv1.GradeRequest
 	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')

@@ -89,7 +89,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
-	answer, err := marshal(w.resp)
+	answer, err := proto.Marshal(w.resp)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode the init answer: %v", err)
 	}
@@ -138,7 +138,7 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 		}
 	}
 	resp := &rolloutv1.InitRolloutResponse{}
-	if err := unmarshal(lc.Response, resp); err != nil {
+	if err := proto.Unmarshal(lc.Response, resp); err != nil {
 		return nil, status.Errorf(codes.Internal, "the saved init answer: %v", err)
 	}
 	return resp, nil
