@@ -189,8 +189,6 @@ func toCallJSON(c *osmo.LLMCall) callJSON {
 	return out
 }
 
-func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 func writeStoreError(w http.ResponseWriter, status int, code, msg string) {
 	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": code}})
 	w.Header().Set("Content-Type", "application/json")
