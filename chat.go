@@ -21,11 +21,13 @@ type ChatResult struct {
 // HasToolCalls reports whether the model asked for tools.
 func (r *ChatResult) HasToolCalls() bool { return len(r.ToolCalls) > 0 }
 
-// Usage is the token accounting of a completion.
+// Usage is the token accounting of a completion. CachedTokens is what
+// OpenAI reports as usage.prompt_tokens_details.cached_tokens.
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
 }
 
 // ToolCall is an OpenAI tool call.

@@ -2,11 +2,13 @@ package osmo
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Grader sets rewards on the samples of one finished rollout. Implementations
@@ -22,7 +24,8 @@ type GraderFunc func(ctx context.Context, gc *GraderContext) error
 func (f GraderFunc) Grade(ctx context.Context, gc *GraderContext) error { return f(ctx, gc) }
 
 // Sample is a finished sample (the Osmosis RolloutSample) as a grader
-// sees it.
+// sees it: its messages, metadata and extra fields decoded from the JSON
+// the agent and the trainer sent.
 type Sample struct {
 	ID string
 	// Messages are the conversation as the agent framework shaped it.
@@ -36,49 +39,77 @@ type Sample struct {
 	RemoveSample bool
 	Metrics      *SampleMetrics
 	ExtraFields  map[string]any
-	// LLMCalls are the sample's calls through the LLM proxy, in order.
-	LLMCalls []LLMCall
+	// LLMCalls are the sample's calls through the LLM proxy, in order, as
+	// recorded: read them, do not change them.
+	LLMCalls []*LLMCall
 	// AgentReward is the reward the workflow proposed, if any.
 	AgentReward *float64
 	// FinishReason is why the agent stopped.
 	FinishReason string
 }
 
-// RolloutSample is the Osmosis name of a Sample.
-type RolloutSample = Sample
-
-// SampleMetrics are the counters of a sample.
+// SampleMetrics are the counters of a sample (or of a whole rollout), under
+// the names of the G1 completion's metrics.
 type SampleMetrics struct {
-	TotalLatencyMS   float64
-	LLMLatencyMS     float64
-	ToolLatencyMS    float64
-	NumLLMCalls      int
-	NumToolCalls     int
-	PromptTokens     int
-	ResponseTokens   int
-	MaxContextTokens int
+	TotalLatencyMS   float64 `json:"total_latency_ms"`
+	LLMLatencyMS     float64 `json:"llm_latency_ms"`
+	ToolLatencyMS    float64 `json:"tool_latency_ms"`
+	NumLLMCalls      int     `json:"num_llm_calls"`
+	NumToolCalls     int     `json:"num_tool_calls"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	ResponseTokens   int     `json:"response_tokens"`
+	MaxContextTokens int     `json:"max_context_tokens"`
 }
 
-// LLMCall is one recorded chat completion of a sample.
+// LLMCall is the record of one chat completion that went through the LLM
+// proxy: the proxy fills it in, a rollout keeps it with its sample, graders
+// read it, and the stored record, the API and the callbacks render it. The
+// messages are the JSON exactly as it crossed the wire.
 type LLMCall struct {
-	ID    string
-	Model string
-	// RequestMessages are the messages of the request. Those a call
-	// repeats from the previous call's are the same Message values as
-	// there, and those the sample's Messages hold too (the same JSON) the
-	// same values as in Messages: read them, do not change them.
-	RequestMessages []Message
-	ResponseMessage Message
-	FinishReason    string
-	Usage           Usage
+	// RolloutID and SampleID bind the call to its sample (the proxy reads
+	// them from the request's headers); a sample's calls do not repeat them.
+	RolloutID string `json:"-"`
+	SampleID  string `json:"-"`
+
+	// ID is the upstream response id.
+	ID string `json:"id"`
+	// RequestedModel is what the client asked for; Model what went upstream.
+	RequestedModel string `json:"requested_model"`
+	Model          string `json:"model"`
+	// SharedRequestMessages counts the leading messages the request shares
+	// with the previous call of its sample, and RequestMessages are the
+	// request's messages after those: a call's whole request is the first
+	// SharedRequestMessages messages of the previous call's whole request,
+	// then its RequestMessages. A call the proxy records stands alone
+	// (0, every message); a rollout counts what its sample's calls share,
+	// so that they do not each copy the conversation.
+	SharedRequestMessages int               `json:"shared_request_messages"`
+	RequestMessages       []json.RawMessage `json:"request_messages"`
+	// ResponseMessage is choices[0].message (assembled from deltas for a stream).
+	ResponseMessage json.RawMessage `json:"response_message"`
+	FinishReason    string          `json:"finish_reason"`
+	Usage           Usage           `json:"usage"`
+	// LatencyMS is the wall time from the proxy receiving the request to
+	// the last byte answered; TimeToFirstTokenMS, for a stream, to the
+	// first content chunk.
+	LatencyMS          float64 `json:"latency_ms"`
+	TimeToFirstTokenMS float64 `json:"time_to_first_token_ms"`
+	Stream             bool    `json:"stream"`
 	// Exact tokens and per-token log probabilities, when the policy
 	// returned them.
-	PromptTokenIDs     []int32
-	CompletionTokenIDs []int32
-	Logprobs           []float64
-	LatencyMS          float64
-	StatusCode         int
-	Error              string
+	PromptTokenIDs     []int32   `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int32   `json:"completion_token_ids,omitempty"`
+	Logprobs           []float64 `json:"logprobs,omitempty"`
+	// StatusCode is what the proxy answered; Error is set when the call failed.
+	StatusCode int    `json:"status_code"`
+	Error      string `json:"error"`
+	// Attempts counts upstream tries.
+	Attempts  int       `json:"attempts"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// API is the API the client called: "chat.completions", or "responses"
+	// for a Responses API call the proxy translated (the policy always
+	// receives a chat completion, which is what the record holds).
+	API string `json:"api"`
 }
 
 // GraderContext is what a Grader works on. The grader service builds it

@@ -81,9 +81,9 @@ func TestAgentsSolveThroughTheProxy(t *testing.T) {
 			}
 			for i, c := range calls {
 				if c.SampleID != sampleID || c.RequestedModel != osmo.PlaceholderModel || c.Model != upstreamModel ||
-					c.StatusCode != 200 || c.Err != "" || c.Stream != a.stream {
+					c.StatusCode != 200 || c.Error != "" || c.Stream != a.stream {
 					t.Errorf("call %d: sample %q requested %q sent %q status %d err %q stream %v; want sample %q, %q rewritten to %q, 200, stream %v",
-						i, c.SampleID, c.RequestedModel, c.Model, c.StatusCode, c.Err, c.Stream, sampleID, osmo.PlaceholderModel, upstreamModel, a.stream)
+						i, c.SampleID, c.RequestedModel, c.Model, c.StatusCode, c.Error, c.Stream, sampleID, osmo.PlaceholderModel, upstreamModel, a.stream)
 				}
 			}
 			if last := calls[len(calls)-1]; !bytes.Contains(last.ResponseMessage, []byte(`#### 42`)) {
@@ -140,8 +140,8 @@ func TestAgentsFail(t *testing.T) {
 					if len(calls) == 0 {
 						t.Fatal("proxy recorded no call")
 					}
-					if c := calls[0]; c.StatusCode != http.StatusBadGateway || !strings.Contains(c.Err, "500") || c.SampleID != sampleID {
-						t.Errorf("proxy recorded status %d err %q sample %q, want 502 naming the upstream's 500 for %s", c.StatusCode, c.Err, c.SampleID, sampleID)
+					if c := calls[0]; c.StatusCode != http.StatusBadGateway || !strings.Contains(c.Error, "500") || c.SampleID != sampleID {
+						t.Errorf("proxy recorded status %d err %q sample %q, want 502 naming the upstream's 500 for %s", c.StatusCode, c.Error, c.SampleID, sampleID)
 					}
 				}
 			})

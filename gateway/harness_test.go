@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -183,7 +184,7 @@ type fakeGrader struct {
 
 func grade(req *graderv1.GradeRequest) *graderv1.GradeResponse {
 	resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: req.GetGrader()}
-	for _, s := range req.GetSamples() {
+	for _, s := range samplesOf(req) {
 		resp.Grades = append(resp.Grades, &graderv1.SampleGrade{SampleId: s.GetId(), Reward: proto.Float64(1)})
 	}
 	return resp
@@ -369,4 +370,18 @@ func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// samplesOf is the samples of a grade request, read as the API's
+// messages, whichever form it carries them in.
+func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
+	if len(req.GetSamplesJson()) == 0 {
+		return req.GetSamples()
+	}
+	var r graderv1.GradeRequest
+	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &r); err != nil {
+		panic(err)
+	}
+	return r.GetSamples()
 }

@@ -127,12 +127,6 @@ func (m *jsonMarshaler) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return m.JSONPb.Unmarshal(data, v)
 	}
-	if req, ok := msg.(*rolloutv1.StartRolloutRequest); ok && m.UnmarshalOptions.DiscardUnknown {
-		proto.Reset(req)
-		if decodeStartRollout(data, req) {
-			return nil
-		}
-	}
 	if err := m.UnmarshalOptions.Unmarshal(data, msg); err != nil {
 		return explainJSON(data, msg.ProtoReflect().Descriptor(), err)
 	}

@@ -116,10 +116,10 @@ func TestSessionRoundTripThroughProxy(t *testing.T) {
 				i, c.RolloutID, c.SampleID, c.RequestedModel, c.Model, c.StatusCode, osmoopenai.Model, upstreamModel)
 		}
 	}
-	if got := mustJSON(t, recorded[0].RequestMessages); !reflect.DeepEqual(got, items[:2]) {
+	if got := messagesOf(t, recorded[0]); !reflect.DeepEqual(got, items[:2]) {
 		t.Errorf("first request messages = %v, want items[:2] = %v", got, items[:2])
 	}
-	if got := mustJSON(t, recorded[1].RequestMessages); !reflect.DeepEqual(got, items[:4]) {
+	if got := messagesOf(t, recorded[1]); !reflect.DeepEqual(got, items[:4]) {
 		t.Errorf("second request messages = %v, want items[:4] = %v", got, items[:4])
 	}
 
@@ -322,4 +322,14 @@ func TestSessionConcurrentUse(t *testing.T) {
 	if err != nil || len(msgs) != workers*each {
 		t.Fatalf("SampleMessages: %d messages, %v; want %d", len(msgs), err, workers*each)
 	}
+}
+
+// messagesOf decodes a recorded call's request messages.
+func messagesOf(t *testing.T, c *osmo.LLMCall) []osmo.Message {
+	t.Helper()
+	b, err := json.Marshal(c.RequestMessages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustJSON(t, b)
 }

@@ -27,6 +27,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -334,7 +335,7 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	s.reverseURL += "/v1/chat/completions"
 	p, err := llmproxy.New(llmproxy.Config{
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
-		Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
+		Recorder:  llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
 		Transport: lpTransport,
 	})
 	if err != nil {
@@ -349,7 +350,7 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	}
 	traced, err := llmproxy.New(llmproxy.Config{
 		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
-		Recorder:       llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
+		Recorder:       llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
 		Transport:      tracedTransport,
 		TracerProvider: tp,
 	})

@@ -18,6 +18,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -48,7 +49,7 @@ func benchSetups(b *testing.B) map[string]string {
 	b.Cleanup(lpTransport.CloseIdleConnections)
 	p, err := llmproxy.New(llmproxy.Config{
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.URL + "/v1", Model: "policy-v1"}),
-		Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
+		Recorder:  llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
 		Transport: lpTransport,
 	})
 	if err != nil {
@@ -164,7 +165,7 @@ func BenchmarkProxyTracing(b *testing.B) {
 			b.Cleanup(tr.CloseIdleConnections)
 			cfg := llmproxy.Config{
 				Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.URL + "/v1", Model: "policy-v1"}),
-				Recorder:  llmproxy.RecorderFunc(func(context.Context, *llmproxy.Call) {}),
+				Recorder:  llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
 				Transport: tr,
 			}
 			if tracing == "on" {

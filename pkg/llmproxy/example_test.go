@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -27,12 +28,12 @@ func ExampleNew() {
 	}))
 	defer policy.Close()
 
-	calls := make(chan *llmproxy.Call, 1)
+	calls := make(chan *osmo.LLMCall, 1)
 	routes := llmproxy.NewRouteTable()
 	routes.Set("r-7", llmproxy.Route{BaseURL: policy.URL + "/v1", Model: "qwen3-8b"})
 	proxy, err := llmproxy.New(llmproxy.Config{
 		Router:   routes,
-		Recorder: llmproxy.RecorderFunc(func(_ context.Context, c *llmproxy.Call) { calls <- c }),
+		Recorder: llmproxy.RecorderFunc(func(_ context.Context, c *osmo.LLMCall) { calls <- c }),
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // exchange is one chat completion passing through the proxy.
@@ -26,7 +28,7 @@ type exchange struct {
 	ctx   context.Context // r's context, with the client's trace context when traced
 	start time.Time
 	route Route
-	call  *Call
+	call  *osmo.LLMCall
 	req   chatRequest
 
 	// upstream is the time spent waiting on the upstream, backoff the time
@@ -50,7 +52,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, api, rolloutID, sa
 	if p.tracing != nil {
 		x.ctx = p.tracing.traceContext(r)
 	}
-	x.call = &Call{RolloutID: rolloutID, SampleID: sampleID, API: api, StartedAt: x.start}
+	x.call = &osmo.LLMCall{RolloutID: rolloutID, SampleID: sampleID, API: api, StartedAt: x.start}
 	x.serve(idSource)
 	if p.tracing != nil && x.span == nil {
 		p.traceRejected(x.ctx, r, x.start, x.call.StatusCode, rolloutID, sampleID)
@@ -119,7 +121,8 @@ func (x *exchange) serve(idSource string) {
 	out, model := x.req.rewrite(body, route, c.RolloutID)
 	c.RequestedModel = x.req.requestedModel
 	c.Model = model
-	c.RequestMessages = x.req.messages
+	// The proxy checked that messages are an array of objects.
+	_ = json.Unmarshal(x.req.messages, &c.RequestMessages)
 	c.Stream = x.req.stream
 	x.forward(out)
 }
@@ -397,7 +400,7 @@ func (x *exchange) passThrough(actx context.Context, resp *http.Response, t0 tim
 	}
 	defer x.p.putBuf(buf)
 	data := buf.Bytes()
-	x.call.Err = fmt.Sprintf("upstream answered %d: %s", resp.StatusCode, snippet(data))
+	x.call.Error = fmt.Sprintf("upstream answered %d: %s", resp.StatusCode, snippet(data))
 	x.errType = strconv.Itoa(resp.StatusCode)
 	x.writeUpstream(resp, data)
 	return nil
@@ -435,8 +438,8 @@ func (x *exchange) writeUpstream(resp *http.Response, data []byte) {
 	x.setServerTiming(h)
 	x.w.WriteHeader(resp.StatusCode)
 	x.call.StatusCode = resp.StatusCode
-	if _, err := x.w.Write(data); err != nil && x.call.Err == "" {
-		x.call.Err = "llmproxy: writing the response to the client: " + err.Error()
+	if _, err := x.w.Write(data); err != nil && x.call.Error == "" {
+		x.call.Error = "llmproxy: writing the response to the client: " + err.Error()
 	}
 }
 
@@ -489,7 +492,7 @@ func (x *exchange) failContext(ctx context.Context, cause error) {
 		return
 	}
 	x.call.StatusCode = 499
-	x.call.Err = "llmproxy: client closed the request: " + cause.Error()
+	x.call.Error = "llmproxy: client closed the request: " + cause.Error()
 	x.errType = "client_closed"
 }
 
@@ -500,27 +503,28 @@ func (x *exchange) fail(status int, code, param, msg string) {
 
 func (x *exchange) failTyped(status int, typ, code, param, msg string) {
 	x.call.StatusCode = status
-	x.call.Err = msg
+	x.call.Error = msg
 	x.p.writeError(x.w, serverTiming(time.Since(x.start), x.upstream, x.backoff), status, typ, code, param, msg)
 }
 
 // finish logs and records the call.
 func (x *exchange) finish() {
 	c := x.call
-	c.Latency = time.Since(x.start)
+	latency := time.Since(x.start)
+	c.LatencyMS = float64(latency) / float64(time.Millisecond)
 	x.p.metrics.request(c.StatusCode)
-	x.p.metrics.addedLatency(c.Latency - x.upstream - x.backoff)
+	x.p.metrics.addedLatency(latency - x.upstream - x.backoff)
 	ctx := x.ctx
-	if c.Err != "" {
+	if c.Error != "" {
 		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",
 			slog.String("rollout_id", c.RolloutID), slog.String("sample_id", c.SampleID),
 			slog.String("model", c.Model), slog.Int("status", c.StatusCode), slog.Int("attempts", c.Attempts),
-			slog.Duration("latency", c.Latency), slog.String("error", c.Err))
+			slog.Duration("latency", latency), slog.String("error", c.Error))
 	} else if x.p.log.Enabled(ctx, slog.LevelDebug) {
 		x.p.log.LogAttrs(ctx, slog.LevelDebug, "llmproxy: call",
 			slog.String("rollout_id", c.RolloutID), slog.String("sample_id", c.SampleID),
 			slog.String("model", c.Model), slog.Int("status", c.StatusCode), slog.Int("attempts", c.Attempts),
-			slog.Bool("stream", c.Stream), slog.Duration("latency", c.Latency),
+			slog.Bool("stream", c.Stream), slog.Duration("latency", latency),
 			slog.Int("prompt_tokens", c.Usage.PromptTokens), slog.Int("completion_tokens", c.Usage.CompletionTokens))
 	}
 	if x.p.recorder != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -51,11 +52,11 @@ func (u *fuzzUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // fuzzProxy is a proxy in front of up that records into the returned
 // channel; retries are immediate so a failing seed costs no time.
-func fuzzProxy(f *testing.F, up *fuzzUpstream) (http.Handler, chan *llmproxy.Call) {
-	calls := make(chan *llmproxy.Call, 16)
+func fuzzProxy(f *testing.F, up *fuzzUpstream) (http.Handler, chan *osmo.LLMCall) {
+	calls := make(chan *osmo.LLMCall, 16)
 	p, err := llmproxy.New(llmproxy.Config{
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://policy.invalid/v1", Model: "policy-v1"}),
-		Recorder:  llmproxy.RecorderFunc(func(_ context.Context, c *llmproxy.Call) { calls <- c }),
+		Recorder:  llmproxy.RecorderFunc(func(_ context.Context, c *osmo.LLMCall) { calls <- c }),
 		Retry:     llmproxy.RetryPolicy{MaxRetries: 1, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond},
 		Transport: up,
 		Logger:    slog.New(slog.DiscardHandler),
@@ -78,8 +79,8 @@ func serve(h http.Handler, path string, body []byte) *httptest.ResponseRecorder 
 }
 
 // drain takes the calls recorded so far.
-func drain(calls chan *llmproxy.Call) []*llmproxy.Call {
-	var out []*llmproxy.Call
+func drain(calls chan *osmo.LLMCall) []*osmo.LLMCall {
+	var out []*osmo.LLMCall
 	for {
 		select {
 		case c := <-calls:
@@ -93,7 +94,7 @@ func drain(calls chan *llmproxy.Call) []*llmproxy.Call {
 // checkAnswer holds for any request: the answer is the upstream's 200 or a
 // client error with an OpenAI error body, never a 5xx (the upstream always
 // answers), and a request that reached the upstream is recorded once.
-func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, up *fuzzUpstream, calls chan *llmproxy.Call) {
+func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, up *fuzzUpstream, calls chan *osmo.LLMCall) {
 	t.Helper()
 	recorded := drain(calls)
 	switch {
@@ -189,8 +190,8 @@ func FuzzStream(f *testing.F) {
 		c := recorded[0]
 		if len(stream) == 0 {
 			// Nothing to relay: the policy failed, and so does the call.
-			if w.Code < 500 || c.Err == "" {
-				t.Fatalf("an empty stream answered %d, recorded error %q", w.Code, c.Err)
+			if w.Code < 500 || c.Error == "" {
+				t.Fatalf("an empty stream answered %d, recorded error %q", w.Code, c.Error)
 			}
 			return
 		}
@@ -205,11 +206,11 @@ func FuzzStream(f *testing.F) {
 		// any case or with escapes (FuzzRecord holds the stream's reading to
 		// the non-stream one).
 		whole := bytes.Contains(stream, []byte("[DONE]")) || c.FinishReason != ""
-		if !whole && c.Err == "" {
+		if !whole && c.Error == "" {
 			t.Fatalf("a stream without [DONE] or a finish reason recorded without an error: %q", stream)
 		}
-		if strings.Contains(c.Err, "panic") {
-			t.Fatalf("recorded %q", c.Err)
+		if strings.Contains(c.Error, "panic") {
+			t.Fatalf("recorded %q", c.Error)
 		}
 	})
 }

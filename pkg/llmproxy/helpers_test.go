@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -80,14 +81,14 @@ func okJSON(w http.ResponseWriter, _ *http.Request) {
 // harness is a proxy behind a real loopback server, with its records.
 type harness struct {
 	url   string
-	calls chan *llmproxy.Call
+	calls chan *osmo.LLMCall
 }
 
 func newProxy(t *testing.T, cfg llmproxy.Config) *harness {
 	t.Helper()
-	h := &harness{calls: make(chan *llmproxy.Call, 64)}
+	h := &harness{calls: make(chan *osmo.LLMCall, 64)}
 	if cfg.Recorder == nil {
-		cfg.Recorder = llmproxy.RecorderFunc(func(_ context.Context, c *llmproxy.Call) { h.calls <- c })
+		cfg.Recorder = llmproxy.RecorderFunc(func(_ context.Context, c *osmo.LLMCall) { h.calls <- c })
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -103,7 +104,7 @@ func newProxy(t *testing.T, cfg llmproxy.Config) *harness {
 }
 
 // next waits for the next recorded call.
-func (h *harness) next(t *testing.T) *llmproxy.Call {
+func (h *harness) next(t *testing.T) *osmo.LLMCall {
 	t.Helper()
 	select {
 	case c := <-h.calls:
@@ -185,4 +186,14 @@ func jsonEqual(t *testing.T, what string, got []byte, want string) {
 	if !bytes.Equal(gb, wb) {
 		t.Errorf("%s =\n%s\nwant\n%s", what, gb, wb)
 	}
+}
+
+// mustJSON is v encoded, as a string.
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
@@ -137,7 +138,7 @@ func TestRewriteKeepsOtherFieldsVerbatim(t *testing.T) {
 		t.Errorf("rollout_id appears %d times upstream, want 1: %s", n, got)
 	}
 	c := h.next(t)
-	if want := `[{"role":"user","content":"h\u00e9llo \"quoted\" {not a brace}"}]`; string(c.RequestMessages) != want {
+	if want := `[{"role":"user","content":"h\u00e9llo \"quoted\" {not a brace}"}]`; mustJSON(t, c.RequestMessages) != want {
 		t.Errorf("record messages = %s, want %s", c.RequestMessages, want)
 	}
 }
@@ -340,8 +341,8 @@ func TestRequestErrors(t *testing.T) {
 			}
 			if tt.recorded {
 				c := h.next(t)
-				if c.StatusCode != tt.status || c.Err == "" {
-					t.Errorf("record status %d err %q, want %d with an error", c.StatusCode, c.Err, tt.status)
+				if c.StatusCode != tt.status || c.Error == "" {
+					t.Errorf("record status %d err %q, want %d with an error", c.StatusCode, c.Error, tt.status)
 				}
 			}
 		})
@@ -376,29 +377,29 @@ func TestRecordJSON(t *testing.T) {
 	}
 	c := h.next(t)
 	jsonEqual(t, "response message", c.ResponseMessage, `{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"add","arguments":"{\"a\":2,\"b\":2}"}}]}`)
-	jsonEqual(t, "request messages", c.RequestMessages, `[{"role":"user","content":"What is 2+2?"}]`)
+	jsonEqual(t, "request messages", []byte(mustJSON(t, c.RequestMessages)), `[{"role":"user","content":"What is 2+2?"}]`)
 	checks := []struct {
 		name      string
 		got, want any
 	}{
 		{"id", c.ID, "chatcmpl-9"},
 		{"finish", c.FinishReason, "tool_calls"},
-		{"usage", c.Usage, llmproxy.Usage{PromptTokens: 3, CompletionTokens: 2, TotalTokens: 5, CachedTokens: 1}},
+		{"usage", c.Usage, osmo.Usage{PromptTokens: 3, CompletionTokens: 2, TotalTokens: 5, CachedTokens: 1}},
 		{"prompt ids", c.PromptTokenIDs, []int32{1, 2, 3}},
 		{"completion ids", c.CompletionTokenIDs, []int32{7, 8}},
 		{"logprobs", c.Logprobs, []float64{-0.25, -1.5}},
 		{"status", c.StatusCode, 200},
 		{"attempts", c.Attempts, 1},
 		{"stream", c.Stream, false},
-		{"err", c.Err, ""},
+		{"err", c.Error, ""},
 	}
 	for _, ck := range checks {
 		if !equal(ck.got, ck.want) {
 			t.Errorf("record %s = %v, want %v", ck.name, ck.got, ck.want)
 		}
 	}
-	if c.Latency <= 0 || c.StartedAt.IsZero() {
-		t.Errorf("record latency %v, started %v", c.Latency, c.StartedAt)
+	if c.LatencyMS <= 0 || c.StartedAt.IsZero() {
+		t.Errorf("record latency %v, started %v", c.LatencyMS, c.StartedAt)
 	}
 }
 
@@ -435,8 +436,8 @@ func TestRetryOn5xxThenSuccess(t *testing.T) {
 	if got := len(up.requests()); got != 3 {
 		t.Errorf("upstream got %d requests, want 3", got)
 	}
-	if c := h.next(t); c.Attempts != 3 || c.StatusCode != 200 || c.Err != "" {
-		t.Errorf("record attempts %d status %d err %q, want 3, 200, none", c.Attempts, c.StatusCode, c.Err)
+	if c := h.next(t); c.Attempts != 3 || c.StatusCode != 200 || c.Error != "" {
+		t.Errorf("record attempts %d status %d err %q, want 3, 200, none", c.Attempts, c.StatusCode, c.Error)
 	}
 	if st := resp.Header.Get("Server-Timing"); !strings.Contains(st, "backoff;dur=") {
 		t.Errorf("Server-Timing %q does not show the retry backoff", st)
@@ -508,8 +509,8 @@ func TestUpstreamFailures(t *testing.T) {
 			if got := len(up.requests()); got != tt.requests {
 				t.Errorf("upstream got %d requests, want %d", got, tt.requests)
 			}
-			if c.Attempts != tt.requests || c.StatusCode != tt.status || c.Err == "" {
-				t.Errorf("record attempts %d status %d err %q", c.Attempts, c.StatusCode, c.Err)
+			if c.Attempts != tt.requests || c.StatusCode != tt.status || c.Error == "" {
+				t.Errorf("record attempts %d status %d err %q", c.Attempts, c.StatusCode, c.Error)
 			}
 			if tt.code == "" { // passed through
 				if resp.StatusCode != tt.status || string(body) != "{\"error\":\"slow down\"}\n" || resp.Header.Get("Retry-After") != "7" {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // completion is the part of a chat completion, or of one chunk of a
@@ -85,8 +87,8 @@ type usage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func (u *usage) usage() Usage {
-	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+func (u *usage) usage() osmo.Usage {
+	out := osmo.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
 	if u.PromptTokensDetails != nil {
 		out.CachedTokens = u.PromptTokensDetails.CachedTokens
 	}
@@ -107,7 +109,7 @@ func readCompletion(data []byte) (completion, error) {
 
 // recordCompletion fills c from a non-stream response body. It fails when
 // the body is not a JSON object, which makes the attempt retryable.
-func recordCompletion(c *Call, data []byte) error {
+func recordCompletion(c *osmo.LLMCall, data []byte) error {
 	cr, err := readCompletion(data)
 	switch {
 	case err != nil:

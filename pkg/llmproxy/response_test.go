@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // policyAnswer is a policy's answer with a tool call, token ids, logprobs
@@ -14,26 +16,26 @@ const policyAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,
 func TestRecordCompletion(t *testing.T) {
 	for _, tt := range []struct {
 		body string
-		want Call
+		want osmo.LLMCall
 	}{
-		{policyAnswer, Call{
+		{policyAnswer, osmo.LLMCall{
 			ID: "chatcmpl-1", FinishReason: "tool_calls",
 			ResponseMessage:    json.RawMessage(`{"role":"assistant","content":"4","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":2,\"b\":2}"}}]}`),
-			Usage:              Usage{PromptTokens: 12, CompletionTokens: 2, TotalTokens: 14, CachedTokens: 8},
+			Usage:              osmo.Usage{PromptTokens: 12, CompletionTokens: 2, TotalTokens: 14, CachedTokens: 8},
 			PromptTokenIDs:     []int32{1, 2, 3},
 			CompletionTokenIDs: []int32{19, 2},
 			Logprobs:           []float64{-0.25, -1e-3},
 		}},
 		// Keys match in any case, as encoding/json matches them.
-		{`{"ID":"x","ChoiCes":[{"fiNish_reason":"p"}]}`, Call{ID: "x", FinishReason: "p"}},
+		{`{"ID":"x","ChoiCes":[{"fiNish_reason":"p"}]}`, osmo.LLMCall{ID: "x", FinishReason: "p"}},
 		// A value of another type is skipped; the rest is read.
 		{`{"id":"x","choices":[{"finish_reason":5,"token_ids":[1]}],"usage":{"prompt_tokens":"1","completion_tokens":2}}`,
-			Call{ID: "x", CompletionTokenIDs: []int32{1}, Usage: Usage{CompletionTokens: 2}}},
+			osmo.LLMCall{ID: "x", CompletionTokenIDs: []int32{1}, Usage: osmo.Usage{CompletionTokens: 2}}},
 		// The record holds choice 0, wherever it is.
-		{`{"choices":[{"index":1,"finish_reason":"a"},{"index":0,"finish_reason":"b"}]}`, Call{FinishReason: "b"}},
-		{`{"choices":[{"message":null}],"usage":null}`, Call{}},
+		{`{"choices":[{"index":1,"finish_reason":"a"},{"index":0,"finish_reason":"b"}]}`, osmo.LLMCall{FinishReason: "b"}},
+		{`{"choices":[{"message":null}],"usage":null}`, osmo.LLMCall{}},
 	} {
-		var c Call
+		var c osmo.LLMCall
 		if err := recordCompletion(&c, []byte(tt.body)); err != nil {
 			t.Fatalf("%s: %v", tt.body, err)
 		}
@@ -42,7 +44,7 @@ func TestRecordCompletion(t *testing.T) {
 		}
 	}
 	for _, body := range []string{``, `[]`, `null`, `"x"`, `{"id":`, `{} x`} {
-		if err := recordCompletion(&Call{}, []byte(body)); err == nil {
+		if err := recordCompletion(&osmo.LLMCall{}, []byte(body)); err == nil {
 			t.Errorf("%q recorded, want an error", body)
 		}
 	}
@@ -51,7 +53,7 @@ func TestRecordCompletion(t *testing.T) {
 // The message is the body's bytes, copied: the body's buffer is reused.
 func TestRecordCompletionCopiesTheMessage(t *testing.T) {
 	body := []byte(`{"choices":[{"message":{"content":"a"}}]}`)
-	var c Call
+	var c osmo.LLMCall
 	if err := recordCompletion(&c, body); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +70,7 @@ func BenchmarkRecordCompletion(b *testing.B) {
 	body := []byte(policyAnswer)
 	b.ReportAllocs()
 	for b.Loop() {
-		var c Call
+		var c osmo.LLMCall
 		if err := recordCompletion(&c, body); err != nil {
 			b.Fatal(err)
 		}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // The Responses API (POST /v1/responses) is what the OpenAI Agents SDK and
@@ -550,7 +552,7 @@ func (rc *responsesCall) itemID(prefix string) string {
 }
 
 // turnOf is the assistant message a finished call recorded.
-func turnOf(c *Call) assistantTurn {
+func turnOf(c *osmo.LLMCall) assistantTurn {
 	var turn assistantTurn
 	_ = json.Unmarshal(c.ResponseMessage, &turn)
 	return turn
@@ -605,7 +607,7 @@ func functionCallItem(id, callID, name, args, status string) responseItem {
 
 // response builds the Response object with output (nil: none). c is nil
 // for the in-progress object that opens a stream.
-func (rc *responsesCall) response(c *Call, status string, output []responseItem) map[string]any {
+func (rc *responsesCall) response(c *osmo.LLMCall, status string, output []responseItem) map[string]any {
 	r := map[string]any{
 		"id": rc.id, "object": "response", "created_at": rc.createdAt, "status": status,
 		"error": nil, "incomplete_details": nil,
@@ -655,7 +657,7 @@ func (rc *responsesCall) response(c *Call, status string, output []responseItem)
 }
 
 // complete is the Response object of a finished non-stream call.
-func (rc *responsesCall) complete(c *Call) []byte {
+func (rc *responsesCall) complete(c *osmo.LLMCall) []byte {
 	rc.setID(c.ID)
 	return mustJSON(rc.response(c, "completed", rc.outputItems(turnOf(c))))
 }
@@ -726,7 +728,7 @@ func (rc *responsesCall) closeReasoning(dst []byte) []byte {
 
 // streamEnd appends the events that close a finished stream: the open
 // items, the function calls, and response.completed (or .incomplete).
-func (rc *responsesCall) streamEnd(dst []byte, c *Call) []byte {
+func (rc *responsesCall) streamEnd(dst []byte, c *osmo.LLMCall) []byte {
 	if rc.ended {
 		return dst
 	}
@@ -774,13 +776,13 @@ func (rc *responsesCall) streamEnd(dst []byte, c *Call) []byte {
 
 // streamFail appends response.failed for a stream that broke after it
 // started; the client learns why instead of seeing the stream stop.
-func (rc *responsesCall) streamFail(dst []byte, c *Call, code string) []byte {
+func (rc *responsesCall) streamFail(dst []byte, c *osmo.LLMCall, code string) []byte {
 	if rc.ended {
 		return dst
 	}
 	rc.ended = true
 	r := rc.response(c, "failed", nil)
-	r["error"] = map[string]any{"code": code, "message": c.Err}
+	r["error"] = map[string]any{"code": code, "message": c.Error}
 	return rc.appendEvent(dst, "response.failed", map[string]any{"response": r})
 }
 

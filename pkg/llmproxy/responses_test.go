@@ -88,7 +88,7 @@ func TestResponsesRequestTranslated(t *testing.T) {
 		t.Errorf("record: api %q requested %q model %q", c.API, c.RequestedModel, c.Model)
 	}
 	var msgs []map[string]any
-	if err := json.Unmarshal(c.RequestMessages, &msgs); err != nil || len(msgs) != 7 {
+	if err := json.Unmarshal([]byte(mustJSON(t, c.RequestMessages)), &msgs); err != nil || len(msgs) != 7 {
 		t.Errorf("recorded request messages = %s (%v), want the 7 chat messages sent upstream", c.RequestMessages, err)
 	}
 }
@@ -253,7 +253,7 @@ func TestResponsesStream(t *testing.T) {
 		t.Errorf("completed response: status %q text %q usage %+v output %d items", completed.Status, completed.OutputText(), completed.Usage, len(completed.Output))
 	}
 	c := h.next(t)
-	if !c.Stream || c.API != llmproxy.APIResponses || c.Usage.CompletionTokens != 9 || c.TimeToFirstToken <= 0 {
+	if !c.Stream || c.API != llmproxy.APIResponses || c.Usage.CompletionTokens != 9 || c.TimeToFirstTokenMS <= 0 {
 		t.Errorf("record: %+v", c)
 	}
 	jsonEqual(t, "recorded message", c.ResponseMessage,
@@ -306,8 +306,8 @@ func TestResponsesStreamBreaks(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasPrefix(last, "event: response.failed\n") || !strings.Contains(last, "upstream stream broke") {
 		t.Errorf("stream (%d) ended with %q", resp.StatusCode, last)
 	}
-	if c := h.next(t); !strings.Contains(c.Err, "broke") {
-		t.Errorf("record error = %q", c.Err)
+	if c := h.next(t); !strings.Contains(c.Error, "broke") {
+		t.Errorf("record error = %q", c.Error)
 	}
 }
 

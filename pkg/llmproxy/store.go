@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // Store is an in-memory Recorder that keeps calls by rollout id, for the
@@ -19,7 +21,7 @@ type Store struct {
 	now      func() time.Time
 
 	mu        sync.Mutex
-	byRollout map[string][]*Call
+	byRollout map[string][]*osmo.LLMCall
 	// order lists stored calls oldest first, so eviction by count and by
 	// age both pop from its head.
 	order []storedRef
@@ -37,12 +39,12 @@ func NewStore(maxCalls int, ttl time.Duration) *Store {
 	if maxCalls <= 0 {
 		maxCalls = 10000
 	}
-	return &Store{maxCalls: maxCalls, ttl: ttl, now: time.Now, byRollout: map[string][]*Call{}}
+	return &Store{maxCalls: maxCalls, ttl: ttl, now: time.Now, byRollout: map[string][]*osmo.LLMCall{}}
 }
 
 // RecordCall implements Recorder. Calls without a rollout id are dropped:
 // nobody can ask for them.
-func (s *Store) RecordCall(_ context.Context, c *Call) {
+func (s *Store) RecordCall(_ context.Context, c *osmo.LLMCall) {
 	if c == nil || c.RolloutID == "" {
 		return
 	}
@@ -58,11 +60,11 @@ func (s *Store) RecordCall(_ context.Context, c *Call) {
 }
 
 // Calls returns the stored calls of rolloutID, oldest first.
-func (s *Store) Calls(rolloutID string) []*Call {
+func (s *Store) Calls(rolloutID string) []*osmo.LLMCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(s.now())
-	return append([]*Call(nil), s.byRollout[rolloutID]...)
+	return append([]*osmo.LLMCall(nil), s.byRollout[rolloutID]...)
 }
 
 func (s *Store) pruneLocked(now time.Time) {
@@ -133,26 +135,26 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // callJSON is the wire form of a Call.
 type callJSON struct {
-	RolloutID          string          `json:"rollout_id"`
-	SampleID           string          `json:"sample_id,omitempty"`
-	API                string          `json:"api,omitempty"`
-	ID                 string          `json:"id,omitempty"`
-	RequestedModel     string          `json:"requested_model,omitempty"`
-	Model              string          `json:"model,omitempty"`
-	RequestMessages    json.RawMessage `json:"request_messages,omitempty"`
-	ResponseMessage    json.RawMessage `json:"response_message,omitempty"`
-	FinishReason       string          `json:"finish_reason,omitempty"`
-	Usage              usageOut        `json:"usage"`
-	Stream             bool            `json:"stream"`
-	StartedAt          time.Time       `json:"started_at"`
-	LatencyMs          float64         `json:"latency_ms"`
-	TimeToFirstTokenMs float64         `json:"time_to_first_token_ms,omitempty"`
-	PromptTokenIDs     []int32         `json:"prompt_token_ids,omitempty"`
-	CompletionTokenIDs []int32         `json:"completion_token_ids,omitempty"`
-	Logprobs           []float64       `json:"logprobs,omitempty"`
-	StatusCode         int             `json:"status_code"`
-	Error              string          `json:"error,omitempty"`
-	Attempts           int             `json:"attempts"`
+	RolloutID          string            `json:"rollout_id"`
+	SampleID           string            `json:"sample_id,omitempty"`
+	API                string            `json:"api,omitempty"`
+	ID                 string            `json:"id,omitempty"`
+	RequestedModel     string            `json:"requested_model,omitempty"`
+	Model              string            `json:"model,omitempty"`
+	RequestMessages    []json.RawMessage `json:"request_messages,omitempty"`
+	ResponseMessage    json.RawMessage   `json:"response_message,omitempty"`
+	FinishReason       string            `json:"finish_reason,omitempty"`
+	Usage              usageOut          `json:"usage"`
+	Stream             bool              `json:"stream"`
+	StartedAt          time.Time         `json:"started_at"`
+	LatencyMs          float64           `json:"latency_ms"`
+	TimeToFirstTokenMs float64           `json:"time_to_first_token_ms,omitempty"`
+	PromptTokenIDs     []int32           `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int32           `json:"completion_token_ids,omitempty"`
+	Logprobs           []float64         `json:"logprobs,omitempty"`
+	StatusCode         int               `json:"status_code"`
+	Error              string            `json:"error,omitempty"`
+	Attempts           int               `json:"attempts"`
 }
 
 type usageOut struct {
@@ -162,7 +164,7 @@ type usageOut struct {
 	CachedTokens     int `json:"cached_tokens"`
 }
 
-func toCallJSON(c *Call) callJSON {
+func toCallJSON(c *osmo.LLMCall) callJSON {
 	out := callJSON{
 		RolloutID: c.RolloutID, SampleID: c.SampleID, API: c.API, ID: c.ID,
 		RequestedModel: c.RequestedModel, Model: c.Model,
@@ -172,13 +174,13 @@ func toCallJSON(c *Call) callJSON {
 			TotalTokens: c.Usage.TotalTokens, CachedTokens: c.Usage.CachedTokens,
 		},
 		Stream: c.Stream, StartedAt: c.StartedAt,
-		LatencyMs:          millis(c.Latency),
-		TimeToFirstTokenMs: millis(c.TimeToFirstToken),
+		LatencyMs:          c.LatencyMS,
+		TimeToFirstTokenMs: c.TimeToFirstTokenMS,
 		PromptTokenIDs:     c.PromptTokenIDs, CompletionTokenIDs: c.CompletionTokenIDs, Logprobs: c.Logprobs,
-		StatusCode: c.StatusCode, Error: c.Err, Attempts: c.Attempts,
+		StatusCode: c.StatusCode, Error: c.Error, Attempts: c.Attempts,
 	}
 	// Embed only valid JSON, so one odd record cannot break the listing.
-	if json.Valid(c.RequestMessages) {
+	if len(c.RequestMessages) > 0 {
 		out.RequestMessages = c.RequestMessages
 	}
 	if json.Valid(c.ResponseMessage) {
@@ -186,8 +188,6 @@ func toCallJSON(c *Call) callJSON {
 	}
 	return out
 }
-
-func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func writeStoreError(w http.ResponseWriter, status int, code, msg string) {
 	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": code}})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -109,7 +110,7 @@ func TestStoreLimits(t *testing.T) {
 	t.Run("max calls evicts the oldest", func(t *testing.T) {
 		s := llmproxy.NewStore(3, 0)
 		for i, id := range []string{"a", "b", "a", "a", "b"} {
-			s.RecordCall(context.Background(), &llmproxy.Call{RolloutID: id, Attempts: i})
+			s.RecordCall(context.Background(), &osmo.LLMCall{RolloutID: id, Attempts: i})
 		}
 		var got []int
 		for _, id := range []string{"a", "b"} {
@@ -123,7 +124,7 @@ func TestStoreLimits(t *testing.T) {
 	})
 	t.Run("ttl forgets old calls", func(t *testing.T) {
 		s := llmproxy.NewStore(10, 20*time.Millisecond)
-		s.RecordCall(context.Background(), &llmproxy.Call{RolloutID: "a"})
+		s.RecordCall(context.Background(), &osmo.LLMCall{RolloutID: "a"})
 		if n := len(s.Calls("a")); n != 1 {
 			t.Fatalf("fresh call not kept: %d", n)
 		}
@@ -137,7 +138,7 @@ func TestStoreLimits(t *testing.T) {
 	})
 	t.Run("served without a mux pattern", func(t *testing.T) {
 		s := llmproxy.NewStore(10, 0)
-		s.RecordCall(context.Background(), &llmproxy.Call{RolloutID: "a/b", RequestMessages: json.RawMessage(`[{"role":"user"}]`)})
+		s.RecordCall(context.Background(), &osmo.LLMCall{RolloutID: "a/b", RequestMessages: []json.RawMessage{json.RawMessage(`{"role":"user"}`)}})
 		srv := httptest.NewServer(s)
 		t.Cleanup(srv.Close)
 		status, l := getListing(t, srv.URL+"/r/a%2Fb/calls")

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // relayStream passes an SSE response through event by event, flushing after
@@ -128,7 +130,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	c := x.call
 	switch {
 	case clientErr != nil:
-		c.Err, x.errType = clientWentAway(clientErr)
+		c.Error, x.errType = clientWentAway(clientErr)
 	case !started && readErr == errStreamTooLarge:
 		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream event exceeds the limit of %d bytes", x.p.maxResp)}
 	case !started && readErr != nil:
@@ -138,39 +140,39 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.upstream += time.Since(t0)
 		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: "event stream ended before any event", retry: true}
 	case readErr == errStreamTooLarge:
-		c.Err = fmt.Sprintf("llmproxy: upstream event exceeds the limit of %d bytes; stream cut", x.p.maxResp)
+		c.Error = fmt.Sprintf("llmproxy: upstream event exceeds the limit of %d bytes; stream cut", x.p.maxResp)
 		x.errType = "too_large"
 	case readErr != nil:
 		cause := context.Cause(actx)
 		switch {
 		case errors.Is(cause, errAttemptTimeout):
-			c.Err = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
+			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
 			x.errType = "timeout"
 		case cause != nil:
-			c.Err = "llmproxy: stream aborted: " + cause.Error()
+			c.Error = "llmproxy: stream aborted: " + cause.Error()
 			x.errType = "aborted"
 		default:
-			c.Err = "llmproxy: upstream stream broke: " + readErr.Error()
+			c.Error = "llmproxy: upstream stream broke: " + readErr.Error()
 			x.errType = "transport"
 		}
 	case acc.upstreamErr != "":
-		c.Err = "llmproxy: upstream sent an error event: " + acc.upstreamErr
+		c.Error = "llmproxy: upstream sent an error event: " + acc.upstreamErr
 		x.errType = "upstream_error_event"
 	case !acc.done && acc.finish == "":
-		c.Err = "llmproxy: upstream stream ended without [DONE]"
+		c.Error = "llmproxy: upstream stream ended without [DONE]"
 		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
 	if x.resp != nil && clientErr == nil {
 		// A Responses stream ends with its closing events: the items,
 		// then response.completed, or response.failed naming the cause.
-		if c.Err == "" {
+		if c.Error == "" {
 			out = x.resp.streamEnd(out[:0], c)
 		} else {
 			out = x.resp.streamFail(out[:0], c, x.errType)
 		}
 		if err := send(out); err != nil {
-			c.Err, x.errType = clientWentAway(err)
+			c.Error, x.errType = clientWentAway(err)
 		}
 	}
 	return nil
@@ -321,7 +323,7 @@ func (a *streamAcc) tool(index int) *toolCallAcc {
 }
 
 // fill writes the assembled call into c.
-func (a *streamAcc) fill(c *Call) {
+func (a *streamAcc) fill(c *osmo.LLMCall) {
 	type function struct {
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
@@ -364,5 +366,5 @@ func (a *streamAcc) fill(c *Call) {
 	c.PromptTokenIDs = a.promptIDs
 	c.CompletionTokenIDs = a.tokenIDs
 	c.Logprobs = a.logprobs
-	c.TimeToFirstToken = a.ttft
+	c.TimeToFirstTokenMS = float64(a.ttft) / float64(time.Millisecond)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -63,19 +64,19 @@ func TestRecordSSE(t *testing.T) {
 		events  []string
 		message string
 		finish  string
-		usage   llmproxy.Usage
+		usage   osmo.Usage
 		prompt  []int32
 		tokens  []int32
 		lps     []float64
 	}{
 		{
 			name: "tool calls", eol: "\n", events: toolStream, message: toolStreamMessage, finish: "tool_calls",
-			usage:  llmproxy.Usage{PromptTokens: 3, CompletionTokens: 8, TotalTokens: 11, CachedTokens: 2},
+			usage:  osmo.Usage{PromptTokens: 3, CompletionTokens: 8, TotalTokens: 11, CachedTokens: 2},
 			prompt: []int32{1, 2, 3}, tokens: []int32{10, 11, 12, 13, 14, 15, 16, 17}, lps: []float64{-0.1, -0.2, -0.3},
 		},
 		{
 			name: "CRLF framing", eol: "\r\n", events: toolStream, message: toolStreamMessage, finish: "tool_calls",
-			usage:  llmproxy.Usage{PromptTokens: 3, CompletionTokens: 8, TotalTokens: 11, CachedTokens: 2},
+			usage:  osmo.Usage{PromptTokens: 3, CompletionTokens: 8, TotalTokens: 11, CachedTokens: 2},
 			prompt: []int32{1, 2, 3}, tokens: []int32{10, 11, 12, 13, 14, 15, 16, 17}, lps: []float64{-0.1, -0.2, -0.3},
 		},
 		{
@@ -117,7 +118,7 @@ func TestRecordSSE(t *testing.T) {
 				{"completion ids", c.CompletionTokenIDs, tt.tokens},
 				{"logprobs", c.Logprobs, tt.lps},
 				{"status", c.StatusCode, 200},
-				{"err", c.Err, ""},
+				{"err", c.Error, ""},
 				{"model", c.Model, "policy-v1"},
 			}
 			for _, ck := range checks {
@@ -125,8 +126,8 @@ func TestRecordSSE(t *testing.T) {
 					t.Errorf("record %s = %v, want %v", ck.name, ck.got, ck.want)
 				}
 			}
-			if strings.Contains(string(c.ResponseMessage), `"content"`) && tt.tokens != nil && (c.TimeToFirstToken <= 0 || c.TimeToFirstToken > c.Latency) {
-				t.Errorf("time to first token %v not within (0, latency %v]", c.TimeToFirstToken, c.Latency)
+			if strings.Contains(string(c.ResponseMessage), `"content"`) && tt.tokens != nil && (c.TimeToFirstTokenMS <= 0 || c.TimeToFirstTokenMS > c.LatencyMS) {
+				t.Errorf("time to first token %v not within (0, latency %v]", c.TimeToFirstTokenMS, c.LatencyMS)
 			}
 		})
 	}
@@ -188,8 +189,8 @@ func TestSSEChunksArriveOneByOne(t *testing.T) {
 	}
 	c := h.next(t)
 	jsonEqual(t, "assembled message", c.ResponseMessage, `{"role":"assistant","content":"Hello"}`)
-	if c.TimeToFirstToken <= 0 || c.TimeToFirstToken >= c.Latency {
-		t.Errorf("time to first token %v, latency %v: the first chunk came before the rest", c.TimeToFirstToken, c.Latency)
+	if c.TimeToFirstTokenMS <= 0 || c.TimeToFirstTokenMS >= c.LatencyMS {
+		t.Errorf("time to first token %v, latency %v: the first chunk came before the rest", c.TimeToFirstTokenMS, c.LatencyMS)
 	}
 }
 
@@ -220,8 +221,8 @@ func TestStreamBreaksMidway(t *testing.T) {
 		t.Errorf("client got %d %q, want the first chunk then the end of the stream", resp.StatusCode, body)
 	}
 	c := h.next(t)
-	if c.Err == "" || !strings.Contains(c.Err, "broke") {
-		t.Errorf("record error = %q, want the break noted", c.Err)
+	if c.Error == "" || !strings.Contains(c.Error, "broke") {
+		t.Errorf("record error = %q, want the break noted", c.Error)
 	}
 	if c.Attempts != 1 || len(up.requests()) != 1 {
 		t.Errorf("attempts %d, upstream requests %d: a started stream must not be retried", c.Attempts, len(up.requests()))
@@ -252,8 +253,8 @@ func TestStreamRetriedBeforeFirstByte(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || string(body) != sseText("\n", events...) {
 		t.Errorf("client got %d %q", resp.StatusCode, body)
 	}
-	if c := h.next(t); c.Attempts != 2 || c.Err != "" {
-		t.Errorf("record attempts %d err %q, want 2 and none", c.Attempts, c.Err)
+	if c := h.next(t); c.Attempts != 2 || c.Error != "" {
+		t.Errorf("record attempts %d err %q, want 2 and none", c.Attempts, c.Error)
 	}
 }
 
@@ -270,8 +271,8 @@ func TestStreamStallIsCut(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || string(body) != "data: "+chunk+"\n\n" {
 		t.Errorf("client got %d %q", resp.StatusCode, body)
 	}
-	if c := h.next(t); !strings.Contains(c.Err, "stalled") {
-		t.Errorf("record error = %q, want a stall", c.Err)
+	if c := h.next(t); !strings.Contains(c.Error, "stalled") {
+		t.Errorf("record error = %q, want a stall", c.Error)
 	}
 }
 
@@ -304,7 +305,7 @@ func TestClientGoneMidStreamCancelsUpstream(t *testing.T) {
 	case <-time.After(testTimeout):
 		t.Fatal("the upstream call outlived its client")
 	}
-	if c := h.next(t); c.Err == "" || c.StatusCode != http.StatusOK {
-		t.Errorf("record status %d err %q, want 200 with the abort noted", c.StatusCode, c.Err)
+	if c := h.next(t); c.Error == "" || c.StatusCode != http.StatusOK {
+		t.Errorf("record status %d err %q, want 200 with the abort noted", c.StatusCode, c.Error)
 	}
 }

@@ -334,8 +334,8 @@ func (x *exchange) endChat() {
 	attrs = x.req.appendParamAttrs(attrs)
 	if c.Stream {
 		attrs = append(attrs, semconv.GenAIRequestStream(true))
-		if c.TimeToFirstToken > 0 {
-			attrs = append(attrs, semconv.GenAIResponseTimeToFirstChunk(c.TimeToFirstToken.Seconds()))
+		if c.TimeToFirstTokenMS > 0 {
+			attrs = append(attrs, semconv.GenAIResponseTimeToFirstChunk(c.TimeToFirstTokenMS/1000))
 		}
 	}
 	if c.Attempts > 1 {
@@ -354,12 +354,12 @@ func (x *exchange) endChat() {
 		}
 	}
 	if t.content {
-		attrs = append(attrs, semconv.GenAIInputMessagesKey.String(string(c.RequestMessages)))
+		attrs = append(attrs, semconv.GenAIInputMessagesKey.String(string(x.req.messages)))
 		if len(c.ResponseMessage) > 0 {
 			attrs = append(attrs, semconv.GenAIOutputMessagesKey.String("["+string(c.ResponseMessage)+"]"))
 		}
 	}
-	if c.Err != "" {
+	if c.Error != "" {
 		attrs = append(attrs, t.server(x.route.BaseURL)...)
 		if c.StatusCode != 0 {
 			attrs = append(attrs, semconv.HTTPResponseStatusCode(c.StatusCode))
@@ -369,7 +369,7 @@ func (x *exchange) endChat() {
 			typ = semconv.ErrorTypeOther.Value.AsString()
 		}
 		attrs = append(attrs, semconv.ErrorTypeKey.String(typ))
-		span.SetStatus(otelcodes.Error, c.Err)
+		span.SetStatus(otelcodes.Error, c.Error)
 	}
 	span.SetAttributes(attrs...)
 	*ap = attrs

@@ -112,7 +112,7 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 // span and baggage) is sent in it. The client sets request_id itself, and
 // clears first_attempt on a request it sends again on a new stream.
 func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
-	if err := validate(req); err != nil {
+	if err := validateRolloutID(req); err != nil {
 		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
 	}
 	rid := req.GetRolloutId()

@@ -351,11 +351,11 @@ func TestFingerprintCoversWhatGradersSee(t *testing.T) {
 		differs := !reflect.DeepEqual(seen[rid], seen[fresh])
 		mu.Unlock()
 		resp := grade(t, client, req(rid, changed))
-		switch cached := resp.GetGrades()[0].GetCached(); {
-		case differs && cached:
+		// A change graders do not see may still be graded again: the
+		// fingerprint is of the sample as sent, which costs a grading,
+		// never a reward for other content.
+		if differs && resp.GetGrades()[0].GetCached() {
 			t.Errorf("%s changes what the grader sees but was answered from the earlier grading", m.name)
-		case !differs && !cached:
-			t.Errorf("%s is not seen by graders but made the resend be graded again", m.name)
 		}
 	}
 }

@@ -1,16 +1,15 @@
 package grader
 
 import (
+	"encoding/json"
 	"fmt"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/types/known/structpb"
-
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
-	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/fielderr"
+	"github.com/osmo-rl/osmo/internal/sample"
 )
 
 // badField is a bad-input error naming its field.
@@ -24,10 +23,49 @@ func badField(field, format string, args ...any) error {
 // allows 256 characters, at most 1 KiB.
 const maxRolloutIDBytes = 1024
 
-// validate checks what grading and idempotency rely on: a rollout id, and
-// samples with distinct non-empty ids. Ids must be valid UTF-8 because the
-// stored gradings (JSON) would otherwise hold a different id than asked.
-func validate(req *graderv1.GradeRequest) error {
+// request is a GradeRequest with its samples and metadata read: from the
+// JSON the rollout service sends (samples_json, metadata_json), or, from
+// any other caller, converted from the API's messages.
+type request struct {
+	*graderv1.GradeRequest
+	samples  []*sample.Sample
+	metadata json.RawMessage
+}
+
+// readRequest reads req's samples and metadata.
+func readRequest(req *graderv1.GradeRequest) (*request, error) {
+	r := &request{GradeRequest: req, metadata: req.GetMetadataJson()}
+	if b := req.GetSamplesJson(); len(b) > 0 {
+		if len(req.GetSamples()) > 0 {
+			return nil, badField("samples_json", "set together with samples: send one of them")
+		}
+		if err := json.Unmarshal(b, &r.samples); err != nil {
+			return nil, badField("samples_json", "%v", err)
+		}
+	}
+	if len(req.GetSamples()) > 0 {
+		r.samples = make([]*sample.Sample, len(req.GetSamples()))
+		for i, p := range req.GetSamples() {
+			r.samples[i] = &sample.Sample{}
+			if err := sample.FromProto(p, r.samples[i]); err != nil {
+				return nil, badField(fmt.Sprintf("samples[%d]", i), "%v", err)
+			}
+		}
+	}
+	if req.GetMetadata() != nil {
+		if len(r.metadata) > 0 {
+			return nil, badField("metadata_json", "set together with metadata: send one of them")
+		}
+		var err error
+		if r.metadata, err = sample.JSON(req.GetMetadata()); err != nil {
+			return nil, badField("metadata", "%v", err)
+		}
+	}
+	return r, validate(r)
+}
+
+// validateRolloutID checks the id a request is known by.
+func validateRolloutID(req *graderv1.GradeRequest) error {
 	if req.GetRolloutId() == "" {
 		return badField("rollout_id", "required")
 	}
@@ -37,13 +75,23 @@ func validate(req *graderv1.GradeRequest) error {
 	if n := len(req.GetRolloutId()); n > maxRolloutIDBytes {
 		return badField("rollout_id", "must be at most %d bytes, got %d", maxRolloutIDBytes, n)
 	}
-	if len(req.GetSamples()) == 0 {
+	return nil
+}
+
+// validate checks what grading and idempotency rely on: a rollout id, and
+// samples with distinct non-empty ids. Ids must be valid UTF-8 because the
+// stored gradings (JSON) would otherwise hold a different id than asked.
+func validate(r *request) error {
+	if err := validateRolloutID(r.GradeRequest); err != nil {
+		return err
+	}
+	if len(r.samples) == 0 {
 		return badField("samples", "required: at least one sample")
 	}
-	seen := make(map[string]int, len(req.GetSamples()))
-	for i, s := range req.GetSamples() {
+	seen := make(map[string]int, len(r.samples))
+	for i, s := range r.samples {
 		field := fmt.Sprintf("samples[%d].id", i)
-		id := s.GetId()
+		id := s.ID
 		if id == "" {
 			return badField(field, "required")
 		}
@@ -54,58 +102,61 @@ func validate(req *graderv1.GradeRequest) error {
 			return badField(field, "%q repeats samples[%d].id", id, j)
 		}
 		seen[id] = i
-		if rid := s.GetRolloutId(); rid != "" && rid != req.GetRolloutId() {
-			return badField(fmt.Sprintf("samples[%d].rollout_id", i), "%q differs from rollout_id %q", rid, req.GetRolloutId())
+		if rid := s.RolloutID; rid != "" && rid != r.GetRolloutId() {
+			return badField(fmt.Sprintf("samples[%d].rollout_id", i), "%q differs from rollout_id %q", rid, r.GetRolloutId())
 		}
 	}
 	return nil
 }
 
-func sampleIDs(req *graderv1.GradeRequest) []string {
-	ids := make([]string, len(req.GetSamples()))
-	for i, s := range req.GetSamples() {
-		ids[i] = s.GetId()
+func sampleIDs(r *request) []string {
+	ids := make([]string, len(r.samples))
+	for i, s := range r.samples {
+		ids[i] = s.ID
 	}
 	return ids
 }
 
-// graderContext builds what a grader sees for the samples ids of req.
+// graderContext builds what a grader sees for the samples ids of r: each
+// decoded from its JSON here, where the grader reads it.
 //
 // The request's label and metadata are the row's; a sample without its own
 // takes them, and a request without a label takes the samples' label when
 // they all carry the same one, so graders can rely on gc.Label whichever
 // way a caller filled the request in.
-func graderContext(req *graderv1.GradeRequest, ids []string) *osmo.GraderContext {
+func graderContext(r *request, ids []string) (*osmo.GraderContext, error) {
 	want := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		want[id] = true
 	}
-	label := rowLabel(req)
+	label := rowLabel(r)
 	var metadata map[string]any
-	if req.GetMetadata() != nil {
-		metadata = req.GetMetadata().AsMap()
-	}
-	samples := make([]*osmo.Sample, 0, len(ids))
-	for _, rs := range req.GetSamples() {
-		if want[rs.GetId()] {
-			samples = append(samples, toSample(rs, label, metadata))
+	if len(r.metadata) > 0 {
+		if err := json.Unmarshal(r.metadata, &metadata); err != nil {
+			return nil, badField("metadata", "%v", err)
 		}
 	}
-	return host.NewGraderContext(req.GetRolloutId(), samples, copyString(label), metadata)
+	samples := make([]*osmo.Sample, 0, len(ids))
+	for _, rs := range r.samples {
+		if want[rs.ID] {
+			s, err := rs.Grader(copyString(label), metadata)
+			if err != nil {
+				return nil, badField("samples", "sample %q: %v", rs.ID, err)
+			}
+			samples = append(samples, s)
+		}
+	}
+	return host.NewGraderContext(r.GetRolloutId(), samples, copyString(label), metadata), nil
 }
 
 // rowLabel is the label of the request's row: its own, or the one all
 // its samples share.
-func rowLabel(req *graderv1.GradeRequest) *string {
-	if req.Label != nil {
-		return req.Label
+func rowLabel(r *request) *string {
+	if r.Label != nil {
+		return r.Label
 	}
-	return commonLabel(req.GetSamples())
-}
-
-func commonLabel(samples []*rolloutv1.RolloutSample) *string {
 	var label *string
-	for _, s := range samples {
+	for _, s := range r.samples {
 		if s.Label == nil {
 			return nil
 		}
@@ -115,96 +166,6 @@ func commonLabel(samples []*rolloutv1.RolloutSample) *string {
 		label = s.Label
 	}
 	return label
-}
-
-func toSample(rs *rolloutv1.RolloutSample, rowLabel *string, rowMetadata map[string]any) *osmo.Sample {
-	s := &osmo.Sample{
-		ID:           rs.GetId(),
-		Messages:     make([]osmo.Message, 0, len(rs.GetMessages())),
-		Label:        copyString(rs.Label),
-		FinishReason: rs.GetFinishReason(),
-	}
-	// A message the sample and its calls share (one Struct: the rollout
-	// service decodes each distinct message once) is one map here too.
-	var maps messageMaps
-	for _, m := range rs.GetMessages() {
-		s.Messages = append(s.Messages, maps.of(m))
-	}
-	if s.Label == nil {
-		s.Label = copyString(rowLabel)
-	}
-	if rs.GetMetadata() != nil {
-		s.Metadata = rs.GetMetadata().AsMap()
-	} else if rowMetadata != nil {
-		s.Metadata = rowMetadata
-	}
-	if rs.GetExtraFields() != nil {
-		s.ExtraFields = rs.GetExtraFields().AsMap()
-	}
-	if rs.AgentReward != nil {
-		r := rs.GetAgentReward()
-		s.AgentReward = &r
-	}
-	if rs.Reward != nil {
-		r := rs.GetReward()
-		s.Reward = &r
-	}
-	s.RemoveSample = rs.GetRemoveSample()
-	if m := rs.GetMetrics(); m != nil {
-		s.Metrics = &osmo.SampleMetrics{
-			TotalLatencyMS: m.GetTotalLatencyMs(), LLMLatencyMS: m.GetLlmLatencyMs(), ToolLatencyMS: m.GetToolLatencyMs(),
-			NumLLMCalls: int(m.GetNumLlmCalls()), NumToolCalls: int(m.GetNumToolCalls()), PromptTokens: int(m.GetPromptTokens()),
-			ResponseTokens: int(m.GetResponseTokens()), MaxContextTokens: int(m.GetMaxContextTokens()),
-		}
-	}
-	// A call's request messages come compacted: the ones it shares with
-	// the previous call are counted, not sent again. The grader sees them
-	// whole; the shared messages are the same maps in both calls.
-	var prev []osmo.Message
-	for _, c := range rs.GetLlmCalls() {
-		call := osmo.LLMCall{
-			ID: c.GetId(), Model: c.GetModel(), FinishReason: c.GetFinishReason(),
-			Usage: osmo.Usage{
-				PromptTokens: int(c.GetUsage().GetPromptTokens()), CompletionTokens: int(c.GetUsage().GetCompletionTokens()),
-				TotalTokens: int(c.GetUsage().GetTotalTokens()),
-			},
-			PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(), Logprobs: c.GetLogprobs(),
-			LatencyMS: c.GetLatencyMs(), StatusCode: int(c.GetStatusCode()), Error: c.GetError(),
-		}
-		if k := min(int(c.GetSharedRequestMessages()), len(prev)); k > 0 {
-			call.RequestMessages = prev[:k:k]
-		}
-		for _, m := range c.GetRequestMessages() {
-			call.RequestMessages = append(call.RequestMessages, maps.of(m))
-		}
-		prev = call.RequestMessages
-		if c.GetResponseMessage() != nil {
-			call.ResponseMessage = maps.of(c.GetResponseMessage())
-		}
-		s.LLMCalls = append(s.LLMCalls, call)
-	}
-	return s
-}
-
-// messageMaps are a sample's messages made maps so far, by Struct.
-type messageMaps []messageMap
-
-type messageMap struct {
-	s *structpb.Struct
-	m osmo.Message
-}
-
-// of is m.AsMap(), or the map already made of m. A sample holds tens of
-// messages: a scan of pointers costs less than a map of them.
-func (mm *messageMaps) of(m *structpb.Struct) osmo.Message {
-	for _, e := range *mm {
-		if e.s == m {
-			return e.m
-		}
-	}
-	msg := m.AsMap()
-	*mm = append(*mm, messageMap{m, msg})
-	return msg
 }
 
 func copyString(p *string) *string {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
@@ -31,8 +30,18 @@ func (e *panicError) Error() string { return fmt.Sprintf("panicked: %v", e.value
 // run grades samples ids of req with g and returns the grading, a failed one
 // when the grader did not give every sample a finite reward or the remove
 // flag. Only a shutdown is an error.
-func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, log *slog.Logger) (gr *grading, err error) {
-	gc := graderContext(req, ids)
+func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *request, ids []string, log *slog.Logger) (gr *grading, err error) {
+	gc, err := graderContext(req, ids)
+	if err != nil {
+		// A message, metadata or extra fields that are no JSON object:
+		// the grading fails as invalid input.
+		gr = &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now(), Category: outcome.Validation,
+			Error: fmt.Sprintf("grader %q: %v", name, err), Samples: make([]sampleResult, len(ids))}
+		for i, id := range ids {
+			gr.Samples[i] = sampleResult{ID: id}
+		}
+		return gr, nil
+	}
 	sctx, span := s.startRun(s.ctx, tctx, name, len(ids))
 	defer func() {
 		endRun(span, gr, err)

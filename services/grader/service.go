@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cenkalti/backoff/v5"
+
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/internal/outcome"
@@ -112,10 +113,7 @@ func (s *Service) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grade
 
 // grade is Grade; keep says whether a fresh grading is stored for resends.
 func (s *Service) grade(ctx context.Context, req *graderv1.GradeRequest, keep bool) (*graderv1.GradeResponse, error) {
-	ctx, span := s.startGrade(ctx, req)
-	defer span.End()
 	resp, err := s.answer(ctx, req, keep)
-	endGrade(span, resp, err)
 	if err != nil {
 		s.log.WarnContext(ctx, "grade request not answered", "rollout_id", req.GetRolloutId(), "error", err)
 		return nil, err
@@ -230,10 +228,8 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 		go func() {
 			defer workers.Done()
 			defer func() { <-inflight }()
-			rctx, span := s.startGrade(ctx, req)
-			defer span.End()
+			rctx := ctx
 			resp, err := s.answer(rctx, req, true)
-			endGrade(span, resp, err)
 			if err != nil {
 				st := status.Convert(err)
 				switch st.Code() {
@@ -282,9 +278,21 @@ func streamEnd(ctx context.Context) error {
 // resends on Unavailable until its deadline, so an outage of NATS costs
 // latency, not a duplicate grading.
 func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep bool) (*graderv1.GradeResponse, error) {
-	if err := validate(req); err != nil {
-		return nil, err
+	r, err := readRequest(req)
+	ctx, span := s.startGrade(ctx, req, r)
+	defer span.End()
+	if err == nil {
+		var resp *graderv1.GradeResponse
+		resp, err = s.answerRead(ctx, r, keep)
+		endGrade(span, resp, err)
+		return resp, err
 	}
+	endGrade(span, nil, err)
+	return nil, err
+}
+
+// answerRead is answer of a request read and checked.
+func (s *Service) answerRead(ctx context.Context, req *request, keep bool) (*graderv1.GradeResponse, error) {
 	name := req.GetGrader()
 	if name == "" {
 		if s.cfg.Default == "" {
@@ -307,7 +315,10 @@ func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep b
 	// answers the request that led its pass only, and needs none.
 	var fps map[string]string
 	if keep {
-		fps = fingerprints(name, req)
+		var err error
+		if fps, err = fingerprints(name, req); err != nil {
+			return nil, badField("samples", "%v", err)
+		}
 	}
 	// Each pass looks the rollout's stored gradings up (a pass that just
 	// ended, here or on another replica, may have stored these samples),
@@ -395,7 +406,7 @@ func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 // samples), grades what is still missing, and stores the grading before
 // anyone is answered (unless keep is false: see GradeLocal). tctx carries the trace of the request that leads the
 // pass; the pass runs under the service's context.
-func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *graderv1.GradeRequest, ids []string, fps map[string]string, keep bool, log *slog.Logger) (*flightResult, error) {
+func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *request, ids []string, fps map[string]string, keep bool, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

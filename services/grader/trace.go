@@ -23,7 +23,7 @@ var noSpan = trace.SpanFromContext(context.Background())
 // startGrade starts the "grade" span of one request. Its parent is the
 // request's trace_context when it has one (a GradeStream request: the
 // rollout's "grade" span), else the call's own span (Grade).
-func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest) (context.Context, trace.Span) {
+func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest, r *request) (context.Context, trace.Span) {
 	if s.tracer == nil {
 		return ctx, noSpan
 	}
@@ -34,12 +34,14 @@ func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest) (c
 			kind = trace.SpanKindServer
 		}
 	}
-	sampleID := ""
-	if len(req.GetSamples()) == 1 {
-		sampleID = req.GetSamples()[0].GetId()
+	sampleID, n := "", 0
+	if r != nil {
+		if n = len(r.samples); n == 1 {
+			sampleID = r.samples[0].ID
+		}
 	}
 	ctx = osmoattr.ContextWithIDs(ctx, req.GetRolloutId(), sampleID)
-	attrs := append(osmoattr.IDAttributes(req.GetRolloutId(), sampleID), osmoattr.GradeSamples.Int(len(req.GetSamples())))
+	attrs := append(osmoattr.IDAttributes(req.GetRolloutId(), sampleID), osmoattr.GradeSamples.Int(n))
 	if req.GetGrader() != "" {
 		attrs = append(attrs, osmoattr.GraderName.String(req.GetGrader()))
 	}

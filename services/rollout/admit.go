@@ -14,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
@@ -77,13 +78,13 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 		lc.admitted = req
 	}
 	var err error
-	if lc.Request, err = marshal(req); err != nil {
+	if lc.Request, err = proto.Marshal(req); err != nil {
 		return nil, err
 	}
 	// The request holds the trainer's bearers: sealed in the shared state.
 	lc.Request = s.seal.bytes(lc.Request)
 	if resp != nil {
-		if lc.Response, err = marshal(resp); err != nil {
+		if lc.Response, err = proto.Marshal(resp); err != nil {
 			return nil, err
 		}
 	}

@@ -37,7 +37,11 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 		return nil, badField("rollout_id", "required")
 	}
 	if rec := s.store.get(id); rec != nil {
-		return rec.proto(), nil
+		out, err := rec.proto()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "render rollout %q: %v", id, err)
+		}
+		return out, nil
 	}
 	lc, _, err := s.sh.get(ctx, id)
 	switch {
@@ -83,12 +87,12 @@ func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rol
 	if err != nil {
 		return nil, err
 	}
-	out := &rolloutv1.Rollout{}
-	if err := unmarshal(e.Value(), out); err != nil {
+	out, err := rolloutProto(e.Value())
+	if err != nil {
 		return nil, err
 	}
 	out.Sequence = int64(e.Revision())
-	return wholeRollout(out), nil
+	return out, nil
 }
 
 // askOwner asks the replica holding a rollout for its live record.
@@ -102,15 +106,14 @@ func (s *Service) askOwner(ctx context.Context, owner, id string) (*rolloutv1.Ro
 	if len(msg.Data) == 0 {
 		return nil, errGone
 	}
-	out := &rolloutv1.Rollout{}
-	return out, unmarshal(msg.Data, out)
+	return rolloutProto(msg.Data)
 }
 
 // answerGets serves askOwner for the rollouts this replica holds.
 func (s *Service) answerGets(msg *nats.Msg) {
 	var b []byte
 	if rec := s.store.get(string(msg.Data)); rec != nil {
-		b, _ = marshal(rec.proto())
+		b, _ = json.Marshal(rec.render())
 	}
 	_ = msg.Respond(b)
 }
@@ -153,12 +156,12 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 		if err != nil {
 			continue
 		}
-		out := &rolloutv1.Rollout{}
-		if err := unmarshal(msg.Data(), out); err != nil {
+		out, err := rolloutProto(msg.Data())
+		if err != nil {
 			continue
 		}
 		out.Sequence = int64(meta.Sequence.Stream)
-		if err := stream.Send(wholeRollout(out)); err != nil {
+		if err := stream.Send(out); err != nil {
 			return err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
@@ -72,7 +73,7 @@ func (quickGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grad
 
 func (instantGrader) Grade(_ context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "instant"}
-	for _, sm := range req.GetSamples() {
+	for _, sm := range samplesOf(req) {
 		r := 1.0
 		resp.Grades = append(resp.Grades, &graderv1.SampleGrade{SampleId: sm.GetId(), Reward: &r})
 	}
@@ -335,4 +336,18 @@ func TestFinalOwedAfterASlowGrading(t *testing.T) {
 		t.Errorf("%d lifecycle updates for %d rollouts, want %d (first stage, its mark, final stage)", got, n, 3*n)
 	}
 	heldBodies(t, s, kv, n)
+}
+
+// samplesOf is the samples of a grade request, read as the API's
+// messages, whichever form it carries them in.
+func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
+	if len(req.GetSamplesJson()) == 0 {
+		return req.GetSamples()
+	}
+	var r graderv1.GradeRequest
+	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &r); err != nil {
+		panic(err)
+	}
+	return r.GetSamples()
 }

@@ -3,6 +3,7 @@ package rollout
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -71,8 +73,12 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	tools, err := host.ToolsFor(s.workflow, rec.in.Request)
 	var structs []*structpb.Struct
 	if err == nil {
-		if structs, err = toStructs(tools); err != nil {
-			err = errors.New("get_tools returned a tool that is not a JSON object: " + err.Error())
+		structs = make([]*structpb.Struct, len(tools))
+		for i, t := range tools {
+			if structs[i], err = sample.Struct(t); err != nil {
+				err = errors.New("get_tools returned a tool that is not a JSON object: " + err.Error())
+				break
+			}
 		}
 	}
 	if err != nil {
@@ -83,7 +89,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	w.resp = &rolloutv1.InitRolloutResponse{RolloutId: rec.id, Tools: structs}
-	answer, err := marshal(w.resp)
+	answer, err := proto.Marshal(w.resp)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode the init answer: %v", err)
 	}
@@ -132,7 +138,7 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 		}
 	}
 	resp := &rolloutv1.InitRolloutResponse{}
-	if err := unmarshal(lc.Response, resp); err != nil {
+	if err := proto.Unmarshal(lc.Response, resp); err != nil {
 		return nil, status.Errorf(codes.Internal, "the saved init answer: %v", err)
 	}
 	return resp, nil
@@ -146,7 +152,7 @@ func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*reco
 	g1req := sdkRequest(req)
 	rec.label = g1Label(req)
 	rec.in = &host.Input{RolloutID: rec.id, Prompt: g1req.Messages, Metadata: metadataMap(req.GetMetadata()), Label: rec.label, Request: g1req}
-	rec.metadata = req.GetMetadata()
+	rec.metadata = structJSON(req.GetMetadata())
 	rec.gradable = rec.label != nil
 	rec.upstream = llmproxy.Route{
 		BaseURL:         strings.TrimRight(req.GetServerUrl(), "/") + "/v1",
@@ -179,6 +185,22 @@ func metadataMap(s *structpb.Struct) map[string]any {
 		return nil
 	}
 	return s.AsMap()
+}
+
+// structJSON is a JSON object of a request (validated: it encodes) as the
+// JSON the rollout carries; nil for none.
+func structJSON(s *structpb.Struct) json.RawMessage {
+	b, _ := sample.JSON(s)
+	return b
+}
+
+// fromStructs is the messages of a request as the workflow reads them.
+func fromStructs(in []*structpb.Struct) []osmo.Message {
+	out := make([]osmo.Message, len(in))
+	for i, s := range in {
+		out[i] = s.AsMap()
+	}
+	return out
 }
 
 // g1Label is the G1 ground truth: metadata.ground_truth as text.
@@ -235,27 +257,29 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		Status:        w.statusWord(final),
 		FinishReason:  "error",
 		ErrorMessage:  final.Message,
-		FinalMessages: []jsonStruct{}, // Osmosis sends [] with an ERROR, never null.
+		FinalMessages: []json.RawMessage{}, // Osmosis sends [] with an ERROR, never null.
 	}
-	sample := rec.primary()
-	if run.OK() && sample != nil {
+	sm := rec.primary()
+	if run.OK() && sm != nil {
 		// A run that succeeded keeps its conversation and extra fields, even
 		// when grading then failed.
-		body.FinalMessages = jsonStructs(sample.GetMessages())
-		if x := sample.GetExtraFields(); len(x.GetFields()) > 0 {
-			body.ExtraFields = &jsonStruct{x}
+		if sm.Messages != nil {
+			body.FinalMessages = sm.Messages
+		}
+		if x := sm.ExtraFields; len(x) > 0 && string(x) != "{}" {
+			body.ExtraFields = x
 		}
 	}
 	rec.mu.Lock()
 	if final.OK() {
 		body.FinishReason = "stop"
-		if sample != nil && sample.GetFinishReason() != "" {
-			body.FinishReason = sample.GetFinishReason()
+		if sm != nil && sm.FinishReason != "" {
+			body.FinishReason = sm.FinishReason
 		}
 		body.Reward = rec.reward
 	}
 	// The rollout's metrics carry G1's names already.
-	body.Metrics = newWireMetrics(rec.metricsLocked(time.Now()))
+	body.Metrics = rec.metricsLocked(time.Now())
 	rec.mu.Unlock()
 	return []delivery{{
 		event:  "completion",
@@ -271,12 +295,12 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 // g1Completion is the body of POST {server_url}/v1/rollout/completed.
 // Fields that are None in the Osmosis server are omitted.
 type g1Completion struct {
-	RolloutID     string       `json:"rollout_id"`
-	Status        string       `json:"status"`
-	FinalMessages []jsonStruct `json:"final_messages"`
-	FinishReason  string       `json:"finish_reason,omitempty"`
-	ErrorMessage  string       `json:"error_message,omitempty"`
-	Reward        *float64     `json:"reward,omitempty"`
-	ExtraFields   *jsonStruct  `json:"extra_fields,omitempty"`
-	Metrics       *wireMetrics `json:"metrics,omitempty"`
+	RolloutID     string              `json:"rollout_id"`
+	Status        string              `json:"status"`
+	FinalMessages []json.RawMessage   `json:"final_messages"`
+	FinishReason  string              `json:"finish_reason,omitempty"`
+	ErrorMessage  string              `json:"error_message,omitempty"`
+	Reward        *float64            `json:"reward,omitempty"`
+	ExtraFields   json.RawMessage     `json:"extra_fields,omitempty"`
+	Metrics       *osmo.SampleMetrics `json:"metrics,omitempty"`
 }

@@ -5,18 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math"
-	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -89,8 +87,8 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 		Metadata:  metadataMap(req.GetMetadata()),
 		Label:     rec.label,
 	}
-	rec.metadata = req.GetMetadata()
-	rec.extra = req.GetExtraFields()
+	rec.metadata = structJSON(req.GetMetadata())
+	rec.extra = structJSON(req.GetExtraFields())
 	// PROTOCOL.md's gate: a row is graded when it has a label or metadata.
 	rec.gradable = rec.label != nil || rec.metadata != nil
 	rec.upstream = llmproxy.Route{
@@ -191,14 +189,14 @@ type g2GraderCallback struct {
 // one, is the first the workflow registered, null unless the rollout
 // succeeded. A rollout with several samples thus reaches a v0.3
 // controller as its first; the samples map carries them all.
-func graderBody(id string, o outcome.Outcome, samples []*rolloutv1.RolloutSample) *g2GraderCallback {
+func graderBody(id string, o outcome.Outcome, samples []*sample.Sample) *g2GraderCallback {
 	body := &g2GraderCallback{g2Completion: completionBody(id, o), Samples: map[string]*wireSample{}}
 	if o.State == rolloutv1.State_STATE_CANCELLED {
 		body.Status = outcome.StatusWord(rolloutv1.State_STATE_FAILED)
 	}
 	for _, sm := range samples {
 		ws := newWireSample(sm, o.OK())
-		body.Samples[sm.GetId()] = ws
+		body.Samples[sm.ID] = ws
 		if body.Sample == nil && o.OK() {
 			body.Sample = ws
 		}
@@ -208,199 +206,63 @@ func graderBody(id string, o outcome.Outcome, samples []*rolloutv1.RolloutSample
 
 // wireSample is one sample of the grader callback: the fields of both
 // generations' RolloutSample, and llm_calls, the per-call records (token
-// ids, logprobs, usage) of the G3 wire. Its parts are the sample's own
-// messages, encoded by the one marshal of the callback body.
+// ids, logprobs, usage) of the G3 wire.
 type wireSample struct {
-	ID           string         `json:"id"`
-	Messages     []jsonStruct   `json:"messages"`
-	Label        *string        `json:"label"`
-	Reward       *float64       `json:"reward"`
-	RemoveSample bool           `json:"remove_sample"`
-	Metrics      *wireMetrics   `json:"metrics"`
-	ExtraFields  jsonStruct     `json:"extra_fields"`
-	LLMCalls     []*wireLLMCall `json:"llm_calls,omitempty"`
+	ID           string              `json:"id"`
+	Messages     []json.RawMessage   `json:"messages"`
+	Label        *string             `json:"label"`
+	Reward       *float64            `json:"reward"`
+	RemoveSample bool                `json:"remove_sample"`
+	Metrics      *osmo.SampleMetrics `json:"metrics"`
+	ExtraFields  json.RawMessage     `json:"extra_fields"`
+	LLMCalls     []wireCall          `json:"llm_calls,omitempty"`
 }
 
 // newWireSample renders sm; its reward only when the rollout succeeded and
 // the grader kept the sample.
-func newWireSample(sm *rolloutv1.RolloutSample, ok bool) *wireSample {
+func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 	out := &wireSample{
-		ID:           sm.GetId(),
-		Messages:     jsonStructs(sm.GetMessages()),
+		ID:           sm.ID,
+		Messages:     sm.Messages,
 		Label:        sm.Label,
-		RemoveSample: sm.GetRemoveSample(),
-		Metrics:      newWireMetrics(sm.GetMetrics()),
+		RemoveSample: sm.RemoveSample,
+		Metrics:      cmp.Or(sm.Metrics, &osmo.SampleMetrics{}),
 		// {} rather than null when unset, as the wires have it.
-		ExtraFields: jsonStruct{cmp.Or(sm.GetExtraFields(), &structpb.Struct{})},
+		ExtraFields: sm.ExtraFields,
 	}
-	if ok && !sm.GetRemoveSample() {
+	if out.Messages == nil {
+		out.Messages = []json.RawMessage{}
+	}
+	if out.ExtraFields == nil {
+		out.ExtraFields = json.RawMessage(`{}`)
+	}
+	if ok && !sm.RemoveSample {
 		// The grader's reward, else the agent's own (a workflow that grades
 		// itself, served without an osmo grader), as meanReward makes the
 		// rollout's.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	// Each call as stored: its request messages after those it shares
+	// Each call as recorded: its request messages after those it shares
 	// with the sample's previous call, which shared_request_messages
 	// counts. Neither wire defines llm_calls, so none needs the history
 	// copied into every call, and the body stays linear in the turns.
-	if calls := sm.GetLlmCalls(); len(calls) > 0 {
-		out.LLMCalls = make([]*wireLLMCall, len(calls))
-		for i, c := range calls {
-			out.LLMCalls[i] = wireCall(c)
+	if len(sm.LLMCalls) > 0 {
+		out.LLMCalls = make([]wireCall, len(sm.LLMCalls))
+		for i, c := range sm.LLMCalls {
+			out.LLMCalls[i] = wireCall{LLMCall: c, PromptTokens: c.Usage.PromptTokens,
+				CompletionTokens: c.Usage.CompletionTokens, CachedTokens: c.Usage.CachedTokens, ModelName: c.Model}
 		}
 	}
 	return out
 }
 
-// wireLLMCall is one record of a sample's llm_calls: the LLMCall with its
-// proto field names, which include the G3 names (prompt_tokens,
-// completion_tokens, cached_tokens, model_name) beside usage and model.
-// Every field is present, as protojson with EmitUnpopulated renders it,
-// except token ids and logprobs the upstream did not return: those are
-// left out rather than sent as empty arrays, which would read as "no
-// tokens".
-type wireLLMCall struct {
-	ID              string       `json:"id"`
-	RequestedModel  string       `json:"requested_model"`
-	Model           string       `json:"model"`
-	RequestMessages []jsonStruct `json:"request_messages"`
-	// SharedRequestMessages counts the leading request messages this call
-	// shares with the sample's previous call's whole request, which
-	// request_messages leaves out: call i's whole request is the first N
-	// messages of call i-1's whole request, then its own request_messages.
-	SharedRequestMessages int32           `json:"shared_request_messages"`
-	ResponseMessage       jsonStruct      `json:"response_message"`
-	FinishReason          string          `json:"finish_reason"`
-	Usage                 *wireUsage      `json:"usage"`
-	LatencyMS             jsonFloat       `json:"latency_ms"`
-	TimeToFirstTokenMS    jsonFloat       `json:"time_to_first_token_ms"`
-	Stream                bool            `json:"stream"`
-	PromptTokenIDs        []int32         `json:"prompt_token_ids,omitempty"`
-	CompletionTokenIDs    []int32         `json:"completion_token_ids,omitempty"`
-	Logprobs              jsonFloats      `json:"logprobs,omitempty"`
-	StatusCode            int32           `json:"status_code"`
-	Error                 string          `json:"error"`
-	Attempts              int32           `json:"attempts"`
-	StartedAt             json.RawMessage `json:"started_at"`
-	API                   string          `json:"api"`
-	PromptTokens          int32           `json:"prompt_tokens"`
-	CompletionTokens      int32           `json:"completion_tokens"`
-	CachedTokens          int32           `json:"cached_tokens"`
-	ModelName             string          `json:"model_name"`
-}
-
-// wireMetrics is a RolloutMetrics as its proto JSON form with every field
-// and the proto names has it, keys in encoding/json's order for a map.
-type wireMetrics struct {
-	LlmLatencyMs     jsonFloat `json:"llm_latency_ms"`
-	MaxContextTokens int32     `json:"max_context_tokens"`
-	NumLlmCalls      int32     `json:"num_llm_calls"`
-	NumToolCalls     int32     `json:"num_tool_calls"`
-	PromptTokens     int32     `json:"prompt_tokens"`
-	ResponseTokens   int32     `json:"response_tokens"`
-	ToolLatencyMs    jsonFloat `json:"tool_latency_ms"`
-	TotalLatencyMs   jsonFloat `json:"total_latency_ms"`
-}
-
-// newWireMetrics renders m; a nil m as zeros, as protojson renders it.
-func newWireMetrics(m *rolloutv1.RolloutMetrics) *wireMetrics {
-	return &wireMetrics{
-		LlmLatencyMs: jsonFloat(m.GetLlmLatencyMs()), MaxContextTokens: m.GetMaxContextTokens(),
-		NumLlmCalls: m.GetNumLlmCalls(), NumToolCalls: m.GetNumToolCalls(), PromptTokens: m.GetPromptTokens(),
-		ResponseTokens: m.GetResponseTokens(), ToolLatencyMs: jsonFloat(m.GetToolLatencyMs()),
-		TotalLatencyMs: jsonFloat(m.GetTotalLatencyMs()),
-	}
-}
-
-type wireUsage struct {
-	PromptTokens     int32 `json:"prompt_tokens"`
-	CompletionTokens int32 `json:"completion_tokens"`
-	TotalTokens      int32 `json:"total_tokens"`
-	CachedTokens     int32 `json:"cached_tokens"`
-}
-
-// wireCall renders c, as stored, for the callback body.
-func wireCall(c *rolloutv1.LLMCall) *wireLLMCall {
-	w := &wireLLMCall{
-		ID: c.GetId(), RequestedModel: c.GetRequestedModel(), Model: c.GetModel(),
-		RequestMessages: jsonStructs(c.GetRequestMessages()), SharedRequestMessages: c.GetSharedRequestMessages(),
-		ResponseMessage: jsonStruct{c.GetResponseMessage()},
-		FinishReason:    c.GetFinishReason(),
-		LatencyMS:       jsonFloat(c.GetLatencyMs()), TimeToFirstTokenMS: jsonFloat(c.GetTimeToFirstTokenMs()),
-		Stream:         c.GetStream(),
-		PromptTokenIDs: c.GetPromptTokenIds(), CompletionTokenIDs: c.GetCompletionTokenIds(),
-		StatusCode: c.GetStatusCode(), Error: c.GetError(), Attempts: c.GetAttempts(),
-		StartedAt: json.RawMessage("null"), API: c.GetApi(),
-		PromptTokens: c.GetPromptTokens(), CompletionTokens: c.GetCompletionTokens(), CachedTokens: c.GetCachedTokens(),
-		ModelName: c.GetModelName(),
-	}
-	if u := c.GetUsage(); u != nil {
-		w.Usage = &wireUsage{PromptTokens: u.GetPromptTokens(), CompletionTokens: u.GetCompletionTokens(),
-			TotalTokens: u.GetTotalTokens(), CachedTokens: u.GetCachedTokens()}
-	}
-	w.Logprobs = c.GetLogprobs()
-	if t := c.GetStartedAt(); t.IsValid() {
-		w.StartedAt = appendTimestamp(nil, t)
-	}
-	return w
-}
-
-// jsonFloat is a double as proto JSON has it: a number, or "NaN",
-// "Infinity" and "-Infinity" as strings (which plain JSON cannot hold).
-type jsonFloat float64
-
-func (f jsonFloat) MarshalJSON() ([]byte, error) { return f.append(nil), nil }
-
-// append writes f: a finite number as encoding/json writes a float64.
-func (f jsonFloat) append(b []byte) []byte {
-	switch v := float64(f); {
-	case math.IsNaN(v):
-		return append(b, `"NaN"`...)
-	case math.IsInf(v, 1):
-		return append(b, `"Infinity"`...)
-	case math.IsInf(v, -1):
-		return append(b, `"-Infinity"`...)
-	default:
-		return appendNumber(b, v)
-	}
-}
-
-// jsonFloats is a list of doubles as proto JSON has it (see jsonFloat).
-type jsonFloats []float64
-
-func (fs jsonFloats) MarshalJSON() ([]byte, error) { return fs.append(nil), nil }
-
-func (fs jsonFloats) append(b []byte) []byte {
-	if fs == nil {
-		return append(b, "null"...)
-	}
-	b = append(b, '[')
-	for i, f := range fs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = jsonFloat(f).append(b)
-	}
-	return append(b, ']')
-}
-
-// appendTimestamp appends the proto JSON form of a valid timestamp: RFC
-// 3339, in UTC, with 0, 3, 6 or 9 fractional digits, quoted.
-func appendTimestamp(b []byte, ts *timestamppb.Timestamp) []byte {
-	b = append(b, '"')
-	b = ts.AsTime().UTC().AppendFormat(b, "2006-01-02T15:04:05")
-	if n := ts.GetNanos(); n != 0 {
-		digits := 9
-		for digits > 3 && n%1000 == 0 {
-			n /= 1000
-			digits -= 3
-		}
-		b = append(b, '.')
-		frac := strconv.AppendInt(nil, int64(n), 10)
-		for range digits - len(frac) {
-			b = append(b, '0')
-		}
-		b = append(b, frac...)
-	}
-	return append(b, 'Z', '"')
+// wireCall is one record of a sample's llm_calls: the recorded call, and
+// the names the G3 per-call record gives its usage and the model it was
+// sent upstream as.
+type wireCall struct {
+	*osmo.LLMCall
+	PromptTokens     int    `json:"prompt_tokens"`
+	CompletionTokens int    `json:"completion_tokens"`
+	CachedTokens     int    `json:"cached_tokens"`
+	ModelName        string `json:"model_name"`
 }

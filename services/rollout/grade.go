@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,13 +30,17 @@ func (s *Service) grade(rec *record, log *slog.Logger) outcome.Outcome {
 	ctx, span := s.startSpan(ctx, "grade", trace.SpanKindClient, osmoattr.GraderName.String(s.cfg.GraderName))
 	defer span.End()
 	start := time.Now()
+	samples, err := json.Marshal(rec.snapshot())
+	if err != nil {
+		return outcome.Failed(outcome.Agent, "grading failed: encode the samples: %v", err)
+	}
 	resp, err := s.cfg.Grader.Grade(ctx, &graderv1.GradeRequest{
-		RolloutId: rec.id,
-		Samples:   rec.snapshot(),
-		Label:     rec.label,
-		Metadata:  rec.metadata,
-		Grader:    s.cfg.GraderName,
-		Timeout:   durationpb.New(rec.gradeBudget),
+		RolloutId:    rec.id,
+		SamplesJson:  samples,
+		Label:        rec.label,
+		MetadataJson: rec.metadata,
+		Grader:       s.cfg.GraderName,
+		Timeout:      durationpb.New(rec.gradeBudget),
 		// A rollout is graded once, by the replica that ran it (one
 		// concluded elsewhere is not graded again): nothing of it can be
 		// stored yet. The grader client clears this on a resend.
@@ -107,21 +112,21 @@ func (r *record) applyGrades(resp *graderv1.GradeResponse) string {
 	defer r.mu.Unlock()
 	var bad []string
 	for _, sm := range r.samples {
-		g := grades[sm.GetId()]
+		g := grades[sm.ID]
 		switch {
 		case g == nil:
-			bad = append(bad, fmt.Sprintf("%q (no grade)", sm.GetId()))
+			bad = append(bad, fmt.Sprintf("%q (no grade)", sm.ID))
 		case g.Reward != nil && (math.IsNaN(g.GetReward()) || math.IsInf(g.GetReward(), 0)):
-			bad = append(bad, fmt.Sprintf("%q (non-finite reward %v)", sm.GetId(), g.GetReward()))
+			bad = append(bad, fmt.Sprintf("%q (non-finite reward %v)", sm.ID, g.GetReward()))
 		case g.Reward == nil && !g.GetRemoveSample():
-			bad = append(bad, fmt.Sprintf("%q (neither a reward nor remove_sample)", sm.GetId()))
+			bad = append(bad, fmt.Sprintf("%q (neither a reward nor remove_sample)", sm.ID))
 		}
 	}
 	if len(bad) > 0 {
 		return "left samples without a finite reward: " + strings.Join(bad, ", ")
 	}
 	for _, sm := range r.samples {
-		g := grades[sm.GetId()]
+		g := grades[sm.ID]
 		sm.Reward, sm.RemoveSample = g.Reward, g.GetRemoveSample()
 	}
 	return ""

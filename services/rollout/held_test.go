@@ -26,7 +26,7 @@ func TestHeldParts(t *testing.T) {
 	}
 	bare := func(lc *lifecycle) *lifecycle {
 		var back lifecycle
-		if err := json.Unmarshal(lc.appendJSON(nil, false), &back); err != nil {
+		if err := json.Unmarshal(mustEncode(t, lc, false), &back); err != nil {
 			t.Fatal(err)
 		}
 		return &back
@@ -154,7 +154,7 @@ func TestHeldPartsOfAnotherAdmission(t *testing.T) {
 	// Created read back from JSON (another location, no monotonic
 	// reading) is the same admission.
 	var decoded lifecycle
-	if err := json.Unmarshal(fresh.appendJSON(nil, false), &decoded); err != nil {
+	if err := json.Unmarshal(mustEncode(t, fresh, false), &decoded); err != nil {
 		t.Fatal(err)
 	}
 	decoded.Created = decoded.Created.In(time.FixedZone("east", 3600))

@@ -1,19 +1,19 @@
 package rollout
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
@@ -311,7 +311,7 @@ func (s *Service) record(rec *record, log *slog.Logger) {
 	rec.mu.Lock()
 	rec.finished = time.Now()
 	rec.mu.Unlock()
-	b, err := marshal(rec.render())
+	b, err := json.Marshal(rec.render())
 	if err == nil {
 		var rev uint64
 		rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b)
@@ -414,28 +414,35 @@ func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 	return out
 }
 
-// marshalBody encodes a callback body once. A body that writes its own
-// JSON writes it into a reused buffer, and the payload is an exact copy:
-// it is kept in the lifecycle until delivered, with no room to spare.
-func marshalBody(body any) ([]byte, error) {
-	if a, ok := body.(jsonAppender); ok {
-		bp, _ := bodyBuffers.Get().(*[]byte)
-		if bp == nil {
-			bp = new([]byte)
-		}
-		*bp = a.appendJSON((*bp)[:0])
-		out := bytes.Clone(*bp)
-		if cap(*bp) <= 1<<20 {
-			bodyBuffers.Put(bp)
-		}
-		return out, nil
+// marshalBody encodes a callback body once.
+func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
+
+// appendJSON encodes lc into b. Not inline, the request and the
+// callbacks' payloads are left out (a private state's are held in
+// process: heldParts).
+func (lc *lifecycle) appendJSON(b []byte, inline bool) ([]byte, error) {
+	if !inline {
+		cp := *lc
+		cp.Request = nil
+		cp.Ran, cp.Final = lc.Ran.withoutPayloads(), lc.Final.withoutPayloads()
+		lc = &cp
 	}
-	return json.Marshal(body)
+	out, err := json.Marshal(lc)
+	return append(b[:0], out...), err
 }
 
-// bodyBuffers are marshalBody's buffers: a cache, as encoding/json keeps
-// its own.
-var bodyBuffers sync.Pool
+// withoutPayloads is a copy of st whose callbacks carry no payload.
+func (st *owedStage) withoutPayloads() *owedStage {
+	if st == nil {
+		return nil
+	}
+	cp := *st
+	cp.Callbacks = slices.Clone(st.Callbacks)
+	for i := range cp.Callbacks {
+		cp.Callbacks[i].Payload = nil
+	}
+	return &cp
+}
 
 // timestamp is t as a proto timestamp, nil when zero.
 func timestamp(t time.Time) *timestamppb.Timestamp {

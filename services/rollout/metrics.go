@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/osmo-rl/osmo/pkg/llmproxy"
+	"github.com/osmo-rl/osmo"
 )
 
 // metrics are the rollout service's Prometheus collectors. Names and units
@@ -162,10 +162,10 @@ const (
 	rejectCapacity = "capacity"
 )
 
-func (m *metrics) llmCall(c *llmproxy.Call) {
-	m.llmDuration.WithLabelValues(strconv.Itoa(c.StatusCode)).Observe(c.Latency.Seconds())
-	if c.Stream && c.TimeToFirstToken > 0 {
-		m.llmTTFT.Observe(c.TimeToFirstToken.Seconds())
+func (m *metrics) llmCall(c *osmo.LLMCall) {
+	m.llmDuration.WithLabelValues(strconv.Itoa(c.StatusCode)).Observe(c.LatencyMS / 1000)
+	if c.Stream && c.TimeToFirstTokenMS > 0 {
+		m.llmTTFT.Observe(c.TimeToFirstTokenMS / 1000)
 	}
 	m.tokens.WithLabelValues("input").Add(float64(c.Usage.PromptTokens))
 	m.tokens.WithLabelValues("output").Add(float64(c.Usage.CompletionTokens))

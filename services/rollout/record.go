@@ -11,14 +11,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
+	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -39,9 +37,9 @@ type record struct {
 	// label is the row's ground truth (only the grader sees it) and
 	// metadata the row's metadata as the trainer sent it.
 	label    *string
-	metadata *structpb.Struct
+	metadata json.RawMessage
 	// extra is passed through to every sample's extra_fields.
-	extra *structpb.Struct
+	extra json.RawMessage
 	// gradable: the row has what grading needs (the wire's rule).
 	gradable bool
 	// upstream is where the rollout's LLM calls go (base URL, key, the
@@ -83,12 +81,12 @@ type record struct {
 	state    rolloutv1.State
 	started  time.Time
 	finished time.Time
-	calls    []*recordedCall
+	calls    []*osmo.LLMCall
 	// convs holds each sample's last call's request messages (the calls'
 	// own bytes), which the sample's next call is compacted against.
 	convs     map[string][]json.RawMessage
 	tools     map[string]toolStats // by sample id
-	samples   []*rolloutv1.RolloutSample
+	samples   []*sample.Sample
 	cancelled bool
 	// out is set when the outcome is known (at the latest when grading
 	// ended); final says it is.
@@ -189,11 +187,11 @@ func (r *record) settle(o outcome.Outcome) {
 // meanReward is a rollout's reward: the mean over its samples that were
 // not removed of each one's reward (the grader's, else the agent's own);
 // nil when none has one.
-func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
+func meanReward(samples []*sample.Sample) *float64 {
 	var sum float64
 	n := 0
 	for _, sm := range samples {
-		if sm.GetRemoveSample() {
+		if sm.RemoveSample {
 			continue
 		}
 		r := sm.Reward
@@ -212,7 +210,7 @@ func meanReward(samples []*rolloutv1.RolloutSample) *float64 {
 	return &mean
 }
 
-func (r *record) addCall(c *llmproxy.Call) {
+func (r *record) addCall(c *osmo.LLMCall) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.frozen { // a call of an abandoned workflow, late
@@ -221,9 +219,8 @@ func (r *record) addCall(c *llmproxy.Call) {
 	if r.convs == nil {
 		r.convs = map[string][]json.RawMessage{}
 	}
-	rc, msgs := newRecordedCall(c, r.convs[c.SampleID])
-	r.convs[c.SampleID] = msgs
-	r.calls = append(r.calls, rc)
+	r.convs[c.SampleID] = compact(c, r.convs[c.SampleID])
+	r.calls = append(r.calls, c)
 }
 
 func (r *record) addToolCall(sampleID string, d time.Duration) {
@@ -257,64 +254,21 @@ func (r *record) setSeq(seq int64) {
 // The copies are shallow: once collected, a sample's parts (its messages,
 // its calls) are never changed, only its own fields are, by grading (its
 // reward, remove_sample), which the copies do not see.
-func (r *record) snapshot() []*rolloutv1.RolloutSample {
+func (r *record) snapshot() []*sample.Sample {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*rolloutv1.RolloutSample, len(r.samples))
+	out := make([]*sample.Sample, len(r.samples))
 	for i, s := range r.samples {
-		out[i] = copySample(s)
+		cp := *s
+		out[i] = &cp
 	}
 	return out
-}
-
-// copySample is shallowCopy of a sample, field by field: a rollout's
-// samples are copied for each body and the record, and protoreflect's
-// copy, a Set per field through interfaces, cost a percent of a rollout's
-// CPU. TestCopySampleCopiesEveryField fails when the message gains a field
-// this does not copy. The optional numbers get pointers of their own, as
-// protoreflect gives them.
-func copySample(s *rolloutv1.RolloutSample) *rolloutv1.RolloutSample {
-	return &rolloutv1.RolloutSample{
-		RolloutId:    s.RolloutId,
-		Id:           s.Id,
-		Messages:     s.Messages,
-		Label:        copyPtr(s.Label),
-		Metadata:     s.Metadata,
-		Reward:       copyPtr(s.Reward),
-		RemoveSample: s.RemoveSample,
-		Metrics:      s.Metrics,
-		ExtraFields:  s.ExtraFields,
-		LlmCalls:     s.LlmCalls,
-		AgentReward:  copyPtr(s.AgentReward),
-		FinishReason: s.FinishReason,
-		Workflow:     s.Workflow,
-	}
-}
-
-func copyPtr[T any](p *T) *T {
-	if p == nil {
-		return nil
-	}
-	v := *p
-	return &v
-}
-
-// shallowCopy is a new message whose fields hold m's values: messages and
-// lists are shared, not copied.
-func shallowCopy[M proto.Message](m M) M {
-	src := m.ProtoReflect()
-	dst := src.New()
-	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		dst.Set(fd, v)
-		return true
-	})
-	return dst.Interface().(M)
 }
 
 // primary is the rollout's first registered sample (a copy), the one the
 // single-sample bodies carry (G1's completion, v0.3's grader callback);
 // nil when there is none.
-func (r *record) primary() *rolloutv1.RolloutSample {
+func (r *record) primary() *sample.Sample {
 	if samples := r.snapshot(); len(samples) > 0 {
 		return samples[0]
 	}
@@ -322,28 +276,28 @@ func (r *record) primary() *rolloutv1.RolloutSample {
 }
 
 // metrics sums what was recorded over the whole rollout. Caller holds mu.
-func (r *record) metricsLocked(end time.Time) *rolloutv1.RolloutMetrics {
+func (r *record) metricsLocked(end time.Time) *osmo.SampleMetrics {
 	m := callMetrics(r.calls, r.started, end)
 	for _, ts := range r.tools {
-		m.NumToolCalls += int32(ts.n)
-		m.ToolLatencyMs += ms(ts.latency)
+		m.NumToolCalls += ts.n
+		m.ToolLatencyMS += ms(ts.latency)
 	}
 	return m
 }
 
 // callMetrics sums LLM calls; the latency is the run's so far.
-func callMetrics(calls []*recordedCall, started, end time.Time) *rolloutv1.RolloutMetrics {
-	m := &rolloutv1.RolloutMetrics{NumLlmCalls: int32(len(calls))}
+func callMetrics(calls []*osmo.LLMCall, started, end time.Time) *osmo.SampleMetrics {
+	m := &osmo.SampleMetrics{NumLLMCalls: len(calls)}
 	if !started.IsZero() {
-		m.TotalLatencyMs = ms(end.Sub(started))
+		m.TotalLatencyMS = ms(end.Sub(started))
 	}
 	for _, c := range calls {
-		m.LlmLatencyMs += ms(c.Latency)
-		m.PromptTokens += int32(c.Usage.PromptTokens)
-		m.ResponseTokens += int32(c.Usage.CompletionTokens)
-		ctxTokens := int32(c.Usage.PromptTokens + c.Usage.CompletionTokens)
+		m.LLMLatencyMS += c.LatencyMS
+		m.PromptTokens += c.Usage.PromptTokens
+		m.ResponseTokens += c.Usage.CompletionTokens
+		ctxTokens := c.Usage.PromptTokens + c.Usage.CompletionTokens
 		if c.Usage.TotalTokens > 0 {
-			ctxTokens = int32(c.Usage.TotalTokens)
+			ctxTokens = c.Usage.TotalTokens
 		}
 		m.MaxContextTokens = max(m.MaxContextTokens, ctxTokens)
 	}
@@ -352,13 +306,47 @@ func callMetrics(calls []*recordedCall, started, end time.Time) *rolloutv1.Rollo
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// proto renders the record for GetRollout: every call's request
-// messages whole.
-func (r *record) proto() *rolloutv1.Rollout { return wholeRollout(r.render()) }
+// rolloutRecord is a rollout as GetRollout and watchers see it, and as a
+// finished one is stored: the API's Rollout, with samples as the JSON
+// they were collected as. Its JSON names are Rollout's, so stored bytes
+// read as one (rolloutProto).
+type rolloutRecord struct {
+	RolloutID     string              `json:"rollout_id"`
+	State         rolloutv1.State     `json:"state"`
+	Workflow      string              `json:"workflow,omitempty"`
+	Samples       []*sample.Sample    `json:"samples,omitempty"`
+	Reward        *float64            `json:"reward,omitempty"`
+	FinishReason  string              `json:"finish_reason,omitempty"`
+	ErrorMessage  string              `json:"error_message,omitempty"`
+	ErrorCategory string              `json:"error_category,omitempty"`
+	Metrics       *osmo.SampleMetrics `json:"metrics,omitempty"`
+	Metadata      json.RawMessage     `json:"metadata,omitempty"`
+	CreatedAt     time.Time           `json:"created_at,omitzero"`
+	StartedAt     time.Time           `json:"started_at,omitzero"`
+	FinishedAt    time.Time           `json:"finished_at,omitzero"`
+	Sequence      int64               `json:"sequence,omitempty"`
+	CallbackError string              `json:"callback_error,omitempty"`
+	Wire          string              `json:"wire,omitempty"`
+}
 
-// render builds the record's stored form from its parts: GetRollout's,
-// with each call's request messages compacted (see recordedCall).
-func (r *record) render() *rolloutv1.Rollout {
+// rolloutProto reads a stored record (or one a replica answered) as the
+// API's Rollout.
+func rolloutProto(b []byte) (*rolloutv1.Rollout, error) {
+	out := &rolloutv1.Rollout{}
+	return out, sample.FromJSON(b, out)
+}
+
+// proto renders the record for GetRollout.
+func (r *record) proto() (*rolloutv1.Rollout, error) {
+	b, err := json.Marshal(r.render())
+	if err != nil {
+		return nil, err
+	}
+	return rolloutProto(b)
+}
+
+// render is the record as stored.
+func (r *record) render() *rolloutRecord {
 	samples := r.snapshot()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -366,8 +354,8 @@ func (r *record) render() *rolloutv1.Rollout {
 	if end.IsZero() {
 		end = time.Now()
 	}
-	out := &rolloutv1.Rollout{
-		RolloutId:     r.id,
+	out := &rolloutRecord{
+		RolloutID:     r.id,
 		State:         r.state,
 		Workflow:      r.workflow,
 		Samples:       samples,
@@ -376,19 +364,15 @@ func (r *record) render() *rolloutv1.Rollout {
 		ErrorCategory: string(r.out.Category),
 		Metrics:       r.metricsLocked(end),
 		Metadata:      r.metadata,
-		CreatedAt:     timestamppb.New(r.created),
+		CreatedAt:     r.created,
+		StartedAt:     r.started,
+		FinishedAt:    r.finished,
 		Sequence:      r.seq,
 		CallbackError: r.callbackErr,
 		Wire:          r.wire.name(),
 	}
 	if len(samples) > 0 {
-		out.FinishReason = samples[0].GetFinishReason()
-	}
-	if !r.started.IsZero() {
-		out.StartedAt = timestamppb.New(r.started)
-	}
-	if !r.finished.IsZero() {
-		out.FinishedAt = timestamppb.New(r.finished)
+		out.FinishReason = samples[0].FinishReason
 	}
 	return out
 }

@@ -26,7 +26,7 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 		var w *g1Wire
 		rec, w = s.g1Record(req, lc.Key)
 		w.resp = &rolloutv1.InitRolloutResponse{}
-		if err := unmarshal(lc.Response, w.resp); err != nil {
+		if err := proto.Unmarshal(lc.Response, w.resp); err != nil {
 			rec.release()
 			return nil, err
 		}
@@ -69,5 +69,5 @@ func (s *Service) unmarshalRequest(lc *lifecycle, req proto.Message) error {
 	if err != nil {
 		return fmt.Errorf("rollout %s: %w", lc.ID, err)
 	}
-	return unmarshal(b, req)
+	return proto.Unmarshal(b, req)
 }

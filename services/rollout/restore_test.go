@@ -78,10 +78,20 @@ func TestRestoreTakesTheAdmittedRequest(t *testing.T) {
 	}
 	// Stored and read back, a lifecycle has no admitted request.
 	var read lifecycle
-	if err := json.Unmarshal(lc.appendJSON(nil, true), &read); err != nil {
+	if err := json.Unmarshal(mustEncode(t, lc, true), &read); err != nil {
 		t.Fatal(err)
 	}
 	if read.admitted != nil {
 		t.Error("the admitted request went into the stored lifecycle")
 	}
+}
+
+// mustEncode is lc as appendJSON encodes it.
+func mustEncode(t *testing.T, lc *lifecycle, inline bool) []byte {
+	t.Helper()
+	b, err := lc.appendJSON(nil, inline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -179,5 +179,5 @@ func (r *record) lastCallFailedUpstream() bool {
 		return false
 	}
 	c := r.calls[len(r.calls)-1]
-	return c.Err != "" && c.StatusCode >= 400
+	return c.Error != "" && c.StatusCode >= 400
 }

@@ -70,7 +70,7 @@ func (rt *workflowRuntime) RecordToolCall(sampleID string, latency time.Duration
 }
 
 // recordCall attaches a proxied call to its rollout.
-func (s *Service) recordCall(_ context.Context, c *llmproxy.Call) {
+func (s *Service) recordCall(_ context.Context, c *osmo.LLMCall) {
 	rec := s.store.get(c.RolloutID)
 	if rec == nil {
 		return
@@ -78,12 +78,12 @@ func (s *Service) recordCall(_ context.Context, c *llmproxy.Call) {
 	rec.addCall(c)
 	s.metrics.llmCall(c)
 	ev := map[string]any{
-		"sample_id": c.SampleID, "model": c.Model, "status_code": c.StatusCode, "latency_ms": ms(c.Latency),
+		"sample_id": c.SampleID, "model": c.Model, "status_code": c.StatusCode, "latency_ms": c.LatencyMS,
 		"prompt_tokens": c.Usage.PromptTokens, "completion_tokens": c.Usage.CompletionTokens,
 		"finish_reason": c.FinishReason, "attempts": c.Attempts,
 	}
-	if c.Err != "" {
-		ev["error"] = c.Err
+	if c.Error != "" {
+		ev["error"] = c.Error
 	}
 	rec.log.write("llm_call", ev)
 }

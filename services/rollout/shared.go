@@ -539,7 +539,10 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 		// this lifecycle is stored whole, its request in it, and relies on
 		// nothing held. Its next write keeps its own parts.
 		kept := sh.held.keepNew(lc)
-		b := lc.appendJSON(sh.buffer(), sh.held == nil || !kept)
+		b, err := lc.appendJSON(sh.buffer(), sh.held == nil || !kept)
+		if err != nil {
+			return nil, 0, err
+		}
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
 		sh.release(b)
@@ -618,7 +621,10 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	// Held before the write: a reader of what it stores finds them.
 	sh.held.keep(lc)
-	b := lc.appendJSON(sh.buffer(), sh.held == nil)
+	b, err := lc.appendJSON(sh.buffer(), sh.held == nil)
+	if err != nil {
+		return err
+	}
 	defer sh.release(b)
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
@@ -637,7 +643,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	// lifecycle takes it as the stream's per-message TTL on the same
 	// compare-and-set write, published to the key's subject.
 	msg := &nats.Msg{Subject: "$KV." + bucketRollouts + "." + natsstore.Key(lc.ID), Data: b}
-	_, err := sh.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev),
+	_, err = sh.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev),
 		jetstream.WithMsgTTL(max(sh.keep, time.Second)))
 	sh.wrote(len(b))
 	if err == nil {

@@ -90,15 +90,15 @@ func endRolloutSpan(rec *record, status string, o outcome.Outcome) {
 		reward, m := rec.reward, rec.metricsLocked(rec.finished)
 		finish := ""
 		if len(rec.samples) > 0 {
-			finish = rec.samples[0].GetFinishReason()
+			finish = rec.samples[0].FinishReason
 		}
 		rec.mu.Unlock()
 		attrs := []attribute.KeyValue{
 			osmoattr.RolloutStatus.String(status),
-			attribute.Int("osmo.rollout.llm_calls", int(m.GetNumLlmCalls())),
-			attribute.Int("osmo.rollout.tool_calls", int(m.GetNumToolCalls())),
-			semconv.GenAIUsageInputTokens(int(m.GetPromptTokens())),
-			semconv.GenAIUsageOutputTokens(int(m.GetResponseTokens())),
+			attribute.Int("osmo.rollout.llm_calls", m.NumLLMCalls),
+			attribute.Int("osmo.rollout.tool_calls", m.NumToolCalls),
+			semconv.GenAIUsageInputTokens(m.PromptTokens),
+			semconv.GenAIUsageOutputTokens(m.ResponseTokens),
 		}
 		if finish != "" {
 			attrs = append(attrs, osmoattr.FinishReason.String(finish))

@@ -42,7 +42,7 @@ func gradeLabelled(got *[]*graderv1.GradeRequest, mu *sync.Mutex) func(*graderv1
 		*got = append(*got, req)
 		mu.Unlock()
 		resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "label"}
-		for _, s := range req.GetSamples() {
+		for _, s := range samplesOf(req) {
 			msgs := make([]osmo.Message, 0, len(s.GetMessages()))
 			for _, m := range s.GetMessages() {
 				msgs = append(msgs, m.AsMap())
@@ -173,7 +173,7 @@ func TestG2HappyPath(t *testing.T) {
 		t.Errorf("the label reached the workflow: %s", seen.wc[0])
 	}
 	// The grader saw both.
-	if g.count() != 1 || gradeReqs[0].GetLabel() != "forty-two" || gradeReqs[0].GetMetadata().AsMap()["difficulty"] != "easy" {
+	if g.count() != 1 || gradeReqs[0].GetLabel() != "forty-two" || string(gradeReqs[0].GetMetadataJson()) != `{"difficulty":"easy"}` {
 		t.Errorf("grader calls %d, request %v", g.count(), gradeReqs)
 	}
 
@@ -279,12 +279,12 @@ func TestG2LLMCallRecords(t *testing.T) {
 			}
 		}
 	}
-	// GET /v1/rollouts/{id} (and gRPC) carry the G3 names too.
+	// GET /v1/rollouts/{id} (and gRPC) carry usage and model under their
+	// own names, once.
 	r := h.waitDone(t, "calls-1")
 	for _, sm := range r.GetSamples() {
 		for _, c := range sm.GetLlmCalls() {
-			if c.GetPromptTokens() != c.GetUsage().GetPromptTokens() || c.GetCompletionTokens() != c.GetUsage().GetCompletionTokens() ||
-				c.GetCachedTokens() != c.GetUsage().GetCachedTokens() || c.GetModelName() != c.GetModel() || c.GetModelName() == "" {
+			if c.GetUsage().GetPromptTokens() == 0 || c.GetModel() == "" {
 				t.Errorf("sample %s: call record %v", sm.GetId(), c)
 			}
 		}
@@ -695,7 +695,7 @@ func TestG2GraderFailures(t *testing.T) {
 		return func(*testing.T) rollout.Grader {
 			return &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 				resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "fake"}
-				for _, s := range req.GetSamples() {
+				for _, s := range samplesOf(req) {
 					if g := grade(s.GetId()); g != nil {
 						resp.Grades = append(resp.Grades, g)
 					}

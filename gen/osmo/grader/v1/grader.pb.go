@@ -58,7 +58,13 @@ type GradeRequest struct {
 	// as GradeStream clients do for the requests they send again on a new
 	// stream; set on a resend, a sample graded before is graded again.
 	// Unset: the store is read first, as for any request.
-	FirstAttempt  bool `protobuf:"varint,9,opt,name=first_attempt,json=firstAttempt,proto3" json:"first_attempt,omitempty"`
+	FirstAttempt bool `protobuf:"varint,9,opt,name=first_attempt,json=firstAttempt,proto3" json:"first_attempt,omitempty"`
+	// The rollout service's form of samples and metadata: the samples as a
+	// JSON array and the row's metadata as a JSON object, with the field
+	// names of RolloutSample, so that messages reach the grader as the JSON
+	// the agent sent. Set instead of samples and metadata.
+	SamplesJson   []byte `protobuf:"bytes,10,opt,name=samples_json,json=samplesJson,proto3" json:"samples_json,omitempty"`
+	MetadataJson  []byte `protobuf:"bytes,11,opt,name=metadata_json,json=metadataJson,proto3" json:"metadata_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +160,20 @@ func (x *GradeRequest) GetFirstAttempt() bool {
 		return x.FirstAttempt
 	}
 	return false
+}
+
+func (x *GradeRequest) GetSamplesJson() []byte {
+	if x != nil {
+		return x.SamplesJson
+	}
+	return nil
+}
+
+func (x *GradeRequest) GetMetadataJson() []byte {
+	if x != nil {
+		return x.MetadataJson
+	}
+	return nil
 }
 
 type GradeResponse struct {
@@ -320,7 +340,7 @@ var File_osmo_grader_v1_grader_proto protoreflect.FileDescriptor
 
 const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\n" +
-	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xe8\x03\n" +
+	"\x1bosmo/grader/v1/grader.proto\x12\x0eosmo.grader.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xb0\x04\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x128\n" +
@@ -332,7 +352,10 @@ const file_osmo_grader_v1_grader_proto_rawDesc = "" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\b \x01(\x04R\trequestId\x12#\n" +
-	"\rfirst_attempt\x18\t \x01(\bR\ffirstAttempt\x1a?\n" +
+	"\rfirst_attempt\x18\t \x01(\bR\ffirstAttempt\x12!\n" +
+	"\fsamples_json\x18\n" +
+	" \x01(\fR\vsamplesJson\x12#\n" +
+	"\rmetadata_json\x18\v \x01(\fR\fmetadataJson\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +

@@ -56,6 +56,20 @@ func (m *GradeRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.MetadataJson) > 0 {
+		i -= len(m.MetadataJson)
+		copy(dAtA[i:], m.MetadataJson)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.MetadataJson)))
+		i--
+		dAtA[i] = 0x5a
+	}
+	if len(m.SamplesJson) > 0 {
+		i -= len(m.SamplesJson)
+		copy(dAtA[i:], m.SamplesJson)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.SamplesJson)))
+		i--
+		dAtA[i] = 0x52
+	}
 	if m.FirstAttempt {
 		i--
 		if m.FirstAttempt {
@@ -353,6 +367,14 @@ func (m *GradeRequest) SizeVT() (n int) {
 	}
 	if m.FirstAttempt {
 		n += 2
+	}
+	l = len(m.SamplesJson)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	l = len(m.MetadataJson)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -822,6 +844,74 @@ func (m *GradeRequest) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.FirstAttempt = bool(v != 0)
+		case 10:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SamplesJson", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.SamplesJson = append(m.SamplesJson[:0], dAtA[iNdEx:postIndex]...)
+			if m.SamplesJson == nil {
+				m.SamplesJson = []byte{}
+			}
+			iNdEx = postIndex
+		case 11:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field MetadataJson", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.MetadataJson = append(m.MetadataJson[:0], dAtA[iNdEx:postIndex]...)
+			if m.MetadataJson == nil {
+				m.MetadataJson = []byte{}
+			}
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

@@ -290,11 +290,11 @@ type LLMCall struct {
 	RequestedModel string `protobuf:"bytes,2,opt,name=requested_model,json=requestedModel,proto3" json:"requested_model,omitempty"`
 	// The model sent upstream after routing.
 	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	// The messages of the request, exactly as sent. In osmo's own stored
-	// records, grader requests and the callbacks' llm_calls a call that
-	// shares leading messages with the sample's previous call holds only the
-	// messages after them (see shared_request_messages); the API's answers
-	// always carry every message.
+	// The request's messages after the first shared_request_messages ones,
+	// exactly as sent: a call's whole request is the first
+	// shared_request_messages messages of the previous call's (of the same
+	// sample) whole request, then these. The first call of a sample, and any
+	// call that shares nothing, holds every message here.
 	RequestMessages []*structpb.Struct `protobuf:"bytes,4,rep,name=request_messages,json=requestMessages,proto3" json:"request_messages,omitempty"`
 	// choices[0].message of the response (assembled from deltas for streams).
 	ResponseMessage *structpb.Struct `protobuf:"bytes,5,opt,name=response_message,json=responseMessage,proto3" json:"response_message,omitempty"`
@@ -321,18 +321,8 @@ type LLMCall struct {
 	// Responses API call the proxy translated. The policy always receives a
 	// chat completion, and the messages above are that chat completion's.
 	Api string `protobuf:"bytes,18,opt,name=api,proto3" json:"api,omitempty"`
-	// The names the G3 per-call record gives the same facts: usage's prompt,
-	// completion and cached tokens, and model_name, the model the call was
-	// sent upstream as (model).
-	PromptTokens     int32  `protobuf:"varint,19,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	CompletionTokens int32  `protobuf:"varint,20,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
-	CachedTokens     int32  `protobuf:"varint,21,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	ModelName        string `protobuf:"bytes,22,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
-	// How many leading messages of the request are the first messages of the
-	// previous call's (of the same sample): request_messages then holds only
-	// the rest, so that a rollout's calls do not each copy the conversation.
-	// Set in osmo's stored records, grader requests and the callbacks'
-	// llm_calls; 0 in the API's answers, whose request_messages are whole.
+	// How many leading messages of the request are the first messages of
+	// the previous call's whole request (see request_messages).
 	SharedRequestMessages int32 `protobuf:"varint,23,opt,name=shared_request_messages,json=sharedRequestMessages,proto3" json:"shared_request_messages,omitempty"`
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
@@ -494,34 +484,6 @@ func (x *LLMCall) GetApi() string {
 	return ""
 }
 
-func (x *LLMCall) GetPromptTokens() int32 {
-	if x != nil {
-		return x.PromptTokens
-	}
-	return 0
-}
-
-func (x *LLMCall) GetCompletionTokens() int32 {
-	if x != nil {
-		return x.CompletionTokens
-	}
-	return 0
-}
-
-func (x *LLMCall) GetCachedTokens() int32 {
-	if x != nil {
-		return x.CachedTokens
-	}
-	return 0
-}
-
-func (x *LLMCall) GetModelName() string {
-	if x != nil {
-		return x.ModelName
-	}
-	return ""
-}
-
 func (x *LLMCall) GetSharedRequestMessages() int32 {
 	if x != nil {
 		return x.SharedRequestMessages
@@ -629,7 +591,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\x84\a\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xc3\x06\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -652,13 +614,9 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\battempts\x18\x10 \x01(\x05R\battempts\x129\n" +
 	"\n" +
 	"started_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
-	"\x03api\x18\x12 \x01(\tR\x03api\x12#\n" +
-	"\rprompt_tokens\x18\x13 \x01(\x05R\fpromptTokens\x12+\n" +
-	"\x11completion_tokens\x18\x14 \x01(\x05R\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x15 \x01(\x05R\fcachedTokens\x12\x1d\n" +
-	"\n" +
-	"model_name\x18\x16 \x01(\tR\tmodelName\x126\n" +
-	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\"\xa1\x01\n" +
+	"\x03api\x18\x12 \x01(\tR\x03api\x126\n" +
+	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessagesJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
+	"model_name\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
