@@ -173,19 +173,12 @@ func formatReward(r *float64) string {
 	return fmt.Sprintf("%.4g", *r)
 }
 
-// messageText is a message's content as text, whatever shape it has.
+// messageText is a message's content as text, whatever shape it has, or
+// the tools it calls when it has none.
 func messageText(m map[string]any) string {
-	switch c := m["content"].(type) {
-	case string:
-		return c
-	case nil:
-		if calls, ok := m["tool_calls"]; ok {
-			b, _ := json.Marshal(calls)
-			return "tool calls: " + string(b)
-		}
-		return ""
-	default:
-		b, _ := json.Marshal(c)
-		return string(b)
+	if calls, ok := m["tool_calls"]; ok && m["content"] == nil {
+		b, _ := json.Marshal(calls)
+		return "tool calls: " + string(b)
 	}
+	return textOf(m["content"])
 }
