@@ -2,7 +2,6 @@ package eval
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 )
 
 // Redacted is what a secret's value becomes wherever osmo writes it.
@@ -110,7 +108,7 @@ func ParseDotenv(r io.Reader) (map[string]string, error) {
 // value counts, however short: a rule for "placeholders" could leak a
 // real short secret. A nil *Redactor redacts nothing.
 type Redactor struct {
-	values [][]byte // longest first, so one value inside another goes whole
+	values []string // longest first, so one value inside another goes whole
 }
 
 // NewRedactor redacts values (empty ones are ignored).
@@ -118,32 +116,22 @@ func NewRedactor(values ...string) *Redactor {
 	r := &Redactor{}
 	for _, v := range values {
 		if v != "" {
-			r.values = append(r.values, []byte(v))
+			r.values = append(r.values, v)
 		}
 	}
-	slices.SortFunc(r.values, func(a, b []byte) int { return len(b) - len(a) })
+	slices.SortFunc(r.values, func(a, b string) int { return len(b) - len(a) })
 	return r
-}
-
-// Bytes returns b with every secret replaced (b itself when none occurs).
-func (r *Redactor) Bytes(b []byte) []byte {
-	if r == nil {
-		return b
-	}
-	for _, v := range r.values {
-		if bytes.Contains(b, v) {
-			b = bytes.ReplaceAll(b, v, []byte(Redacted))
-		}
-	}
-	return b
 }
 
 // String returns s with every secret replaced.
 func (r *Redactor) String(s string) string {
-	if r == nil || len(r.values) == 0 {
+	if r == nil {
 		return s
 	}
-	return string(r.Bytes([]byte(s)))
+	for _, v := range r.values {
+		s = strings.ReplaceAll(s, v, Redacted)
+	}
+	return s
 }
 
 // Values returns the secret values, for writers that redact themselves.
@@ -151,36 +139,7 @@ func (r *Redactor) Values() []string {
 	if r == nil {
 		return nil
 	}
-	out := make([]string, len(r.values))
-	for i, v := range r.values {
-		out[i] = string(v)
-	}
-	return out
-}
-
-// Writer returns a writer that redacts each Write before passing it on.
-// Each Write must hold whole lines (a log record does), so a secret is
-// never split between two of them.
-func (r *Redactor) Writer(w io.Writer) io.Writer {
-	if r == nil || len(r.values) == 0 {
-		return w
-	}
-	return &redactingWriter{r: r, w: w}
-}
-
-type redactingWriter struct {
-	mu sync.Mutex
-	r  *Redactor
-	w  io.Writer
-}
-
-func (w *redactingWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, err := w.w.Write(w.r.Bytes(p)); err != nil {
-		return 0, err
-	}
-	return len(p), nil
+	return slices.Clone(r.values)
 }
 
 // result returns res with every secret in its text replaced: a result is

@@ -194,9 +194,7 @@ type Sample struct {
 // Measure runs the server, measures, and stops it; then, with
 // cfg.Cluster, does the same on a cluster.
 func Measure(ctx context.Context, cfg Config) (*Report, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	h, err := newHarness(ctx)
+	ctx, h, err := newHarness(ctx, cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -222,22 +220,26 @@ type harness struct {
 	stop   func()
 }
 
-func newHarness(ctx context.Context) (*harness, error) {
+// newHarness starts the harness, and returns ctx bounded by timeout; stop
+// ends both.
+func newHarness(ctx context.Context, timeout time.Duration) (context.Context, *harness, error) {
 	gate := NewGate()
 	mock, err := mockllm.New(mockllm.Options{Logger: quiet()})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	policy := httptest.NewServer(gate.Wrap(mock))
 	ctl, err := controller.NewG2("127.0.0.1:0", controller.G2Options{PolicyURL: policy.URL + "/v1", APIKey: "bench-key", Logger: quiet()})
 	if err != nil {
 		policy.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
 	ctlDone := make(chan struct{})
 	go func() { defer close(ctlDone); _ = ctl.Serve(ctlCtx) }()
-	return &harness{gate: gate, policy: policy, ctl: ctl, stop: func() { stopCtl(); <-ctlDone; policy.Close() }}, nil
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	stop := func() { cancel(); stopCtl(); <-ctlDone; policy.Close() }
+	return ctx, &harness{gate: gate, policy: policy, ctl: ctl, stop: stop}, nil
 }
 
 // bench posts to the rollout service at base.

@@ -48,9 +48,7 @@ type Run struct {
 // baseline is only asked to serve G2 with the flags every osmo since the
 // rollout table's first version takes; state figures are not compared.
 func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline func([]string) *exec.Cmd, rounds int) (*Comparison, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	h, err := newHarness(ctx)
+	ctx, h, err := newHarness(ctx, cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
