@@ -135,14 +135,6 @@ func (c *Comparison) Ratio(f func(Run) float64) float64 {
 	return cur / base
 }
 
-// Ratios are this build's medians over the baseline's: rollouts/s (above
-// 1 is faster), p50 and p99 (below 1 is faster).
-func (c *Comparison) Ratios() (perSec, p50, p99 float64) {
-	return c.Ratio(func(r Run) float64 { return r.RolloutsPerSec }),
-		c.Ratio(func(r Run) float64 { return float64(r.P50) }),
-		c.Ratio(func(r Run) float64 { return float64(r.P99) })
-}
-
 // Names of the comparison's rows.
 const (
 	RowCurrent  = "this osmo serve"
@@ -180,21 +172,17 @@ func (c *Comparison) WriteTable(w io.Writer) {
 			row(RowBaseline, i+1, c.Base[i])
 		}
 	}
-	x := func(f float64) string {
-		if !finite(f) {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.2fx", f)
-	}
-	perSec, p50, p99 := c.Ratios()
+	// x is the ratio of the medians of f, this build's over the baseline's.
+	x := func(f func(Run) float64) string { return orNA("%.2fx", c.Ratio(f), 1) }
 	fmt.Fprintf(w, "this osmo serve against the baseline, medians: rollouts/s %s, p50 %s, p99 %s, CPU/rollout %s, alloc/rollout %s, allocs/rollout %s",
-		x(perSec), x(p50), x(p99), x(c.Ratio(func(r Run) float64 { return r.CPU })),
-		x(c.Ratio(func(r Run) float64 { return r.AllocBytes })), x(c.Ratio(func(r Run) float64 { return r.Allocs })))
+		x(func(r Run) float64 { return r.RolloutsPerSec }), x(func(r Run) float64 { return float64(r.P50) }),
+		x(func(r Run) float64 { return float64(r.P99) }), x(func(r Run) float64 { return r.CPU }),
+		x(func(r Run) float64 { return r.AllocBytes }), x(func(r Run) float64 { return r.Allocs }))
 	if c.InFlight > 0 {
 		fmt.Fprintf(w, ", RSS with %d held %s, anonymous RSS with %d held %s, peak RSS %s",
-			c.InFlight, x(c.Ratio(func(r Run) float64 { return r.HeldRSS })),
-			c.InFlight, x(c.Ratio(func(r Run) float64 { return r.HeldAnon })),
-			x(c.Ratio(func(r Run) float64 { return r.PeakRSS })))
+			c.InFlight, x(func(r Run) float64 { return r.HeldRSS }),
+			c.InFlight, x(func(r Run) float64 { return r.HeldAnon }),
+			x(func(r Run) float64 { return r.PeakRSS }))
 	}
 	fmt.Fprintln(w)
 	note := "(CPU/rollout: the server's user+system time over the timed run, /proc/PID/stat; alloc/rollout and allocs/rollout: bytes and objects its Go runtime allocated then, from its /metrics"
