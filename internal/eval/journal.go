@@ -173,18 +173,20 @@ func readLines[T any](path string, decode func([]byte) (T, error)) (lines[T], er
 	return out, nil
 }
 
-func decodeResult(line []byte) (Result, error) {
-	var r Result
-	var probe struct {
+func decodeResult(data []byte) (Result, error) {
+	var line struct {
+		Result
+		// Absent from a line written before rows were selected apart
+		// from their file position: the two were the same.
 		SourceRowIndex *int `json:"source_row_index"`
 	}
-	if json.Unmarshal(line, &r) != nil || json.Unmarshal(line, &probe) != nil || r.RolloutID == "" {
-		return r, errors.New("not a result")
+	if json.Unmarshal(data, &line) != nil || line.RolloutID == "" {
+		return line.Result, errors.New("not a result")
 	}
-	if probe.SourceRowIndex == nil {
-		// Written before rows were selected apart from their file
-		// position: the two were the same.
-		r.SourceRowIndex = r.RowIndex
+	r := line.Result
+	r.SourceRowIndex = r.RowIndex
+	if line.SourceRowIndex != nil {
+		r.SourceRowIndex = *line.SourceRowIndex
 	}
 	switch r.Status {
 	case statusFailureOld:

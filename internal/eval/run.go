@@ -162,15 +162,10 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		ran, runErr = r.run(ctx, todo)
 	}
 
-	rep := &Report{Ran: ran, Total: len(p.Rows) * p.N}
-	for _, row := range p.Rows {
-		for run := range p.N {
-			if r, ok := done[Key{row.Index, run}]; ok {
-				rep.Results = append(rep.Results, r)
-				if journal.Carried(r) {
-					rep.Resumed++
-				}
-			}
+	rep := &Report{Ran: ran, Total: len(p.Rows) * p.N, Results: p.ordered(done)}
+	for _, r := range rep.Results {
+		if journal.Carried(r) {
+			rep.Resumed++
 		}
 	}
 	rep.Pending = rep.Total - len(rep.Results)
@@ -433,11 +428,17 @@ func (r *runner) commitResult(_ context.Context, id string, out Result, res *con
 func (r *runner) planned() []Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.plan.ordered(r.done)
+}
+
+// ordered is the results in done of the plan's attempts, in row and run
+// order.
+func (p *Plan) ordered(done map[Key]Result) []Result {
 	var out []Result
-	for _, row := range r.plan.Rows {
-		for run := range r.plan.N {
-			if res, ok := r.done[Key{row.Index, run}]; ok {
-				out = append(out, res)
+	for _, row := range p.Rows {
+		for run := range p.N {
+			if r, ok := done[Key{row.Index, run}]; ok {
+				out = append(out, r)
 			}
 		}
 	}
@@ -538,8 +539,6 @@ func CheckServer(ctx context.Context, serverURL string) error {
 	return nil
 }
 
-// writeOutputs writes summary.json, report.html and the SDK's files, each
-// atomically.
 // priorWallS is the wall_s of the summary an earlier invocation wrote in
 // dir; 0 without one (a new run, or a run killed before its first summary).
 func priorWallS(dir string) float64 {
@@ -559,12 +558,14 @@ func priorWallS(dir string) float64 {
 	return s.WallS
 }
 
+// writeOutputs writes summary.json, report.html and the SDK's files, each
+// atomically.
 func writeOutputs(p Plan, rep *Report, files *sdkFiles) error {
-	summary, err := json.MarshalIndent(rep.Summary, "", "  ")
+	summary, err := marshalFile(rep.Summary)
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(p.Output, SummaryFile), append(summary, '\n')); err != nil {
+	if err := writeAtomic(filepath.Join(p.Output, SummaryFile), summary); err != nil {
 		return err
 	}
 	var page bytes.Buffer

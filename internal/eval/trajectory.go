@@ -32,34 +32,24 @@ func (f *sdkFiles) trajectory(r Result) *atifDocument {
 			extra["original_role"] = role
 		}
 		step := map[string]any{"step_id": len(steps) + 1, "source": source, "message": textOf(m["content"])}
-		calls := toolCalls(m["tool_calls"])
-		reasoning, hasReasoning := m["reasoning_content"]
-		if hasReasoning && reasoning != nil {
+		// Only an agent step may carry tool calls and reasoning; any other
+		// keeps them in its extra.
+		carrier := extra
+		if source == "agent" {
+			carrier = step
+			if model, ok := m["model"].(string); ok && model != "" {
+				step["model_name"] = model
+			}
+		}
+		if calls := toolCalls(m["tool_calls"]); calls != nil {
+			carrier["tool_calls"] = calls
+		}
+		if reasoning := m["reasoning_content"]; reasoning != nil {
 			if _, ok := reasoning.(string); !ok {
 				b, _ := json.Marshal(reasoning)
 				reasoning = string(b)
 			}
-		} else {
-			hasReasoning = false
-		}
-		if source == "agent" {
-			if calls != nil {
-				step["tool_calls"] = calls
-			}
-			if hasReasoning {
-				step["reasoning_content"] = reasoning
-			}
-			if model, ok := m["model"].(string); ok && model != "" {
-				step["model_name"] = model
-			}
-		} else {
-			// Only an agent step may carry these.
-			if calls != nil {
-				extra["tool_calls"] = calls
-			}
-			if hasReasoning {
-				extra["reasoning_content"] = reasoning
-			}
+			carrier["reasoning_content"] = reasoning
 		}
 		if len(extra) > 0 {
 			step["extra"] = extra

@@ -360,7 +360,7 @@ func startServeOnce(ctx context.Context, cfg Config, serve func([]string) *exec.
 	}
 	limit := strconv.Itoa(cfg.limit())
 	workflow := cmp.Or(cfg.Workflow, "multiply")
-	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
+	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", portOf(addr),
 		"--max-concurrent", strconv.Itoa(cfg.slots()), "--max-queued", limit, "--log-level", "error"}
 	if cfg.StateDir != "" {
 		args = append(args, "--state", cfg.StateDir)
