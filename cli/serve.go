@@ -25,7 +25,6 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/grpccodec"
-	"github.com/osmo-rl/osmo/internal/inproc"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
@@ -272,6 +271,11 @@ const (
 	maxConnectionAgeGrace = time.Minute
 )
 
+// dialLocal connects to srv in this process, in memory (see dial).
+func dialLocal(srv *server.GRPC, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return dial("passthrough:///"+srv.Addr(), tp, prop, append(extra, srv.LocalDialer())...)
+}
+
 // dial connects to a service; calls are traced through tp (nil: none).
 // extra adds options, such as the credentials of graderCredentials, or
 // TLS transport credentials (tlsFlags.dialOptions) in place of plaintext.
@@ -292,7 +296,8 @@ func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagat
 }
 
 // stack is the whole system in one process: grader, rollout service and
-// gateway, joined by real gRPC over loopback exactly as when split.
+// gateway, joined by gRPC in memory exactly as they are over the network
+// when split.
 type stack struct {
 	log        *slog.Logger
 	addrFile   addrFile
@@ -358,14 +363,12 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 		return nil, err
 	}
 	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
-	// The gateway's streaming calls go over gRPC (and what the services'
-	// own listeners serve to other processes); its unary calls, the hot
-	// path, are made in process (see inproc.Conn), through the same
-	// interceptors. The clients' own Authorization is checked either way.
-	if st.graderConn, err = dial(st.graderSrv.Addr(), tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
+	// The gateway calls both services in this process, in memory, through
+	// their gRPC servers: the same interceptors (the clients' own
+	// Authorization is checked), status and traces as from another process.
+	if st.graderConn, err = dialLocal(st.graderSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
 		return nil, err
 	}
-	graderCalls := inproc.NewConn(&graderv1.GraderService_ServiceDesc, st.graderSvc, st.graderConn, server.RecoverUnary(log), gauth.Unary)
 
 	// The rollout service grades in process too: nothing is encoded, and
 	// no key is needed.
@@ -386,12 +389,10 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 		return nil, err
 	}
 	rolloutv1.RegisterRolloutServiceServer(st.rolloutSrv, st.rolloutSvc)
-	if st.rollConn, err = dial(st.rolloutSrv.Addr(), tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
+	if st.rollConn, err = dialLocal(st.rolloutSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
 		return nil, err
 	}
-	rolloutCalls := inproc.NewConn(&rolloutv1.RolloutService_ServiceDesc, st.rolloutSvc, st.rollConn,
-		server.RecoverUnary(log), st.rolloutSvc.UnaryInterceptor)
-	gw, err := gateway.New(gateway.Config{Rollout: rolloutCalls, Grader: graderCalls, MaxBodyBytes: sc.maxBody, Logger: log,
+	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log,
 		TracerProvider: tr.gateway, Propagator: tr.prop})
 	if err != nil {
 		return nil, err

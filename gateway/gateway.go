@@ -101,7 +101,9 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 	g.rest = rest
-	g.rpc = g.newRPCRoutes(rolloutConn, graderConn)
+	if g.rpc, err = g.newRPCRoutes(rolloutConn, graderConn); err != nil {
+		return nil, err
+	}
 	g.openapi = openapi.JSON()
 	if cfg.TracerProvider == nil {
 		return g, nil

@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
@@ -13,6 +15,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	"github.com/osmo-rl/osmo/gen/osmo/grader/v1/graderv1connect"
@@ -20,149 +25,184 @@ import (
 	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
 )
 
-// newRPCRoutes builds the Connect handlers. Each one also speaks gRPC and
-// gRPC-Web, so the gateway port takes all three.
-func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) []rpcRoute {
+// newRPCRoutes builds a Connect handler for every method of the rollout
+// and grader services and for grpc.health.v1.Health/Check; each also speaks
+// gRPC and gRPC-Web, so the gateway port takes all three. Every handler
+// makes the same gRPC call to the service, chosen by the method's
+// descriptor, not by code of its own.
+func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcRoute, error) {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(connectReadMaxBytes(g.maxBody)),
 		connect.WithInterceptors(logInterceptor{log: g.log}),
 	}
 	var routes []rpcRoute
-	add := func(prefix string, h http.Handler) {
-		routes = append(routes, rpcRoute{prefix: prefix, handler: h})
+	for _, svc := range []struct {
+		desc protoreflect.ServiceDescriptor
+		conn grpc.ClientConnInterface
+	}{
+		{rolloutv1.File_osmo_rollout_v1_rollout_proto.Services().ByName("RolloutService"), rollout},
+		{graderv1.File_osmo_grader_v1_grader_proto.Services().ByName("GraderService"), grader},
+	} {
+		mux := http.NewServeMux()
+		methods := svc.desc.Methods()
+		for i := range methods.Len() {
+			h, err := forwarder(methods.Get(i), svc.conn, opts)
+			if err != nil {
+				return nil, err
+			}
+			mux.Handle(h.procedure, h)
+		}
+		routes = append(routes, rpcRoute{prefix: "/" + string(svc.desc.FullName()) + "/", handler: mux})
 	}
 
-	add(rolloutv1connect.NewRolloutServiceHandler(
-		rolloutForwarder{client: rolloutv1.NewRolloutServiceClient(rollout)}, opts...))
-	add(graderv1connect.NewGraderServiceHandler(
-		graderForwarder{client: graderv1.NewGraderServiceClient(grader)}, opts...))
-
-	health := healthForwarder{
-		rollout: grpc_health_v1.NewHealthClient(rollout),
-		grader:  grpc_health_v1.NewHealthClient(grader),
+	// Health/Check asks the grader about the grader service and the rollout
+	// service about everything else; a gRPC client reads the 404 of
+	// Health's other methods as Unimplemented.
+	check, err := forwarder(grpc_health_v1.File_grpc_health_v1_health_proto.Services().Get(0).Methods().ByName("Check"), rollout, opts)
+	if err != nil {
+		return nil, err
 	}
-	check := connect.NewUnaryHandlerSimple(grpc_health_v1.Health_Check_FullMethodName, health.Check, opts...)
-	add("/"+grpc_health_v1.Health_ServiceDesc.ServiceName+"/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// Only Check is forwarded; a gRPC client reads the 404 as
-		// Unimplemented.
-		if r.URL.Path != grpc_health_v1.Health_Check_FullMethodName {
+	check.pick = func(req proto.Message) grpc.ClientConnInterface {
+		if req.(*grpc_health_v1.HealthCheckRequest).GetService() == graderv1connect.GraderServiceName {
+			return grader
+		}
+		return rollout
+	}
+	routes = append(routes, rpcRoute{prefix: "/" + grpc_health_v1.Health_ServiceDesc.ServiceName + "/", handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != check.procedure {
 			http.NotFound(w, r)
 			return
 		}
 		check.ServeHTTP(w, r)
-	}))
+	})})
 
 	reflector := grpcreflect.NewStaticReflector(
 		rolloutv1connect.RolloutServiceName,
 		graderv1connect.GraderServiceName,
 		grpc_health_v1.Health_ServiceDesc.ServiceName,
 	)
-	add(grpcreflect.NewHandlerV1(reflector, opts...))
-	add(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
-	return routes
+	for _, h := range []func() (string, http.Handler){
+		func() (string, http.Handler) { return grpcreflect.NewHandlerV1(reflector, opts...) },
+		func() (string, http.Handler) { return grpcreflect.NewHandlerV1Alpha(reflector, opts...) },
+	} {
+		prefix, handler := h()
+		routes = append(routes, rpcRoute{prefix: prefix, handler: handler})
+	}
+	return routes, nil
 }
 
-// rolloutForwarder implements the Connect rollout service by calling the
-// gRPC one.
-type rolloutForwarder struct {
-	client rolloutv1.RolloutServiceClient
+// message is a request or response of any method: the generated message of
+// the method's input or output, made by newMessage before connect decodes
+// into it. Through the embedded proto.Message it is a proto.Message itself,
+// which connect's codecs take.
+type message struct {
+	proto.Message
 }
 
-var _ rolloutv1connect.RolloutServiceHandler = rolloutForwarder{}
-
-func (f rolloutForwarder) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
-	return forwardUnary(ctx, req, f.client.InitRollout)
+// forwarding is the Connect handler of one procedure and where it calls.
+type forwarding struct {
+	http.Handler
+	procedure string
+	// pick chooses the connection for a request (nil: conn).
+	pick func(proto.Message) grpc.ClientConnInterface
+	conn grpc.ClientConnInterface
+	in   protoreflect.MessageType
+	out  protoreflect.MessageType
 }
 
-func (f rolloutForwarder) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
-	return forwardUnary(ctx, req, f.client.GetRollout)
+func (f *forwarding) connFor(req proto.Message) grpc.ClientConnInterface {
+	if f.pick != nil {
+		return f.pick(req)
+	}
+	return f.conn
 }
 
-func (f rolloutForwarder) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutRequest) (*rolloutv1.StartRolloutResponse, error) {
-	return forwardUnary(ctx, req, f.client.StartRollout)
+// forwarder is the Connect handler of method that calls it on conn with the
+// request's allowed headers and answers with its reply and status.
+func forwarder(method protoreflect.MethodDescriptor, conn grpc.ClientConnInterface, opts []connect.HandlerOption) (*forwarding, error) {
+	f := &forwarding{procedure: "/" + string(method.Parent().FullName()) + "/" + string(method.Name()), conn: conn}
+	var err error
+	if f.in, err = protoregistry.GlobalTypes.FindMessageByName(method.Input().FullName()); err != nil {
+		return nil, fmt.Errorf("gateway.New: %s: %w", f.procedure, err)
+	}
+	if f.out, err = protoregistry.GlobalTypes.FindMessageByName(method.Output().FullName()); err != nil {
+		return nil, fmt.Errorf("gateway.New: %s: %w", f.procedure, err)
+	}
+	opts = append(slices.Clip(opts), connect.WithSchema(method), connect.WithRequestInitializer(func(_ connect.Spec, m any) error {
+		m.(*message).Message = f.in.New().Interface()
+		return nil
+	}))
+	switch {
+	case !method.IsStreamingClient() && !method.IsStreamingServer():
+		f.Handler = connect.NewUnaryHandler(f.procedure, f.unary, opts...)
+	case !method.IsStreamingClient():
+		f.Handler = connect.NewServerStreamHandler(f.procedure, f.serverStream, opts...)
+	default:
+		f.Handler = connect.NewBidiStreamHandler(f.procedure, f.bidiStream, opts...)
+	}
+	return f, nil
 }
 
-func (f rolloutForwarder) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
-	return forwardUnary(ctx, req, f.client.GetRolloutStatus)
+func (f *forwarding) unary(ctx context.Context, req *connect.Request[message]) (*connect.Response[message], error) {
+	reply := f.out.New().Interface()
+	if err := f.connFor(req.Msg.Message).Invoke(outgoingContext(ctx), f.procedure, req.Msg.Message, reply); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&message{reply}), nil
 }
 
-func (f rolloutForwarder) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRolloutsRequest) (*rolloutv1.CancelRolloutsResponse, error) {
-	return forwardUnary(ctx, req, f.client.CancelRollouts)
-}
-
-func (f rolloutForwarder) Health(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
-	return forwardUnary(ctx, req, f.client.Health)
-}
-
-func (f rolloutForwarder) PlatformHealth(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
-	return forwardUnary(ctx, req, f.client.PlatformHealth)
-}
-
-func (f rolloutForwarder) WatchRollouts(ctx context.Context, req *rolloutv1.WatchRolloutsRequest, stream *connect.ServerStream[rolloutv1.Rollout]) error {
+func (f *forwarding) serverStream(ctx context.Context, req *connect.Request[message], stream *connect.ServerStream[message]) error {
 	// Cancelling on return releases the upstream stream if the client left.
 	ctx, cancel := context.WithCancel(outgoingContext(ctx))
 	defer cancel()
-	upstream, err := f.client.WatchRollouts(ctx, req)
+	upstream, err := f.connFor(req.Msg.Message).NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, f.procedure)
 	if err != nil {
 		return connectError(err)
 	}
-	for {
-		rollout, err := upstream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return connectError(err)
-		}
-		if err := stream.Send(rollout); err != nil {
-			return err
-		}
+	if err := upstream.SendMsg(req.Msg.Message); err != nil && !errors.Is(err, io.EOF) {
+		return connectError(err)
 	}
+	if err := upstream.CloseSend(); err != nil {
+		return connectError(err)
+	}
+	return f.reply(upstream, stream.Send, nil)
 }
 
-// graderForwarder implements the Connect grader service by calling the gRPC
-// one.
-type graderForwarder struct {
-	client graderv1.GraderServiceClient
-}
-
-var _ graderv1connect.GraderServiceHandler = graderForwarder{}
-
-func (f graderForwarder) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
-	return forwardUnary(ctx, req, f.client.Grade)
-}
-
-// GradeStream pumps requests to the grader in a goroutine and responses back
-// in this one. The call ends when the grader ends its side: a client that
-// is still sending then sees the grader's status, and the pump unblocks when
-// connect closes the request body after this returns.
-func (f graderForwarder) GradeStream(ctx context.Context, stream *connect.BidiStream[graderv1.GradeRequest, graderv1.GradeResponse]) error {
+// bidiStream pumps requests to the service in a goroutine and replies back
+// in this one. The call ends when the service ends its side: a client that
+// is still sending then sees the service's status, and the pump unblocks
+// when connect closes the request body after this returns.
+func (f *forwarding) bidiStream(ctx context.Context, stream *connect.BidiStream[message, message]) error {
 	ctx, cancel := context.WithCancel(outgoingContext(ctx))
 	defer cancel()
-	upstream, err := f.client.GradeStream(ctx)
+	upstream, err := f.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, f.procedure)
 	if err != nil {
 		return connectError(err)
 	}
-
 	// Buffered: the pump never blocks on reporting, even if nobody reads.
 	pumpErr := make(chan error, 1)
 	go func() {
 		err := pumpRequests(stream, upstream)
 		if err != nil {
-			// Stop the grader too: its half of the call cannot complete.
+			// Stop the service too: its half of the call cannot complete.
 			cancel()
 		}
 		pumpErr <- err
 	}()
+	return f.reply(upstream, stream.Send, pumpErr)
+}
 
+// reply sends the service's replies to the client until the service ends
+// the call. When the client's side failed first (pumpErr), that is the real
+// cause: the service only saw the cancellation.
+func (f *forwarding) reply(upstream grpc.ClientStream, send func(*message) error, pumpErr <-chan error) error {
 	for {
-		resp, err := upstream.Recv()
+		reply := f.out.New().Interface()
+		err := upstream.RecvMsg(reply)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
-			// If the client's side failed first, that is the real cause;
-			// the grader only saw the cancellation.
 			select {
 			case perr := <-pumpErr:
 				if perr != nil {
@@ -172,59 +212,35 @@ func (f graderForwarder) GradeStream(ctx context.Context, stream *connect.BidiSt
 			}
 			return connectError(err)
 		}
-		if err := stream.Send(resp); err != nil {
+		if err := send(&message{reply}); err != nil {
 			return err
 		}
 	}
 }
 
-// pumpRequests copies client requests to the grader until the client closes
-// its side (then it half-closes the grader's) or something fails.
-func pumpRequests(stream *connect.BidiStream[graderv1.GradeRequest, graderv1.GradeResponse], upstream grpc.BidiStreamingClient[graderv1.GradeRequest, graderv1.GradeResponse]) error {
+// pumpRequests copies client requests to the service until the client
+// closes its side (then it half-closes the service's) or something fails.
+func pumpRequests(stream *connect.BidiStream[message, message], upstream grpc.ClientStream) error {
 	for {
 		req, err := stream.Receive()
 		if errors.Is(err, io.EOF) {
-			// CloseSend never fails in grpc-go; the grader's answer arrives
-			// through Recv.
+			// CloseSend never fails in grpc-go; the service's answer
+			// arrives through RecvMsg.
 			_ = upstream.CloseSend()
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := upstream.Send(req); err != nil {
-			// io.EOF means the grader already ended the call; Recv reports
-			// its status.
+		if err := upstream.SendMsg(req.Message); err != nil {
+			// io.EOF means the service already ended the call; RecvMsg
+			// reports its status.
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return connectError(err)
 		}
 	}
-}
-
-// healthForwarder answers grpc.health.v1.Health/Check from the rollout
-// service's health service, or the grader's when asked about the grader.
-type healthForwarder struct {
-	rollout, grader grpc_health_v1.HealthClient
-}
-
-func (h healthForwarder) Check(ctx context.Context, req *grpc_health_v1.HealthCheckRequest) (*grpc_health_v1.HealthCheckResponse, error) {
-	client := h.rollout
-	if req.GetService() == graderv1connect.GraderServiceName {
-		client = h.grader
-	}
-	return forwardUnary(ctx, req, client.Check)
-}
-
-// forwardUnary makes one gRPC call with the request's allowed headers and
-// turns its status into a Connect error.
-func forwardUnary[Req, Resp any](ctx context.Context, req *Req, call func(context.Context, *Req, ...grpc.CallOption) (*Resp, error)) (*Resp, error) {
-	resp, err := call(outgoingContext(ctx), req)
-	if err != nil {
-		return nil, connectError(err)
-	}
-	return resp, nil
 }
 
 // connectError converts a gRPC error into a Connect error with the same code,
