@@ -45,16 +45,23 @@ type G2Callback struct {
 	At     time.Time       `json:"-"`
 }
 
-// G2Sample is one sample of a grader callback.
-type G2Sample struct {
-	ID           string           `json:"id"`
+// Sample is a graded sample as grader callbacks of both G2 and v0.3
+// carry it.
+type Sample struct {
 	Messages     []map[string]any `json:"messages"`
 	Label        *string          `json:"label"`
 	Reward       *float64         `json:"reward"`
 	RemoveSample bool             `json:"remove_sample"`
 	Metrics      map[string]any   `json:"metrics"`
 	ExtraFields  map[string]any   `json:"extra_fields"`
-	LLMCalls     []map[string]any `json:"llm_calls"`
+}
+
+// G2Sample is one sample of a G2 grader callback: a Sample named by its
+// id, with the LLM calls that made it.
+type G2Sample struct {
+	ID string `json:"id"`
+	Sample
+	LLMCalls []map[string]any `json:"llm_calls"`
 }
 
 // G2 is a running controller of the G2 (AgentWorkflow) protocol, written

@@ -90,13 +90,8 @@ type V03RunRequest struct {
 // Fields the model does not know (a server's id or llm_calls) are kept in
 // Raw only.
 type V03Sample struct {
-	Messages     []map[string]any `json:"messages"`
-	Label        *string          `json:"label"`
-	Reward       *float64         `json:"reward"`
-	RemoveSample bool             `json:"remove_sample"`
-	Metrics      map[string]any   `json:"metrics"`
-	ExtraFields  map[string]any   `json:"extra_fields"`
-	Raw          json.RawMessage  `json:"-"`
+	Sample
+	Raw json.RawMessage `json:"-"`
 }
 
 // V03Callback is an accepted completion or grader callback.
