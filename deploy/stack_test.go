@@ -559,7 +559,7 @@ func TestComposeStackServesG1Rollout(t *testing.T) {
 			t.Errorf("%d completions for %s, want exactly 1", n, id)
 		}
 		calls := 0
-		for _, c := range ctl.ChatCalls() {
+		for _, c := range ctl.Chats() {
 			if c.Body["rollout_id"] == id {
 				calls++
 			}

@@ -916,7 +916,7 @@ func checkClusterCallbacks(t *testing.T, items []*clusterItem, d *clusterDriver,
 	}
 	t.Logf("%d rollouts graded, %d concluded as lost with their replica; callback posts failed on purpose: G2 %d, v0.3 %d, G1 %d; "+
 		"callbacks received again with the same bytes (taken by the trainer in the %v before a replica's or a NATS node's SIGKILL): %d",
-		graded, lost, d.g2.FailedCallbacks(), d.v03.FailedCallbacks(), d.g1.FailedCompletions(), repeatWindow, repeats)
+		graded, lost, d.g2.FailedCallbacks(), d.v03.FailedCallbacks(), d.g1.FailedCallbacks(), repeatWindow, repeats)
 	if lost == 0 {
 		t.Errorf("no rollout was concluded as lost: the replica kills hit no running rollout")
 	}
@@ -1047,7 +1047,7 @@ func clusterRuns(d *clusterDriver) (runs map[string]int, samples map[string]map[
 			samples[id][sample] = true
 		}
 	}
-	for _, c := range d.g1.ChatCalls() {
+	for _, c := range d.g1.Chats() {
 		id, _ := c.Body["rollout_id"].(string)
 		count(id, "", c.Body)
 	}

@@ -181,7 +181,7 @@ func TestG1TrainingClusterContract(t *testing.T) {
 			t.Errorf("%s: %d completions, want exactly 1", id, n)
 		}
 	}
-	for _, c := range s.ctl.ChatCalls() {
+	for _, c := range s.ctl.Chats() {
 		rid := c.Header.Get("X-Rollout-Id")
 		if _, ok := tasks[rid]; !ok || c.Body["rollout_id"] != rid || c.Header.Get("X-Sample-Id") == "" {
 			t.Errorf("LLM call ids: header %q body %v sample %q", rid, c.Body["rollout_id"], c.Header.Get("X-Sample-Id"))
@@ -273,8 +273,8 @@ func TestG1CallbackFailuresStillOneCompletion(t *testing.T) {
 		t.Fatal(code)
 	}
 	c := s.wait(t, "cbf-1")
-	if c.Status != "COMPLETED" || *c.Reward != 1 || s.ctl.FailedCompletions() != 2 {
-		t.Fatalf("%s (failed %d)", c.Raw, s.ctl.FailedCompletions())
+	if c.Status != "COMPLETED" || *c.Reward != 1 || s.ctl.FailedCallbacks() != 2 {
+		t.Fatalf("%s (failed %d)", c.Raw, s.ctl.FailedCallbacks())
 	}
 	time.Sleep(200 * time.Millisecond)
 	if n := len(s.ctl.Completions("cbf-1")); n != 1 {

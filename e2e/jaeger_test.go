@@ -313,7 +313,7 @@ func checkRolloutTrace(t *testing.T, j *jaeger, ctl *controller.Controller, base
 	}
 
 	// The policy saw the trainer's trace on every LLM call.
-	chats := ctl.ChatCalls()
+	chats := ctl.Chats()
 	if len(chats) < 2 {
 		t.Fatalf("%d LLM calls, want a tool call and an answer", len(chats))
 	}

@@ -91,7 +91,7 @@ func TestNATSLostWhileServing(t *testing.T) {
 		items = append(items, it)
 	}
 	// Some running (their LLM calls under way), the rest queued.
-	waitFor(t, "the first LLM calls", func() bool { return len(g2.Chats())+len(g1.ChatCalls()) >= 2 })
+	waitFor(t, "the first LLM calls", func() bool { return len(g2.Chats())+len(g1.Chats()) >= 2 })
 	nc.Kill(0)
 	killed := time.Now()
 

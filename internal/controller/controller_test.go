@@ -1,48 +1,25 @@
 package controller_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/osmo-rl/osmo/internal/controller"
-	"github.com/osmo-rl/osmo/internal/mockllm"
 )
 
 // startG1 runs a G1 controller in front of a mockllm policy until the test
 // ends.
 func startG1(t *testing.T, o controller.Options) *controller.Controller {
 	t.Helper()
-	m, err := mockllm.New(mockllm.Options{Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := httptest.NewServer(m)
-	t.Cleanup(ps.Close)
-	o.PolicyURL = ps.URL + "/v1"
+	o.PolicyURL = startPolicy(t, nil)
 	o.Logger = quiet()
 	c, err := controller.New("127.0.0.1:0", o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("controller did not stop in 10s")
-		}
-	})
+	serve(t, c)
 	return c
 }
 
@@ -76,14 +53,14 @@ func TestG1FailFraction(t *testing.T) {
 	if lo, hi := failShare(n); failed < lo || failed > hi {
 		t.Errorf("%d of %d completion posts failed, want about a fifth", failed, n)
 	}
-	if c.FailedCompletions() != failed {
-		t.Errorf("FailedCompletions = %d, want %d", c.FailedCompletions(), failed)
+	if c.FailedCallbacks() != failed {
+		t.Errorf("FailedCallbacks = %d, want %d", c.FailedCallbacks(), failed)
 	}
 	// A malformed completion is refused as such, never counted as injected.
 	if code, _, _ := post(t, c.URL()+"/v1/rollout/completed", nil, `{"status":"COMPLETED"}`); code != http.StatusUnprocessableEntity {
 		t.Errorf("completion without an id: %d, want 422", code)
 	}
-	if c.FailedCompletions() != failed {
+	if c.FailedCallbacks() != failed {
 		t.Errorf("a malformed post counted as an injected failure")
 	}
 }

@@ -1,27 +1,15 @@
 package controller
 
 import (
-	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/osmo-rl/osmo/internal/server"
 )
-
-// maxBody bounds what the controller reads of any request or answer body.
-const maxBody = 64 << 20
 
 // G2Options configure a G2 controller.
 type G2Options struct {
@@ -57,16 +45,23 @@ type G2Callback struct {
 	At     time.Time       `json:"-"`
 }
 
-// G2Sample is one sample of a grader callback.
-type G2Sample struct {
-	ID           string           `json:"id"`
+// Sample is a graded sample as grader callbacks of both G2 and v0.3
+// carry it.
+type Sample struct {
 	Messages     []map[string]any `json:"messages"`
 	Label        *string          `json:"label"`
 	Reward       *float64         `json:"reward"`
 	RemoveSample bool             `json:"remove_sample"`
 	Metrics      map[string]any   `json:"metrics"`
 	ExtraFields  map[string]any   `json:"extra_fields"`
-	LLMCalls     []map[string]any `json:"llm_calls"`
+}
+
+// G2Sample is one sample of a G2 grader callback: a Sample named by its
+// id, with the LLM calls that made it.
+type G2Sample struct {
+	ID string `json:"id"`
+	Sample
+	LLMCalls []map[string]any `json:"llm_calls"`
 }
 
 // G2 is a running controller of the G2 (AgentWorkflow) protocol, written
@@ -77,74 +72,25 @@ type G2Sample struct {
 // LLM call without its id headers, a callback that is not the G2 shape), so
 // tests see a server's mistakes as failures.
 type G2 struct {
-	opts   G2Options
-	ln     net.Listener
-	srv    *http.Server
-	client *http.Client
-
-	// inFlight counts LLM calls being relayed to the policy right now.
-	inFlight atomic.Int64
-
-	mu          sync.Mutex
-	completions map[string][]G2Callback
-	grades      map[string][]G2Callback
-	chats       []ChatCall
-	failed      int
-	down        bool
-	rejected    []string
-	changed     chan struct{} // closed and replaced on every new callback
+	*endpoint[G2Callback]
+	opts G2Options
 }
-
-// Callback kinds.
-const (
-	kindCompletion = "completion"
-	kindGrader     = "grader"
-)
 
 // NewG2 opens the controller's listener on addr (use 127.0.0.1:0 in tests).
 func NewG2(addr string, o G2Options) (*G2, error) {
-	if o.PolicyURL == "" {
-		return nil, errors.New("controller.NewG2: PolicyURL is required")
-	}
-	if o.FailCallbacks < 0 {
-		return nil, fmt.Errorf("controller.NewG2: FailCallbacks must not be negative, got %d", o.FailCallbacks)
-	}
-	if o.FailStatus == 0 {
-		o.FailStatus = http.StatusServiceUnavailable
-	}
-	if o.FailFraction < 0 || o.FailFraction > 1 {
-		return nil, fmt.Errorf("controller.NewG2: FailFraction must be in [0, 1], got %v", o.FailFraction)
-	}
-	if o.FailStatus < 400 || o.FailStatus > 599 {
-		return nil, fmt.Errorf("controller.NewG2: FailStatus must be an HTTP error status (400-599), got %d", o.FailStatus)
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	ln, err := net.Listen("tcp", addr)
+	f := faults{first: o.FailCallbacks, firstField: "FailCallbacks", fraction: o.FailFraction, status: o.FailStatus}
+	// No client timeout: a streamed answer may take long, and the caller's
+	// request context bounds every forwarded call.
+	e, err := newEndpoint[G2Callback]("controller.NewG2", addr, o.PolicyURL, f, o.Logger, 0)
 	if err != nil {
-		return nil, fmt.Errorf("controller.NewG2: %w", err)
+		return nil, err
 	}
-	c := &G2{
-		opts: o,
-		ln:   ln,
-		// No client timeout: a streamed answer may take long, and the
-		// caller's request context bounds every forwarded call.
-		client:      newClient(0),
-		completions: map[string][]G2Callback{},
-		grades:      map[string][]G2Callback{},
-		changed:     make(chan struct{}),
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", c.chat)
-	mux.HandleFunc("POST /callbacks/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
-	mux.HandleFunc("POST /callbacks/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
-	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	c := &G2{endpoint: e, opts: o}
+	e.mux.HandleFunc("POST /v1/chat/completions", c.chat)
+	e.mux.HandleFunc("POST /callbacks/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
+	e.mux.HandleFunc("POST /callbacks/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
 	return c, nil
 }
-
-// URL is the controller's base URL (http://host:port).
-func (c *G2) URL() string { return "http://" + c.ln.Addr().String() }
 
 // ChatCompletionsURL is the chat_completions_url to put in start requests;
 // LLM calls arrive at POST {it}/chat/completions.
@@ -173,18 +119,6 @@ func (c *G2) StartBody(rolloutID string, initialMessages []map[string]any) map[s
 	return body
 }
 
-// Serve runs until ctx ends, then shuts down, returning once the calls in
-// progress have finished (or shutdownGrace is past): what they record is
-// complete when it returns.
-func (c *G2) Serve(ctx context.Context) error {
-	// Its own idle connections go with it.
-	defer c.client.CloseIdleConnections()
-	if err := server.ServeHTTP(ctx, c.srv, c.ln, shutdownGrace); err != nil {
-		return fmt.Errorf("controller: %w", err)
-	}
-	return nil
-}
-
 // Start posts body to the rollout server's POST {serverURL}/rollout, bearing
 // serverKey when it is not empty, and returns the answer. The body is sent
 // as given (see StartBody), so malformed starts can be sent too.
@@ -199,53 +133,17 @@ func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, h
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("controller: encode start body: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(serverURL, "/")+"/rollout", bytes.NewReader(payload))
+	code, answerHeader, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("controller: start: %w", err)
+		return code, answerHeader, data, fmt.Errorf("controller: start: %w", err)
 	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if serverKey != "" {
-		req.Header.Set("Authorization", "Bearer "+serverKey)
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("controller: start: %w", err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return resp.StatusCode, resp.Header, data, fmt.Errorf("controller: start: read answer: %w", err)
-	}
-	return resp.StatusCode, resp.Header, data, nil
+	return code, answerHeader, data, nil
 }
 
-func (c *G2) authorized(r *http.Request) bool {
-	if c.opts.APIKey == "" {
-		return true
-	}
-	h := r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(h, "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(token), []byte(c.opts.APIKey)) == 1
-}
-
-func writeDetail(w http.ResponseWriter, status int, detail string) {
-	b, _ := json.Marshal(map[string]string{"detail": detail})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// forwardHeaders are passed from an LLM call on to the policy.
-var forwardHeaders = [...]string{"X-Rollout-Id", "X-Sample-Id", "Traceparent", "X-Mock-Fail"}
-
-// chat checks and records an LLM call, then forwards it to the policy and
-// relays the answer as it arrives (so SSE streams stay streams).
+// chat checks and records an LLM call, then relays it to the policy.
 func (c *G2) chat(w http.ResponseWriter, r *http.Request) {
-	if !c.authorized(r) {
-		writeDetail(w, http.StatusUnauthorized, "Invalid or missing API key")
+	body, parsed, ok := c.readCall(w, r, c.opts.APIKey)
+	if !ok {
 		return
 	}
 	for _, h := range [...]string{"X-Rollout-Id", "X-Sample-Id"} {
@@ -254,114 +152,22 @@ func (c *G2) chat(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	log := c.opts.Logger.With("rollout_id", r.Header.Get("X-Rollout-Id"), "sample_id", r.Header.Get("X-Sample-Id"))
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
-		return
-	}
-	var parsed map[string]any
-	if err := json.Unmarshal(body, &parsed); err != nil || parsed == nil {
-		writeDetail(w, http.StatusBadRequest, "body must be a JSON object")
-		return
-	}
-	c.mu.Lock()
-	c.chats = append(c.chats, ChatCall{Header: r.Header.Clone(), Body: parsed})
-	c.mu.Unlock()
-	c.inFlight.Add(1)
-	defer c.inFlight.Add(-1)
-
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimRight(c.opts.PolicyURL, "/")+"/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		writeDetail(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for _, h := range forwardHeaders {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		log.WarnContext(r.Context(), "controller: policy call failed", "error", err)
-		writeDetail(w, http.StatusBadGateway, "policy: "+err.Error())
-		return
-	}
-	defer resp.Body.Close()
-	for _, h := range [...]string{"Content-Type", "Cache-Control", "Retry-After"} {
-		if v := resp.Header.Get(h); v != "" {
-			w.Header().Set(h, v)
-		}
-	}
-	w.WriteHeader(resp.StatusCode)
-	if err := copyFlushing(w, resp.Body); err != nil {
-		log.DebugContext(r.Context(), "controller: relaying the policy's answer ended early", "error", err)
-	}
-}
-
-// copyFlushing copies src to w, flushing after every read so each SSE
-// event reaches the client when the policy sends it.
-func copyFlushing(w http.ResponseWriter, src io.Reader) error {
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr
-			}
-			if ferr := rc.Flush(); ferr != nil {
-				return ferr
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+	c.recordChat(ChatCall{Header: r.Header.Clone(), Body: parsed})
+	c.relay(w, r, r.Header.Get("X-Rollout-Id"), "", body, nil)
 }
 
 // callback checks, records and acknowledges a completion or grader callback.
 func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
-	if !c.authorized(r) {
-		writeDetail(w, http.StatusUnauthorized, "Invalid or missing API key")
+	cb, ok := c.receive(w, r, kind, c.opts.APIKey, func(body []byte) (G2Callback, string, error) {
+		cb, err := parseCallback(body, kind)
+		cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
+		return cb, cb.RolloutID, err
+	})
+	if !ok || c.injectFailure(w) {
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
-		return
-	}
-	cb, err := parseCallback(body, kind)
-	if err != nil {
-		c.opts.Logger.WarnContext(r.Context(), "controller: callback refused", "kind", kind, "rollout_id", cb.RolloutID, "error", err)
-		c.mu.Lock()
-		c.rejected = append(c.rejected, fmt.Sprintf("%s callback for %q: %v", kind, cb.RolloutID, err))
-		c.mu.Unlock()
-		writeDetail(w, http.StatusUnprocessableEntity, err.Error())
-		return
-	}
-	cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
-	c.mu.Lock()
-	if c.down || c.failed < c.opts.FailCallbacks || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
-		c.failed++
-		c.mu.Unlock()
-		writeDetail(w, c.opts.FailStatus, "injected failure")
-		return
-	}
-	if kind == kindCompletion {
-		c.completions[cb.RolloutID] = append(c.completions[cb.RolloutID], cb)
-	} else {
-		c.grades[cb.RolloutID] = append(c.grades[cb.RolloutID], cb)
-	}
-	close(c.changed)
-	c.changed = make(chan struct{})
-	c.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write([]byte(`{}`))
+	c.record(kind, cb.RolloutID, cb)
+	ack(w, `{}`)
 }
 
 // g2Categories are the err_category values of the G2 wire.
@@ -495,78 +301,7 @@ func (c *G2) WaitGrader(ctx context.Context, rolloutID string) (G2Callback, erro
 	return c.wait(ctx, kindGrader, rolloutID)
 }
 
-func (c *G2) wait(ctx context.Context, kind, rolloutID string) (G2Callback, error) {
-	for {
-		c.mu.Lock()
-		got := c.completions[rolloutID]
-		if kind == kindGrader {
-			got = c.grades[rolloutID]
-		}
-		changed := c.changed
-		rejected := c.rejected
-		c.mu.Unlock()
-		if len(got) > 0 {
-			return got[0], nil
-		}
-		select {
-		case <-ctx.Done():
-			err := fmt.Errorf("controller: waiting for the %s callback of %q: %w", kind, rolloutID, ctx.Err())
-			if len(rejected) > 0 {
-				// A refused callback is the likely reason nothing arrived.
-				err = fmt.Errorf("%w (refused so far: %s)", err, strings.Join(rejected, "; "))
-			}
-			return G2Callback{}, err
-		case <-changed:
-		}
-	}
-}
-
-// Completions returns every completion callback received for rolloutID (a
-// correct server posts exactly one).
-func (c *G2) Completions(rolloutID string) []G2Callback {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]G2Callback(nil), c.completions[rolloutID]...)
-}
-
 // GraderCallbacks returns every grader callback received for rolloutID.
 func (c *G2) GraderCallbacks(rolloutID string) []G2Callback {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]G2Callback(nil), c.grades[rolloutID]...)
-}
-
-// Chats returns the LLM calls received so far (those refused for a bad
-// bearer or missing ids are not among them).
-func (c *G2) Chats() []ChatCall {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]ChatCall(nil), c.chats...)
-}
-
-// InFlight is how many LLM calls the controller is relaying now: a call
-// whose client went away (a cancelled rollout) ends and leaves this count.
-func (c *G2) InFlight() int { return int(c.inFlight.Load()) }
-
-// SetDown makes every callback post answer FailStatus (down) or lifts it:
-// a trainer that is down for a while.
-func (c *G2) SetDown(down bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.down = down
-}
-
-// FailedCallbacks is how many callback posts were answered with an
-// injected failure.
-func (c *G2) FailedCallbacks() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.failed
-}
-
-// Rejected describes the callbacks refused as malformed (answered 422).
-func (c *G2) Rejected() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.rejected...)
+	return c.received(kindGrader, rolloutID)
 }

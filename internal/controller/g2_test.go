@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,43 +15,18 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo/internal/controller"
-	"github.com/osmo-rl/osmo/internal/mockllm"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // startG2 runs a G2 controller in front of policy until the test ends.
 func startG2(t *testing.T, policy http.Handler, o controller.G2Options) *controller.G2 {
 	t.Helper()
-	if policy == nil {
-		m, err := mockllm.New(mockllm.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		policy = m
-	}
-	ps := httptest.NewServer(policy)
-	t.Cleanup(ps.Close)
-	o.PolicyURL = ps.URL + "/v1"
+	o.PolicyURL = startPolicy(t, policy)
 	o.Logger = quiet()
 	c, err := controller.NewG2("127.0.0.1:0", o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("controller did not stop in 10s")
-		}
-	})
+	serve(t, c)
 	return c
 }
 

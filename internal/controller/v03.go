@@ -3,23 +3,17 @@ package controller
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/osmo-rl/osmo/internal/server"
 )
 
 // V03Options configure a V03 controller.
@@ -96,13 +90,8 @@ type V03RunRequest struct {
 // Fields the model does not know (a server's id or llm_calls) are kept in
 // Raw only.
 type V03Sample struct {
-	Messages     []map[string]any `json:"messages"`
-	Label        *string          `json:"label"`
-	Reward       *float64         `json:"reward"`
-	RemoveSample bool             `json:"remove_sample"`
-	Metrics      map[string]any   `json:"metrics"`
-	ExtraFields  map[string]any   `json:"extra_fields"`
-	Raw          json.RawMessage  `json:"-"`
+	Sample
+	Raw json.RawMessage `json:"-"`
 }
 
 // V03Callback is an accepted completion or grader callback.
@@ -157,20 +146,14 @@ func (e *V03ProtocolError) Error() string {
 // what the SDK's listener refuses. A rollout ends with its grader callback.
 // It is safe for concurrent use: each Run drives one rollout.
 type V03 struct {
-	opts   V03Options
-	ln     net.Listener
-	srv    *http.Server
-	client *http.Client
+	*endpoint[V03Callback]
+	opts V03Options
 
-	mu       sync.Mutex
-	live     map[string]*v03Session
-	finished map[string]V03Result // ended rollouts: late callbacks are acknowledged
-	comps    map[string][]V03Callback
-	grades   map[string][]V03Callback
-	chats    []ChatCall
-	tokens   map[string]int
-	failed   int
-	rejected []string
+	// sessionsMu guards the rollouts' lifecycle, apart from the log.
+	sessionsMu sync.Mutex
+	live       map[string]*v03Session
+	finished   map[string]V03Result // ended rollouts: late callbacks are acknowledged
+	tokens     map[string]int
 }
 
 // v03Session is a rollout Run waits for.
@@ -189,48 +172,28 @@ const (
 
 // NewV03 opens the controller's listener on addr (use 127.0.0.1:0).
 func NewV03(addr string, o V03Options) (*V03, error) {
-	switch {
-	case o.PolicyURL == "":
-		return nil, errors.New("controller.NewV03: PolicyURL is required")
-	case strings.TrimSpace(o.CallbackKey) == "":
+	if strings.TrimSpace(o.CallbackKey) == "" {
 		return nil, errors.New("controller.NewV03: CallbackKey must be a non-blank string")
-	case o.FailCallbacks < 0:
-		return nil, fmt.Errorf("controller.NewV03: FailCallbacks must not be negative, got %d", o.FailCallbacks)
 	}
-	if o.FailStatus == 0 {
-		o.FailStatus = http.StatusServiceUnavailable
-	}
-	if o.FailFraction < 0 || o.FailFraction > 1 {
-		return nil, fmt.Errorf("controller.NewV03: FailFraction must be in [0, 1], got %v", o.FailFraction)
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	ln, err := net.Listen("tcp", addr)
+	f := faults{first: o.FailCallbacks, firstField: "FailCallbacks", fraction: o.FailFraction, status: o.FailStatus}
+	// No client timeout: the caller's contexts bound every call.
+	e, err := newEndpoint[V03Callback]("controller.NewV03", addr, o.PolicyURL, f, o.Logger, 0)
 	if err != nil {
-		return nil, fmt.Errorf("controller.NewV03: %w", err)
+		return nil, err
 	}
+	e.unauthorized = "Unauthorized" // the SDK listener's word
 	c := &V03{
-		opts: o,
-		ln:   ln,
-		// No client timeout: the caller's contexts bound every call.
-		client:   newClient(0),
+		endpoint: e,
+		opts:     o,
 		live:     map[string]*v03Session{},
 		finished: map[string]V03Result{},
-		comps:    map[string][]V03Callback{},
-		grades:   map[string][]V03Callback{},
 		tokens:   map[string]int{},
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/rollouts/{id}/chat/completions", c.bridge)
-	mux.HandleFunc("POST /v1/rollouts/{id}/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
-	mux.HandleFunc("POST /v1/rollouts/{id}/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
-	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	e.mux.HandleFunc("POST /v1/rollouts/{id}/chat/completions", c.bridge)
+	e.mux.HandleFunc("POST /v1/rollouts/{id}/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
+	e.mux.HandleFunc("POST /v1/rollouts/{id}/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
 	return c, nil
 }
-
-// URL is the controller's base URL (http://host:port).
-func (c *V03) URL() string { return "http://" + c.ln.Addr().String() }
 
 // ChatCompletionsURL is the chat_completions_url of id: clients append
 // /chat/completions.
@@ -243,18 +206,6 @@ func (c *V03) CompletionURL(id string) string { return c.ChatCompletionsURL(id) 
 
 // GraderURL is the grader_callback_url of id.
 func (c *V03) GraderURL(id string) string { return c.ChatCompletionsURL(id) + "/grader" }
-
-// Serve runs until ctx ends, then shuts down, returning once the calls in
-// progress have finished (or shutdownGrace is past): what they record is
-// complete when it returns.
-func (c *V03) Serve(ctx context.Context) error {
-	// Its own idle connections go with it.
-	defer c.client.CloseIdleConnections()
-	if err := server.ServeHTTP(ctx, c.srv, c.ln, shutdownGrace); err != nil {
-		return fmt.Errorf("controller: %w", err)
-	}
-	return nil
-}
 
 // singleSegment reports whether id can be one URL path segment, as the
 // SDK requires of rollout ids.
@@ -277,14 +228,14 @@ func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequ
 		return V03Result{}, fmt.Errorf("controller: rollout id %q is not one path segment", id)
 	}
 	sess := &v03Session{done: make(chan V03Result, 1)}
-	c.mu.Lock()
+	c.sessionsMu.Lock()
 	if _, dup := c.live[id]; dup {
-		c.mu.Unlock()
+		c.sessionsMu.Unlock()
 		return V03Result{}, fmt.Errorf("controller: rollout %q is already running", id)
 	}
 	delete(c.finished, id)
 	c.live[id] = sess
-	c.mu.Unlock()
+	c.sessionsMu.Unlock()
 
 	if err := c.admit(ctx, serverURL, serverKey, r.Header, c.StartBody(r)); err != nil {
 		if ctx.Err() != nil {
@@ -293,9 +244,9 @@ func (c *V03) Run(ctx context.Context, serverURL, serverKey string, r V03RunRequ
 			c.cancelOne(serverURL, serverKey, id)
 		} else {
 			// Refused: it never started, and its id is unknown again.
-			c.mu.Lock()
+			c.sessionsMu.Lock()
 			delete(c.live, id)
-			c.mu.Unlock()
+			c.sessionsMu.Unlock()
 		}
 		return V03Result{RolloutID: id}, err
 	}
@@ -418,27 +369,6 @@ func retryAfter(v string) time.Duration {
 	return min(max(time.Duration(f*float64(time.Second)), retryAfterFloor), retryAfterCeiling)
 }
 
-func (c *V03) post(ctx context.Context, url, bearer string, header http.Header, payload []byte) (int, http.Header, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
-	if err != nil {
-		return 0, nil, nil, err
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		return 0, nil, nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	return resp.StatusCode, resp.Header, data, err
-}
-
 // Cancel posts POST {serverURL}/rollout/cancel {"ids": ids} and returns the
 // dispositions.
 func (c *V03) Cancel(ctx context.Context, serverURL, serverKey string, ids []string) (map[string]string, error) {
@@ -464,15 +394,15 @@ func (c *V03) cancelOne(serverURL, serverKey, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Cancel(ctx, serverURL, serverKey, []string{id}); err != nil {
-		c.opts.Logger.Warn("controller: cancel after the rollout ended here", "rollout_id", id, "error", err)
+		c.logger.Warn("controller: cancel after the rollout ended here", "rollout_id", id, "error", err)
 	}
 }
 
 // end makes res the result of id unless a grader callback ended it or is
 // committing it; it reports whether res won.
 func (c *V03) end(id string, res V03Result) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.sessionsMu.Lock()
+	defer c.sessionsMu.Unlock()
 	sess := c.live[id]
 	if sess == nil || sess.committing {
 		return false
@@ -484,8 +414,8 @@ func (c *V03) end(id string, res V03Result) bool {
 }
 
 func (c *V03) result(id string) V03Result {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.sessionsMu.Lock()
+	defer c.sessionsMu.Unlock()
 	return c.finished[id]
 }
 
@@ -497,8 +427,8 @@ func (c *V03) bridge(w http.ResponseWriter, r *http.Request) {
 	if key == "" {
 		key = c.opts.CallbackKey
 	}
-	if !bearerIs(r, key) {
-		writeDetail(w, http.StatusUnauthorized, "Unauthorized")
+	body, parsed, ok := c.readCall(w, r, key)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
@@ -506,15 +436,7 @@ func (c *V03) bridge(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusUnprocessableEntity, "invalid rollout_id")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	var parsed map[string]any
-	if err != nil || json.Unmarshal(body, &parsed) != nil || parsed == nil {
-		writeDetail(w, http.StatusBadRequest, "invalid body")
-		return
-	}
-	c.mu.Lock()
-	c.chats = append(c.chats, ChatCall{RolloutID: id, Header: r.Header.Clone(), Body: parsed})
-	c.mu.Unlock()
+	c.recordChat(ChatCall{RolloutID: id, Header: r.Header.Clone(), Body: parsed})
 	if c.opts.BeforeCall != nil {
 		if err := c.opts.BeforeCall(r.Context(), id, parsed); err != nil {
 			writeDetail(w, http.StatusServiceUnavailable, err.Error())
@@ -525,57 +447,19 @@ func (c *V03) bridge(w http.ResponseWriter, r *http.Request) {
 		parsed["model"] = c.opts.Model
 		body, _ = json.Marshal(parsed)
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimRight(c.opts.PolicyURL, "/")+"/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		writeDetail(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.opts.UpstreamKey != "" {
-		req.Header.Set("Authorization", "Bearer "+c.opts.UpstreamKey)
-	}
-	for _, h := range forwardHeaders {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	if v := r.Header.Get("Baggage"); v != "" {
-		req.Header.Set("Baggage", v)
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		writeDetail(w, http.StatusBadGateway, "policy: "+err.Error())
-		return
-	}
-	defer resp.Body.Close()
-	for _, h := range [...]string{"Content-Type", "Cache-Control", "Retry-After"} {
-		if v := resp.Header.Get(h); v != "" {
-			w.Header().Set(h, v)
-		}
-	}
-	w.WriteHeader(resp.StatusCode)
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") || resp.StatusCode != http.StatusOK {
-		_ = copyFlushing(w, resp.Body)
-		return
-	}
 	// A whole answer is read to count its tokens.
-	answer, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	_, _ = w.Write(answer)
-	var usage struct {
-		Usage struct {
-			TotalTokens int `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(answer, &usage) == nil && usage.Usage.TotalTokens > 0 {
-		c.mu.Lock()
-		c.tokens[id] += usage.Usage.TotalTokens
-		c.mu.Unlock()
-	}
-}
-
-func bearerIs(r *http.Request, key string) bool {
-	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	return strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(token), []byte(key)) == 1
+	c.relay(w, r, id, c.opts.UpstreamKey, body, func(answer []byte) {
+		var usage struct {
+			Usage struct {
+				TotalTokens int `json:"total_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal(answer, &usage) == nil && usage.Usage.TotalTokens > 0 {
+			c.sessionsMu.Lock()
+			c.tokens[id] += usage.Usage.TotalTokens
+			c.sessionsMu.Unlock()
+		}
+	})
 }
 
 // The v0.3 model's enums.
@@ -593,101 +477,77 @@ var (
 // against the model (422), the body's id against the path's (422), a
 // terminal status (422), a known rollout (404).
 func (c *V03) callback(w http.ResponseWriter, r *http.Request, kind string) {
-	if !bearerIs(r, c.opts.CallbackKey) {
-		writeDetail(w, http.StatusUnauthorized, "Unauthorized")
-		return
-	}
 	id := r.PathValue("id")
-	if !singleSegment(id) {
-		writeDetail(w, http.StatusUnprocessableEntity, "invalid rollout_id")
+	cb, ok := c.receive(w, r, kind, c.opts.CallbackKey, func(body []byte) (V03Callback, string, error) {
+		if !singleSegment(id) {
+			return V03Callback{}, id, errors.New("invalid rollout_id")
+		}
+		cb, err := parseV03Callback(body, kind)
+		if err == nil && cb.RolloutID != nil && *cb.RolloutID != id {
+			err = errors.New("rollout_id mismatch")
+		}
+		if err == nil && !terminalStatus[kind][cb.Status] {
+			err = fmt.Errorf("%s callback status must be terminal", kind)
+		}
+		cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
+		return cb, id, err
+	})
+	if !ok {
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
-		return
-	}
-	cb, err := parseV03Callback(body, kind)
-	if err == nil && cb.RolloutID != nil && *cb.RolloutID != id {
-		err = errors.New("rollout_id mismatch")
-	}
-	if err == nil && !terminalStatus[kind][cb.Status] {
-		err = fmt.Errorf("%s callback status must be terminal", kind)
-	}
-	if err != nil {
-		c.opts.Logger.WarnContext(r.Context(), "controller: callback refused", "kind", kind, "rollout_id", id, "error", err)
-		c.mu.Lock()
-		c.rejected = append(c.rejected, fmt.Sprintf("%s callback for %q: %v", kind, id, err))
-		c.mu.Unlock()
-		writeDetail(w, http.StatusUnprocessableEntity, err.Error())
-		return
-	}
-	cb.Raw, cb.Header, cb.At = body, r.Header.Clone(), time.Now()
-
-	c.mu.Lock()
-	sess, known := c.live[id], false
-	if sess != nil {
-		known = true
-	} else {
-		_, known = c.finished[id]
-	}
+	c.sessionsMu.Lock()
+	_, ended := c.finished[id]
+	known := c.live[id] != nil || ended
+	c.sessionsMu.Unlock()
 	if !known {
-		c.mu.Unlock()
 		writeDetail(w, http.StatusNotFound, "unknown rollout_id")
 		return
 	}
-	if c.failed < c.opts.FailCallbacks || (c.opts.FailFraction > 0 && rand.Float64() < c.opts.FailFraction) {
-		c.failed++
-		c.mu.Unlock()
-		writeDetail(w, c.opts.FailStatus, "injected failure")
+	if c.injectFailure(w) {
 		return
 	}
+	c.record(kind, id, cb)
+
+	c.sessionsMu.Lock()
+	sess := c.live[id]
 	if kind == kindCompletion {
-		c.comps[id] = append(c.comps[id], cb)
 		if sess != nil && sess.completion == nil {
-			first := cb
-			sess.completion = &first
+			sess.completion = &cb
 		}
-		c.mu.Unlock()
-		writeOK(w)
+		c.sessionsMu.Unlock()
+		ack(w, `{"ok":true}`)
 		return
 	}
-	c.grades[id] = append(c.grades[id], cb)
 	if sess == nil || sess.committing {
 		// Ended already (or ending): a duplicate is acknowledged, as the
 		// SDK's store acknowledges callbacks for a finalized rollout.
-		c.mu.Unlock()
-		writeOK(w)
+		c.sessionsMu.Unlock()
+		ack(w, `{"ok":true}`)
 		return
 	}
 	res := V03Result{RolloutID: id, Source: SourceGrader, Status: cb.Status, Sample: cb.Sample,
 		ErrMessage: cb.ErrMessage, ErrCategory: cb.ErrCategory, Completion: sess.completion}
 	sess.committing = true
-	c.mu.Unlock()
+	c.sessionsMu.Unlock()
 
 	if c.opts.OnTerminal != nil {
 		if err := c.opts.OnTerminal(r.Context(), res); err != nil {
 			// Not durable: the rollout stays open for the server's retry.
-			c.mu.Lock()
+			c.sessionsMu.Lock()
 			sess.committing = false
-			c.grades[id] = c.grades[id][:len(c.grades[id])-1]
-			c.mu.Unlock()
-			c.opts.Logger.ErrorContext(r.Context(), "controller: committing the result failed", "rollout_id", id, "error", err)
+			c.sessionsMu.Unlock()
+			c.unrecord(kindGrader, id)
+			c.logger.ErrorContext(r.Context(), "controller: committing the result failed", "rollout_id", id, "error", err)
 			writeDetail(w, http.StatusInternalServerError, "commit failed: "+err.Error())
 			return
 		}
 	}
-	c.mu.Lock()
+	c.sessionsMu.Lock()
 	delete(c.live, id)
 	c.finished[id] = res
-	c.mu.Unlock()
+	c.sessionsMu.Unlock()
 	sess.done <- res
-	writeOK(w)
-}
-
-func writeOK(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write([]byte(`{"ok":true}`))
+	ack(w, `{"ok":true}`)
 }
 
 // parseV03Callback decodes a callback body as the v0.3 pydantic models do:
@@ -730,46 +590,14 @@ func parseV03Callback(body []byte, kind string) (V03Callback, error) {
 	return cb, nil
 }
 
-// Completions returns every completion callback accepted for id
-// (duplicates included: a correct server posts exactly one).
-func (c *V03) Completions(id string) []V03Callback {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]V03Callback(nil), c.comps[id]...)
-}
-
 // GraderCallbacks returns every grader callback accepted for id.
 func (c *V03) GraderCallbacks(id string) []V03Callback {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]V03Callback(nil), c.grades[id]...)
-}
-
-// Chats returns the LLM calls the bridge accepted so far.
-func (c *V03) Chats() []ChatCall {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]ChatCall(nil), c.chats...)
+	return c.received(kindGrader, id)
 }
 
 // Tokens is the total_tokens the policy reported for id's unstreamed calls.
 func (c *V03) Tokens(id string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.sessionsMu.Lock()
+	defer c.sessionsMu.Unlock()
 	return c.tokens[id]
-}
-
-// Rejected describes the callbacks refused as malformed (answered 422).
-func (c *V03) Rejected() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.rejected...)
-}
-
-// FailedCallbacks is how many callback posts were answered with an
-// injected failure.
-func (c *V03) FailedCallbacks() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.failed
 }

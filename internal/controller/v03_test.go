@@ -14,21 +14,14 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo/internal/controller"
-	"github.com/osmo-rl/osmo/internal/mockllm"
 )
 
 // startV03 runs a v0.3 controller in front of a mockllm policy until the
 // test ends.
 func startV03(t *testing.T, o controller.V03Options) *controller.V03 {
 	t.Helper()
-	m, err := mockllm.New(mockllm.Options{Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := httptest.NewServer(m)
-	t.Cleanup(ps.Close)
 	if o.PolicyURL == "" {
-		o.PolicyURL = ps.URL + "/v1"
+		o.PolicyURL = startPolicy(t, nil)
 	}
 	if o.CallbackKey == "" {
 		o.CallbackKey = "cb-key"
@@ -38,20 +31,7 @@ func startV03(t *testing.T, o controller.V03Options) *controller.V03 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("controller did not stop in 10s")
-		}
-	})
+	serve(t, c)
 	return c
 }
 

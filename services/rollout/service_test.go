@@ -76,7 +76,7 @@ func TestCalculatorRolloutEndToEnd(t *testing.T) {
 	}
 
 	// Every LLM call reached the controller with the G1 body and headers.
-	calls := h.g1.ChatCalls()
+	calls := h.g1.Chats()
 	if len(calls) != 2 {
 		t.Fatalf("controller saw %d LLM calls, want 2", len(calls))
 	}
@@ -289,8 +289,8 @@ func TestCompletionCallbackRetries(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := h.waitG1(t, "cb-1")
-		if c.Status != "COMPLETED" || h.g1.FailedCompletions() != 2 || len(h.g1.Completions("cb-1")) != 1 {
-			t.Fatalf("status %s failed=%d completions=%d", c.Status, h.g1.FailedCompletions(), len(h.g1.Completions("cb-1")))
+		if c.Status != "COMPLETED" || h.g1.FailedCallbacks() != 2 || len(h.g1.Completions("cb-1")) != 1 {
+			t.Fatalf("status %s failed=%d completions=%d", c.Status, h.g1.FailedCallbacks(), len(h.g1.Completions("cb-1")))
 		}
 		if r := h.waitDone(t, "cb-1"); r.GetCallbackError() != "" {
 			t.Fatalf("callback error %q", r.GetCallbackError())
@@ -306,8 +306,8 @@ func TestCompletionCallbackRetries(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := h.waitDone(t, "cb-2")
-		if h.g1.FailedCompletions() < 3 || !strings.Contains(r.GetCallbackError(), "over the delivery deadline (400ms)") {
-			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCompletions(), r.GetCallbackError())
+		if h.g1.FailedCallbacks() < 3 || !strings.Contains(r.GetCallbackError(), "over the delivery deadline (400ms)") {
+			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCallbacks(), r.GetCallbackError())
 		}
 		if took := time.Since(began); took < 300*time.Millisecond || took > 5*time.Second {
 			t.Errorf("gave up after %v for a 400ms deadline", took)
@@ -319,8 +319,8 @@ func TestCompletionCallbackRetries(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := h.waitDone(t, "cb-3")
-		if h.g1.FailedCompletions() != 1 || !strings.Contains(r.GetCallbackError(), "HTTP 409") {
-			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCompletions(), r.GetCallbackError())
+		if h.g1.FailedCallbacks() != 1 || !strings.Contains(r.GetCallbackError(), "HTTP 409") {
+			t.Fatalf("failed=%d callback_error=%q", h.g1.FailedCallbacks(), r.GetCallbackError())
 		}
 	})
 	t.Run("a refusing callback URL fails without hurting other rollouts", func(t *testing.T) {
