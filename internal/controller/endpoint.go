@@ -5,13 +5,14 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,14 +52,14 @@ type faults struct {
 // which tests read and wait on. Paths, body shapes and status words differ
 // per wire and stay in each wire's file; T is the wire's callback type.
 type endpoint[T any] struct {
-	// policyURL is the OpenAI base URL (ending in /v1) LLM calls go on to.
-	policyURL string
-	ln        net.Listener
-	srv       *http.Server
-	mux       *http.ServeMux
-	client    *http.Client
-	logger    *slog.Logger
-	faults    faults
+	// chatURL is where LLM calls go on to: the policy's chat completions.
+	chatURL *url.URL
+	ln      net.Listener
+	srv     *http.Server
+	mux     *http.ServeMux
+	client  *http.Client
+	logger  *slog.Logger
+	faults  faults
 	// unauthorized is the detail of a 401, in the wire's words.
 	unauthorized string
 
@@ -84,6 +85,10 @@ func newEndpoint[T any](name, addr, policyURL string, f faults, logger *slog.Log
 	if policyURL == "" {
 		return nil, fmt.Errorf("%s: PolicyURL is required", name)
 	}
+	chatURL, err := url.Parse(strings.TrimRight(policyURL, "/") + "/chat/completions")
+	if err != nil {
+		return nil, fmt.Errorf("%s: PolicyURL: %w", name, err)
+	}
 	if f.status == 0 {
 		f.status = http.StatusServiceUnavailable
 	}
@@ -103,7 +108,7 @@ func newEndpoint[T any](name, addr, policyURL string, f faults, logger *slog.Log
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	e := &endpoint[T]{
-		policyURL:    policyURL,
+		chatURL:      chatURL,
 		ln:           ln,
 		mux:          http.NewServeMux(),
 		client:       newClient(timeout),
@@ -209,74 +214,52 @@ func (e *endpoint[T]) recordChat(call ChatCall) {
 // failure switch.
 var forwardHeaders = [...]string{"X-Rollout-Id", "X-Sample-Id", "Traceparent", "Baggage", "X-Mock-Fail"}
 
-// relay sends an LLM call's body on to the policy (bearing
-// key when not empty) and relays the answer as it arrives, so SSE streams
-// stay streams. When whole is set, a successful answer that is not a
-// stream is read whole and handed to it as well.
+// relay sends an LLM call's body on to the policy (bearing key when not
+// empty) and streams the answer back: FlushInterval -1 flushes every
+// write, so each SSE event reaches the caller when the policy sends it.
+// Only the ids, trace context and the mock policy's failure switch go on
+// with it, never the caller's bearer. When whole is set, a successful
+// answer that is not a stream is also handed to it whole.
 func (e *endpoint[T]) relay(w http.ResponseWriter, r *http.Request, rolloutID, key string, body []byte, whole func(answer []byte)) {
 	e.inFlight.Add(1)
 	defer e.inFlight.Add(-1)
 	log := e.logger.With("rollout_id", rolloutID)
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimRight(e.policyURL, "/")+"/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		writeDetail(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	for _, h := range forwardHeaders {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		log.WarnContext(r.Context(), "controller: policy call failed", "error", err)
-		writeDetail(w, http.StatusBadGateway, "policy: "+err.Error())
-		return
-	}
-	defer resp.Body.Close()
-	for _, h := range [...]string{"Content-Type", "Cache-Control", "Retry-After"} {
-		if v := resp.Header.Get(h); v != "" {
-			w.Header().Set(h, v)
-		}
-	}
-	w.WriteHeader(resp.StatusCode)
-	if whole != nil && resp.StatusCode == http.StatusOK && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		answer, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-		_, _ = w.Write(answer)
-		whole(answer)
-		return
-	}
-	if err := copyFlushing(w, resp.Body); err != nil {
-		log.DebugContext(r.Context(), "controller: relaying the policy's answer ended early", "error", err)
-	}
-}
-
-// copyFlushing copies src to w, flushing after every read so each SSE
-// event reaches the client when the policy sends it.
-func copyFlushing(w http.ResponseWriter, src io.Reader) error {
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr
+	proxy := &httputil.ReverseProxy{
+		Transport:     e.client.Transport,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			u := *e.chatURL
+			pr.Out.URL, pr.Out.Host = &u, ""
+			pr.Out.Header = http.Header{"Content-Type": {"application/json"}}
+			for _, h := range forwardHeaders {
+				if v := pr.In.Header.Get(h); v != "" {
+					pr.Out.Header.Set(h, v)
+				}
 			}
-			if ferr := rc.Flush(); ferr != nil {
-				return ferr
+			if key != "" {
+				pr.Out.Header.Set("Authorization", "Bearer "+key)
 			}
-		}
-		if errors.Is(err, io.EOF) {
+			pr.Out.Body, pr.Out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if whole == nil || resp.StatusCode != http.StatusOK || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+				return nil
+			}
+			answer, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			whole(answer)
+			resp.Body = io.NopCloser(bytes.NewReader(answer))
 			return nil
-		}
-		if err != nil {
-			return err
-		}
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.WarnContext(r.Context(), "controller: policy call failed", "error", err)
+			writeDetail(w, http.StatusBadGateway, "policy: "+err.Error())
+		},
 	}
+	proxy.ServeHTTP(w, r)
 }
 
 // receive checks a callback's bearer (401) and reads its body through
