@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +56,20 @@ func startMockPolicy(t *testing.T, args ...string) string {
 	mock, addrs := startListening(t, "mockllm", nil, append([]string{"mockllm", "--addr", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
 	waitHTTP(t, mock, addrs["http"]+"/health")
 	return strings.TrimPrefix(addrs["http"], "http://")
+}
+
+// samePort is args with the value of its -p flag set to the port of url:
+// a restarted server listens where the first one was reported to.
+func samePort(t *testing.T, args []string, url string) []string {
+	t.Helper()
+	i := slices.Index(args, "-p")
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://"))
+	if i < 0 || i+1 >= len(args) || err != nil {
+		t.Fatalf("no -p in %q, or no port in %q: %v", args, url, err)
+	}
+	out := slices.Clone(args)
+	out[i+1] = port
+	return out
 }
 
 // startListening is start for a server osmo command whose args bind port
