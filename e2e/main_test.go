@@ -58,6 +58,10 @@ func startMockPolicy(t *testing.T, args ...string) string {
 	return strings.TrimPrefix(addrs["http"], "http://")
 }
 
+// refusedAddr is an address nothing listens on: port 1 is privileged, and
+// no service of a test machine uses it.
+const refusedAddr = "127.0.0.1:1"
+
 // samePort is args with the value of its -p flag set to the port of url:
 // a restarted server listens where the first one was reported to.
 func samePort(t *testing.T, args []string, url string) []string {
