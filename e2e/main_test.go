@@ -45,7 +45,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freeAddr returns a loopback address with a port nothing listens on now.
+// freeAddr returns a loopback address with a port nothing listens on now,
+// for the programs that must know their ports before they start (NATS
+// routes, Jaeger); osmo's own servers use startListening.
 func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
 // startMockPolicy runs `osmo mockllm` with args on a loopback port of the
