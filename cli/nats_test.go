@@ -13,7 +13,7 @@ import (
 // osmo grader keeps its gradings in NATS: a --nats it cannot reach stops
 // it at start, with a failing exit status and an error naming the URL.
 func TestGraderExitsWhenNATSIsUnreachable(t *testing.T) {
-	url := "nats://" + freeAddr(t)
+	url := "nats://" + refusedAddr
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	cmd := withContext(ctx, osmoCommand(nil, "grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--nats", url))
@@ -36,7 +36,7 @@ func TestGraderExitsWhenNATSIsUnreachable(t *testing.T) {
 // osmo serve opens the one store of its stack before it listens: an
 // unreachable --nats stops it, names the URL and leaves no listener.
 func TestServeFailsWhenNATSIsUnreachable(t *testing.T) {
-	url := "nats://" + freeAddr(t)
+	url := "nats://" + refusedAddr
 	graderAddr := freeAddr(t)
 	res := runCLI(t, []string{"serve", "-p", "0", "-H", "127.0.0.1", "--grader-addr", graderAddr, "--nats", url})
 	if res.expired {

@@ -303,7 +303,12 @@ func runCLI(t *testing.T, args []string, opts ...cli.Option) (res cliResult) {
 	return cliResult{stdout: stdout.String(), stderr: stderr.String(), err: err, expired: ctx.Err() != nil}
 }
 
-// freeAddr returns a loopback address nothing listens on right now.
+// refusedAddr is an address nothing listens on: port 1 is privileged, and
+// no service of a test machine uses it.
+const refusedAddr = "127.0.0.1:1"
+
+// freeAddr returns a loopback address nothing listens on right now, for
+// the tests that check a failed start released it.
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -364,10 +364,9 @@ func TestClusterLosesNothing(t *testing.T) {
 	}
 	gateways := make([]string, 2)
 	for i := range gateways {
-		addr := freeAddr(t)
-		p := start(t, fmt.Sprintf("gateway-%d", i), nil, "gateway", "--addr", addr, "--rollout-addr", rolloutTarget,
+		p, addrs := startListening(t, fmt.Sprintf("gateway-%d", i), nil, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutTarget,
 			"--grader-addr", graderTarget, "--log-level", "warn")
-		gateways[i] = "http://" + addr
+		gateways[i] = addrs["http"]
 		waitHTTP(t, p, gateways[i]+"/health")
 	}
 	// The replicas' logs, less the retries of the callbacks failed on

@@ -90,9 +90,8 @@ func TestDeliverySurvivesTrainerOutage(t *testing.T) {
 	}
 	mockAddr := startMockPolicy(t)
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	srv := start(t, "serve", nil, "serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1", "--log-level", "error")
-	base := "http://127.0.0.1:" + port
+	srv, addrs := startListening(t, "serve", nil, "serve", "--workflow", "multiply", "--grader", "multiply", "-p", "0", "-H", "127.0.0.1", "--log-level", "error")
+	base := addrs["http"]
 	waitHTTP(t, srv, base+"/health")
 
 	ctl.SetDown(true)
@@ -227,12 +226,12 @@ func TestStateSurvivesSIGKILL(t *testing.T) {
 	mockAddr := startMockPolicy(t, "--latency", "300ms")
 	ctl := startController(t, controller.G2Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
 	g1 := startG1Controller(t, controller.Options{PolicyURL: "http://" + mockAddr + "/v1", APIKey: controllerKey, Logger: quietLog()})
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
 	state := t.TempDir()
-	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1",
+	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", "0", "-H", "127.0.0.1",
 		"--max-concurrent", "4", "--max-queued", "100", "--state", state, "--log-level", "warn"}
-	srv := start(t, "serve-1", nil, args...)
-	base := "http://127.0.0.1:" + port
+	srv, addrs := startListening(t, "serve-1", nil, args...)
+	base := addrs["http"]
+	args = samePort(t, args, base)
 	waitHTTP(t, srv, base+"/health")
 
 	ctl.SetDown(true)

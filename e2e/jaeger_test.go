@@ -218,21 +218,21 @@ func TestTraceInJaeger(t *testing.T) {
 		start func(t *testing.T) (base string)
 	}{
 		{"split", func(t *testing.T) string {
-			graderAddr, rolloutAddr, gwAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-			gr := start(t, "grader", overGRPC, "grader", "--grpc-addr", graderAddr, "--metrics-addr", "", "--grader", "calculator", "--log-level", "warn")
+			gr, addrs := startListening(t, "grader", overGRPC, "grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader", "calculator", "--log-level", "warn")
+			graderAddr := addrs["grpc"]
 			waitGRPC(t, gr, graderAddr)
-			roll := start(t, "rollout", overHTTP, "rollout", "--grpc-addr", rolloutAddr, "--metrics-addr", "", "--grader-addr", graderAddr,
+			roll, addrs := startListening(t, "rollout", overHTTP, "rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader-addr", graderAddr,
 				"--workflow", "calculator", "--model", "policy-v1", "--log-level", "warn")
+			rolloutAddr := addrs["grpc"]
 			waitGRPC(t, roll, rolloutAddr)
-			gw := start(t, "gateway", overHTTP, "gateway", "--addr", gwAddr, "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
-			waitHTTP(t, gw, "http://"+gwAddr+"/health")
-			return "http://" + gwAddr
+			gw, addrs := startListening(t, "gateway", overHTTP, "gateway", "--addr", "127.0.0.1:0", "--rollout-addr", rolloutAddr, "--grader-addr", graderAddr, "--log-level", "warn")
+			waitHTTP(t, gw, addrs["http"]+"/health")
+			return addrs["http"]
 		}},
 		{"serve", func(t *testing.T) string {
-			port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-			srv := start(t, "serve", overGRPC, "serve", "--workflow", "calculator", "--model", "policy-v1", "-p", port, "-H", "127.0.0.1", "--log-level", "warn")
-			waitHTTP(t, srv, "http://127.0.0.1:"+port+"/health")
-			return "http://127.0.0.1:" + port
+			srv, addrs := startListening(t, "serve", overGRPC, "serve", "--workflow", "calculator", "--model", "policy-v1", "-p", "0", "-H", "127.0.0.1", "--log-level", "warn")
+			waitHTTP(t, srv, addrs["http"]+"/health")
+			return addrs["http"]
 		}},
 	} {
 		t.Run(deployment.name, func(t *testing.T) {

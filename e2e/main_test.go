@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +45,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freeAddr returns a loopback address with a port nothing listens on now.
+// freeAddr returns a loopback address with a port nothing listens on now,
+// for the programs that must know their ports before they start (NATS
+// routes, Jaeger); osmo's own servers use startListening.
 func freeAddr(t *testing.T) string { return proctest.FreeAddr(t) }
 
 // startMockPolicy runs `osmo mockllm` with args on a loopback port of the
@@ -54,6 +58,24 @@ func startMockPolicy(t *testing.T, args ...string) string {
 	mock, addrs := startListening(t, "mockllm", nil, append([]string{"mockllm", "--addr", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
 	waitHTTP(t, mock, addrs["http"]+"/health")
 	return strings.TrimPrefix(addrs["http"], "http://")
+}
+
+// refusedAddr is an address nothing listens on: port 1 is privileged, and
+// no service of a test machine uses it.
+const refusedAddr = "127.0.0.1:1"
+
+// samePort is args with the value of its -p flag set to the port of url:
+// a restarted server listens where the first one was reported to.
+func samePort(t *testing.T, args []string, url string) []string {
+	t.Helper()
+	i := slices.Index(args, "-p")
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://"))
+	if i < 0 || i+1 >= len(args) || err != nil {
+		t.Fatalf("no -p in %q, or no port in %q: %v", args, url, err)
+	}
+	out := slices.Clone(args)
+	out[i+1] = port
+	return out
 }
 
 // startListening is start for a server osmo command whose args bind port

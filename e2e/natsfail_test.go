@@ -17,10 +17,10 @@ import (
 // TestNATSUnreachableAtStart: a service given a NATS URL nothing answers
 // at exits non-zero, soon, with an error naming the URL.
 func TestNATSUnreachableAtStart(t *testing.T) {
-	url := "nats://" + freeAddr(t) // nothing listens there
+	url := "nats://" + refusedAddr
 	for _, args := range [][]string{
-		{"rollout", "--grpc-addr", freeAddr(t), "--metrics-addr", "", "--grader", "none", "--workflow", "calculator", "--nats", url},
-		{"grader", "--grpc-addr", freeAddr(t), "--metrics-addr", "", "--nats", url},
+		{"rollout", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--grader", "none", "--workflow", "calculator", "--nats", url},
+		{"grader", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--nats", url},
 	} {
 		t.Run(args[0], func(t *testing.T) {
 			began := time.Now()

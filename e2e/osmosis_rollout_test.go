@@ -67,11 +67,10 @@ func TestOsmosisRolloutHosted(t *testing.T) {
 	}
 	mockAddr := startMockPolicy(t)
 	policy := "http://" + mockAddr + "/v1"
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	base := "http://127.0.0.1:" + port
-	srv := start(t, "serve", []string{"MULTIPLY_SECRET=s3cret-value", "MULTIPLY_GREETING=hello from env", "MULTIPLY_TURN_DELAY_SEC=0.5"},
+	srv, addrs := startListening(t, "serve", []string{"MULTIPLY_SECRET=s3cret-value", "MULTIPLY_GREETING=hello from env", "MULTIPLY_TURN_DELAY_SEC=0.5"},
 		"serve", "--osmosis-rollout", workspaceRollout, "--osmosis-rollout-procs", "2",
-		"--api-key", serverKey, "-p", port, "-H", "127.0.0.1", "--log-level", "warn")
+		"--api-key", serverKey, "-p", "0", "-H", "127.0.0.1", "--log-level", "warn")
+	base := addrs["http"]
 	waitHTTP(t, srv, base+"/health")
 	pids := osmosisServerPIDs(srv.Output())
 	if len(pids) != 2 {

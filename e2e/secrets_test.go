@@ -39,12 +39,12 @@ func TestSecretsStaySecret(t *testing.T) {
 
 	dir := t.TempDir()
 	stateDir, logDir := filepath.Join(dir, "state"), filepath.Join(dir, "events")
-	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	base := "http://127.0.0.1:" + port
-	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", port, "-H", "127.0.0.1",
+	args := []string{"serve", "--workflow", "multiply", "--grader", "multiply", "-p", "0", "-H", "127.0.0.1",
 		"--state", stateDir, "--log", logDir, "--lost-after", "1s", "--log-level", "debug"}
 	env := []string{"OSMO_API_KEY=" + apiKey, "OSMO_TRACE_CONTENT=true"}
-	first := start(t, "serve-1", env, args...)
+	first, addrs := startListening(t, "serve-1", env, args...)
+	base := addrs["http"]
+	args = samePort(t, args, base)
 	waitHTTP(t, first, base+"/health")
 
 	ids := []string{"sec-0", "sec-1", "sec-2"}

@@ -153,7 +153,10 @@ func (p *Proc) Addrs(t testing.TB, path string) map[string]string {
 }
 
 // FreeAddr returns a loopback address with a port nothing listens on now
-// and that no earlier call of this process returned.
+// and that no earlier call of this process returned. It is for programs
+// that must be told their ports before they start (a NATS cluster's
+// routes, Jaeger's endpoints); osmo's servers listen on port 0 and report
+// their addresses instead (Proc.Addrs).
 //
 // The port is drawn below the kernel's ephemeral range, where it stays
 // free until the process under test binds it: a port from the ephemeral

@@ -142,7 +142,7 @@ func TestClientGradeRejectsInvalidRequests(t *testing.T) {
 
 func TestClientGradeHonoursItsContext(t *testing.T) {
 	// Nothing listens here: the call stays pending until its context ends.
-	client := startClient(t, dial(t, freeAddr(t)))
+	client := startClient(t, dial(t, "127.0.0.1:1"))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err := client.Grade(ctx, gradeReq(t, "r1", "x", "a"))
