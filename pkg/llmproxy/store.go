@@ -118,11 +118,11 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	calls := s.Calls(id)
 	out := struct {
-		RolloutID string     `json:"rollout_id"`
-		Calls     []callJSON `json:"calls"`
-	}{RolloutID: id, Calls: make([]callJSON, 0, len(calls))}
+		RolloutID string       `json:"rollout_id"`
+		Calls     []listedCall `json:"calls"`
+	}{RolloutID: id, Calls: make([]listedCall, 0, len(calls))}
 	for _, c := range calls {
-		out.Calls = append(out.Calls, toCallJSON(c))
+		out.Calls = append(out.Calls, listedCall{c.RolloutID, c.SampleID, c})
 	}
 	body, err := json.Marshal(out)
 	if err != nil {
@@ -133,60 +133,12 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// callJSON is the wire form of a Call.
-type callJSON struct {
-	RolloutID          string            `json:"rollout_id"`
-	SampleID           string            `json:"sample_id,omitempty"`
-	API                string            `json:"api,omitempty"`
-	ID                 string            `json:"id,omitempty"`
-	RequestedModel     string            `json:"requested_model,omitempty"`
-	Model              string            `json:"model,omitempty"`
-	RequestMessages    []json.RawMessage `json:"request_messages,omitempty"`
-	ResponseMessage    json.RawMessage   `json:"response_message,omitempty"`
-	FinishReason       string            `json:"finish_reason,omitempty"`
-	Usage              usageOut          `json:"usage"`
-	Stream             bool              `json:"stream"`
-	StartedAt          time.Time         `json:"started_at"`
-	LatencyMs          float64           `json:"latency_ms"`
-	TimeToFirstTokenMs float64           `json:"time_to_first_token_ms,omitempty"`
-	PromptTokenIDs     []int32           `json:"prompt_token_ids,omitempty"`
-	CompletionTokenIDs []int32           `json:"completion_token_ids,omitempty"`
-	Logprobs           []float64         `json:"logprobs,omitempty"`
-	StatusCode         int               `json:"status_code"`
-	Error              string            `json:"error,omitempty"`
-	Attempts           int               `json:"attempts"`
-}
-
-type usageOut struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-	CachedTokens     int `json:"cached_tokens"`
-}
-
-func toCallJSON(c *osmo.LLMCall) callJSON {
-	out := callJSON{
-		RolloutID: c.RolloutID, SampleID: c.SampleID, API: c.API, ID: c.ID,
-		RequestedModel: c.RequestedModel, Model: c.Model,
-		FinishReason: c.FinishReason,
-		Usage: usageOut{
-			PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens,
-			TotalTokens: c.Usage.TotalTokens, CachedTokens: c.Usage.CachedTokens,
-		},
-		Stream: c.Stream, StartedAt: c.StartedAt,
-		LatencyMs:          c.LatencyMS,
-		TimeToFirstTokenMs: c.TimeToFirstTokenMS,
-		PromptTokenIDs:     c.PromptTokenIDs, CompletionTokenIDs: c.CompletionTokenIDs, Logprobs: c.Logprobs,
-		StatusCode: c.StatusCode, Error: c.Error, Attempts: c.Attempts,
-	}
-	// Embed only valid JSON, so one odd record cannot break the listing.
-	if len(c.RequestMessages) > 0 {
-		out.RequestMessages = c.RequestMessages
-	}
-	if json.Valid(c.ResponseMessage) {
-		out.ResponseMessage = c.ResponseMessage
-	}
-	return out
+// listedCall is a recorded call as GET /r/{rollout_id}/calls lists it:
+// the record, with the ids it is listed by.
+type listedCall struct {
+	RolloutID string `json:"rollout_id"`
+	SampleID  string `json:"sample_id,omitempty"`
+	*osmo.LLMCall
 }
 
 func writeStoreError(w http.ResponseWriter, status int, code, msg string) {
