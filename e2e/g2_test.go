@@ -287,11 +287,11 @@ func TestG2ExecAgents(t *testing.T) {
 				t.Errorf("%d llm_calls recorded, want the tool turn and the answer", len(sample.LLMCalls))
 			}
 			for i, c := range sample.LLMCalls {
-				if a.stream != (c["stream"] == true) {
-					t.Errorf("llm_calls[%d]: stream %v", i, c["stream"])
+				if a.stream != c.Stream {
+					t.Errorf("llm_calls[%d]: stream %v", i, c.Stream)
 				}
-				if c["api"] != a.api || c["model"] != osmo.PlaceholderModel || c["status_code"] != float64(200) {
-					t.Errorf("llm_calls[%d]: api %v model %v status %v, want %s calls routed as %s", i, c["api"], c["model"], c["status_code"], a.api, osmo.PlaceholderModel)
+				if c.API != a.api || c.Model != osmo.PlaceholderModel || c.StatusCode != 200 {
+					t.Errorf("llm_calls[%d]: api %v model %v status %v, want %s calls routed as %s", i, c.API, c.Model, c.StatusCode, a.api, osmo.PlaceholderModel)
 				}
 			}
 			for _, c := range s.ctl.Chats() {

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // G2Options configure a G2 controller.
@@ -57,11 +59,11 @@ type Sample struct {
 }
 
 // G2Sample is one sample of a G2 grader callback: a Sample named by its
-// id, with the LLM calls that made it.
+// id, with the LLM calls that made it, as the rollout server recorded them.
 type G2Sample struct {
 	ID string `json:"id"`
 	Sample
-	LLMCalls []map[string]any `json:"llm_calls"`
+	LLMCalls []osmo.LLMCall `json:"llm_calls"`
 }
 
 // G2 is a running controller of the G2 (AgentWorkflow) protocol, written

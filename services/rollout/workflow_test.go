@@ -138,7 +138,7 @@ func TestG2HappyPath(t *testing.T) {
 	if s.Metrics["num_llm_calls"] != 2.0 || s.Metrics["num_tool_calls"] != 1.0 {
 		t.Errorf("metrics = %v", s.Metrics)
 	}
-	if len(s.LLMCalls) != 2 || s.LLMCalls[0]["requested_model"] != osmo.PlaceholderModel {
+	if len(s.LLMCalls) != 2 || s.LLMCalls[0].RequestedModel != osmo.PlaceholderModel {
 		t.Errorf("llm_calls = %v", s.LLMCalls)
 	}
 
