@@ -370,8 +370,8 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 		return nil, err
 	}
 
-	// The rollout service grades in process too: nothing is encoded, and
-	// no key is needed.
+	// The rollout service calls the grader service itself: nothing is
+	// encoded, and no key is needed.
 	var g rollout.Grader
 	if spec != "" {
 		g = localGrader{st.graderSvc}

@@ -21,8 +21,8 @@ import (
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
-// admitTimeout bounds what admission asks of the shared state to enter a
-// rollout; admissionTimeout bounds a start's whole answer (entering it,
+// admitTimeout bounds what admission asks of the shared state to write a
+// rollout; admissionTimeout bounds a start's whole answer (admitting it,
 // queueing it, a G1 init's tools and a duplicate's wait for the first).
 // While the shared state does not answer (a NATS leader being elected, a
 // node lost), a start is refused with Unavailable within that time, which
@@ -104,14 +104,14 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 	return lc, nil
 }
 
-// admit enters rec's lifecycle into the shared state in phase, unless its
-// id has one already: then that one is returned and nothing is entered.
+// admit writes rec's lifecycle into the shared state in phase, unless its
+// id has one already: then that one is returned and nothing is written.
 // With bounded, a full queue (all replicas' together) refuses rec
 // (ResourceExhausted, with the delay to retry after) unless its id is one
 // the state holds, whose duplicate start costs nothing.
 //
 // A rollout to be queued may instead start here at once (startsHere):
-// then it is entered running, rec holds its slot (rec.slot), and enqueue
+// then it is written running, rec holds its slot (rec.slot), and enqueue
 // runs it.
 func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
 	// An admission the shared state cannot answer soon is refused (503,
@@ -123,7 +123,7 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 		phase = phaseRunning
 		s.traceRollout(ctx, rec)
 	}
-	existing, err := s.enter(ctx, rec, phase, bounded)
+	existing, err := s.create(ctx, rec, phase, bounded)
 	if rec.placed && (err != nil || existing != nil) {
 		// Not queued after all: its place in a private queue is free.
 		s.sh.local.unreserve()
@@ -143,9 +143,9 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	return existing, err
 }
 
-// enter enters rec's lifecycle in phase for admit (which see), the
-// queue's bound first when bounded and it is to be queued.
-func (s *Service) enter(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
+// create writes rec's lifecycle in phase for admit (which see), the
+// queue's bound checked first when bounded and it is to be queued.
+func (s *Service) create(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
 	if bounded && phase == phaseQueued {
 		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
 			return nil, unavailable(err)

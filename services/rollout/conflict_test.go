@@ -318,14 +318,14 @@ func heldBodies(t *testing.T, s *Service, kv *countingKV, n int) {
 	if got := kv.finalBodies.Load(); got != want {
 		t.Errorf("%d lifecycle writes carried the final callbacks' bodies for %d rollouts, want %d (private state: %v)", got, n, want, s.sh.store.Private())
 	}
-	if held := s.sh.held.len(); held != 0 {
+	if held := s.sh.bodies.len(); held != 0 {
 		t.Errorf("payloads of %d finished rollouts still held", held)
 	}
 }
 
 // TestFinalOwedAfterASlowGrading: a grading that ends after the first
 // stage's mark was written has its final stage owed in a write of its
-// own; nothing waits for the offer.
+// own; nothing waits for a mark to take it.
 func TestFinalOwedAfterASlowGrading(t *testing.T) {
 	const n = 10
 	kv, s := concludeMany(t, n, func() time.Duration { return 0 }, slowGrader{})

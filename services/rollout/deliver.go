@@ -53,10 +53,10 @@ type delivery struct {
 // replica to conclude it again.
 //
 // rec is the rollout's record when this replica holds it (nil in the
-// outbox): its event log and callback error record each callback. offer,
-// when not nil, is the final stage its conclusion offers the first stage's
-// marks (see finalOffer).
-func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, offer *finalOffer, log *slog.Logger) bool {
+// outbox): its event log and callback error record each callback. final,
+// when not nil, is the final stage waiting for the first stage's marks
+// (see pendingFinal).
+func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, final *pendingFinal, log *slog.Logger) bool {
 	if st == nil || !st.Sending {
 		return true
 	}
@@ -80,7 +80,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 				if err != nil && rec != nil {
 					rec.addCallbackError(c.Event, err)
 				}
-				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err, offer)
+				next, viaOutbox, merr := s.markDone(ctx, id, stage, i, c.Event, err, final)
 				if merr != nil {
 					log.Error("shared state: could not mark a callback done; it may be sent again", "event", c.Event, "error", merr)
 					ok = false
@@ -117,12 +117,12 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 // go. That final stage is returned with viaOutbox set: it is to be handed
 // to the outbox, which keeps one hand-over of it, rather than posted.
 //
-// A mark of the first stage takes up the final stage offered, if any, and
-// owes it in the same write (see finalOffer).
-func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error, offer *finalOffer) (next *owedStage, viaOutbox bool, err error) {
+// A mark of the first stage takes the final stage waiting for it, if any,
+// and owes it in the same write (see pendingFinal).
+func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error, final *pendingFinal) (next *owedStage, viaOutbox bool, err error) {
 	var fin *stageToOwe
 	if stage == stageRan {
-		if build := offer.claim(); build != nil {
+		if build := final.take(); build != nil {
 			fin = build()
 		}
 	}
@@ -171,7 +171,7 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		// while this replica still owns it: nobody else owes it meanwhile
 		// (its conclusion waits for this answer, a replica that took the
 		// rollout over owns it).
-		offer.settle((err == nil || errors.Is(err, errUnchanged)) && lc != nil && lc.Final != nil && lc.Owner == s.replica)
+		final.written((err == nil || errors.Is(err, errUnchanged)) && lc != nil && lc.Final != nil && lc.Owner == s.replica)
 	}
 	if errors.Is(err, errUnchanged) || errors.Is(err, errGone) {
 		return next, viaOutbox, nil
@@ -182,31 +182,31 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 	return next, false, err
 }
 
-// finalOffer hands a rollout's final stage, once it is ready, to the mark
-// of its first stage's callback: when that callback is delivered after the
-// rollout was graded, as it mostly is (grading goes on while it is posted),
-// one write marks it done and owes the final stage, to be sent at once,
-// instead of a write for each. The rollout's conclusion offers the stage
-// (put) and, once the first stage was tried or finalOweWait passed,
-// withdraws it; it owes the stage itself unless a mark took it up.
+// pendingFinal is a rollout's final stage, once graded, waiting for the
+// mark of its first stage's callback: when that callback is delivered after
+// the rollout was graded, as it mostly is (grading goes on while it is
+// posted), one write marks it done and owes the final stage, to be sent at
+// once, instead of a write for each. The rollout's conclusion sets the
+// stage and, once the first stage was tried or finalOweWait passed, stops
+// waiting; it owes the stage itself unless a mark took it.
 //
-// What is offered builds the stage: its callbacks' bodies (the grader
+// What is set builds the stage: its callbacks' bodies (the grader
 // callback carries every sample) are encoded by whoever writes it, when
 // it does, not held encoded while the first stage's callback is posted
 // (10,000 rollouts concluding at once raised the peak RSS by a tenth).
-type finalOffer struct {
+type pendingFinal struct {
 	mu    sync.Mutex
 	stage func() *stageToOwe
-	// closed: taken up by a mark, or withdrawn.
+	// closed: taken by a mark, or stopped.
 	closed bool
-	// claimed is closed once the mark that took the offer up settled it,
-	// taken saying whether it owed the stage.
-	claimed chan struct{}
-	taken   bool
+	// taken is closed once the mark that took the stage was written,
+	// owed saying whether that write owed the stage.
+	taken chan struct{}
+	owed  bool
 }
 
-// put offers the stage t builds, unless the offer was withdrawn.
-func (f *finalOffer) put(t func() *stageToOwe) {
+// set makes the stage t builds the one a mark takes, unless stopped.
+func (f *pendingFinal) set(t func() *stageToOwe) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.closed {
@@ -214,9 +214,10 @@ func (f *finalOffer) put(t func() *stageToOwe) {
 	}
 }
 
-// claim takes the offer up for a mark about to be written: what builds the
-// stage, or nil when none is offered (f nil included). A claim is settled.
-func (f *finalOffer) claim() func() *stageToOwe {
+// take gives a mark about to be written what builds the stage, or nil when
+// none is set (f nil included). A mark that took it reports its write
+// (written).
+func (f *pendingFinal) take() func() *stageToOwe {
 	if f == nil {
 		return nil
 	}
@@ -226,28 +227,28 @@ func (f *finalOffer) claim() func() *stageToOwe {
 		return nil
 	}
 	t := f.stage
-	f.stage, f.closed, f.claimed = nil, true, make(chan struct{})
+	f.stage, f.closed, f.taken = nil, true, make(chan struct{})
 	return t
 }
 
-// settle says whether the mark that claimed the offer owed the stage.
-func (f *finalOffer) settle(taken bool) {
-	f.taken = taken
-	close(f.claimed)
+// written says whether the write of the mark that took the stage owed it.
+func (f *pendingFinal) written(owed bool) {
+	f.owed = owed
+	close(f.taken)
 }
 
-// withdraw ends the offer and reports whether a mark owed the stage,
-// waiting for a mark that took it up to be written.
-func (f *finalOffer) withdraw() bool {
+// stop ends the wait for a mark and reports whether a mark owed the stage,
+// waiting for the write of a mark that took it.
+func (f *pendingFinal) stop() bool {
 	f.mu.Lock()
 	f.closed, f.stage = true, nil
-	claimed := f.claimed
+	taken := f.taken
 	f.mu.Unlock()
-	if claimed == nil {
+	if taken == nil {
 		return false
 	}
-	<-claimed
-	return f.taken
+	<-taken
+	return f.owed
 }
 
 // awaitDelivered waits, when some of a rollout's callbacks went to the

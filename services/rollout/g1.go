@@ -145,7 +145,7 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 }
 
 // g1Record is the record of a valid init under idempotency key key: what
-// admission enters, and what a restart rebuilds from the state log.
+// admission writes, and what a restart rebuilds from the state log.
 func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*record, *g1Wire) {
 	w := &g1Wire{req: req, policy: s.g1Policy}
 	rec := s.newRecord(req.GetRolloutId(), key, w)

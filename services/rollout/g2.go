@@ -72,7 +72,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 }
 
 // g2Record is the record of a valid POST /rollout request for rollout id:
-// what admission enters, and what a restart rebuilds from the state log.
+// what admission writes, and what a restart rebuilds from the state log.
 func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *record {
 	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
 	var w wire = g2

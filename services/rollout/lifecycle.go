@@ -86,9 +86,9 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	// not answering, and the final callbacks still follow the first.
 	sent := make(chan bool, 1)
 	ranTried := make(chan struct{})
-	offer := &finalOffer{}
+	pending := &pendingFinal{}
 	go func() {
-		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, offer, log)
+		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, pending, log)
 		close(ranTried)
 		sent <- ok
 	}()
@@ -112,14 +112,14 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		// when it can. A trainer slow to answer holds it up for at most
 		// finalOweWait, so a graded result is soon in the shared state.
 		ds := rec.wire.finished(rec, run, final)
-		offer.put(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
+		pending.set(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
 		timer := time.NewTimer(finalOweWait)
 		select {
 		case <-ranTried:
 		case <-timer.C:
 		}
 		timer.Stop()
-		if !offer.withdraw() {
+		if !pending.stop() {
 			var (
 				err       error
 				viaOutbox bool
@@ -418,8 +418,8 @@ func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
 
 // appendJSON encodes lc into b. Not inline, the request and the
-// callbacks' payloads are left out (a private state's are held in
-// process: heldParts).
+// callbacks' payloads are left out (a private state's are kept in
+// process: localBodies).
 func (lc *lifecycle) appendJSON(b []byte, inline bool) ([]byte, error) {
 	if !inline {
 		cp := *lc

@@ -82,7 +82,7 @@ func finalStageOwedWithALostAnswer(t *testing.T, gr Grader, completionWait time.
 	// no payload: the grader callback went out whole all the same
 	// (tally.await checks its body), and its payload is let go of.
 	awaitFinished(t, s, "lost-answer", 1)
-	if held := s.sh.held.len(); held != 0 {
+	if held := s.sh.bodies.len(); held != 0 {
 		t.Errorf("payloads of %d finished rollouts still held", held)
 	}
 }

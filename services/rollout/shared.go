@@ -26,7 +26,7 @@ import (
 //	                        phase it reached, who runs it, the callbacks
 //	                        each stage owes and which are done (a private
 //	                        state holds the request and the callbacks'
-//	                        bodies in process instead: heldParts). Created
+//	                        bodies in process instead: localBodies). Created
 //	                        if absent at admission: one id, one run,
 //	                        whichever replica is asked. A finished one is
 //	                        kept for the record TTL (a per-key TTL), so a
@@ -244,7 +244,7 @@ type shared struct {
 	known known
 	// held keeps the requests and the callbacks' payloads out of a
 	// private state (nil otherwise: they are stored in the lifecycles).
-	held *heldParts
+	bodies *localBodies
 	// local is a private state's queue, in place of the JetStream one
 	// (nil otherwise).
 	local *privateQueue
@@ -360,7 +360,7 @@ const maxAckPending = 1 << 20
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
 	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
 	if st.Private() {
-		sh.held = &heldParts{}
+		sh.bodies = &localBodies{}
 		sh.local = newPrivateQueue()
 	}
 	// Each bucket, stream and consumer is looked up first and created (or
@@ -496,7 +496,7 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 		// What is held for id stays: it may be an admission's, kept before
 		// the create that is about to store its lifecycle (a status asked
 		// for the id in between reads nothing). Whoever deletes a
-		// lifecycle lets go of its parts (remove); a finished one's went
+		// lifecycle lets go of its bodies (remove); a finished one's went
 		// with its last write.
 		return nil, 0, errGone
 	}
@@ -507,7 +507,7 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 	if err := json.Unmarshal(e.Value(), lc); err != nil {
 		return nil, 0, fmt.Errorf("rollout %q: lifecycle: %w", id, err)
 	}
-	sh.held.fill(lc)
+	sh.bodies.fill(lc)
 	if lc.Phase != phaseFinished {
 		sh.known.put(id, lc.clone(), e.Revision())
 	}
@@ -534,12 +534,12 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
 	for {
 		// Held before the write: a reader of what it stores finds them.
-		// Unless the id holds parts already, another admission's (a
+		// Unless the id holds bodies already, another admission's (a
 		// duplicate racing this one, whose create may yet fail): then
 		// this lifecycle is stored whole, its request in it, and relies on
-		// nothing held. Its next write keeps its own parts.
-		kept := sh.held.keepNew(lc)
-		b, err := lc.appendJSON(sh.buffer(), sh.held == nil || !kept)
+		// nothing held. Its next write keeps its own bodies.
+		kept := sh.bodies.keepNew(lc)
+		b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil || !kept)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -563,9 +563,9 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 			// The id is another admission's (a duplicate that won the
 			// race, or a finished rollout's): what this one kept is let
 			// go, if it is still what is held. The other's lifecycle
-			// relies on none of it: one that found these parts held was
+			// relies on none of it: one that found these bodies held was
 			// stored whole, and its next write keeps its own.
-			sh.held.forget(lc)
+			sh.bodies.forget(lc)
 		}
 		return existing, rev, err
 	}
@@ -620,8 +620,8 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	// Held before the write: a reader of what it stores finds them.
-	sh.held.keep(lc)
-	b, err := lc.appendJSON(sh.buffer(), sh.held == nil)
+	sh.bodies.keep(lc)
+	b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil)
 	if err != nil {
 		return err
 	}
@@ -647,7 +647,7 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 		jetstream.WithMsgTTL(max(sh.keep, time.Second)))
 	sh.wrote(len(b))
 	if err == nil {
-		sh.held.forget(lc)
+		sh.bodies.forget(lc)
 	}
 	return err
 }
@@ -665,7 +665,7 @@ func isWrongSequence(err error) bool {
 // remove deletes id's lifecycle (an init that failed before it was
 // queued), so a retry starts afresh.
 func (sh *shared) remove(ctx context.Context, id string) error {
-	sh.held.drop(id)
+	sh.bodies.drop(id)
 	return sh.rollouts.Purge(ctx, natsstore.Key(id))
 }
 

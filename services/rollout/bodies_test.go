@@ -12,7 +12,7 @@ import (
 )
 
 // TestHeldParts: what a lifecycle read back without its request and
-// payloads gets back from heldParts: its request until its final stage is
+// payloads gets back from localBodies: its request until its final stage is
 // owed, the payloads of its callbacks not done, by stage and index;
 // nothing once it is finished, and nothing for another rollout. A create
 // keeps nothing over what another admission of the id holds.
@@ -33,7 +33,7 @@ func TestHeldParts(t *testing.T) {
 	}
 	payload := func(st *owedStage, i int) string { return string(st.Callbacks[i].Payload) }
 
-	var h heldParts
+	var h localBodies
 	request := []byte("sealed request")
 	created := &lifecycle{ID: "r", Phase: phaseQueued, Request: request}
 	if !h.keepNew(created) {
@@ -93,13 +93,13 @@ func TestHeldParts(t *testing.T) {
 		t.Errorf("%d rollouts' payloads held once the lifecycle read is finished", h.len())
 	}
 
-	var none *heldParts // a state that stores its payloads
+	var none *localBodies // a state that stores its payloads
 	none.keep(lc)
 	none.fill(back)
 	none.forget(lc)
 	none.drop("r")
 	if none.len() != 0 {
-		t.Error("a nil heldParts holds something")
+		t.Error("a nil localBodies holds something")
 	}
 }
 
@@ -111,7 +111,7 @@ func TestHeldParts(t *testing.T) {
 func TestHeldPartsOfAnotherAdmission(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 12, 0, 0, 1, time.UTC)
 	t1 := t0.Add(time.Hour)
-	var h heldParts
+	var h localBodies
 
 	// The earlier admission left a payload held (a failed create, an init
 	// cleared as stale).
@@ -174,7 +174,7 @@ func TestHeldPartsOfAnotherAdmission(t *testing.T) {
 // back all the same, the request being held in process.
 func TestPrivateStateHoldsTheRequest(t *testing.T) {
 	s := newCalculatorService(t)
-	if !s.sh.store.Private() || s.sh.held == nil {
+	if !s.sh.store.Private() || s.sh.bodies == nil {
 		t.Fatal("the default state is not private, or holds nothing in process")
 	}
 	ctx := t.Context()
@@ -308,7 +308,7 @@ func TestDuplicateOfAFinishedRolloutHoldsNothing(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.sh.held.len(); n != 0 {
+	if n := s.sh.bodies.len(); n != 0 {
 		t.Fatalf("%d rollouts' parts held once the lifecycle finished", n)
 	}
 	for i := range 3 {
@@ -320,7 +320,7 @@ func TestDuplicateOfAFinishedRolloutHoldsNothing(t *testing.T) {
 		if existing == nil || existing.Phase != phaseFinished {
 			t.Fatalf("duplicate %d: found %+v, want the finished lifecycle", i, existing)
 		}
-		if n := s.sh.held.len(); n != 0 {
+		if n := s.sh.bodies.len(); n != 0 {
 			t.Errorf("duplicate %d: %d rollouts' parts held after it found the id finished", i, n)
 		}
 	}
