@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/param"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -174,23 +177,14 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 		params.Model = Model
 	}
 	start := time.Now()
-	resp, err := s.chat.New(ctx, *params)
+	resp, err := s.send(ctx, params)
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
 	}
 	if len(resp.Choices) == 0 {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion %q: %w", s.id, resp.ID, errNoChoices)
 	}
-	latency := time.Since(start)
-	choice := &resp.Choices[0]
-	s.AddItems(replyParam(choice.Message))
-	s.log.DebugContext(ctx, "osmoopenai: chat completion",
-		"model", params.Model, "messages", len(items), "finish_reason", choice.FinishReason,
-		"tool_calls", len(choice.Message.ToolCalls), "latency", latency)
-	s.rollout.LogEvent("osmoopenai_completion", map[string]any{
-		"sample_id": s.id, "messages": len(items), "finish_reason": choice.FinishReason,
-		"tool_calls": len(choice.Message.ToolCalls), "latency_ms": float64(latency) / float64(time.Millisecond),
-	})
+	s.replied(ctx, resp, params.Model, len(items), time.Since(start))
 	return resp, nil
 }
 
@@ -222,4 +216,61 @@ func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessagePara
 		a.Content.OfString = openai.String("")
 	}
 	return p
+}
+
+// send posts params with openai-go's client. The encoding and decoding,
+// which need more stack than the rest of a rollout's goroutine, run on a
+// goroutine of their own (offStack): the rollout then waits for the policy
+// on a 16 KiB stack, not 32: 0.86x the RSS with 10,000 rollouts held
+// (osmo bench rollouts --baseline <build without it> --cluster=false
+// --in-flight 10000).
+func (s *Session) send(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
+	var body []byte
+	var err error
+	offStack(func() { body, err = json.Marshal(params) })
+	if err != nil {
+		return nil, err
+	}
+	var raw []byte
+	var res *http.Response
+	if _, err := s.chat.New(ctx, param.Override[openai.ChatCompletionNewParams](json.RawMessage(body)),
+		option.WithResponseBodyInto(&raw), option.WithResponseInto(&res)); err != nil {
+		return nil, err
+	}
+	// Into bytes, openai-go takes any reply: one that is not JSON fails
+	// here as it would have there.
+	if ct := res.Header.Get("Content-Type"); !strings.Contains(ct, "json") {
+		return nil, fmt.Errorf("reply is %q, not JSON", ct)
+	}
+	resp := new(openai.ChatCompletion)
+	offStack(func() { err = resp.UnmarshalJSON(raw) })
+	if err != nil {
+		return nil, fmt.Errorf("error parsing response json: %w", err)
+	}
+	return resp, nil
+}
+
+// offStack runs f on a goroutine of its own and waits for it.
+func offStack(f func()) {
+	done := make(chan any)
+	go func() {
+		defer func() { done <- recover() }()
+		f()
+	}()
+	if p := <-done; p != nil {
+		panic(p)
+	}
+}
+
+// replied appends the reply of a call that sent n items, and logs it.
+func (s *Session) replied(ctx context.Context, resp *openai.ChatCompletion, model string, n int, latency time.Duration) {
+	choice := &resp.Choices[0]
+	s.AddItems(replyParam(choice.Message))
+	s.log.DebugContext(ctx, "osmoopenai: chat completion",
+		"model", model, "messages", n, "finish_reason", choice.FinishReason,
+		"tool_calls", len(choice.Message.ToolCalls), "latency", latency)
+	s.rollout.LogEvent("osmoopenai_completion", map[string]any{
+		"sample_id": s.id, "messages": n, "finish_reason": choice.FinishReason,
+		"tool_calls": len(choice.Message.ToolCalls), "latency_ms": float64(latency) / float64(time.Millisecond),
+	})
 }
