@@ -46,7 +46,7 @@ type RolloutAgentLoop interface {
 }
 
 // RolloutContext is passed to RolloutAgentLoop.Run. AgentLoopWorkflow
-// builds it; a test of a loop builds one with host.NewRolloutContext.
+// builds it; a test of a loop builds one with osmotest.NewRolloutContext.
 type RolloutContext struct {
 	// Request is the trainer's request.
 	Request *RolloutRequest
@@ -59,7 +59,7 @@ type RolloutContext struct {
 	sampleID string
 }
 
-// newRolloutContext is host.NewRolloutContext.
+// newRolloutContext is Hosting().NewRolloutContext.
 func newRolloutContext(r *Rollout, sampleID string, req *RolloutRequest, tools []Tool) *RolloutContext {
 	return &RolloutContext{Request: req, Tools: tools, rollout: r, sampleID: sampleID}
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // paramsRuntime plays the policy of every sample in process, recording the
@@ -44,7 +44,7 @@ func TestChatParams(t *testing.T) {
 		"temperature": 0.5, "max_tokens": 64, "stream": true, "stream_options": map[string]any{"include_usage": true},
 	}}
 	tools := []osmo.Tool{{"type": "function", "function": map[string]any{"name": "add"}}}
-	c := host.NewRolloutContext(host.NewRollout("r", rt), "agent", req, tools)
+	c := osmotest.NewRolloutContext(osmotest.NewRollout("r", rt), "agent", req, tools)
 	if _, err := c.Chat(context.Background(), []osmo.Message{{"role": "user", "content": "hi"}}, map[string]any{"temperature": 0.1, "stream": true}); err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@
 // sent it, so osmo answers what both expect.
 //
 // Build your own server binary by passing your loops and graders to
-// github.com/osmo-rl/osmo/cli.Main; see examples/. What runs workflows (the
-// rollout service, the evaluator, a workflow's tests) uses package
-// github.com/osmo-rl/osmo/host, which authors do not need.
+// github.com/osmo-rl/osmo/cli.Main; see examples/. A workflow's, agent
+// loop's or grader's tests run it as the rollout service does with package
+// github.com/osmo-rl/osmo/osmotest.
 package osmo

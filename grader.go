@@ -112,9 +112,9 @@ type LLMCall struct {
 	API string `json:"api"`
 }
 
-// GraderContext is what a Grader works on. The grader service builds it
-// (host.NewGraderContext); a test of a grader may also write one as a
-// literal, filling the exported fields.
+// GraderContext is what a Grader works on. The grader service builds it; a
+// test of a grader builds one with osmotest.NewGraderContext, or writes it
+// as a literal, filling the exported fields.
 type GraderContext struct {
 	RolloutID string
 	// Samples by sample id.

@@ -14,10 +14,11 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
-// policyRuntime is a host.Runtime whose endpoints reach an httptest
+// policyRuntime is a osmo.Runtime whose endpoints reach an httptest
 // policy; it counts the tool calls recorded.
 type policyRuntime struct {
 	url   string
@@ -114,16 +115,16 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if wf.Name() != "calc" || host.LoopSampleID(wf) != "calc" {
-			t.Fatalf("name %q, sample id %q", wf.Name(), host.LoopSampleID(wf))
+		if wf.Name() != "calc" || osmo.Hosting().LoopSampleID(wf) != "calc" {
+			t.Fatalf("name %q, sample id %q", wf.Name(), osmo.Hosting().LoopSampleID(wf))
 		}
 		rt := &policyRuntime{url: policy.URL}
-		r := host.NewRollout("r1", rt)
+		r := osmotest.NewRollout("r1", rt)
 		req := &osmo.RolloutRequest{RolloutID: "r1", Messages: prompt, CompletionParams: map[string]any{"temperature": 0.5}}
 		if err := host.Run(t.Context(), wf, r, &host.Input{RolloutID: "r1", Prompt: prompt, Request: req, Tools: tools}); err != nil {
 			t.Fatal(err)
 		}
-		srcs := host.Sources(r)
+		srcs := osmotest.Sources(r)
 		if len(srcs) != 1 || srcs[0].ID != "calc" {
 			t.Fatalf("sources %v, want one named calc", srcs)
 		}
@@ -159,7 +160,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("completion_params may turn logprobs off", func(t *testing.T) {
 		policy, sent := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc"})
-		r := host.NewRollout("r2", &policyRuntime{url: policy.URL})
+		r := osmotest.NewRollout("r2", &policyRuntime{url: policy.URL})
 		req := &osmo.RolloutRequest{Messages: prompt, CompletionParams: map[string]any{"logprobs": false}}
 		if err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: req}); err != nil {
 			t.Fatal(err)
@@ -172,14 +173,14 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("without a G1 request the loop gets one made of the input", func(t *testing.T) {
 		policy, sent := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", tools: tools})
-		r := host.NewRollout("r3", &policyRuntime{url: policy.URL})
+		r := osmotest.NewRollout("r3", &policyRuntime{url: policy.URL})
 		if err := host.Run(t.Context(), wf, r, &host.Input{RolloutID: "r3", Prompt: prompt, Metadata: map[string]any{"k": "v"}}); err != nil {
 			t.Fatal(err)
 		}
 		if c := sent()[0]; c["tools"] == nil {
 			t.Errorf("call %v: want the tools GetTools returned", c)
 		}
-		if _, err := host.ToolsFor(wf, &osmo.RolloutRequest{}); err != nil {
+		if _, err := osmo.Hosting().ToolsFor(wf, &osmo.RolloutRequest{}); err != nil {
 			t.Error(err)
 		}
 	})
@@ -194,7 +195,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		t.Run("fails: "+tc.mode, func(t *testing.T) {
 			policy, _ := startPolicy(t)
 			wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", mode: tc.mode})
-			r := host.NewRollout("r4", &policyRuntime{url: policy.URL})
+			r := osmotest.NewRollout("r4", &policyRuntime{url: policy.URL})
 			in := &host.Input{Prompt: prompt}
 			if tc.mode != "tools-fail" {
 				in.Request = &osmo.RolloutRequest{Messages: prompt}
@@ -207,7 +208,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 				return
 			}
 			// The sample is there, for what the proxy recorded.
-			srcs := host.Sources(r)
+			srcs := osmotest.Sources(r)
 			if len(srcs) != 1 {
 				t.Fatalf("sources %v, want the loop's one", srcs)
 			}
@@ -223,19 +224,19 @@ func TestAgentLoopWorkflow(t *testing.T) {
 	t.Run("no messages of its own: the recorded conversation stands", func(t *testing.T) {
 		policy, _ := startPolicy(t)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc", mode: "recorded"})
-		r := host.NewRollout("r5", &policyRuntime{url: policy.URL})
+		r := osmotest.NewRollout("r5", &policyRuntime{url: policy.URL})
 		if err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}}); err != nil {
 			t.Fatal(err)
 		}
-		if msgs, _ := host.Sources(r)[0].Source.SampleMessages(); msgs != nil {
+		if msgs, _ := osmotest.Sources(r)[0].Source.SampleMessages(); msgs != nil {
 			t.Errorf("messages %v, want nil (the proxy's record)", msgs)
 		}
 	})
 
 	t.Run("a name that is no sample id", func(t *testing.T) {
 		wf, err := osmo.AgentLoopWorkflow(scriptedLoop{name: "my loop"})
-		if err != nil || host.LoopSampleID(wf) != "agent" {
-			t.Fatalf("%v, sample id %q; want the fallback agent", err, host.LoopSampleID(wf))
+		if err != nil || osmo.Hosting().LoopSampleID(wf) != "agent" {
+			t.Fatalf("%v, sample id %q; want the fallback agent", err, osmo.Hosting().LoopSampleID(wf))
 		}
 		if _, err := osmo.AgentLoopWorkflow(nil); err == nil {
 			t.Error("a nil loop was accepted")
@@ -252,7 +253,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		}))
 		t.Cleanup(srv.Close)
 		wf, _ := osmo.AgentLoopWorkflow(scriptedLoop{name: "calc"})
-		r := host.NewRollout("r6", &policyRuntime{url: srv.URL})
+		r := osmotest.NewRollout("r6", &policyRuntime{url: srv.URL})
 		err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}})
 		if err == nil || !strings.Contains(err.Error(), "HTTP 400: maximum context length exceeded") {
 			t.Fatalf("err = %v", err)

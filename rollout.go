@@ -13,8 +13,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/osmo-rl/osmo/internal/hostlink"
 )
 
 // Errors of the rollout binding. The rollout service maps them to the G2
@@ -86,27 +84,20 @@ func (f SampleSourceFunc) SampleMessages() ([]Message, error) { return f() }
 // Osmosis RolloutContext. Integrations find it in the ctx passed to Run
 // (RolloutFromContext), bind their LLM clients through Endpoint and register
 // their conversations with Register. Its host (the rollout service, or a
-// test) builds it with package host.
+// test, with package osmotest) builds it.
 type Rollout struct {
 	// ID is the trainer's rollout id.
 	ID string
 
-	rt      rolloutRuntime // nil: no host behind it (a test's rollout)
+	rt      Runtime // nil: no host behind it (a test's rollout)
 	mu      sync.Mutex
 	sources []namedSource
 }
-
-// rolloutRuntime is host.Runtime: what the rollout's host provides.
-type rolloutRuntime = hostlink.Runtime[Endpoint]
 
 // namedSource is a registered sample source and its sample id.
 type namedSource struct {
 	id  string
 	src SampleSource
-}
-
-func newRollout(id string, rt rolloutRuntime) *Rollout {
-	return &Rollout{ID: id, rt: rt}
 }
 
 // ValidSampleID reports why id cannot be a sample id, or nil.
@@ -202,14 +193,17 @@ func (r *Rollout) LogEvent(name string, data map[string]any) {
 	}
 }
 
+// rolloutKey is the context key of the active *Rollout.
+type rolloutKey struct{}
+
 // contextWithRollout returns ctx carrying r: the ctx a workflow runs with.
 func contextWithRollout(ctx context.Context, r *Rollout) context.Context {
-	return context.WithValue(ctx, hostlink.RolloutKey{}, r)
+	return context.WithValue(ctx, rolloutKey{}, r)
 }
 
 // RolloutFromContext returns the active rollout, or ErrNoRollout.
 func RolloutFromContext(ctx context.Context) (*Rollout, error) {
-	if r, ok := ctx.Value(hostlink.RolloutKey{}).(*Rollout); ok && r != nil {
+	if r, ok := ctx.Value(rolloutKey{}).(*Rollout); ok && r != nil {
 		return r, nil
 	}
 	return nil, ErrNoRollout

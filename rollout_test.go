@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 func TestValidSampleID(t *testing.T) {
@@ -89,7 +89,7 @@ func TestRegister(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := host.NewRollout("roll-7", nil)
+			r := osmotest.NewRollout("roll-7", nil)
 			if err := r.Register("taken", src); err != nil {
 				t.Fatalf("Register(taken): %v", err)
 			}
@@ -98,7 +98,7 @@ func TestRegister(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Register(%q): %v", tt.id, err)
 				}
-				if got := host.Sources(r); len(got) != 2 || got[1].ID != tt.id || got[1].Source == nil {
+				if got := osmotest.Sources(r); len(got) != 2 || got[1].ID != tt.id || got[1].Source == nil {
 					t.Errorf("Sources = %v, want taken then %q", got, tt.id)
 				}
 				return
@@ -117,7 +117,7 @@ func TestRegister(t *testing.T) {
 			if tt.wantIs == nil && errors.Is(err, osmo.ErrDuplicateSample) {
 				t.Errorf("error %v claims a duplicate", err)
 			}
-			if got := host.Sources(r); len(got) != 1 || got[0].ID != "taken" {
+			if got := osmotest.Sources(r); len(got) != 1 || got[0].ID != "taken" {
 				t.Errorf("a refused Register changed the sources: %v", got)
 			}
 		})
@@ -125,7 +125,7 @@ func TestRegister(t *testing.T) {
 }
 
 func TestSourcesOrderAndCopy(t *testing.T) {
-	r := host.NewRollout("r", nil)
+	r := osmotest.NewRollout("r", nil)
 	ids := []string{"zeta", "alpha", "mid", "beta"}
 	for i, id := range ids {
 		msgs := []osmo.Message{{"role": "assistant", "content": fmt.Sprint(i)}}
@@ -133,7 +133,7 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 			t.Fatalf("Register(%q): %v", id, err)
 		}
 	}
-	got := host.Sources(r)
+	got := osmotest.Sources(r)
 	if len(got) != len(ids) {
 		t.Fatalf("%d sources, want %d", len(got), len(ids))
 	}
@@ -146,8 +146,8 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 			t.Errorf("source %q messages %v, %v; want its own", s.ID, m, err)
 		}
 	}
-	got[0] = host.Source{ID: "overwritten"}
-	if again := host.Sources(r); again[0].ID != "zeta" {
+	got[0] = osmotest.Source{ID: "overwritten"}
+	if again := osmotest.Sources(r); again[0].ID != "zeta" {
 		t.Errorf("changing the returned slice changed the rollout: %q", again[0].ID)
 	}
 }
@@ -157,7 +157,7 @@ func TestRegisterConcurrent(t *testing.T) {
 		writers = 16
 		each    = 25
 	)
-	r := host.NewRollout("r", nil)
+	r := osmotest.NewRollout("r", nil)
 	var wg sync.WaitGroup
 	errs := make(chan error, writers*each)
 	for w := range writers {
@@ -166,7 +166,7 @@ func TestRegisterConcurrent(t *testing.T) {
 				if err := r.Register(fmt.Sprintf("w%d-%d", w, i), emptySource()); err != nil {
 					errs <- err
 				}
-				_ = host.Sources(r)
+				_ = osmotest.Sources(r)
 			}
 		})
 	}
@@ -193,7 +193,7 @@ func TestRegisterConcurrent(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d goroutines registered \"shared\", want 1", n)
 	}
-	got := host.Sources(r)
+	got := osmotest.Sources(r)
 	if len(got) != writers*each+1 {
 		t.Fatalf("%d sources, want %d", len(got), writers*each+1)
 	}
@@ -276,7 +276,7 @@ func (f *fakeRuntime) RecordToolCall(sampleID string, latency time.Duration) {
 func TestRuntimeDelegation(t *testing.T) {
 	var buf bytes.Buffer
 	rt := &fakeRuntime{log: slog.New(slog.NewTextHandler(&buf, nil)).With("rollout_id", "roll"), client: &http.Client{}}
-	r := host.NewRollout("roll", rt)
+	r := osmotest.NewRollout("roll", rt)
 
 	if got := r.Logger(); got != rt.log {
 		t.Errorf("Logger() = %p, want the runtime's %p", got, rt.log)
@@ -315,7 +315,7 @@ func TestRolloutWithoutRuntime(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
 
-	for _, r := range []*osmo.Rollout{host.NewRollout("lonely", nil), {ID: "lonely"}} {
+	for _, r := range []*osmo.Rollout{osmotest.NewRollout("lonely", nil), {ID: "lonely"}} {
 		buf.Reset()
 		log := r.Logger()
 		if log == nil {
@@ -336,16 +336,16 @@ func TestRolloutWithoutRuntime(t *testing.T) {
 }
 
 func TestRolloutFromContext(t *testing.T) {
-	r := host.NewRollout("r", nil)
+	r := osmotest.NewRollout("r", nil)
 	tests := []struct {
 		name string
 		ctx  context.Context
 		want *osmo.Rollout
 	}{
 		{"background", context.Background(), nil},
-		{"installed", host.ContextWithRollout(context.Background(), r), r},
-		{"nil rollout installed", host.ContextWithRollout(context.Background(), nil), nil},
-		{"inner wins", host.ContextWithRollout(host.ContextWithRollout(context.Background(), host.NewRollout("outer", nil)), r), r},
+		{"installed", osmotest.ContextWithRollout(context.Background(), r), r},
+		{"nil rollout installed", osmotest.ContextWithRollout(context.Background(), nil), nil},
+		{"inner wins", osmotest.ContextWithRollout(osmotest.ContextWithRollout(context.Background(), osmotest.NewRollout("outer", nil)), r), r},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 func TestGetToolCallInfo(t *testing.T) {
@@ -119,7 +119,7 @@ func TestExecuteToolCallsIsConcurrentAndOrdered(t *testing.T) {
 }
 
 func TestGraderContext(t *testing.T) {
-	gc := host.NewGraderContext("r1", []*osmo.Sample{{ID: "a"}, {ID: "b"}}, nil, nil)
+	gc := osmotest.NewGraderContext("r1", []*osmo.Sample{{ID: "a"}, {ID: "b"}}, nil, nil)
 	if err := gc.SetSampleReward("a", math.NaN()); !errors.Is(err, osmo.ErrNonFiniteReward) {
 		t.Fatalf("NaN: %v", err)
 	}
@@ -171,7 +171,7 @@ func TestRewardGrader(t *testing.T) {
 		return 0, nil
 	})
 	label := "42"
-	gc := host.NewGraderContext("r", []*osmo.Sample{
+	gc := osmotest.NewGraderContext("r", []*osmo.Sample{
 		{ID: "right", Messages: []osmo.Message{{"role": "assistant", "content": "42"}}},
 		{ID: "wrong", Messages: []osmo.Message{{"role": "assistant", "content": "41"}}},
 	}, &label, nil)
@@ -184,7 +184,7 @@ func TestRewardGrader(t *testing.T) {
 	if r, _ := gc.Reward("wrong"); r != 0 {
 		t.Fatalf("wrong = %v", r)
 	}
-	if err := g.Grade(context.Background(), host.NewGraderContext("r", []*osmo.Sample{{ID: "x"}}, nil, nil)); err == nil {
+	if err := g.Grade(context.Background(), osmotest.NewGraderContext("r", []*osmo.Sample{{ID: "x"}}, nil, nil)); err == nil {
 		t.Fatal("grading without a label must fail")
 	}
 }

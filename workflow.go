@@ -9,8 +9,6 @@ import (
 	"io"
 	"reflect"
 	"runtime/debug"
-
-	"github.com/osmo-rl/osmo/internal/hostlink"
 )
 
 // Concurrency bounds how many executions of a workflow run at once.
@@ -82,10 +80,17 @@ type LabelReader interface {
 	ReadsLabel() bool
 }
 
-// workflowInput is one rollout's input (host.Input): its prompt, metadata
-// and label, and for a remote rollout (G1) the trainer's request and the
-// tools offered for it.
-type workflowInput = hostlink.Input[RolloutRequest]
+// workflowInput is one rollout's input: its prompt, metadata and label, and
+// for a remote rollout (G1) the trainer's request and the tools offered for
+// it.
+type workflowInput struct {
+	RolloutID string
+	Prompt    []Message
+	Metadata  map[string]any
+	Label     *string
+	Request   *RolloutRequest
+	Tools     []Tool
+}
 
 // ToolProvider is implemented by workflows (or their configs) that declare
 // the function tools they offer, so `osmo validate` can check the schemas.
@@ -101,7 +106,8 @@ type ConfigValidator interface {
 
 // Workflow is an AgentWorkflow bound to its config, type-erased so the
 // rollout service, registries and `osmo validate` can hold any of them.
-// Build one with NewWorkflow; package host runs it.
+// Build one with NewWorkflow; the rollout service (or a test, with package
+// osmotest) runs it.
 type Workflow struct {
 	name        string
 	description string
@@ -228,7 +234,7 @@ func (w *Workflow) MaxConcurrent() int { return w.concurrency }
 // Tools are the tools the workflow declares (ToolProvider), for validation.
 func (w *Workflow) Tools() []Tool { return w.tools }
 
-// toolsFor is host.ToolsFor: an agent loop's GetTools (a panic becomes an
+// toolsFor is Hosting().ToolsFor: an agent loop's GetTools (a panic becomes an
 // error), or the tools the workflow declares.
 func (w *Workflow) toolsFor(req *RolloutRequest) (tools []Tool, err error) {
 	if w.loop == nil {
@@ -245,9 +251,6 @@ func (w *Workflow) toolsFor(req *RolloutRequest) (tools []Tool, err error) {
 	}
 	return tools, nil
 }
-
-// loopSampleID is host.LoopSampleID.
-func (w *Workflow) loopSampleID() string { return w.loopSample }
 
 // Config is the bound config (a *T), or nil.
 func (w *Workflow) Config() any { return w.config }
@@ -303,7 +306,7 @@ func (w *Workflow) Validate() error {
 	return nil
 }
 
-// execute is host.Run: it runs the workflow for one rollout with r
+// execute is Hosting().Run: it runs the workflow for one rollout with r
 // installed in ctx. A panic becomes an error; so does returning without
 // registering any sample source (ErrNoSamples): an empty success would
 // train on nothing.

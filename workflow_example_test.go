@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // EchoConfig is a workflow config: the shared part (name, description,
@@ -37,7 +37,7 @@ func (echoWorkflow) Run(_ context.Context, wc *osmo.WorkflowContext[EchoConfig])
 	return nil
 }
 
-// quietRuntime is the smallest host.Runtime: enough to run a workflow in a
+// quietRuntime is the smallest osmo.Runtime: enough to run a workflow in a
 // test without a rollout service.
 type quietRuntime struct{}
 
@@ -57,8 +57,8 @@ func ExampleNewWorkflow() {
 		fmt.Println(err)
 		return
 	}
-	r := host.NewRollout("rollout-1", quietRuntime{})
-	err = host.Run(context.Background(), wf, r, &host.Input{
+	r := osmotest.NewRollout("rollout-1", quietRuntime{})
+	err = osmotest.Run(context.Background(), wf, r, &osmotest.Input{
 		RolloutID: r.ID,
 		Prompt:    []osmo.Message{{"role": "user", "content": "hello"}},
 	})
@@ -67,7 +67,7 @@ func ExampleNewWorkflow() {
 		return
 	}
 	fmt.Println("workflow:", wf.Name(), "max concurrent:", wf.MaxConcurrent())
-	for _, s := range host.Sources(r) {
+	for _, s := range osmotest.Sources(r) {
 		msgs, _ := s.Source.SampleMessages()
 		fmt.Println(s.ID, msgs[len(msgs)-1]["content"])
 	}

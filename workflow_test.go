@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // tunedConfig is a workflow config embedding the shared part, with the kinds
@@ -460,7 +460,7 @@ func TestWithConfigJSON(t *testing.T) {
 			if err != nil {
 				t.Fatalf("WithConfigJSON: %v", err)
 			}
-			if err := host.Run(t.Context(), rebound, host.NewRollout("r", nil), &host.Input{}); err != nil {
+			if err := osmotest.Run(t.Context(), rebound, osmotest.NewRollout("r", nil), &osmotest.Input{}); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
 			if ran == nil || ran == origCfg || !reflect.DeepEqual(*ran, tt.want) {
@@ -546,7 +546,7 @@ func TestConfigIsNilWithoutConfig(t *testing.T) {
 
 func TestWorkflowRun(t *testing.T) {
 	errAgent := errors.New("agent gave up")
-	input := &host.Input{
+	input := &osmotest.Input{
 		RolloutID: "roll-1",
 		Prompt:    []osmo.Message{{"role": "user", "content": "2*3?"}},
 		Metadata:  map[string]any{"split": "train"},
@@ -564,8 +564,8 @@ func TestWorkflowRun(t *testing.T) {
 			fromCtx, ctxErr = osmo.RolloutFromContext(ctx)
 			return wc.Rollout.Register("agent", emptySource())
 		}), cfg)
-		r := host.NewRollout("roll-1", nil)
-		if err := host.Run(t.Context(), wf, r, input); err != nil {
+		r := osmotest.NewRollout("roll-1", nil)
+		if err := osmotest.Run(t.Context(), wf, r, input); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 		if ctxErr != nil || fromCtx != r {
@@ -595,7 +595,7 @@ func TestWorkflowRun(t *testing.T) {
 			}
 			return wc.Rollout.Register("agent", emptySource())
 		}), cfg)
-		if err := host.Run(ctx, wf, host.NewRollout("r", nil), input); err != nil {
+		if err := osmotest.Run(ctx, wf, osmotest.NewRollout("r", nil), input); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 	})
@@ -701,9 +701,9 @@ func TestWorkflowRun(t *testing.T) {
 				// Without a config the name comes from the Name method.
 				wf = osmo.MustWorkflow[tunedConfig](namedWorkflow[tunedConfig]{name: "runner", run: tt.run}, nil)
 			}
-			r := host.NewRollout("roll-1", nil)
-			tt.check(t, host.Run(t.Context(), wf, r, input))
-			if n := len(host.Sources(r)); n != tt.nSrcs {
+			r := osmotest.NewRollout("roll-1", nil)
+			tt.check(t, osmotest.Run(t.Context(), wf, r, input))
+			if n := len(osmotest.Sources(r)); n != tt.nSrcs {
 				t.Errorf("%d sources registered, want %d", n, tt.nSrcs)
 			}
 		})
@@ -731,8 +731,8 @@ func TestLabelReachesOnlyLabelReaders(t *testing.T) {
 	for _, read := range []bool{true, false} {
 		var got *string
 		wf := osmo.MustWorkflow[struct{}](labelSeer{read: read, got: &got}, nil)
-		r := host.NewRollout("r", nil)
-		if err := host.Run(context.Background(), wf, r, &host.Input{RolloutID: "r", Label: &label}); err != nil {
+		r := osmotest.NewRollout("r", nil)
+		if err := osmotest.Run(context.Background(), wf, r, &osmotest.Input{RolloutID: "r", Label: &label}); err != nil {
 			t.Fatal(err)
 		}
 		if read && (got == nil || *got != "42") || !read && got != nil {

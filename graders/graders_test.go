@@ -11,7 +11,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/graders"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // gradeOne runs the grader spec names on one sample whose last assistant
@@ -22,7 +22,7 @@ func gradeOne(t *testing.T, spec string, label *string, answer string) (float64,
 	if err != nil {
 		t.Fatalf("Lookup(%q): %v", spec, err)
 	}
-	gc := host.NewGraderContext("r1", []*osmo.Sample{{
+	gc := osmotest.NewGraderContext("r1", []*osmo.Sample{{
 		ID: "s1",
 		Messages: []osmo.Message{
 			{"role": "user", "content": "question"},
@@ -209,7 +209,7 @@ func TestGradersScoreEverySample(t *testing.T) {
 			if name == "regex" {
 				label = "^42$"
 			}
-			gc := host.NewGraderContext("r", []*osmo.Sample{
+			gc := osmotest.NewGraderContext("r", []*osmo.Sample{
 				{ID: "right", Messages: []osmo.Message{{"role": "assistant", "content": "42"}}},
 				{ID: "wrong", Messages: []osmo.Message{{"role": "assistant", "content": "17"}}},
 				{ID: "parts", Messages: []osmo.Message{{"role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "42"}}}}},
@@ -240,7 +240,7 @@ func TestGradersStopOnCancelledContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	label := "x"
-	gc := host.NewGraderContext("r", []*osmo.Sample{{ID: "a"}}, &label, nil)
+	gc := osmotest.NewGraderContext("r", []*osmo.Sample{{ID: "a"}}, &label, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := g.Grade(ctx, gc); !errors.Is(err, context.Canceled) {
@@ -309,7 +309,7 @@ func ExampleLookup() {
 		return
 	}
 	label := "3.14"
-	gc := host.NewGraderContext("rollout-1", []*osmo.Sample{
+	gc := osmotest.NewGraderContext("rollout-1", []*osmo.Sample{
 		{ID: "agent", Messages: []osmo.Message{{"role": "assistant", "content": "Pi is roughly 3.1416."}}},
 	}, &label, nil)
 	if err := g.Grade(context.Background(), gc); err != nil {

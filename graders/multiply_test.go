@@ -9,7 +9,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/graders"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // chat is an OpenAI chat conversation as the multiply workflow's session
@@ -45,7 +45,7 @@ func TestMultiplyGrader(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			gc := host.NewGraderContext("r", []*osmo.Sample{{ID: "multiply-agent", Messages: tc.messages}}, tc.label, nil)
+			gc := osmotest.NewGraderContext("r", []*osmo.Sample{{ID: "multiply-agent", Messages: tc.messages}}, tc.label, nil)
 			if err := (graders.MultiplyGrader{}).Grade(testContext(t), gc); err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +67,7 @@ func TestMultiplyGraderRewardsEverySample(t *testing.T) {
 		t.Fatal(err)
 	}
 	label := "42"
-	gc := host.NewGraderContext("r", []*osmo.Sample{
+	gc := osmotest.NewGraderContext("r", []*osmo.Sample{
 		{ID: "a", Messages: chat("42")},
 		{ID: "b", Messages: chat("41")},
 		{ID: "c", Messages: chat("so 42 it is")},
@@ -91,7 +91,7 @@ func TestMultiplyGraderRewardsEverySample(t *testing.T) {
 
 func TestMultiplyGraderStopsOnCancelledContext(t *testing.T) {
 	label := "42"
-	gc := host.NewGraderContext("r", []*osmo.Sample{{ID: "a", Messages: chat("42")}}, &label, nil)
+	gc := osmotest.NewGraderContext("r", []*osmo.Sample{{ID: "a", Messages: chat("42")}}, &label, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := (graders.MultiplyGrader{}).Grade(ctx, gc); !errors.Is(err, context.Canceled) {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	einoagent "github.com/osmo-rl/osmo/examples/eino-agent"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -118,18 +118,18 @@ func (rt *runtime) Logger() *slog.Logger                 { return slog.New(slog.
 func (rt *runtime) LogEvent(string, map[string]any)      {}
 func (rt *runtime) RecordToolCall(string, time.Duration) {}
 
-func prompt(text string) *host.Input {
-	return &host.Input{Prompt: []osmo.Message{{"role": "user", "content": text}}}
+func prompt(text string) *osmotest.Input {
+	return &osmotest.Input{Prompt: []osmo.Message{{"role": "user", "content": text}}}
 }
 
 // run executes wf for one rollout against s and returns the rollout.
-func run(t *testing.T, wf *osmo.Workflow, s *stack, rolloutID, token string, in *host.Input) (*osmo.Rollout, error) {
+func run(t *testing.T, wf *osmo.Workflow, s *stack, rolloutID, token string, in *osmotest.Input) (*osmo.Rollout, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
 	defer cancel()
-	r := host.NewRollout(rolloutID, &runtime{proxyURL: s.proxyURL, rolloutID: rolloutID, token: token})
+	r := osmotest.NewRollout(rolloutID, &runtime{proxyURL: s.proxyURL, rolloutID: rolloutID, token: token})
 	in.RolloutID = rolloutID
-	return r, host.Run(ctx, wf, r, in)
+	return r, osmotest.Run(ctx, wf, r, in)
 }
 
 func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
@@ -140,7 +140,7 @@ func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
 		t.Fatalf("workflow: %v", err)
 	}
 
-	srcs := host.Sources(r)
+	srcs := osmotest.Sources(r)
 	if len(srcs) != 1 || srcs[0].ID != einoagent.AgentName {
 		t.Fatalf("sources %+v, want exactly one, %q", srcs, einoagent.AgentName)
 	}
@@ -256,7 +256,7 @@ func TestWorkflowServesConcurrentRollouts(t *testing.T) {
 			t.Errorf("%s: %v", id, errs[i])
 			continue
 		}
-		srcs := host.Sources(rollouts[i])
+		srcs := osmotest.Sources(rollouts[i])
 		if len(srcs) != 1 {
 			t.Errorf("%s: %d sources, want 1", id, len(srcs))
 			continue
@@ -283,7 +283,7 @@ func TestWorkflowServesConcurrentRollouts(t *testing.T) {
 func TestWorkflowFails(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		in    *host.Input
+		in    *osmotest.Input
 		token string // overrides the rollout's token when set
 		// check asserts the error.
 		check func(t *testing.T, err error)
@@ -291,7 +291,7 @@ func TestWorkflowFails(t *testing.T) {
 		calls int
 	}{
 		{
-			name: "bad prompt", in: &host.Input{Prompt: []osmo.Message{{"role": "robot", "content": task}}},
+			name: "bad prompt", in: &osmotest.Input{Prompt: []osmo.Message{{"role": "robot", "content": task}}},
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, osmo.ErrInvalidInput) || !strings.Contains(err.Error(), "role") {
 					t.Errorf("error %v, want osmo.ErrInvalidInput naming the role", err)
@@ -299,7 +299,7 @@ func TestWorkflowFails(t *testing.T) {
 			},
 		},
 		{
-			name: "empty prompt", in: &host.Input{},
+			name: "empty prompt", in: &osmotest.Input{},
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, osmo.ErrInvalidInput) {
 					t.Errorf("error %v, want osmo.ErrInvalidInput", err)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // policy plays the model, in process: first it asks for the tool, then it
@@ -49,7 +49,7 @@ func (p *policy) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func TestWordCountLoopAndReward(t *testing.T) {
 	req := &osmo.RolloutRequest{MaxTurns: 5, Messages: []osmo.Message{{"role": "user", "content": "How many words in 'the quick brown fox'?"}}}
-	res, err := WordCount{}.Run(context.Background(), host.NewRolloutContext(host.NewRollout("r1", &policy{}), "word-count", req, nil))
+	res, err := WordCount{}.Run(context.Background(), osmotest.NewRolloutContext(osmotest.NewRollout("r1", &policy{}), "word-count", req, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

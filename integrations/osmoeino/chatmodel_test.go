@@ -15,9 +15,9 @@ import (
 	"github.com/cloudwego/eino/schema"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoeino"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 func TestNewChatModelOutsideRollout(t *testing.T) {
@@ -39,14 +39,14 @@ func TestNewChatModelDuplicateSample(t *testing.T) {
 	if !errors.Is(err, osmo.ErrDuplicateSample) {
 		t.Fatalf("second NewChatModel under the same id = %v, want osmo.ErrDuplicateSample", err)
 	}
-	if n := len(host.Sources(r)); n != 1 {
+	if n := len(osmotest.Sources(r)); n != 1 {
 		t.Errorf("rollout has %d sources, want 1", n)
 	}
 	// Another name is another sample.
 	if _, err := osmoeino.NewChatModel(ctx, "other-agent"); err != nil {
 		t.Fatalf("NewChatModel under a new id: %v", err)
 	}
-	if n := len(host.Sources(r)); n != 2 {
+	if n := len(osmotest.Sources(r)); n != 2 {
 		t.Errorf("rollout has %d sources, want 2", n)
 	}
 }
@@ -58,7 +58,7 @@ func TestNewChatModelEmptySampleIDGetsOne(t *testing.T) {
 	if _, err := osmoeino.NewChatModel(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	srcs := host.Sources(r)
+	srcs := osmotest.Sources(r)
 	if len(srcs) != 1 || !strings.HasPrefix(srcs[0].ID, "sample-") {
 		t.Fatalf("sources %+v, want one under a generated sample-… id", srcs)
 	}
@@ -103,7 +103,7 @@ func TestNewChatModelRefuses(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not contain %q", err, tc.want)
 			}
-			if n := len(host.Sources(r)); n != 0 {
+			if n := len(osmotest.Sources(r)); n != 0 {
 				t.Errorf("a refused model registered %d sources", n)
 			}
 		})
@@ -126,7 +126,7 @@ func TestGenerateBindsAndRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := host.Sources(r)[0].Source.SampleMessages(); err == nil {
+	if _, err := osmotest.Sources(r)[0].Source.SampleMessages(); err == nil {
 		t.Error("SampleMessages before any call succeeded, want an error saying the model was never called")
 	}
 	tm, err := cm.WithTools([]*schema.ToolInfo{multiplyInfo()})

@@ -15,8 +15,8 @@ import (
 	"github.com/cloudwego/eino/schema"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 const (
@@ -72,7 +72,7 @@ func (u *upstream) requests() []seen {
 	return append([]seen(nil), u.reqs...)
 }
 
-// runtime is a host.Runtime whose endpoint is given by the test.
+// runtime is a osmo.Runtime whose endpoint is given by the test.
 type runtime struct {
 	endpoint func(sampleID string) osmo.Endpoint
 
@@ -105,12 +105,12 @@ func upstreamRuntime(u *upstream) *runtime {
 }
 
 // inRollout returns a bounded context carrying a new rollout on rt.
-func inRollout(t *testing.T, rt host.Runtime) (context.Context, *osmo.Rollout) {
+func inRollout(t *testing.T, rt osmo.Runtime) (context.Context, *osmo.Rollout) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	r := host.NewRollout(testRolloutID, rt)
-	return host.ContextWithRollout(ctx, r), r
+	r := osmotest.NewRollout(testRolloutID, rt)
+	return osmotest.ContextWithRollout(ctx, r), r
 }
 
 // multiplyInfo is the multiply tool as the mock policy understands it.
@@ -146,7 +146,7 @@ func mustJSON(v any) string {
 // sampleOf returns the messages of the rollout's only source.
 func sampleOf(t *testing.T, r *osmo.Rollout) []osmo.Message {
 	t.Helper()
-	srcs := host.Sources(r)
+	srcs := osmotest.Sources(r)
 	if len(srcs) != 1 {
 		t.Fatalf("rollout has %d sample sources, want 1", len(srcs))
 	}

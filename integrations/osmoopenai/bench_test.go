@@ -10,8 +10,8 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // scriptedTransport answers each request with the next of replies (the
@@ -39,10 +39,10 @@ func BenchmarkRunText(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		client := &http.Client{Transport: &scriptedTransport{replies: []string{calls, answer}}}
-		r := host.NewRollout("r1", runtime{endpoint: func(string) osmo.Endpoint {
+		r := osmotest.NewRollout("r1", runtime{endpoint: func(string) osmo.Endpoint {
 			return osmo.Endpoint{BaseURL: "http://policy/v1", APIKey: token, HTTPClient: client}
 		}})
-		ctx := host.ContextWithRollout(context.Background(), r)
+		ctx := osmotest.ContextWithRollout(context.Background(), r)
 		s, err := osmoopenai.NewSession(ctx, "multiply-agent")
 		if err != nil {
 			b.Fatal(err)

@@ -11,8 +11,8 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 func TestOutsideRolloutFails(t *testing.T) {
@@ -105,14 +105,14 @@ func TestClientEndpointHeaders(t *testing.T) {
 		_, _ = w.Write([]byte(completion(`{"role":"assistant","content":"ok"}`)))
 	}))
 	t.Cleanup(srv.Close)
-	r := host.NewRollout("r1", runtime{endpoint: func(sampleID string) osmo.Endpoint {
+	r := osmotest.NewRollout("r1", runtime{endpoint: func(sampleID string) osmo.Endpoint {
 		return osmo.Endpoint{
 			BaseURL:    srv.URL + "/v1",
 			Headers:    map[string]string{"x-sample-id": "someone-else", "x-extra": "yes"},
 			HTTPClient: srv.Client(),
 		}
 	}})
-	ctx := host.ContextWithRollout(testCtx(t), r)
+	ctx := osmotest.ContextWithRollout(testCtx(t), r)
 	c, err := osmoopenai.NewClient(ctx, "mine")
 	if err != nil {
 		t.Fatal(err)

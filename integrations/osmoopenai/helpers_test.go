@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -33,7 +33,7 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// runtime is a host.Runtime whose endpoint is given by a function.
+// runtime is a osmo.Runtime whose endpoint is given by a function.
 type runtime struct {
 	endpoint func(sampleID string) osmo.Endpoint
 }
@@ -47,10 +47,10 @@ func (runtime) RecordToolCall(string, time.Duration)     {}
 // (a function of the sample id) with token.
 func rolloutCtx(t *testing.T, id string, baseURL func(sampleID string) string) (context.Context, *osmo.Rollout) {
 	t.Helper()
-	r := host.NewRollout(id, runtime{endpoint: func(sampleID string) osmo.Endpoint {
+	r := osmotest.NewRollout(id, runtime{endpoint: func(sampleID string) osmo.Endpoint {
 		return osmo.Endpoint{BaseURL: baseURL(sampleID), APIKey: token}
 	}})
-	return host.ContextWithRollout(testCtx(t), r), r
+	return osmotest.ContextWithRollout(testCtx(t), r), r
 }
 
 // headerLog records the headers of the requests a handler receives.

@@ -14,8 +14,8 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // multiplyTool multiplies two JSON numbers.
@@ -80,7 +80,7 @@ func TestSessionRoundTripThroughProxy(t *testing.T) {
 	}
 
 	// The sample is the session, registered under its name.
-	sources := host.Sources(r)
+	sources := osmotest.Sources(r)
 	if len(sources) != 1 || sources[0].ID != "agent-1" || sources[0].Source != osmo.SampleSource(s) {
 		t.Fatalf("rollout sources = %v, want the session as agent-1", sources)
 	}
@@ -160,7 +160,7 @@ func TestNewSessionNames(t *testing.T) {
 		t.Error("session named bad/name: no error")
 	}
 	var ids []string
-	for _, src := range host.Sources(r) {
+	for _, src := range osmotest.Sources(r) {
 		ids = append(ids, src.ID)
 	}
 	if want := []string{"agent", anon.ID()}; !slices.Equal(ids, want) {

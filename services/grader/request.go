@@ -7,7 +7,6 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/fielderr"
 	"github.com/osmo-rl/osmo/internal/sample"
 )
@@ -136,17 +135,22 @@ func graderContext(r *request, ids []string) (*osmo.GraderContext, error) {
 			return nil, badField("metadata", "%v", err)
 		}
 	}
-	samples := make([]*osmo.Sample, 0, len(ids))
+	gc := &osmo.GraderContext{
+		RolloutID: r.GetRolloutId(),
+		Samples:   make(map[string]*osmo.Sample, len(ids)),
+		Label:     copyString(label),
+		Metadata:  metadata,
+	}
 	for _, rs := range r.samples {
 		if want[rs.ID] {
 			s, err := rs.Grader(copyString(label), metadata)
 			if err != nil {
 				return nil, badField("samples", "sample %q: %v", rs.ID, err)
 			}
-			samples = append(samples, s)
+			gc.Samples[s.ID] = s
 		}
 	}
-	return host.NewGraderContext(r.GetRolloutId(), samples, copyString(label), metadata), nil
+	return gc, nil
 }
 
 // rowLabel is the label of the request's row: its own, or the one all

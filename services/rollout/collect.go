@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/sample"
 )
 
@@ -21,11 +20,11 @@ import (
 func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	var errs []error
 	var samples []*sample.Sample
-	for _, src := range host.Sources(r) {
-		got, err := readSource(src.Source)
+	for id, src := range osmo.Hosting().Sources(r) {
+		got, err := readSource(src)
 		rec.mu.Lock()
-		calls, started := rec.callsOf(src.ID), rec.started
-		tools, recorded := rec.tools[src.ID]
+		calls, started := rec.callsOf(id), rec.started
+		tools, recorded := rec.tools[id]
 		rec.mu.Unlock()
 		msgs := got.raw
 		if err == nil && got.raw == nil {
@@ -42,7 +41,7 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		}
 		sm := &sample.Sample{
 			RolloutID: rec.id,
-			ID:        src.ID,
+			ID:        id,
 			Label:     rec.label,
 			Metadata:  rec.metadata,
 			Workflow:  rec.workflow,
@@ -52,12 +51,12 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		if err == nil {
 			sm.Messages = msgs
 		} else {
-			errs = append(errs, fmt.Errorf("sample %q: %w", src.ID, err))
+			errs = append(errs, fmt.Errorf("sample %q: %w", id, err))
 		}
 		sm.ExtraFields = rec.extra
 		if len(got.extra) > 0 {
 			if sm.ExtraFields, err = mergeExtra(rec.extra, got.extra); err != nil {
-				errs = append(errs, fmt.Errorf("sample %q: extra fields: %w", src.ID, err))
+				errs = append(errs, fmt.Errorf("sample %q: extra fields: %w", id, err))
 			}
 		}
 		sm.FinishReason = got.finish

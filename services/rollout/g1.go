@@ -16,7 +16,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/host"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/sample"
@@ -70,7 +70,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		return resp, err
 	}
 
-	tools, err := host.ToolsFor(s.workflow, rec.in.Request)
+	tools, err := osmo.Hosting().ToolsFor(s.workflow, rec.in.Request)
 	var structs []*structpb.Struct
 	if err == nil {
 		structs = make([]*structpb.Struct, len(tools))

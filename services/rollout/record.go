@@ -14,7 +14,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/internal/host"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
@@ -68,7 +68,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	route := rec.upstream
 	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
 	s.routes.Set(rec.id, route)
-	r := host.NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
+	r := osmo.Hosting().NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
 	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
 	conclude := func(runErr error) outcome.Outcome {

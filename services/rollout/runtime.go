@@ -12,7 +12,7 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// workflowRuntime is the host.Runtime of one rollout: every
+// workflowRuntime is the osmo.Runtime of one rollout: every
 // sample's LLM calls go through the embedded proxy, bound to the rollout
 // and the sample by the URL path, under the rollout's own token.
 type workflowRuntime struct {

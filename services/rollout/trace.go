@@ -10,7 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
@@ -35,7 +35,7 @@ func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	}
 	// An agent loop's one sample is named before it runs: its id goes into
 	// the baggage too.
-	sampleID := host.LoopSampleID(s.workflow)
+	sampleID := osmo.Hosting().LoopSampleID(s.workflow)
 	ctx = osmoattr.ContextWithIDs(ctx, rec.id, sampleID)
 	rec.bag = baggage.FromContext(ctx)
 	_, rec.span = s.tracer.Start(ctx, "rollout", trace.WithAttributes(

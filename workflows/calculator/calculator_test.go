@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
@@ -55,7 +55,7 @@ func answer(req *http.Request, status int, body any) *http.Response {
 
 // rolloutContext is the context the loop runs with, its policy played by rt.
 func rolloutContext(req *osmo.RolloutRequest, tools []osmo.Tool, rt *scripted) *osmo.RolloutContext {
-	return host.NewRolloutContext(host.NewRollout(req.RolloutID, rt), "calculator", req, tools)
+	return osmotest.NewRolloutContext(osmotest.NewRollout(req.RolloutID, rt), "calculator", req, tools)
 }
 
 func toolCall(id, name, args string) osmo.Message {

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/cgroup"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/workflows/execagent"
 )
 
@@ -67,7 +67,7 @@ func TestEnvironmentAndStdin(t *testing.T) {
 			cfg := self("dump", "EXTRA_VAR=a=b", "EXECAGENT_PARENT_VAR=overridden")
 			cfg.Settings = json.RawMessage(tc.settings)
 			_, r, err := run(t, timeout(t, 20*time.Second), cfg,
-				&host.Input{RolloutID: "rollout-1", Prompt: tc.prompt, Metadata: tc.metadata})
+				&osmotest.Input{RolloutID: "rollout-1", Prompt: tc.prompt, Metadata: tc.metadata})
 			if err != nil {
 				t.Fatalf("Run: %v", err)
 			}
@@ -312,7 +312,7 @@ func TestStdoutFlood(t *testing.T) {
 			_, r := newRollout("rollout-1")
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			err = host.Run(timeout(t, 25*time.Second), wf, r, &host.Input{RolloutID: r.ID})
+			err = osmotest.Run(timeout(t, 25*time.Second), wf, r, &osmotest.Input{RolloutID: r.ID})
 			runtime.ReadMemStats(&after)
 			if err != nil {
 				t.Fatalf("Run: %v", err)
@@ -467,7 +467,7 @@ printf '{"messages":[{"role":"assistant","content":"%s %s"}]}\n' "$OSMOSIS_SAMPL
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	srcs := host.Sources(r)
+	srcs := osmotest.Sources(r)
 	if len(srcs) != 3 {
 		t.Fatalf("%d sources, want 3", len(srcs))
 	}
@@ -497,7 +497,7 @@ func TestSampleFailureStopsTheOthers(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > promptly {
 		t.Errorf("Run took %v: the sleeping sample was not stopped", elapsed)
 	}
-	if _, err := host.Sources(r)[1].Source.SampleMessages(); !errors.Is(err, context.Canceled) {
+	if _, err := osmotest.Sources(r)[1].Source.SampleMessages(); !errors.Is(err, context.Canceled) {
 		t.Errorf("exec-1: SampleMessages error %v, want context.Canceled", err)
 	}
 }
@@ -525,7 +525,7 @@ func TestDuplicateSampleID(t *testing.T) {
 			if err := r.Register(tc.taken, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
 				t.Fatal(err)
 			}
-			err = host.Run(timeout(t, 10*time.Second), wf, r, &host.Input{RolloutID: r.ID})
+			err = osmotest.Run(timeout(t, 10*time.Second), wf, r, &osmotest.Input{RolloutID: r.ID})
 			if !errors.Is(err, osmo.ErrDuplicateSample) || !strings.Contains(err.Error(), `sample "`+tc.taken+`"`) {
 				t.Fatalf("Run error %v, want ErrDuplicateSample naming %q", err, tc.taken)
 			}
@@ -603,7 +603,7 @@ printf '{"messages":[{"role":"assistant","content":"%s %s %s %s"}]}\n' "$(basena
 			t.Fatal(err)
 		}
 		_, r := newRollout("rollout-1")
-		err = host.Run(timeout(t, 10*time.Second), wf, r, &host.Input{RolloutID: r.ID})
+		err = osmotest.Run(timeout(t, 10*time.Second), wf, r, &osmotest.Input{RolloutID: r.ID})
 		var cfgErr *execagent.ConfigError
 		if !errors.As(err, &cfgErr) || cfgErr.Field != "command[0]" || !strings.Contains(err.Error(), gone) {
 			t.Fatalf("Run error %v, want a command[0] error naming %s", err, gone)
@@ -634,7 +634,7 @@ printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' "$(cat work.txt)"`
 	for i, id := range ids {
 		_, r := newRollout(id)
 		rollouts[i] = r
-		wg.Go(func() { errs[i] = host.Run(timeout(t, 20*time.Second), wf, r, &host.Input{RolloutID: id}) })
+		wg.Go(func() { errs[i] = osmotest.Run(timeout(t, 20*time.Second), wf, r, &osmotest.Input{RolloutID: id}) })
 	}
 	wg.Wait()
 	wds := map[string]string{}
@@ -730,7 +730,7 @@ func TestConfigJSON(t *testing.T) {
 		t.Fatalf("WithConfigJSON: %v", err)
 	}
 	_, r := newRollout("rollout-1")
-	if err := host.Run(timeout(t, 20*time.Second), next, r, &host.Input{RolloutID: r.ID}); err != nil {
+	if err := osmotest.Run(timeout(t, 20*time.Second), next, r, &osmotest.Input{RolloutID: r.ID}); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	src := onlySource(t, r)

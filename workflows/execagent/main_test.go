@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/workflows/execagent"
 )
 
@@ -102,7 +102,7 @@ type event struct {
 func newRollout(id string) (*fakeRuntime, *osmo.Rollout) {
 	rt := &fakeRuntime{rolloutID: id}
 	rt.logger = slog.New(slog.NewJSONHandler(lockedWriter{rt}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("rollout_id", id)
-	return rt, host.NewRollout(id, rt)
+	return rt, osmotest.NewRollout(id, rt)
 }
 
 func (f *fakeRuntime) Endpoint(sampleID string) osmo.Endpoint {
@@ -144,7 +144,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 // run builds cfg's workflow and runs it for one rollout.
-func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *host.Input) (*fakeRuntime, *osmo.Rollout, error) {
+func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *osmotest.Input) (*fakeRuntime, *osmo.Rollout, error) {
 	t.Helper()
 	wf, err := execagent.New(cfg)
 	if err != nil {
@@ -152,9 +152,9 @@ func run(t *testing.T, ctx context.Context, cfg execagent.Config, in *host.Input
 	}
 	rt, r := newRollout("rollout-1")
 	if in == nil {
-		in = &host.Input{RolloutID: r.ID, Prompt: []osmo.Message{{"role": "user", "content": "hi"}}}
+		in = &osmotest.Input{RolloutID: r.ID, Prompt: []osmo.Message{{"role": "user", "content": "hi"}}}
 	}
-	err = host.Run(ctx, wf, r, in)
+	err = osmotest.Run(ctx, wf, r, in)
 	if t.Failed() || testing.Verbose() {
 		t.Logf("logs:\n%s", rt.Logs())
 	}
@@ -177,9 +177,9 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 }
 
 // onlySource returns the rollout's single sample source.
-func onlySource(t *testing.T, r *osmo.Rollout) host.Source {
+func onlySource(t *testing.T, r *osmo.Rollout) osmotest.Source {
 	t.Helper()
-	srcs := host.Sources(r)
+	srcs := osmotest.Sources(r)
 	if len(srcs) != 1 {
 		t.Fatalf("rollout has %d sample sources, want 1", len(srcs))
 	}

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
 	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/osmotest"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 	"github.com/osmo-rl/osmo/workflows/multiply"
 )
@@ -95,8 +95,8 @@ func (s *stack) upstreamBodies() []map[string]any {
 // run executes wf for one prompt through the stack.
 func (s *stack) run(t *testing.T, wf *osmo.Workflow, rolloutID string, prompt []osmo.Message) (*osmo.Rollout, error) {
 	t.Helper()
-	r := host.NewRollout(rolloutID, runtime{proxyURL: s.proxyURL, rolloutID: rolloutID})
-	err := host.Run(testCtx(t), wf, r, &host.Input{RolloutID: rolloutID, Prompt: prompt})
+	r := osmotest.NewRollout(rolloutID, runtime{proxyURL: s.proxyURL, rolloutID: rolloutID})
+	err := osmotest.Run(testCtx(t), wf, r, &osmotest.Input{RolloutID: rolloutID, Prompt: prompt})
 	return r, err
 }
 
@@ -118,7 +118,7 @@ func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sources := host.Sources(r)
+	sources := osmotest.Sources(r)
 	if len(sources) != 1 || sources[0].ID != multiply.SampleID {
 		t.Fatalf("sources = %v, want one, %q", sources, multiply.SampleID)
 	}
@@ -169,7 +169,7 @@ func TestWorkflowConfigApplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := host.Sources(r)[0].Source.SampleMessages()
+	msgs, err := osmotest.Sources(r)[0].Source.SampleMessages()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestWorkflowRejectsBadInput(t *testing.T) {
 			if !errors.Is(err, osmo.ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want osmo.ErrInvalidInput naming %q", err, tc.want)
 			}
-			if n := len(host.Sources(r)); n != 0 {
+			if n := len(osmotest.Sources(r)); n != 0 {
 				t.Errorf("%d sample sources registered, want none", n)
 			}
 			if n := len(st.upstreamBodies()); n != 0 {

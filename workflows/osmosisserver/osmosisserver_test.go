@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/osmo-rl/osmo/host"
 	"github.com/osmo-rl/osmo/internal/logtest"
+	"github.com/osmo-rl/osmo/osmotest"
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/mockllm"
@@ -134,8 +134,8 @@ func run(ctx context.Context, t *testing.T, h *osmosisserver.Host, p *policy, id
 
 // runLogged is run with the rollout's log going to w.
 func runLogged(ctx context.Context, w io.Writer, h *osmosisserver.Host, p *policy, id, prompt string, label *string) (*osmo.Rollout, error) {
-	r := host.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(w, nil)).With("rollout_id", id)})
-	err := host.Run(ctx, h.Workflow(), r, &host.Input{
+	r := osmotest.NewRollout(id, &runtime{p: p, id: id, log: slog.New(slog.NewTextHandler(w, nil)).With("rollout_id", id)})
+	err := osmotest.Run(ctx, h.Workflow(), r, &osmotest.Input{
 		RolloutID: id,
 		Prompt:    []osmo.Message{{"role": "user", "content": prompt}},
 		Label:     label,
@@ -152,7 +152,7 @@ type result struct {
 
 func sampleOf(t *testing.T, r *osmo.Rollout) result {
 	t.Helper()
-	src := host.Sources(r)
+	src := osmotest.Sources(r)
 	if len(src) != 1 {
 		t.Fatalf("%d sample sources, want 1", len(src))
 	}

@@ -1,4 +1,4 @@
-package host_test
+package osmotest_test
 
 import (
 	"context"
@@ -7,12 +7,12 @@ import (
 	"testing"
 
 	"github.com/osmo-rl/osmo"
-	"github.com/osmo-rl/osmo/host"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 func TestSourcesInRegistrationOrder(t *testing.T) {
-	r := host.NewRollout("r", nil)
-	if got := host.Sources(r); len(got) != 0 {
+	r := osmotest.NewRollout("r", nil)
+	if got := osmotest.Sources(r); len(got) != 0 {
 		t.Fatalf("Sources of a new rollout = %v, want none", got)
 	}
 	for _, id := range []string{"zeta", "alpha", "mid"} {
@@ -20,23 +20,23 @@ func TestSourcesInRegistrationOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := host.Sources(r)
+	got := osmotest.Sources(r)
 	if len(got) != 3 || got[0].ID != "zeta" || got[1].ID != "alpha" || got[2].ID != "mid" || got[0].Source == nil {
 		t.Fatalf("Sources = %v, want zeta, alpha, mid with their sources", got)
 	}
 	got[0].ID = "changed"
-	if again := host.Sources(r); again[0].ID != "zeta" {
+	if again := osmotest.Sources(r); again[0].ID != "zeta" {
 		t.Errorf("changing the returned slice changed the rollout: %v", again)
 	}
 }
 
 func TestContextWithRollout(t *testing.T) {
-	r := host.NewRollout("r", nil)
-	got, err := osmo.RolloutFromContext(host.ContextWithRollout(context.Background(), r))
+	r := osmotest.NewRollout("r", nil)
+	got, err := osmo.RolloutFromContext(osmotest.ContextWithRollout(context.Background(), r))
 	if err != nil || got != r {
 		t.Fatalf("RolloutFromContext = %p, %v; want %p", got, err, r)
 	}
-	if _, err := osmo.RolloutFromContext(host.ContextWithRollout(context.Background(), nil)); !errors.Is(err, osmo.ErrNoRollout) {
+	if _, err := osmo.RolloutFromContext(osmotest.ContextWithRollout(context.Background(), nil)); !errors.Is(err, osmo.ErrNoRollout) {
 		t.Errorf("a nil rollout installed: %v, want ErrNoRollout", err)
 	}
 }
@@ -45,7 +45,7 @@ func TestContextWithRollout(t *testing.T) {
 // rewards and removals from concurrent graders.
 func TestNewGraderContext(t *testing.T) {
 	label := "42"
-	gc := host.NewGraderContext("r", []*osmo.Sample{{ID: "a"}, {ID: "b"}, {ID: "c"}}, &label, map[string]any{"k": "v"})
+	gc := osmotest.NewGraderContext("r", []*osmo.Sample{{ID: "a"}, {ID: "b"}, {ID: "c"}}, &label, map[string]any{"k": "v"})
 	if gc.RolloutID != "r" || len(gc.Samples) != 3 || gc.Samples["b"].ID != "b" || *gc.Label != "42" || gc.Metadata["k"] != "v" {
 		t.Fatalf("context = %+v", gc)
 	}

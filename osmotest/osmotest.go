@@ -1,0 +1,90 @@
+// Package osmotest runs workflows, agent loops and graders in a test,
+// without a rollout service.
+//
+// A test builds a rollout over an osmo.Runtime of its own (NewRollout; its
+// Endpoint says where each sample's LLM calls go), runs a workflow on it
+// (Run) and reads the sample sources the workflow registered (Sources). A
+// test of an integration that finds its rollout with
+// osmo.RolloutFromContext installs one with ContextWithRollout; a test of
+// an agent loop builds the loop's context with NewRolloutContext; a test of
+// a grader builds its context with NewGraderContext.
+package osmotest
+
+import (
+	"context"
+
+	"github.com/osmo-rl/osmo"
+)
+
+// Input is one rollout's input, as the rollout service would hand it to
+// the workflow.
+type Input struct {
+	RolloutID string
+	Prompt    []osmo.Message
+	Metadata  map[string]any
+	// Label is the row's label (ground truth). It reaches only workflows
+	// that are osmo.LabelReaders.
+	Label *string
+}
+
+// Source is a sample source a workflow registered, and its sample id.
+type Source struct {
+	ID     string
+	Source osmo.SampleSource
+}
+
+// NewRollout binds a rollout id to a runtime. A nil runtime gives a rollout
+// with no policy behind it (an empty Endpoint), the default logger and no
+// metrics or event log: enough for a workflow that calls no LLM.
+func NewRollout(id string, rt osmo.Runtime) *osmo.Rollout {
+	return osmo.Hosting().NewRollout(id, rt)
+}
+
+// Run executes w for one rollout as the rollout service does: with r in
+// ctx (where osmo.RolloutFromContext finds it), a panic turned into an
+// *osmo.PanicError, and osmo.ErrNoSamples when w registered no sample
+// source.
+func Run(ctx context.Context, w *osmo.Workflow, r *osmo.Rollout, in *Input) error {
+	return osmo.Hosting().Run(ctx, w, r, in.RolloutID, in.Prompt, in.Metadata, in.Label, nil, nil)
+}
+
+// Sources returns the sample sources registered on r so far, in
+// registration order.
+func Sources(r *osmo.Rollout) []Source {
+	var out []Source
+	for id, src := range osmo.Hosting().Sources(r) {
+		out = append(out, Source{ID: id, Source: src})
+	}
+	return out
+}
+
+// ContextWithRollout returns ctx carrying r, as Run installs it: for a test
+// of an integration that finds its rollout with osmo.RolloutFromContext
+// without running a workflow.
+func ContextWithRollout(ctx context.Context, r *osmo.Rollout) context.Context {
+	return osmo.Hosting().ContextWithRollout(ctx, r)
+}
+
+// NewRolloutContext is the context an agent loop runs with as sample
+// sampleID of r: its Chat merges req's completion_params and offers tools,
+// then posts to r's endpoint for the sample; its tool calls and events go
+// to r. A test of a loop builds one over a rollout whose runtime plays the
+// policy.
+func NewRolloutContext(r *osmo.Rollout, sampleID string, req *osmo.RolloutRequest, tools []osmo.Tool) *osmo.RolloutContext {
+	return osmo.Hosting().NewRolloutContext(r, sampleID, req, tools)
+}
+
+// NewGraderContext builds a grader's context over the samples of a
+// finished rollout, keyed by their ids, as the grader service does.
+func NewGraderContext(rolloutID string, samples []*osmo.Sample, label *string, metadata map[string]any) *osmo.GraderContext {
+	gc := &osmo.GraderContext{
+		RolloutID: rolloutID,
+		Samples:   make(map[string]*osmo.Sample, len(samples)),
+		Label:     label,
+		Metadata:  metadata,
+	}
+	for _, s := range samples {
+		gc.Samples[s.ID] = s
+	}
+	return gc
+}
