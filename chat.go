@@ -43,8 +43,8 @@ type FunctionCall struct {
 	Arguments string `json:"arguments"`
 }
 
-// ParseChatCompletion decodes an OpenAI chat completion body into a ChatResult.
-func ParseChatCompletion(body []byte) (*ChatResult, error) {
+// parseChatCompletion decodes an OpenAI chat completion body into a ChatResult.
+func parseChatCompletion(body []byte) (*ChatResult, error) {
 	var resp struct {
 		ID      string `json:"id"`
 		Choices []struct {

@@ -182,7 +182,7 @@ func ChatCompletion(ctx context.Context, ep Endpoint, messages []Message, params
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("chat: LLM call failed: HTTP %d: %s", resp.StatusCode, errorText(data))
 	}
-	res, err := ParseChatCompletion(data)
+	res, err := parseChatCompletion(data)
 	if err != nil {
 		return nil, fmt.Errorf("chat: %w", err)
 	}

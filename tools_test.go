@@ -188,20 +188,3 @@ func TestRewardGrader(t *testing.T) {
 		t.Fatal("grading without a label must fail")
 	}
 }
-
-func TestParseChatCompletion(t *testing.T) {
-	res, err := osmo.ParseChatCompletion([]byte(`{"id":"c","choices":[{"message":{"role":"assistant","content":null,
-		"tool_calls":[{"id":"t1","type":"function","function":{"name":"add","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],
-		"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.HasToolCalls() || res.ToolCalls[0].Function.Name != "add" || res.Usage.TotalTokens != 7 || res.FinishReason != "tool_calls" {
-		t.Fatalf("%+v", res)
-	}
-	for _, bad := range []string{`{`, `{"choices":[]}`, `{"choices":[{}]}`, `{"choices":[{"message":{"tool_calls":"x"}}]}`} {
-		if _, err := osmo.ParseChatCompletion([]byte(bad)); err == nil {
-			t.Errorf("ParseChatCompletion(%s) accepted garbage", bad)
-		}
-	}
-}
