@@ -10,6 +10,7 @@ import (
 	"iter"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"slices"
 	"sync"
 	"time"
@@ -106,24 +107,13 @@ type namedSource struct {
 // usable as one URL path segment and as a JSON key, what the proxy path
 // and the grader callback need.
 func ValidSampleID(id string) error {
-	// A loop rather than a regular expression: every LLM call checks its
-	// sample id, and the regexp was a third of a percent of osmo serve's
-	// CPU.
-	ok := len(id) >= 1 && len(id) <= 128 && alnum(id[0])
-	for i := 1; ok && i < len(id); i++ {
-		c := id[i]
-		ok = alnum(c) || c == '.' || c == '_' || c == ':' || c == '@' || c == '+' || c == '-'
-	}
-	if !ok {
+	if !sampleIDPattern.MatchString(id) {
 		return fmt.Errorf("sample id %q must be 1-128 characters of letters, digits and ._:@+- starting with a letter or digit", id)
 	}
 	return nil
 }
 
-// alnum reports whether c is an ASCII letter or digit.
-func alnum(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
-}
+var sampleIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$`)
 
 // Register adds a sample source under id. A second source under the same id
 // in one rollout is an error (ErrDuplicateSample), as is an id that

@@ -3,21 +3,11 @@ package osmo
 import (
 	"errors"
 	"fmt"
+	"regexp"
 )
 
-// validToolName is OpenAI's rule for function names, ^[A-Za-z0-9_-]{1,64}$
-// (a loop: every LLM call's tools are checked).
-func validToolName(name string) bool {
-	if len(name) < 1 || len(name) > 64 {
-		return false
-	}
-	for i := range len(name) {
-		if c := name[i]; !alnum(c) && c != '_' && c != '-' {
-			return false
-		}
-	}
-	return true
-}
+// toolNamePattern is OpenAI's rule for function names.
+var toolNamePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // ValidateTool checks an OpenAI function tool schema,
 // {"type":"function","function":{"name","description","parameters"}}, and
@@ -36,7 +26,7 @@ func ValidateTool(t Tool) (string, error) {
 		return "", errors.New(`tool "function" must be an object`)
 	}
 	name, _ := fn["name"].(string)
-	if !validToolName(name) {
+	if !toolNamePattern.MatchString(name) {
 		return "", fmt.Errorf("tool name %q must be 1-64 letters, digits, _ or -", name)
 	}
 	if d, ok := fn["description"]; ok {
