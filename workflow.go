@@ -255,19 +255,6 @@ func (w *Workflow) toolsFor(req *RolloutRequest) (tools []Tool, err error) {
 // Config is the bound config (a *T), or nil.
 func (w *Workflow) Config() any { return w.config }
 
-// ConfigJSON is the bound config as a JSON object ("{}" without one): what
-// exec agents receive as "config".
-func (w *Workflow) ConfigJSON() (json.RawMessage, error) {
-	if w.config == nil || reflect.ValueOf(w.config).IsNil() {
-		return json.RawMessage(`{}`), nil
-	}
-	b, err := json.Marshal(w.config)
-	if err != nil {
-		return nil, fmt.Errorf("workflow %q: encode config: %w", w.name, err)
-	}
-	return b, nil
-}
-
 // WithConfigJSON returns the workflow bound to the config decoded from data
 // (a JSON object, laid over the current config), validated.
 func (w *Workflow) WithConfigJSON(data []byte) (*Workflow, error) {

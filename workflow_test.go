@@ -2,7 +2,6 @@ package osmo_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -485,49 +484,8 @@ func TestWithConfigJSONWithoutConfig(t *testing.T) {
 	if next.Name() != "bare" {
 		t.Errorf("Name = %q, want bare", next.Name())
 	}
-	if raw, err := wf.ConfigJSON(); err != nil || string(raw) != "{}" {
-		t.Errorf("original ConfigJSON = %s, %v; want {}", raw, err)
-	}
-}
-
-func TestConfigJSON(t *testing.T) {
-	tests := []struct {
-		name string
-		wf   *osmo.Workflow
-		want string
-	}{
-		{
-			name: "no config",
-			wf:   osmo.MustWorkflow[plainConfig](namedWorkflow[plainConfig]{name: "bare"}, nil),
-			want: `{}`,
-		},
-		{
-			name: "plain config",
-			wf:   osmo.MustWorkflow(namedWorkflow[plainConfig]{name: "plain"}, &plainConfig{N: 3}),
-			want: `{"n":3}`,
-		},
-		{
-			name: "embedded config",
-			wf: osmo.MustWorkflow(registering[tunedConfig](), &tunedConfig{
-				AgentWorkflowConfig: osmo.AgentWorkflowConfig{Name: "t", Concurrency: osmo.Concurrency{MaxConcurrent: 2}},
-				Temperature:         0.5, Tags: []string{"a"},
-			}),
-			want: `{"name":"t","concurrency":{"max_concurrent":2},"temperature":0.5,"tags":["a"]}`,
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			raw, err := tt.wf.ConfigJSON()
-			if err != nil {
-				t.Fatalf("ConfigJSON: %v", err)
-			}
-			if !json.Valid(raw) {
-				t.Fatalf("ConfigJSON = %s, not JSON", raw)
-			}
-			if string(raw) != tt.want {
-				t.Errorf("ConfigJSON = %s, want %s", raw, tt.want)
-			}
-		})
+	if wf.Config() != nil {
+		t.Errorf("original Config = %#v, want nil", wf.Config())
 	}
 }
 

@@ -716,13 +716,13 @@ func TestConfigJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := wf.ConfigJSON()
+	raw, err := json.Marshal(wf.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var doc map[string]any
 	if err := json.Unmarshal(raw, &doc); err != nil || doc["name"] != "exec" || doc["settings"].(map[string]any)["a"] != 1.0 {
-		t.Fatalf("ConfigJSON = %s (%v)", raw, err)
+		t.Fatalf("config = %s (%v)", raw, err)
 	}
 
 	next, err := wf.WithConfigJSON([]byte(`{"name":"rebound","settings":{"b":[true]}}`))
