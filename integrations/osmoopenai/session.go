@@ -227,7 +227,9 @@ func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessagePara
 func (s *Session) send(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
 	var body []byte
 	var err error
-	offStack(func() { body, err = json.Marshal(params) })
+	// The params' own encoder: through encoding/json its output would be
+	// scanned and copied once more, garbage each rollout makes as it starts.
+	offStack(func() { body, err = params.MarshalJSON() })
 	if err != nil {
 		return nil, err
 	}
