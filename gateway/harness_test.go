@@ -20,13 +20,13 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 )
 
@@ -380,7 +380,7 @@ func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
 	}
 	var r graderv1.GradeRequest
 	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &r); err != nil {
+	if err := sample.FromJSON(b, &r); err != nil {
 		panic(err)
 	}
 	return r.GetSamples()

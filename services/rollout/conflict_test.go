@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/natsstore"
+	"github.com/osmo-rl/osmo/internal/sample"
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
@@ -346,7 +346,7 @@ func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
 	}
 	var r graderv1.GradeRequest
 	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &r); err != nil {
+	if err := sample.FromJSON(b, &r); err != nil {
 		panic(err)
 	}
 	return r.GetSamples()

@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -390,18 +389,4 @@ func (g *fakeGrader) count() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.calls
-}
-
-// samplesOf is the samples of a grade request, read as the API's
-// messages, whichever form it carries them in.
-func samplesOf(req *graderv1.GradeRequest) []*rolloutv1.RolloutSample {
-	if len(req.GetSamplesJson()) == 0 {
-		return req.GetSamples()
-	}
-	var r graderv1.GradeRequest
-	b := append(append([]byte(`{"samples":`), req.GetSamplesJson()...), '}')
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &r); err != nil {
-		panic(err)
-	}
-	return r.GetSamples()
 }

@@ -33,7 +33,7 @@ import (
 // rewardByCalculator grades like the built-in calculator grader.
 func rewardByCalculator(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "calculator"}
-	for _, s := range samplesOf(req) {
+	for _, s := range rollout.SamplesOf(req) {
 		msgs := make([]osmo.Message, 0, len(s.GetMessages()))
 		for _, m := range s.GetMessages() {
 			msgs = append(msgs, m.AsMap())

@@ -117,7 +117,7 @@ func attrMap(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
 func TestRolloutTrace(t *testing.T) {
 	g := &spanGrader{fakeGrader: fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 		return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "calculator",
-			Grades: []*graderv1.SampleGrade{{SampleId: samplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
+			Grades: []*graderv1.SampleGrade{{SampleId: rollout.SamplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
 	}}}
 	h, exp, tp := traced(t, harnessOpts{
 		cfg: func(c *rollout.Config) { c.Grader = g; c.GraderName = "calculator" },
@@ -330,7 +330,7 @@ func TestG2WorkflowTrace(t *testing.T) {
 func TestOutboxFinalStageTrace(t *testing.T) {
 	g := &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 		return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "multiply",
-			Grades: []*graderv1.SampleGrade{{SampleId: samplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
+			Grades: []*graderv1.SampleGrade{{SampleId: rollout.SamplesOf(req)[0].GetId(), Reward: osmo.Float(1)}}}, nil
 	}}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.BaggageAttributes()), sdktrace.WithSyncer(exp))

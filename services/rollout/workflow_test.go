@@ -42,7 +42,7 @@ func gradeLabelled(got *[]*graderv1.GradeRequest, mu *sync.Mutex) func(*graderv1
 		*got = append(*got, req)
 		mu.Unlock()
 		resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "label"}
-		for _, s := range samplesOf(req) {
+		for _, s := range rollout.SamplesOf(req) {
 			msgs := make([]osmo.Message, 0, len(s.GetMessages()))
 			for _, m := range s.GetMessages() {
 				msgs = append(msgs, m.AsMap())
@@ -695,7 +695,7 @@ func TestG2GraderFailures(t *testing.T) {
 		return func(*testing.T) rollout.Grader {
 			return &fakeGrader{fn: func(req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 				resp := &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), Grader: "fake"}
-				for _, s := range samplesOf(req) {
+				for _, s := range rollout.SamplesOf(req) {
 					if g := grade(s.GetId()); g != nil {
 						resp.Grades = append(resp.Grades, g)
 					}
