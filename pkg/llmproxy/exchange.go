@@ -121,8 +121,7 @@ func (x *exchange) serve(idSource string) {
 	out, model := x.req.rewrite(body, route, c.RolloutID)
 	c.RequestedModel = x.req.requestedModel
 	c.Model = model
-	// The proxy checked that messages are an array of objects.
-	_ = json.Unmarshal(x.req.messages, &c.RequestMessages)
+	c.RequestMessages = x.req.messageList
 	c.Stream = x.req.stream
 	x.forward(out)
 }

@@ -26,9 +26,12 @@ type chatRequest struct {
 	// members are the body's top-level members by their exact key, as a
 	// policy server reads them; values are left as they came, so numbers and
 	// everything else the proxy does not read pass through unchanged.
-	members  map[string]json.RawMessage
-	messages json.RawMessage
-	stream   bool
+	members map[string]json.RawMessage
+	// messages is the "messages" array as sent; messageList its elements,
+	// each a JSON object, which the call's record keeps.
+	messages    json.RawMessage
+	messageList []json.RawMessage
+	stream      bool
 	// requestedModel is the client's model string; hasModel is false when
 	// the body names none (or null).
 	requestedModel string
@@ -55,10 +58,11 @@ func (req *chatRequest) parse(body []byte) *requestError {
 	if !ok {
 		return &requestError{param: "messages", code: "missing_messages", msg: `llmproxy: request body has no "messages" array`}
 	}
-	if re := checkMessages(messages); re != nil {
+	list, re := checkMessages(messages)
+	if re != nil {
 		return re
 	}
-	req.messages = messages
+	req.messages, req.messageList = messages, list
 	_ = json.Unmarshal(req.members["stream"], &req.stream) // anything but true is no stream
 	if v := req.members["model"]; !isNull(v) {
 		if err := json.Unmarshal(v, &req.requestedModel); err != nil {
@@ -69,20 +73,21 @@ func (req *chatRequest) parse(body []byte) *requestError {
 	return nil
 }
 
-// checkMessages requires a non-empty array of objects.
-func checkMessages(v json.RawMessage) *requestError {
+// checkMessages requires a non-empty array of objects, and returns its
+// elements.
+func checkMessages(v json.RawMessage) ([]json.RawMessage, *requestError) {
 	var msgs []json.RawMessage
 	if isNull(v) || json.Unmarshal(v, &msgs) != nil {
-		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must be an array of message objects`}
+		return nil, &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must be an array of message objects`}
 	}
 	if len(msgs) == 0 {
-		return &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
+		return nil, &requestError{param: "messages", code: "invalid_messages", msg: `llmproxy: "messages" must not be empty`}
 	}
 	if i := slices.IndexFunc(msgs, func(m json.RawMessage) bool { return m[0] != '{' }); i >= 0 {
-		return &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
+		return nil, &requestError{param: fmt.Sprintf("messages[%d]", i), code: "invalid_messages",
 			msg: fmt.Sprintf(`llmproxy: "messages[%d]" must be a JSON object`, i)}
 	}
-	return nil
+	return msgs, nil
 }
 
 // rewrite returns the body to send upstream and the model it names: body,
