@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -64,15 +63,6 @@ type SampleSource interface {
 // sample (passed through to the trainer and the grader).
 type SampleExtras interface {
 	SampleExtraFields() map[string]any
-}
-
-// SampleJSON is implemented by sample sources that hold their conversation
-// as JSON objects already (osmoopenai's Session does): the rollout service
-// reads each message as the object it is, instead of through the maps
-// SampleMessages builds. It must say what SampleMessages says; nil stands
-// for the recorded conversation there too.
-type SampleJSON interface {
-	SampleMessagesJSON() ([]json.RawMessage, error)
 }
 
 // SampleSourceFunc adapts a function to SampleSource.

@@ -44,10 +44,7 @@ type Session struct {
 	err error
 }
 
-var (
-	_ osmo.SampleSource = (*Session)(nil)
-	_ osmo.SampleJSON   = (*Session)(nil)
-)
+var _ osmo.SampleSource = (*Session)(nil)
 
 // NewSession creates a session named name (the sample id; "" picks a random
 // one with osmo.NewSampleID) and registers it with the rollout in ctx. opts
@@ -122,22 +119,6 @@ func (s *Session) Items() []osmo.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return sampleMessages(s.items)
-}
-
-// SampleMessagesJSON implements osmo.SampleJSON: the session's items as
-// the JSON objects they are sent as (copies: changing them changes
-// nothing in the session).
-func (s *Session) SampleMessagesJSON() ([]json.RawMessage, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
-		return nil, s.err
-	}
-	out := make([]json.RawMessage, len(s.items))
-	for i, raw := range s.items {
-		out[i] = append(json.RawMessage(nil), raw...)
-	}
-	return out, nil
 }
 
 // SampleMessages implements osmo.SampleSource: the session's items.

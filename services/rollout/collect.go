@@ -26,8 +26,8 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		calls, started := rec.callsOf(id), rec.started
 		tools, recorded := rec.tools[id]
 		rec.mu.Unlock()
-		msgs := got.raw
-		if err == nil && got.raw == nil {
+		var msgs []json.RawMessage
+		if err == nil {
 			msgs, err = encodeMessages(got.msgs)
 		}
 		if err == nil && msgs == nil {
@@ -101,10 +101,7 @@ func checkObjects(msgs []json.RawMessage) error {
 
 // sourced is what a sample source says of its sample.
 type sourced struct {
-	msgs []osmo.Message
-	// raw are the messages of a source that holds them as JSON
-	// (osmo.SampleJSON), instead of msgs.
-	raw    []json.RawMessage
+	msgs   []osmo.Message
 	extra  map[string]any
 	finish string
 	reward *float64
@@ -118,12 +115,7 @@ func readSource(src osmo.SampleSource) (out sourced, err error) {
 			err = fmt.Errorf("sample source panicked: %v", p)
 		}
 	}()
-	if js, ok := src.(osmo.SampleJSON); ok {
-		out.raw, err = js.SampleMessagesJSON()
-	} else {
-		out.msgs, err = src.SampleMessages()
-	}
-	if err != nil {
+	if out.msgs, err = src.SampleMessages(); err != nil {
 		return out, err
 	}
 	if x, ok := src.(osmo.SampleExtras); ok {
