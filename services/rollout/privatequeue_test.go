@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -64,26 +65,38 @@ func TestPrivateQueue(t *testing.T) {
 	if len(q.members) != 0 {
 		t.Errorf("members left: %v", q.members)
 	}
+}
 
-	// wait returns when something is queued, or when its context ends.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := q.wait(ctx); err == nil {
-		t.Fatal("wait on an empty queue returned before its context ended")
-	}
-	woke := make(chan error, 1)
-	go func() { woke <- q.wait(context.Background()) }()
-	time.Sleep(20 * time.Millisecond)
-	q.push("d", false)
-	select {
-	case err := <-woke:
-		if err != nil {
-			t.Fatal(err)
+// TestPrivateQueueWait: wait returns when something is queued, or when its
+// context ends, and not before.
+func TestPrivateQueueWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newPrivateQueue()
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		if err := q.wait(ctx); err == nil {
+			t.Fatal("wait on an empty queue returned before its context ended")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait did not wake on a push")
-	}
-	if id := q.take(); id != "d" {
-		t.Fatalf("took %q, want d", id)
-	}
+		woke := make(chan error, 1)
+		go func() { woke <- q.wait(t.Context()) }()
+		synctest.Wait()
+		select {
+		case err := <-woke:
+			t.Fatalf("wait returned (%v) with nothing queued", err)
+		default:
+		}
+		q.push("d", false)
+		synctest.Wait()
+		select {
+		case err := <-woke:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatal("wait did not wake on a push")
+		}
+		if id := q.take(); id != "d" {
+			t.Fatalf("took %q, want d", id)
+		}
+	})
 }
