@@ -46,17 +46,6 @@ type Events struct {
 	ForkFailures int
 }
 
-// Version is the cgroup hierarchy a Manager uses.
-type Version int
-
-// The versions.
-const (
-	V1 Version = 1
-	V2 Version = 2
-)
-
-func (v Version) String() string { return "cgroup v" + strconv.Itoa(int(v)) }
-
 // ErrUnavailable wraps every reason Detect finds no usable hierarchy.
 var ErrUnavailable = errors.New("no writable cgroup hierarchy")
 

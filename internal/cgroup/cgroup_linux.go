@@ -17,11 +17,11 @@ import (
 
 // Manager creates groups under osmo's own group of one hierarchy.
 type Manager struct {
-	version Version
-	// v2: the directory groups are created in.
+	// base is the v2 directory groups are created in; "" on v1.
 	base string
-	// v1: the directories groups are created in, per controller; empty
-	// when that controller is not mounted or not writable.
+	// memBase and pidsBase are the v1 directories groups are created in,
+	// per controller; "" when that controller is not mounted or not
+	// writable.
 	memBase, pidsBase string
 }
 
@@ -56,26 +56,24 @@ func Detect() (*Manager, error) {
 			paths[c] = g.Path
 		}
 	}
-	var reasons []string
-	if m, err := detectV2(paths, ms); err == nil {
-		return m, nil
-	} else {
-		reasons = append(reasons, err.Error())
-	}
-	m, err := detectV1(paths, ms)
-	if err == nil {
+	m, errV2 := detectV2(paths, ms)
+	if errV2 == nil {
 		return m, nil
 	}
-	reasons = append(reasons, err.Error())
-	return nil, unavailable("%s", strings.Join(reasons, "; "))
+	m, errV1 := detectV1(paths, ms)
+	if errV1 == nil {
+		return m, nil
+	}
+	return nil, unavailable("%v; %v", errV2, errV1)
 }
 
-// Version is the hierarchy m creates groups in.
-func (m *Manager) Version() Version { return m.version }
+// V2 reports whether m creates groups on cgroup v2, where a process can
+// be started inside its group (Group.FD).
+func (m *Manager) V2() bool { return m.base != "" }
 
 // Enforces reports which of Limits the kernel enforces through m's groups.
 func (m *Manager) Enforces() (memory, processes bool) {
-	if m.version == V2 {
+	if m.V2() {
 		return true, true
 	}
 	return m.memBase != "", m.pidsBase != ""
@@ -83,7 +81,7 @@ func (m *Manager) Enforces() (memory, processes bool) {
 
 // String describes where m creates groups.
 func (m *Manager) String() string {
-	if m.version == V2 {
+	if m.V2() {
 		return "cgroup v2 under " + m.base
 	}
 	var parts []string
@@ -98,13 +96,14 @@ func (m *Manager) String() string {
 
 // Group is one run's control group.
 type Group struct {
-	version Version
 	// dirs are the group's directories: one on v2, one per controller on
 	// v1. procs is the one whose cgroup.procs lists the members.
-	dirs      []string
-	mem, pids string
-	procs     string
-	killFile  string
+	dirs  []string
+	procs string
+	// memEvents and pidsEvents are the files counting OOM kills and
+	// refused forks; "" without that controller.
+	memEvents, pidsEvents string
+	hasKill               bool // procs has cgroup.kill (v2, Linux 5.14)
 	// fd is the v2 directory opened for CLONE_INTO_CGROUP; -1 on v1.
 	fd      int
 	removed bool
@@ -115,7 +114,17 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cgroup: invalid group name %q", name)
 	}
-	g := &Group{version: m.version, fd: -1}
+	g := &Group{fd: -1}
+	if err := g.create(m, name, lim); err != nil {
+		_ = g.Remove()
+		return nil, err
+	}
+	return g, nil
+}
+
+// create makes g's directories and writes its limits; on error, g holds
+// what was made, for Remove.
+func (g *Group) create(m *Manager, name string, lim Limits) error {
 	mk := func(base string) (string, error) {
 		dir := filepath.Join(base, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -124,26 +133,21 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 		g.dirs = append(g.dirs, dir)
 		return dir, nil
 	}
-	fail := func(err error) (*Group, error) {
-		_ = g.Remove()
-		return nil, err
-	}
-	if m.version == V2 {
+	if m.V2() {
 		dir, err := mk(m.base)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		g.mem, g.pids, g.procs = dir, dir, dir
+		g.procs, g.memEvents, g.pidsEvents = dir, filepath.Join(dir, "memory.events"), filepath.Join(dir, "pids.events")
 		if g.fd, err = unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 			g.fd = -1
-			return fail(fmt.Errorf("cgroup: open %s: %w", dir, err))
+			return fmt.Errorf("cgroup: open %s: %w", dir, err)
 		}
-		if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err == nil {
-			g.killFile = filepath.Join(dir, "cgroup.kill")
-		}
+		_, err = os.Stat(filepath.Join(dir, "cgroup.kill"))
+		g.hasKill = err == nil
 		if lim.Memory > 0 {
 			if err := write(dir, "memory.max", strconv.FormatInt(lim.Memory, 10)); err != nil {
-				return fail(err)
+				return err
 			}
 			// Without this the limit only bounds RAM and the rest pages
 			// out; absent when swap is not accounted.
@@ -152,21 +156,20 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 			_ = write(dir, "memory.oom.group", "1")
 		}
 		if lim.Processes > 0 {
-			if err := write(dir, "pids.max", strconv.Itoa(lim.Processes)); err != nil {
-				return fail(err)
-			}
+			return write(dir, "pids.max", strconv.Itoa(lim.Processes))
 		}
-		return g, nil
+		return nil
 	}
 	if m.memBase != "" {
 		dir, err := mk(m.memBase)
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		g.mem, g.procs = dir, dir
+		// oom_kill is in memory.oom_control since Linux 4.13.
+		g.procs, g.memEvents = dir, filepath.Join(dir, "memory.oom_control")
 		if lim.Memory > 0 {
 			if err := write(dir, "memory.limit_in_bytes", strconv.FormatInt(lim.Memory, 10)); err != nil {
-				return fail(err)
+				return err
 			}
 			// Must follow limit_in_bytes (it may not be below it); absent
 			// without swap accounting.
@@ -176,18 +179,16 @@ func (m *Manager) New(name string, lim Limits) (*Group, error) {
 	if m.pidsBase != "" {
 		dir, err := mk(m.pidsBase)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		// The pids group counts every process, so it is the better list of
 		// members to kill.
-		g.pids, g.procs = dir, dir
+		g.procs, g.pidsEvents = dir, filepath.Join(dir, "pids.events")
 		if lim.Processes > 0 {
-			if err := write(dir, "pids.max", strconv.Itoa(lim.Processes)); err != nil {
-				return fail(err)
-			}
+			return write(dir, "pids.max", strconv.Itoa(lim.Processes))
 		}
 	}
-	return g, nil
+	return nil
 }
 
 // FD is the group's directory, open, on cgroup v2: a process started with
@@ -201,9 +202,8 @@ func (g *Group) FD() int { return g.fd }
 // where it was, so add a process before it runs (execagent stops it at its
 // exec); one started with FD needs no Add.
 func (g *Group) Add(pid int) error {
-	s := strconv.Itoa(pid)
 	for _, dir := range g.dirs {
-		if err := write(dir, "cgroup.procs", s); err != nil {
+		if err := write(dir, "cgroup.procs", strconv.Itoa(pid)); err != nil {
 			return err
 		}
 	}
@@ -214,23 +214,17 @@ func (g *Group) Add(pid int) error {
 func (g *Group) Events() (Events, error) {
 	var ev Events
 	var errs []error
-	if g.mem != "" {
-		name := "memory.events"
-		if g.version == V1 {
-			// oom_kill is there since Linux 4.13.
-			name = "memory.oom_control"
+	for _, c := range []struct {
+		file, key string
+		n         *int
+	}{{g.memEvents, "oom_kill", &ev.OOMKills}, {g.pidsEvents, "max", &ev.ForkFailures}} {
+		if c.file == "" {
+			continue
 		}
-		if b, err := os.ReadFile(filepath.Join(g.mem, name)); err != nil {
+		if b, err := os.ReadFile(c.file); err != nil {
 			errs = append(errs, err)
 		} else {
-			ev.OOMKills = readKeyed(string(b), "oom_kill")
-		}
-	}
-	if g.pids != "" {
-		if b, err := os.ReadFile(filepath.Join(g.pids, "pids.events")); err != nil {
-			errs = append(errs, err)
-		} else {
-			ev.ForkFailures = readKeyed(string(b), "max")
+			*c.n = readKeyed(string(b), c.key)
 		}
 	}
 	return ev, errors.Join(errs...)
@@ -244,8 +238,8 @@ func (g *Group) Kill(deadline time.Duration) bool {
 	if g.procs == "" {
 		return true
 	}
-	if g.killFile != "" {
-		_ = write(filepath.Dir(g.killFile), "cgroup.kill", "1")
+	if g.hasKill {
+		_ = write(g.procs, "cgroup.kill", "1")
 	}
 	stop := time.Now().Add(deadline)
 	for {
@@ -292,15 +286,12 @@ func (g *Group) Remove() error {
 		g.fd = -1
 	}
 	for _, dir := range slices.Backward(g.dirs) {
-		var err error
-		for try := 0; try < 200; try++ {
-			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
+		err := os.Remove(dir)
+		for try := 0; err != nil && !errors.Is(err, os.ErrNotExist) && try < 200; try++ {
 			time.Sleep(10 * time.Millisecond)
+			err = os.Remove(dir)
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("cgroup: %w", err))
 		}
 	}
@@ -318,8 +309,7 @@ func write(dir, name, value string) error {
 		return fmt.Errorf("cgroup: %w", err)
 	}
 	_, werr := f.WriteString(value)
-	cerr := f.Close()
-	if err := errors.Join(werr, cerr); err != nil {
+	if err := errors.Join(werr, f.Close()); err != nil {
 		return fmt.Errorf("cgroup: write %q to %s: %w", value, filepath.Join(dir, name), err)
 	}
 	return nil
@@ -365,11 +355,10 @@ func detectV2(paths map[string]string, ms []*procfs.MountInfo) (*Manager, error)
 		if err := enableV2(base); err != nil {
 			return nil, fmt.Errorf("v2: %v", err)
 		}
-		mgr := &Manager{version: V2, base: base}
 		if err := probe(base); err != nil {
 			return nil, fmt.Errorf("v2: %v", err)
 		}
-		return mgr, nil
+		return &Manager{base: base}, nil
 	}
 	return nil, errors.New("v2: no cgroup2 filesystem mounted")
 }
@@ -407,38 +396,33 @@ func enableV2(base string) error {
 }
 
 func detectV1(paths map[string]string, ms []*procfs.MountInfo) (*Manager, error) {
-	mgr := &Manager{version: V1}
+	mgr := &Manager{}
 	var reasons []string
-	for _, ctrl := range []string{"memory", "pids"} {
+	for _, c := range []struct {
+		ctrl string
+		base *string
+	}{{"memory", &mgr.memBase}, {"pids", &mgr.pidsBase}} {
+		ctrl := c.ctrl
 		path, ok := paths[ctrl]
 		if !ok {
 			reasons = append(reasons, "v1: osmo is in no "+ctrl+" group")
 			continue
 		}
-		found := false
-		for _, m := range ms {
-			if _, ok := m.SuperOptions[ctrl]; m.FSType != "cgroup" || !ok {
-				continue
-			}
-			base, ok := dirOf(m, path)
-			if !ok {
-				continue
-			}
-			found = true
-			if err := probe(base); err != nil {
-				reasons = append(reasons, fmt.Sprintf("v1 %s: %v", ctrl, err))
-				break
-			}
-			if ctrl == "memory" {
-				mgr.memBase = base
-			} else {
-				mgr.pidsBase = base
-			}
-			break
-		}
-		if !found {
+		i := slices.IndexFunc(ms, func(m *procfs.MountInfo) bool {
+			_, has := m.SuperOptions[ctrl]
+			_, under := dirOf(m, path)
+			return m.FSType == "cgroup" && has && under
+		})
+		if i < 0 {
 			reasons = append(reasons, "v1: no "+ctrl+" hierarchy mounted")
+			continue
 		}
+		base, _ := dirOf(ms[i], path)
+		if err := probe(base); err != nil {
+			reasons = append(reasons, fmt.Sprintf("v1 %s: %v", ctrl, err))
+			continue
+		}
+		*c.base = base
 	}
 	if mgr.memBase == "" && mgr.pidsBase == "" {
 		return nil, errors.New(strings.Join(reasons, "; "))

@@ -90,7 +90,7 @@ func v2Self(t *testing.T) *Manager {
 				continue
 			}
 			if base, ok := dirOf(mnt, g.Path); ok && probe(base) == nil {
-				return &Manager{version: V2, base: base}
+				return &Manager{base: base}
 			}
 		}
 	}

@@ -13,7 +13,7 @@ type Manager struct{}
 // Detect reports that only Linux has cgroups.
 func Detect() (*Manager, error) { return nil, unavailable("cgroups are Linux only") }
 
-func (m *Manager) Version() Version                   { return 0 }
+func (m *Manager) V2() bool                           { return false }
 func (m *Manager) Enforces() (memory, processes bool) { return false, false }
 func (m *Manager) String() string                     { return "no cgroups" }
 func (m *Manager) New(string, Limits) (*Group, error) { return nil, errors.New("cgroup: Linux only") }

@@ -10,11 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"runtime"
 	rtmetrics "runtime/metrics"
@@ -277,16 +275,6 @@ type throughputRun struct {
 	elapsed  time.Duration
 }
 
-func (t *throughputRun) add(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) error {
-	n, elapsed, err := benchThroughput(ctx, c, target, clients, d)
-	if err != nil {
-		return err
-	}
-	t.requests += n
-	t.elapsed += elapsed
-	return nil
-}
-
 func (t *throughputRun) rate() float64 {
 	if t.elapsed <= 0 {
 		return 0
@@ -319,49 +307,36 @@ func (s *benchStack) start(tp trace.TracerProvider) error {
 	}
 	s.upstreamURL = base + "/v1/chat/completions"
 	target, _ := url.Parse(base)
-	rpTransport, lpTransport, tracedTransport := llmproxy.DefaultTransport(), llmproxy.DefaultTransport(), llmproxy.DefaultTransport()
-	s.transports = append(s.transports, rpTransport, lpTransport, tracedTransport)
-	rp := &httputil.ReverseProxy{
-		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: rpTransport,
-		// A throughput run ends by cancelling the requests in flight: each
-		// would print "http: proxy error: context canceled" between the
-		// tables.
-		ErrorLog: log.New(io.Discard, "", 0),
-	}
-	if s.reverseURL, err = s.serve(rp); err != nil {
+	tr := llmproxy.DefaultTransport()
+	s.transports = append(s.transports, tr)
+	if s.reverseURL, err = s.serve(newReverseProxy(target, tr)); err != nil {
 		return err
 	}
 	s.reverseURL += "/v1/chat/completions"
+	if s.proxyURL, err = s.serveProxy(base, nil); err != nil || tp == nil {
+		return err
+	}
+	s.tracedURL, err = s.serveProxy(base, tp)
+	return err
+}
+
+// serveProxy serves a proxy to the upstream at base that records nothing,
+// tracing every call through tp when it is not nil, and returns its chat
+// completions URL.
+func (s *benchStack) serveProxy(base string, tp trace.TracerProvider) (string, error) {
+	tr := llmproxy.DefaultTransport()
+	s.transports = append(s.transports, tr)
 	p, err := llmproxy.New(llmproxy.Config{
-		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
-		Recorder:  llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
-		Transport: lpTransport,
-	})
-	if err != nil {
-		return err
-	}
-	if s.proxyURL, err = s.serve(p); err != nil {
-		return err
-	}
-	s.proxyURL += "/v1/chat/completions"
-	if tp == nil {
-		return nil
-	}
-	traced, err := llmproxy.New(llmproxy.Config{
 		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: base + "/v1", Model: "bench-policy"}),
 		Recorder:       llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
-		Transport:      tracedTransport,
+		Transport:      tr,
 		TracerProvider: tp,
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
-	if s.tracedURL, err = s.serve(traced); err != nil {
-		return err
-	}
-	s.tracedURL += "/v1/chat/completions"
-	return nil
+	u, err := s.serve(p)
+	return u + "/v1/chat/completions", err
 }
 
 func (s *benchStack) close() {
@@ -396,9 +371,9 @@ func benchRequest(ctx context.Context, c *http.Client, target string) error {
 	return nil
 }
 
-// benchThroughput runs clients concurrent request loops for d and returns
-// the requests completed and the time taken.
-func benchThroughput(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) (int64, time.Duration, error) {
+// add runs clients concurrent request loops for d and adds the requests
+// completed and the time taken.
+func (t *throughputRun) add(ctx context.Context, c *http.Client, target string, clients int, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var (
@@ -424,12 +399,14 @@ func benchThroughput(ctx context.Context, c *http.Client, target string, clients
 	wg.Wait()
 	elapsed := time.Since(start)
 	if first != nil {
-		return 0, 0, first
+		return first
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return 0, 0, err
+		return err
 	}
-	return done.Load(), elapsed, nil
+	t.requests += done.Load()
+	t.elapsed += elapsed
+	return nil
 }
 
 // summarize returns the nearest-rank percentiles of lat (sorted in place).

@@ -1,12 +1,10 @@
 package proxybench
 
 import (
-	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,13 +12,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/osmo-rl/osmo/internal/benchproc"
 	"github.com/osmo-rl/osmo/internal/procstat"
 )
 
@@ -135,18 +133,21 @@ type OneCoreReport struct {
 // TracingCPURatio is the tracing setup's CPU per request over the off
 // setup's: 1.10 means tracing costs 10% more CPU per call (and 1/1.10 of
 // the capacity on one core). It is 0 when nothing was measured.
-func (r OneCoreReport) TracingCPURatio() float64 { return r.cpuRatio(r.Tracing) }
-
-func (r OneCoreReport) cpuRatio(s OneCoreSetup) float64 {
+func (r OneCoreReport) TracingCPURatio() float64 {
 	if r.Skipped != "" || r.Off.CPUPerRequest() == 0 {
 		return 0
 	}
-	return s.CPUPerRequest() / r.Off.CPUPerRequest()
+	return r.Tracing.CPUPerRequest() / r.Off.CPUPerRequest()
 }
 
 // TracingThroughputRatio is the tracing setup's wall-clock requests per
 // second over the off setup's. It is 0 when nothing was measured.
-func (r OneCoreReport) TracingThroughputRatio() float64 { return r.throughputRatio(r.Tracing) }
+func (r OneCoreReport) TracingThroughputRatio() float64 {
+	if r.Skipped != "" || r.Off.Throughput() == 0 {
+		return 0
+	}
+	return r.Tracing.Throughput() / r.Off.Throughput()
+}
 
 // AddedP99Ratio is the p99 the proxy (tracing off) adds to a call, over
 // Direct's, divided by the p99 the plain reverse proxy adds: 1.5 means the
@@ -179,13 +180,6 @@ func (r OneCoreReport) ReverseProxyCPURatio() float64 {
 		return 0
 	}
 	return r.Off.CPUPerRequest() / r.ReverseProxy.CPUPerRequest()
-}
-
-func (r OneCoreReport) throughputRatio(s OneCoreSetup) float64 {
-	if r.Skipped != "" || r.Off.Throughput() == 0 {
-		return 0
-	}
-	return s.Throughput() / r.Off.Throughput()
 }
 
 // WriteTable prints the report as a table, or the reason it was skipped.
@@ -317,25 +311,23 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 	// targets[i] is where setups[i]'s clients send; children[i] its
 	// process (nil for direct).
 	targets := make([]string, len(setups))
-	children := make([]*proxyChild, len(setups))
-	defer func() {
-		for _, c := range children {
-			if c != nil {
-				c.stop()
-			}
-		}
-	}()
+	children := make([]*benchproc.Proc, len(setups))
+	defer benchproc.StopAll(children, childGrace)
 	for i, s := range setups {
 		if s == &rep.Direct {
 			targets[i] = upstream + "/v1/chat/completions"
 			continue
 		}
+		addr, err := benchproc.FreeAddr()
+		if err != nil {
+			return rep, fmt.Errorf("proxybench.MeasureOneCore: %w", err)
+		}
 		command := cfg.Command
-		args := []string{"--upstream", upstream + "/v1", "--model", "bench-policy", "--log-level", "warn"}
+		args := []string{"--addr", addr, "--upstream", upstream + "/v1", "--model", "bench-policy", "--log-level", "warn"}
 		var extra []string
 		switch s {
 		case &rep.ReverseProxy:
-			command, args = cfg.ReverseProxyCommand, []string{"--upstream", upstream}
+			command, args = cfg.ReverseProxyCommand, []string{"--addr", addr, "--upstream", upstream}
 		case &rep.Tracing:
 			extra = []string{
 				"OTEL_EXPORTER_OTLP_ENDPOINT=" + sinkURL,
@@ -344,13 +336,17 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 				"OTEL_SERVICE_NAME=osmo-llmproxy-bench",
 			}
 		}
-		c, err := startProxyChild(ctx, command, args, extra, pin)
-		if c != nil {
-			children[i], targets[i] = c, c.target
-			s.PID = c.pid()
-			if s != &rep.ReverseProxy {
-				rep.GOGC = c.gogc
-			}
+		cmd := command(args)
+		if gogc := proxyEnv(cmd, extra); s != &rep.ReverseProxy {
+			rep.GOGC = gogc
+		}
+		c, err := benchproc.Start(cmd.Path, cmd, pin.start)
+		if err == nil {
+			children[i], s.PID = c, c.PID()
+			// The proxy answers GET / with 404 once it listens.
+			ready, cancel := context.WithTimeout(ctx, 15*time.Second)
+			err = c.WaitHTTP(ready, "http://"+addr+"/", 0)
+			cancel()
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -359,6 +355,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 			rep.Skipped = fmt.Sprintf("the %s proxy did not start: %v", s.Name, err)
 			return rep, nil
 		}
+		targets[i] = "http://" + addr + "/v1/chat/completions"
 	}
 
 	clients := make([]*http.Client, len(setups))
@@ -386,7 +383,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 			var before, after time.Duration
 			var err error
 			if c != nil {
-				if before, err = procstat.CPU(c.pid()); err != nil {
+				if before, err = procstat.CPU(c.PID()); err != nil {
 					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 				}
 			}
@@ -395,7 +392,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			if c != nil {
-				if after, err = procstat.CPU(c.pid()); err != nil {
+				if after, err = procstat.CPU(c.PID()); err != nil {
 					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 				}
 			}
@@ -412,7 +409,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		if c == nil {
 			continue
 		}
-		if err := checkPinned(c.pid(), pin.proxyCPU); err != nil {
+		if err := checkPinned(c.PID(), pin.proxyCPU); err != nil {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: %v", setups[i].Name, err))
 		}
 	}
@@ -422,7 +419,7 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		cl.CloseIdleConnections()
 	}
 	for i, c := range children {
-		if c != nil && !c.stop() {
+		if c != nil && !c.Stop(childGrace) {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy did not exit on SIGTERM within %s and was killed", setups[i].Name, childGrace))
 		}
 	}
@@ -493,60 +490,15 @@ func fixedLoad(ctx context.Context, c *http.Client, target string, clients, n in
 // (the tracing one flushes its last spans) before it is killed.
 const childGrace = 10 * time.Second
 
-// proxyChild is a running proxy process.
-type proxyChild struct {
-	cmd    *exec.Cmd
-	target string // its chat completions URL
-	gogc   string
-	out    *tailBuffer
-	done   chan struct{} // closed when it has exited and was waited for
-
-	stopOnce sync.Once
-	graceful bool
-}
-
-func (c *proxyChild) pid() int { return c.cmd.Process.Pid }
-
-// stop ends the process (SIGTERM, then SIGKILL after childGrace) and waits
-// for it; it reports whether SIGTERM was enough. It may be called again.
-func (c *proxyChild) stop() bool {
-	c.stopOnce.Do(func() {
-		c.graceful = true
-		select {
-		case <-c.done:
-			return
-		default:
-		}
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		t := time.NewTimer(childGrace)
-		defer t.Stop()
-		select {
-		case <-c.done:
-		case <-t.C:
-			c.graceful = false
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
-	})
-	return c.graceful
-}
-
-// startProxyChild starts a proxy listening on a free loopback address with
-// args (--addr is added), extraEnv added to its environment, and waits
-// until it answers. A child that was started is returned even with an
-// error, for its caller to stop.
-func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, args, extraEnv []string, pin benchPin) (*proxyChild, error) {
-	addr, err := freeLoopbackAddr()
-	if err != nil {
-		return nil, err
-	}
-	cmd := command(append([]string{"--addr", addr}, args...))
+// proxyEnv sets cmd's environment: its own (this process's when nil)
+// without any OTEL_*, OSMO_TRACE_CONTENT or GOMAXPROCS variable, then
+// GOMAXPROCS=1 and extra. It returns the GOGC it keeps ("" when unset).
+func proxyEnv(cmd *exec.Cmd, extra []string) (gogc string) {
 	base := cmd.Env
 	if base == nil {
 		base = os.Environ()
 	}
-	env := make([]string, 0, len(base)+len(extraEnv)+1)
-	gogc := ""
+	env := make([]string, 0, len(base)+len(extra)+1)
 	for _, kv := range base {
 		k, v, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(k, "OTEL_") || k == "OSMO_TRACE_CONTENT" || k == "GOMAXPROCS" {
@@ -557,79 +509,8 @@ func startProxyChild(ctx context.Context, command func([]string) *exec.Cmd, args
 		}
 		env = append(env, kv)
 	}
-	cmd.Env = append(append(env, "GOMAXPROCS=1"), extraEnv...)
-	out := &tailBuffer{max: 2 << 10}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := pin.start(cmd); err != nil {
-		return nil, fmt.Errorf("%s: %w", cmd.Path, err)
-	}
-	c := &proxyChild{cmd: cmd, target: "http://" + addr + "/v1/chat/completions", gogc: gogc, out: out, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(c.done) }()
-	if err := c.waitReady(ctx, addr); err != nil {
-		return c, err
-	}
-	return c, nil
-}
-
-// waitReady polls the proxy until it answers (404 on GET /).
-func (c *proxyChild) waitReady(ctx context.Context, addr string) error {
-	client := &http.Client{Timeout: time.Second}
-	defer client.CloseIdleConnections()
-	deadline := time.NewTimer(15 * time.Second)
-	defer deadline.Stop()
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := client.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			return nil
-		}
-		select {
-		case <-c.done:
-			return fmt.Errorf("%s exited early (%s): %s", c.cmd.Path, c.cmd.ProcessState, strings.TrimSpace(c.out.String()))
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-deadline.C:
-			return fmt.Errorf("%s did not answer on %s within 15s: %s", c.cmd.Path, addr, strings.TrimSpace(c.out.String()))
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// freeLoopbackAddr returns a loopback address nothing listens on now.
-func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
+	cmd.Env = append(append(env, "GOMAXPROCS=1"), extra...)
+	return gogc
 }
 
 // spanSink is an OTLP/HTTP trace receiver that answers every export with
@@ -645,16 +526,8 @@ func (s *spanSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	var body io.Reader = r.Body
-	if r.Header.Get("Content-Encoding") == "gzip" {
-		zr, err := gzip.NewReader(r.Body)
-		if err != nil {
-			s.failed(w, err)
-			return
-		}
-		body = zr
-	}
-	b, err := io.ReadAll(io.LimitReader(body, 64<<20))
+	// Uncompressed: the proxy's exporter gets no OTEL_EXPORTER_OTLP_COMPRESSION.
+	b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	if err != nil {
 		s.failed(w, err)
 		return

@@ -30,13 +30,17 @@ func ServeReverseProxy(ctx context.Context, addr, upstream string) error {
 	}
 	tr := llmproxy.DefaultTransport()
 	defer tr.CloseIdleConnections()
-	rp := &httputil.ReverseProxy{
+	srv := &http.Server{Handler: newReverseProxy(target, tr), ReadHeaderTimeout: 10 * time.Second}
+	return server.ServeHTTP(ctx, srv, ln, 5*time.Second)
+}
+
+// newReverseProxy forwards every request to target through tr.
+func newReverseProxy(target *url.URL, tr http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport: tr,
-		// The clients of a measurement hang up when it ends: nothing to
-		// report.
+		// The clients of a measurement hang up when it ends, cancelling
+		// the requests in flight: nothing to report.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	return server.ServeHTTP(ctx, srv, ln, 5*time.Second)
 }

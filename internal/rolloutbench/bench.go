@@ -31,6 +31,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/osmo-rl/osmo/internal/benchproc"
 	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/procstat"
@@ -259,7 +260,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	}
 	// A grace to end by itself: killed, it would leave its embedded NATS
 	// server's directory behind.
-	defer srv.stop(serveGrace)
+	defer srv.Stop(serveGrace)
 
 	b := h.bench(base)
 	rep := &Report{Concurrency: cfg.Concurrency, InFlight: cfg.InFlight, State: cfg.StateDir != ""}
@@ -271,7 +272,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		if rep.Held, err = Scrape(ctx, base); err != nil {
 			return err
 		}
-		_, rep.HeldAnon, _, err = memory(srv.pid())
+		_, rep.HeldAnon, _, err = memory(srv.PID())
 		return err
 	})
 	if err != nil {
@@ -282,7 +283,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	} else {
 		rep.AllGraded = true
 	}
-	if _, _, rep.PeakRSS, err = memory(srv.pid()); err != nil {
+	if _, _, rep.PeakRSS, err = memory(srv.PID()); err != nil {
 		return nil, err
 	}
 
@@ -312,7 +313,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 // server has slots for in their first LLM call and the rest queued, calls
 // atHeld, then lets the policy answer and waits until every
 // one is graded. gradeErr says what the first that was not got instead.
-func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, n, slots int, atHeld func() error) (gradeErr, err error) {
+func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefix string, n, slots int, atHeld func() error) (gradeErr, err error) {
 	h.gate.Close()
 	defer h.gate.Open()
 	held := make([]string, n)
@@ -325,7 +326,7 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, 
 	// With fewer slots than n (Config.MaxConcurrent), the rest wait in
 	// the server's queue, admitted: they are held too.
 	if err := h.gate.WaitParked(ctx, min(n, slots)); err != nil {
-		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.out.String())
+		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.Output())
 	}
 	if err := atHeld(); err != nil {
 		return nil, err
@@ -341,48 +342,40 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *proc, prefix string, 
 // The port is one nothing listened on a moment before, which a connection
 // of the machine may take as its own end in between (after a run that held
 // 10,000 connections, ephemeral ports are many): a server that could not
-// bind it is started again on another, up to bindTries times.
-func startServe(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *proc, base string, err error) {
-	for try := 1; ; try++ {
-		srv, base, err = startServeOnce(ctx, cfg, serve)
-		if err == nil || try == bindTries || !strings.Contains(err.Error(), "address already in use") {
-			return srv, base, err
-		}
-	}
-}
-
-const bindTries = 3
-
-func startServeOnce(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *proc, base string, err error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, "", err
-	}
-	limit := strconv.Itoa(cfg.limit())
-	workflow := cmp.Or(cfg.Workflow, "multiply")
-	args := []string{"--workflow", workflow, "-H", "127.0.0.1", "-p", portOf(addr),
-		"--max-concurrent", strconv.Itoa(cfg.slots()), "--max-queued", limit, "--log-level", "error"}
+// bind it is started again on another, up to three times.
+func startServe(ctx context.Context, cfg Config, serve func([]string) *exec.Cmd) (srv *benchproc.Proc, base string, err error) {
+	args := []string{"--workflow", cmp.Or(cfg.Workflow, "multiply"), "-H", "127.0.0.1",
+		"--max-concurrent", strconv.Itoa(cfg.slots()), "--max-queued", strconv.Itoa(cfg.limit()), "--log-level", "error"}
 	if cfg.StateDir != "" {
 		args = append(args, "--state", cfg.StateDir)
 		if cfg.StateSync != "" {
 			args = append(args, "--state-sync", cfg.StateSync)
 		}
 	}
-	cmd := serve(args)
-	// Every held rollout keeps its upstream connection open.
-	if cmd.Env == nil {
-		cmd.Env = os.Environ()
+	for try := 1; ; try++ {
+		addr, err := benchproc.FreeAddr()
+		if err != nil {
+			return nil, "", err
+		}
+		cmd := serve(slices.Concat(args, []string{"-p", portOf(addr)}))
+		// Every held rollout keeps its upstream connection open.
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS="+strconv.Itoa(cfg.InFlight+cfg.Concurrency))
+		if srv, err = benchproc.Start("osmo serve", cmd, (*exec.Cmd).Start); err != nil {
+			return nil, "", fmt.Errorf("rolloutbench: %w", err)
+		}
+		base = "http://" + addr
+		err = srv.WaitHTTP(ctx, base+"/health", http.StatusOK)
+		if err == nil {
+			return srv, base, nil
+		}
+		srv.Stop(serveGrace)
+		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return nil, "", fmt.Errorf("rolloutbench: %w", err)
+		}
 	}
-	cmd.Env = append(cmd.Env, "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS="+strconv.Itoa(cfg.InFlight+cfg.Concurrency))
-	if srv, err = startProc("osmo serve", cmd); err != nil {
-		return nil, "", fmt.Errorf("rolloutbench: %w", err)
-	}
-	base = "http://" + addr
-	if err := srv.waitHTTP(ctx, base+"/health"); err != nil {
-		srv.stop(serveGrace)
-		return nil, "", fmt.Errorf("rolloutbench: %w", err)
-	}
-	return srv, base, nil
 }
 
 type bench struct {
@@ -441,8 +434,8 @@ func (b *bench) waitGraded(ctx context.Context, ids []string) error {
 
 // timedUsage is timed, with what the server process srv spent over the
 // run.
-func (b *bench) timedUsage(ctx context.Context, srv *proc, prefix string, n, concurrency int) (Timed, error) {
-	before, err := readUsage(ctx, srv.pid(), b.base)
+func (b *bench) timedUsage(ctx context.Context, srv *benchproc.Proc, prefix string, n, concurrency int) (Timed, error) {
+	before, err := readUsage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
@@ -450,7 +443,7 @@ func (b *bench) timedUsage(ctx context.Context, srv *proc, prefix string, n, con
 	if err != nil {
 		return Timed{}, err
 	}
-	after, err := readUsage(ctx, srv.pid(), b.base)
+	after, err := readUsage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
@@ -642,13 +635,6 @@ func settledState(ctx context.Context, bases []string) (stateCount, error) {
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
-}
-
-func tail(s string) string {
-	if len(s) > 2000 {
-		return s[len(s)-2000:]
-	}
-	return s
 }
 
 // PerRollout is the server's extra resident memory per held rollout.

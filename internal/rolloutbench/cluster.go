@@ -4,11 +4,14 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/benchproc"
 )
 
 // Cluster says how to run the cluster: three `osmo rollout` replicas over
@@ -46,17 +49,17 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 	if err != nil {
 		return nil, err
 	}
-	var procs []*proc
-	defer func() { stopAll(procs, 15*time.Second) }()
-	start := func(name string, build func([]string) *exec.Cmd, args ...string) (*proc, error) {
-		p, err := startProc(name, build(args))
+	var procs []*benchproc.Proc
+	defer func() { benchproc.StopAll(procs, 15*time.Second) }()
+	start := func(name string, build func([]string) *exec.Cmd, args ...string) (*benchproc.Proc, error) {
+		p, err := benchproc.Start(name, build(args), (*exec.Cmd).Start)
 		if err == nil {
 			procs = append(procs, p)
 		}
 		return p, err
 	}
 
-	graderAddr, err := freeAddr()
+	graderAddr, err := benchproc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +67,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := grader.waitGRPC(ctx, graderAddr); err != nil {
+	if err := waitGRPC(ctx, grader, graderAddr); err != nil {
 		return nil, err
 	}
 
@@ -78,7 +81,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		// Not the replicas' port, which nothing holds until they start.
 		var metricsAddr string
 		for metricsAddr == "" || portOf(metricsAddr) == port {
-			addrs, err := freeAddrs(ip, 1)
+			addrs, err := benchproc.FreeAddrs(ip, 1)
 			if err != nil {
 				return nil, err
 			}
@@ -91,7 +94,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		if err != nil {
 			return nil, err
 		}
-		if err := p.waitGRPC(ctx, ip+":"+port); err != nil {
+		if err := waitGRPC(ctx, p, ip+":"+port); err != nil {
 			return nil, err
 		}
 		metrics = append(metrics, "http://"+metricsAddr)
@@ -102,7 +105,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		return nil, err
 	}
 	defer dns.close()
-	gatewayAddr, err := freeAddr()
+	gatewayAddr, err := benchproc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +115,7 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 		return nil, err
 	}
 	base := "http://" + gatewayAddr
-	if err := gateway.waitHTTP(ctx, base+"/health"); err != nil {
+	if err := gateway.WaitHTTP(ctx, base+"/health", http.StatusOK); err != nil {
 		return nil, err
 	}
 
@@ -141,10 +144,10 @@ func measureCluster(ctx context.Context, h *harness, cfg Config) (*Timed, error)
 
 // withOutput is err with the output of each process, which says why a
 // rollout did not end.
-func withOutput(err error, procs []*proc) error {
+func withOutput(err error, procs []*benchproc.Proc) error {
 	var b strings.Builder
 	for _, p := range procs {
-		fmt.Fprintf(&b, "\n--- %s:\n%s", p.name, tail(p.out.String()))
+		fmt.Fprintf(&b, "\n--- %s:\n%s", p.Name, p.Output())
 	}
 	return fmt.Errorf("%w%s", err, b.String())
 }

@@ -80,20 +80,20 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if err != nil {
 		return r, err
 	}
-	defer srv.stop(serveGrace)
+	defer srv.Stop(serveGrace)
 	b := h.bench(base)
 	if _, err := b.timed(ctx, prefix+"-warm", cfg.Concurrency, cfg.Concurrency); err != nil {
-		return r, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
+		return r, fmt.Errorf("%w (server output: %s)", err, srv.Output())
 	}
 	if r.Timed, err = b.timedUsage(ctx, srv, prefix, cfg.Rollouts, cfg.Concurrency); err != nil {
-		return r, fmt.Errorf("%w (server output: %s)", err, srv.out.String())
+		return r, fmt.Errorf("%w (server output: %s)", err, srv.Output())
 	}
 	if cfg.InFlight <= 0 {
 		return r, nil
 	}
 	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, cfg.slots(), func() error {
 		var err error
-		r.HeldRSS, r.HeldAnon, _, err = memory(srv.pid())
+		r.HeldRSS, r.HeldAnon, _, err = memory(srv.PID())
 		return err
 	})
 	if err != nil {
@@ -102,7 +102,7 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if gradeErr != nil {
 		r.GradeErr = gradeErr.Error()
 	}
-	_, _, r.PeakRSS, err = memory(srv.pid())
+	_, _, r.PeakRSS, err = memory(srv.PID())
 	return r, err
 }
 

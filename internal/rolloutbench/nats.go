@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/osmo-rl/osmo/internal/benchproc"
 )
 
 // FindNATS finds a nats-server binary: envBin ($OSMO_NATS_BIN) if set,
@@ -34,7 +37,7 @@ func FindNATS(ctx context.Context, envBin string) (string, error) {
 	if err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
-			err = fmt.Errorf("%w: %s", err, tail(strings.TrimSpace(string(exit.Stderr))))
+			err = fmt.Errorf("%w: %s", err, exit.Stderr[max(len(exit.Stderr)-2000, 0):])
 		}
 		return "", fmt.Errorf("%s: %w", script, err)
 	}
@@ -84,7 +87,7 @@ const natsConfig = "max_payload: 8MB\n"
 // natsCluster is three nats-server processes with JetStream on loopback,
 // their stores under dir, routed to each other as one cluster.
 type natsCluster struct {
-	nodes []*proc
+	nodes []*benchproc.Proc
 	urls  []string
 }
 
@@ -98,7 +101,7 @@ func startNATS(ctx context.Context, bin, dir string) (*natsCluster, error) {
 		return nil, err
 	}
 	// Client, route and monitoring listeners of each node.
-	addrs, err := freeAddrs("127.0.0.1", 3*n)
+	addrs, err := benchproc.FreeAddrs("127.0.0.1", 3*n)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +118,7 @@ func startNATS(ctx context.Context, bin, dir string) (*natsCluster, error) {
 		cmd := exec.Command(bin, "-c", conf, "-a", "127.0.0.1", "-p", portOf(clients[i]), "-m", portOf(monitors[i]),
 			"-js", "-sd", filepath.Join(dir, name), "-n", name,
 			"--cluster_name", "osmo-bench", "--cluster", "nats://"+routes[i], "--routes", strings.Join(others, ","))
-		p, err := startProc(name, cmd)
+		p, err := benchproc.Start(name, cmd, (*exec.Cmd).Start)
 		if err != nil {
 			return c, err
 		}
@@ -125,7 +128,7 @@ func startNATS(ctx context.Context, bin, dir string) (*natsCluster, error) {
 	// /healthz answers 200 once JetStream is up and, in a cluster, current
 	// with the meta leader.
 	for i, p := range c.nodes {
-		if err := p.waitHTTP(ctx, "http://"+monitors[i]+"/healthz"); err != nil {
+		if err := p.WaitHTTP(ctx, "http://"+monitors[i]+"/healthz", http.StatusOK); err != nil {
 			return c, err
 		}
 	}
@@ -138,6 +141,6 @@ func (c *natsCluster) url() string { return strings.Join(c.urls, ",") }
 // stop stops the nodes started, if any.
 func (c *natsCluster) stop() {
 	if c != nil {
-		stopAll(c.nodes, 10*time.Second)
+		benchproc.StopAll(c.nodes, 10*time.Second)
 	}
 }

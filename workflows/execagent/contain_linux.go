@@ -54,7 +54,7 @@ func (h *host) enforcement(asked Limits) []any {
 	if h.cgroups != nil {
 		memCG, procCG = h.cgroups.Enforces()
 		where = h.cgroups.String()
-		if h.cgroups.Version() == cgroup.V2 {
+		if h.cgroups.V2() {
 			start = "created inside its cgroup (clone3)"
 		}
 	}

@@ -32,6 +32,7 @@ package execagent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -154,28 +155,25 @@ func fieldErr(field, format string, args ...any) error {
 // are joined.
 func (c *Config) Validate() error {
 	var errs []error
-	if err := osmo.ValidSampleID(c.name()); err != nil {
+	name := cmp.Or(c.Name, DefaultName)
+	if err := osmo.ValidSampleID(name); err != nil {
 		errs = append(errs, fieldErr("name", "%w", err))
 	}
 	if c.Samples < 0 || c.Samples > MaxSamples {
 		errs = append(errs, fieldErr("samples", "must be between 0 (one sample) and %d, got %d", MaxSamples, c.Samples))
-	} else if n := c.samples(); n > 1 {
-		if err := osmo.ValidSampleID(sampleID(c.name(), n-1, n)); err != nil {
+	} else if n := c.Samples; n > 1 {
+		if err := osmo.ValidSampleID(sampleID(name, n-1, n)); err != nil {
 			errs = append(errs, fieldErr("name", "with samples %d: %w", n, err))
 		}
 	}
-	if c.Dir != "" {
-		if fi, err := os.Stat(c.Dir); err != nil {
-			errs = append(errs, fieldErr("dir", "%w", err))
-		} else if !fi.IsDir() {
-			errs = append(errs, fieldErr("dir", "%s is not a directory", c.Dir))
+	for _, d := range []struct{ field, dir string }{{"dir", c.Dir}, {"scratch_dir", c.ScratchDir}} {
+		if d.dir == "" {
+			continue
 		}
-	}
-	if c.ScratchDir != "" {
-		if fi, err := os.Stat(c.ScratchDir); err != nil {
-			errs = append(errs, fieldErr("scratch_dir", "%w", err))
+		if fi, err := os.Stat(d.dir); err != nil {
+			errs = append(errs, fieldErr(d.field, "%w", err))
 		} else if !fi.IsDir() {
-			errs = append(errs, fieldErr("scratch_dir", "%s is not a directory", c.ScratchDir))
+			errs = append(errs, fieldErr(d.field, "%s is not a directory", d.dir))
 		}
 	}
 	if _, _, err := c.resolveCommand(); err != nil {
@@ -183,13 +181,14 @@ func (c *Config) Validate() error {
 	}
 	for i, kv := range c.Env {
 		key, _, ok := strings.Cut(kv, "=")
+		field := fmt.Sprintf("env[%d]", i)
 		switch {
 		case !ok || key == "":
-			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%q is not KEY=VALUE", kv))
+			errs = append(errs, fieldErr(field, "%q is not KEY=VALUE", kv))
 		case strings.ContainsRune(kv, 0):
-			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%s contains a NUL byte", key))
+			errs = append(errs, fieldErr(field, "%s contains a NUL byte", key))
 		case reservedEnv(key):
-			errs = append(errs, fieldErr(fmt.Sprintf("env[%d]", i), "%s is reserved: the runner sets the OPENAI_* and OSMOSIS_* variables so that every LLM call goes through the rollout's proxy", key))
+			errs = append(errs, fieldErr(field, "%s is reserved: the runner sets the OPENAI_* and OSMOSIS_* variables so that every LLM call goes through the rollout's proxy", key))
 		}
 	}
 	for i, name := range c.PassEnv {
@@ -202,10 +201,7 @@ func (c *Config) Validate() error {
 	} else if u != nil {
 		// The program starts in its scratch directory: as another user it
 		// must be able to reach it, or its start fails with a bare EACCES.
-		base := c.ScratchDir
-		if base == "" {
-			base = os.TempDir()
-		}
+		base := cmp.Or(c.ScratchDir, os.TempDir())
 		if err := reachable(base, u); err != nil {
 			errs = append(errs, fieldErr("scratch_dir", "user=%d:%d runs in a directory under %s: %w; set scratch_dir (or the server's TMPDIR) to a directory that user can reach", u.UID, u.GID, base, err))
 		}
@@ -223,28 +219,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fieldErr("kill_grace", "must be 0 (default %s) or more, got %s", DefaultKillGrace, c.KillGrace))
 	}
 	return errors.Join(errs...)
-}
-
-func (c *Config) name() string {
-	if c.Name == "" {
-		return DefaultName
-	}
-	return c.Name
-}
-
-func (c *Config) samples() int { return max(c.Samples, 1) }
-
-func (c *Config) maxLineBytes() int { return orDefault(c.MaxLineBytes, DefaultMaxLineBytes) }
-
-func (c *Config) stderrTailBytes() int { return orDefault(c.StderrTailBytes, DefaultStderrTailBytes) }
-
-func (c *Config) killGrace() time.Duration { return orDefault(c.KillGrace, DefaultKillGrace) }
-
-func orDefault[N int | time.Duration](v, def N) N {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // resolveCommand returns the absolute path of Command[0] and the argv the
@@ -310,12 +284,9 @@ func (c *Config) settings() (json.RawMessage, error) {
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return json.RawMessage(`{}`), nil
 	}
-	if trimmed[0] != '{' || !json.Valid(trimmed) {
-		return nil, fieldErr("settings", "must be a JSON object, got %.40q", trimmed)
-	}
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, trimmed); err != nil {
-		return nil, fieldErr("settings", "%w", err)
+	if trimmed[0] != '{' || json.Compact(&buf, trimmed) != nil {
+		return nil, fieldErr("settings", "must be a JSON object, got %.40q", trimmed)
 	}
 	return buf.Bytes(), nil
 }
@@ -331,9 +302,7 @@ func reservedEnv(key string) bool {
 // New returns the exec workflow for cfg, after Validate. Name defaults to
 // DefaultName.
 func New(cfg Config) (*osmo.Workflow, error) {
-	if cfg.Name == "" {
-		cfg.Name = DefaultName
-	}
+	cfg.Name = cmp.Or(cfg.Name, DefaultName)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -412,17 +381,14 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 	if err := enc.Encode(input{Prompt: prompt, Metadata: metadata, Config: settings}); err != nil {
 		return fmt.Errorf("execagent: encode the program's stdin: %w: %w", osmo.ErrInvalidInput, err)
 	}
-	rolloutID := wc.RolloutID
-	if rolloutID == "" {
-		rolloutID = wc.Rollout.ID
-	}
+	rolloutID := cmp.Or(wc.RolloutID, wc.Rollout.ID)
 
 	rn.host.logOnce(wc.Rollout.Logger(), cfg.Limits)
 
-	n := cfg.samples()
+	n := max(cfg.Samples, 1)
 	runs := make([]*sample, n)
 	for i := range runs {
-		id := sampleID(cfg.name(), i, n)
+		id := sampleID(cmp.Or(cfg.Name, DefaultName), i, n)
 		s := &sample{id: id}
 		// Registered before anything starts, so a clash stops the rollout
 		// before any program runs.
@@ -435,9 +401,9 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 		path:      path,
 		argv:      argv,
 		stdin:     stdin.Bytes(),
-		maxLine:   cfg.maxLineBytes(),
-		tailBytes: cfg.stderrTailBytes(),
-		grace:     cfg.killGrace(),
+		maxLine:   cmp.Or(cfg.MaxLineBytes, DefaultMaxLineBytes),
+		tailBytes: cmp.Or(cfg.StderrTailBytes, DefaultStderrTailBytes),
+		grace:     cmp.Or(cfg.KillGrace, DefaultKillGrace),
 	}
 	runOne := func(ctx context.Context, s *sample) error {
 		ep := wc.Rollout.Endpoint(s.id)
@@ -470,9 +436,6 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 			"OPENAI_AGENTS_DISABLE_TRACING=1",
 		)
 		return s.run(ctx, wc.Rollout, sp)
-	}
-	if n == 1 {
-		return runOne(ctx, runs[0])
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range runs {
@@ -555,7 +518,6 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 		log.Info("agent output", attrs...)
 		r.LogEvent("agent_stderr", map[string]any{"sample_id": s.id, "line": line})
 	}
-	s.setRunning()
 	start := time.Now()
 	res, err := runProcess(ctx, spec)
 	elapsed := time.Since(start)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os/user"
 	"slices"
@@ -317,12 +318,7 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 		return errors.New(`must be "KEY=VALUE,..." or an object such as {"memory": "512MiB", "processes": 64}`)
 	}
 	var next Limits
-	keys := make([]string, 0, len(obj))
-	for k := range obj {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(obj)) {
 		raw := bytes.TrimSpace(obj[k])
 		var v string
 		if len(raw) > 0 && raw[0] == '"' {

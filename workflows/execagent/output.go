@@ -2,7 +2,6 @@ package execagent
 
 import (
 	"bytes"
-	"io"
 	"strings"
 )
 
@@ -20,8 +19,6 @@ type lastLine struct {
 	last        []byte
 	lastTooLong bool
 }
-
-func newLastLine(max int) *lastLine { return &lastLine{max: max} }
 
 func (l *lastLine) Write(p []byte) (int, error) {
 	splitLines(p, l.add, l.endLine)
@@ -135,17 +132,4 @@ func (s *stderrLines) Tail() string {
 		t = t[len(t)-s.tailMax:]
 	}
 	return strings.ToValidUTF8(string(t), "\uFFFD")
-}
-
-// pump copies r into w until r ends or fails (a closed pipe ends it too).
-func pump(r io.Reader, w io.Writer, buf []byte) {
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			_, _ = w.Write(buf[:n])
-		}
-		if err != nil {
-			return
-		}
-	}
 }

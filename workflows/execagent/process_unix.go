@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -74,15 +75,16 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	pid := cmd.Process.Pid
 	spec.logger.Debug("exec agent started", "pid", pid, "argv", spec.argv, "dir", spec.dir)
 
-	res := &procResult{pid: pid, stdout: newLastLine(spec.maxLine)}
+	res := &procResult{pid: pid, stdout: &lastLine{max: spec.maxLine}}
 	stderr := &stderrLines{emit: spec.onStderr, lineMax: stderrLogLineBytes, tailMax: spec.tailBytes}
 	var readers, writer sync.WaitGroup
 	readers.Go(func() {
-		pump(outR, res.stdout, make([]byte, 32<<10))
+		// The writers take every write: a copy ends when the pipe does.
+		_, _ = io.Copy(res.stdout, outR)
 		res.stdout.finish()
 	})
 	readers.Go(func() {
-		pump(errR, stderr, make([]byte, 8<<10))
+		_, _ = io.Copy(stderr, errR)
 		stderr.finish()
 	})
 	writer.Go(func() {

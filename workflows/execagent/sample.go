@@ -14,42 +14,27 @@ type sample struct {
 	id string
 
 	mu      sync.Mutex
-	state   sampleState
+	done    bool // the program finished, and its run was judged
 	msgs    []osmo.Message
 	extras  map[string]any
 	failure error
 }
-
-type sampleState int
-
-const (
-	pending sampleState = iota
-	running
-	succeeded
-	failed
-)
 
 var (
 	_ osmo.SampleSource = (*sample)(nil)
 	_ osmo.SampleExtras = (*sample)(nil)
 )
 
-func (s *sample) setRunning() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.state = running
-}
-
 func (s *sample) succeed(msgs []osmo.Message, extras map[string]any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.state, s.msgs, s.extras = succeeded, msgs, extras
+	s.done, s.msgs, s.extras = true, msgs, extras
 }
 
 func (s *sample) fail(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.state, s.failure = failed, err
+	s.done, s.failure = true, err
 }
 
 // SampleMessages implements osmo.SampleSource: the "messages" of the
@@ -58,14 +43,13 @@ func (s *sample) fail(err error) {
 func (s *sample) SampleMessages() ([]osmo.Message, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch s.state {
-	case succeeded:
-		return s.msgs, nil
-	case failed:
-		return nil, s.failure
-	default:
+	switch {
+	case !s.done:
 		return nil, fmt.Errorf("execagent: sample %q: the program has not finished", s.id)
+	case s.failure != nil:
+		return nil, s.failure
 	}
+	return s.msgs, nil
 }
 
 // SampleExtraFields implements osmo.SampleExtras: the "extra_fields" object
