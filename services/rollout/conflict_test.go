@@ -31,8 +31,9 @@ import (
 type countingKV struct {
 	jetstream.KeyValue
 	writes, lost, finalOwed, finalBodies atomic.Int64
-	// owed: the keys stored with a final stage.
-	owed sync.Map
+	// owed: the keys stored with a final stage; marked: those stored with
+	// their first stage done.
+	owed, marked sync.Map
 }
 
 func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
@@ -56,7 +57,29 @@ func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last
 			kv.finalOwed.Add(1)
 		}
 	}
+	if err == nil && lc.Ran.done() {
+		kv.marked.Store(key, true)
+	}
 	return rev, err
+}
+
+// afterMarkGrader grades every sample 1 once its rollout's first stage is
+// marked done in kv: the grading ends after the mark, however slow the
+// machine.
+type afterMarkGrader struct{ kv *countingKV }
+
+func (g afterMarkGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
+	key := natsstore.Key(req.GetRolloutId())
+	for {
+		if _, ok := g.kv.marked.Load(key); ok {
+			return instantGrader{}.Grade(ctx, req)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // quickGrader grades every sample 1 within a couple of milliseconds;
@@ -118,11 +141,11 @@ func serveCalculator(t *testing.T, gr Grader, wrap func(jetstream.KeyValue) jets
 // the trainer answering each completion callback after trainerWait(), and
 // returns the lifecycle writes made, and the service once every lifecycle
 // is finished.
-func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, gr Grader) (*countingKV, *Service) {
+func concludeMany(t *testing.T, n int, trainerWait func() time.Duration, grader func(*countingKV) Grader) (*countingKV, *Service) {
 	t.Helper()
-	var kv *countingKV
-	tally, s := startCalculator(t, n, "conclude", trainerWait, gr, func(b jetstream.KeyValue) jetstream.KeyValue {
-		kv = &countingKV{KeyValue: b}
+	kv := &countingKV{}
+	tally, s := startCalculator(t, n, "conclude", trainerWait, grader(kv), func(b jetstream.KeyValue) jetstream.KeyValue {
+		kv.KeyValue = b
 		return kv
 	})
 	tally.await(t, n, 30*time.Second, nil)
@@ -278,7 +301,7 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 	const n = 100
 	// The trainer answers in about the time the grading takes: the two
 	// writes that follow fall together.
-	kv, _ := concludeMany(t, n, func() time.Duration { return time.Duration(rand.IntN(2000)) * time.Microsecond }, quickGrader{})
+	kv, _ := concludeMany(t, n, func() time.Duration { return time.Duration(rand.IntN(2000)) * time.Microsecond }, func(*countingKV) Grader { return quickGrader{} })
 	if lost := kv.lost.Load(); lost > 0 {
 		t.Errorf("%d of %d lifecycle writes of %d rollouts lost a compare-and-set to another write of the same replica", lost, kv.writes.Load(), n)
 	}
@@ -294,7 +317,7 @@ func TestConcludingWritesDoNotConflict(t *testing.T) {
 // in a private state, and its finish are writes of another kind).
 func TestFinalBodiesWrittenOnce(t *testing.T) {
 	const n = 20
-	kv, s := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, instantGrader{})
+	kv, s := concludeMany(t, n, func() time.Duration { return 20 * time.Millisecond }, func(*countingKV) Grader { return instantGrader{} })
 	if got := kv.finalOwed.Load(); got != n {
 		t.Errorf("%d lifecycle writes owed the final stage for %d rollouts, want %d", got, n, n)
 	}
@@ -328,7 +351,7 @@ func heldBodies(t *testing.T, s *Service, kv *countingKV, n int) {
 // own; nothing waits for a mark to take it.
 func TestFinalOwedAfterASlowGrading(t *testing.T) {
 	const n = 10
-	kv, s := concludeMany(t, n, func() time.Duration { return 0 }, slowGrader{})
+	kv, s := concludeMany(t, n, func() time.Duration { return 0 }, func(kv *countingKV) Grader { return afterMarkGrader{kv} })
 	if got := kv.finalOwed.Load(); got != n {
 		t.Errorf("%d lifecycle writes owed the final stage for %d rollouts, want %d", got, n, n)
 	}
