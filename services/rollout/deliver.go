@@ -110,7 +110,8 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 // nil when delivered) and returns the final stage when this mark is the
 // one that lets it be sent. The mark is retried while the shared state
 // does not answer (a NATS node lost, a leader being elected): the trainer
-// has the callback, and a mark given up on sends it again.
+// has the callback, and a mark given up on sends it again. A mark given up
+// on returns no final stage.
 //
 // A retry may find the mark written already: by this replica's own
 // earlier try whose answer was lost, which may have let the final stage
@@ -173,13 +174,23 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		// rollout over owns it).
 		final.written((err == nil || errors.Is(err, errUnchanged)) && lc != nil && lc.Final != nil && lc.Owner == s.replica)
 	}
-	if errors.Is(err, errUnchanged) || errors.Is(err, errGone) {
+	switch {
+	case errors.Is(err, errUnchanged):
 		return next, viaOutbox, nil
+	case errors.Is(err, errGone):
+		return nil, false, nil
+	case err != nil:
+		// The last try's change may have started the final stage, but in
+		// a write not made (or not answered): posted from here, it would
+		// be a delivery the lifecycle does not record, and the replica
+		// that concludes the rollout again (its work stays held) would
+		// post it once more. That replica sends it after the mark.
+		return nil, false, err
 	}
-	if err == nil && lc.Phase == phaseFinished {
+	if lc.Phase == phaseFinished {
 		s.waiters.notify(id)
 	}
-	return next, false, err
+	return next, false, nil
 }
 
 // pendingFinal is a rollout's final stage, once graded, waiting for the
