@@ -24,7 +24,6 @@ import (
 	"github.com/osmo-rl/osmo/gateway"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/grpccodec"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
@@ -230,7 +229,6 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
 	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
 	opts := append(telemetry.GRPCServerOptions(tp, prop),
-		grpccodec.ServerOption(),
 		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
 		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
 		// Connections are recycled so dns:/// clients re-resolve and spread
@@ -283,7 +281,6 @@ func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagat
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, telemetry.GRPCDialOptions(tp, prop)...)
 	opts = append(opts, extra...)
 	opts = append(opts,
-		grpccodec.DialOption(),
 		grpc.WithDefaultServiceConfig(roundRobin),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(defaultMaxMessageBytes), grpc.MaxCallSendMsgSize(defaultMaxMessageBytes)),

@@ -15,7 +15,6 @@ tools=(
   "protoc-gen-connect-go=connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1"
   "protoc-gen-grpc-gateway=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@v2.32.0"
   "protoc-gen-openapiv2=github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@v2.32.0"
-  "protoc-gen-go-vtproto=github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@v0.6.1-0.20240319094008-0393e58bdf10"
   "staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2"
 )
 for entry in "${tools[@]}"; do
