@@ -143,15 +143,14 @@ func (x *exchange) readBody() ([]byte, int, error) {
 		}
 		return b, 0, nil
 	}
-	buf := x.p.getBuf()
-	defer x.p.putBuf(buf)
-	if _, err := buf.ReadFrom(rd); err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, http.StatusRequestEntityTooLarge, tooLarge()
-		}
+	b, err := io.ReadAll(rd)
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return nil, http.StatusRequestEntityTooLarge, tooLarge()
+	}
+	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("llmproxy: reading request body: %w", err)
 	}
-	return bytes.Clone(buf.Bytes()), 0, nil
+	return b, 0, nil
 }
 
 // forward sends body upstream, retrying per the policy, and answers the client.
@@ -361,8 +360,7 @@ type permanentError interface {
 	Permanent() bool
 }
 
-// readBounded reads a whole upstream body into a pooled buffer the caller
-// must return.
+// readBounded reads a whole upstream body.
 func (x *exchange) readBounded(actx context.Context, resp *http.Response) (*bytes.Buffer, *upstreamError) {
 	tooLarge := func() *upstreamError {
 		return &upstreamError{kind: "too_large", detail: fmt.Sprintf("upstream response exceeds the limit of %d bytes", x.p.maxResp)}
@@ -370,7 +368,7 @@ func (x *exchange) readBounded(actx context.Context, resp *http.Response) (*byte
 	if resp.ContentLength > x.p.maxResp {
 		return nil, tooLarge()
 	}
-	buf := x.p.getBuf()
+	buf := new(bytes.Buffer)
 	if resp.ContentLength > 0 {
 		// Room for the trailing EOF read too, so the buffer never regrows.
 		buf.Grow(int(resp.ContentLength) + bytes.MinRead)
@@ -378,10 +376,8 @@ func (x *exchange) readBounded(actx context.Context, resp *http.Response) (*byte
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, x.p.maxResp+1))
 	switch {
 	case err != nil:
-		x.p.putBuf(buf)
 		return nil, x.readFailure(actx, err)
 	case int64(buf.Len()) > x.p.maxResp:
-		x.p.putBuf(buf)
 		return nil, tooLarge()
 	}
 	return buf, nil
@@ -397,7 +393,6 @@ func (x *exchange) passThrough(actx context.Context, resp *http.Response, t0 tim
 		uerr.retry = false
 		return uerr
 	}
-	defer x.p.putBuf(buf)
 	data := buf.Bytes()
 	x.call.Error = fmt.Sprintf("upstream answered %d: %s", resp.StatusCode, snippet(data))
 	x.errType = strconv.Itoa(resp.StatusCode)
@@ -412,7 +407,6 @@ func (x *exchange) relayJSON(actx context.Context, resp *http.Response, t0 time.
 	if uerr != nil {
 		return uerr
 	}
-	defer x.p.putBuf(buf)
 	data := buf.Bytes()
 	if err := recordCompletion(x.call, data); err != nil {
 		return &upstreamError{kind: "malformed", status: resp.StatusCode, detail: err.Error() + "; body starts: " + snippet(data), retry: true}

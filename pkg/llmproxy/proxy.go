@@ -16,14 +16,11 @@
 package llmproxy
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,10 +105,6 @@ type Proxy struct {
 	mux             *http.ServeMux
 	metrics         *metrics
 	tracing         *tracing // nil when not traced
-
-	// Pools hold per-call scratch space so the hot path allocates little.
-	bufs    sync.Pool // *bytes.Buffer
-	readers sync.Pool // *bufio.Reader
 }
 
 // New validates cfg and returns a Proxy.
@@ -157,8 +150,6 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	p.bufs.New = func() any { return new(bytes.Buffer) }
-	p.readers.New = func() any { return bufio.NewReaderSize(nil, 16<<10) }
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -234,20 +225,6 @@ func DefaultTransport() *http.Transport {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
-	}
-}
-
-func (p *Proxy) getBuf() *bytes.Buffer {
-	b := p.bufs.Get().(*bytes.Buffer)
-	b.Reset()
-	return b
-}
-
-// putBuf returns b to the pool unless it grew large: a few huge responses
-// should not pin their memory for the life of the process.
-func (p *Proxy) putBuf(b *bytes.Buffer) {
-	if b.Cap() <= 1<<20 {
-		p.bufs.Put(b)
 	}
 }
 

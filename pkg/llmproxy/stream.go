@@ -23,14 +23,8 @@ import (
 // The attempt timer is reset on every line: it bounds silences, not the
 // length of a generation.
 func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 time.Time, timer *time.Timer) *upstreamError {
-	br := x.p.readers.Get().(*bufio.Reader)
-	br.Reset(resp.Body)
-	defer func() {
-		br.Reset(nil)
-		x.p.readers.Put(br)
-	}()
-	ev := x.p.getBuf()
-	defer x.p.putBuf(ev)
+	br := bufio.NewReaderSize(resp.Body, 16<<10)
+	ev := new(bytes.Buffer)
 
 	x.call.Stream = true
 	acc := streamAcc{start: x.start}

@@ -8,8 +8,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -30,64 +28,7 @@ type tracing struct {
 	prop     propagation.TextMapPropagator
 	provider attribute.KeyValue
 	content  bool
-	// servers caches the server.address and server.port attributes of
-	// each route's base URL.
-	servers sync.Map // string -> []attribute.KeyValue
-	// nameCount counts the names cached.
-	nameCount atomic.Int64
-	// names caches span names by model, saving an allocation per call.
-	names sync.Map // string -> string
-	// reasons caches finish reason attributes.
-	reasons sync.Map // string -> attribute.KeyValue
-	// attrs holds attribute scratch slices: the SDK copies what it is
-	// given, and every byte allocated per call shows in the proxy's
-	// throughput through the garbage collector.
-	attrs sync.Pool // *[]attribute.KeyValue
 }
-
-func (t *tracing) getAttrs() *[]attribute.KeyValue {
-	if a, ok := t.attrs.Get().(*[]attribute.KeyValue); ok {
-		return a
-	}
-	a := make([]attribute.KeyValue, 0, 24)
-	return &a
-}
-
-func (t *tracing) putAttrs(a *[]attribute.KeyValue) {
-	clear(*a) // drop references to strings
-	*a = (*a)[:0]
-	t.attrs.Put(a)
-}
-
-func (t *tracing) chatName(model string) string {
-	if n, ok := t.names.Load(model); ok {
-		return n.(string)
-	}
-	n := "chat " + model
-	// Models come from requests; do not let a flood of distinct ones grow
-	// the cache without bound.
-	if t.nameCount.Add(1) <= maxCachedNames {
-		t.names.Store(model, n)
-	}
-	return n
-}
-
-// finishReasons is the gen_ai.response.finish_reasons attribute of one
-// reason. Array attributes are built by reflection, so the few reasons
-// there are (stop, length, tool_calls) are built once.
-func (t *tracing) finishReasons(reason string) attribute.KeyValue {
-	if kv, ok := t.reasons.Load(reason); ok {
-		return kv.(attribute.KeyValue)
-	}
-	kv := semconv.GenAIResponseFinishReasons(reason)
-	if t.nameCount.Add(1) <= maxCachedNames {
-		t.reasons.Store(reason, kv)
-	}
-	return kv
-}
-
-// maxCachedNames bounds tracing.names and tracing.reasons together.
-const maxCachedNames = 1024
 
 func newTracing(cfg Config) *tracing {
 	t := &tracing{
@@ -105,10 +46,9 @@ func newTracing(cfg Config) *tracing {
 	return t
 }
 
-func (t *tracing) server(baseURL string) []attribute.KeyValue {
-	if v, ok := t.servers.Load(baseURL); ok {
-		return v.([]attribute.KeyValue)
-	}
+// server is the server.address and server.port attributes of a route's
+// base URL.
+func server(baseURL string) []attribute.KeyValue {
 	var attrs []attribute.KeyValue
 	if u, err := url.Parse(baseURL); err == nil && u.Host != "" {
 		host, port := u.Hostname(), u.Port()
@@ -128,7 +68,6 @@ func (t *tracing) server(baseURL string) []attribute.KeyValue {
 			attrs = append(attrs, semconv.ServerPort(n))
 		}
 	}
-	t.servers.Store(baseURL, attrs)
 	return attrs
 }
 
@@ -251,7 +190,7 @@ func (x *exchange) startChat(ctx context.Context) context.Context {
 			}
 		}
 	}
-	ctx, x.span = t.tracer.Start(ctx, t.chatName(x.call.Model), clientStart...)
+	ctx, x.span = t.tracer.Start(ctx, "chat "+x.call.Model, clientStart...)
 	return ctx
 }
 
@@ -318,9 +257,7 @@ func (x *exchange) endChat() {
 		span.End()
 		return
 	}
-	ap := t.getAttrs()
-	defer t.putAttrs(ap)
-	attrs := append(*ap,
+	attrs := append(make([]attribute.KeyValue, 0, 24),
 		semconv.GenAIOperationNameChat,
 		t.provider,
 		semconv.GenAIRequestModel(c.Model),
@@ -345,7 +282,7 @@ func (x *exchange) endChat() {
 		attrs = append(attrs, semconv.GenAIResponseID(c.ID))
 	}
 	if c.FinishReason != "" {
-		attrs = append(attrs, t.finishReasons(c.FinishReason))
+		attrs = append(attrs, semconv.GenAIResponseFinishReasons(c.FinishReason))
 	}
 	if u := c.Usage; u.PromptTokens > 0 || u.CompletionTokens > 0 {
 		attrs = append(attrs, semconv.GenAIUsageInputTokens(u.PromptTokens), semconv.GenAIUsageOutputTokens(u.CompletionTokens))
@@ -360,7 +297,7 @@ func (x *exchange) endChat() {
 		}
 	}
 	if c.Error != "" {
-		attrs = append(attrs, t.server(x.route.BaseURL)...)
+		attrs = append(attrs, server(x.route.BaseURL)...)
 		if c.StatusCode != 0 {
 			attrs = append(attrs, semconv.HTTPResponseStatusCode(c.StatusCode))
 		}
@@ -372,7 +309,6 @@ func (x *exchange) endChat() {
 		span.SetStatus(otelcodes.Error, c.Error)
 	}
 	span.SetAttributes(attrs...)
-	*ap = attrs
 	span.End()
 }
 
