@@ -29,14 +29,12 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // Propagator is the W3C trace context and baggage propagator every osmo
 // service uses.
 func Propagator() propagation.TextMapPropagator {
-	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, osmoattr.NewBaggagePropagator())
+	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
 
 // Telemetry is the tracing set up for one process. Its providers share one

@@ -38,7 +38,7 @@ func newTracing(cfg Config) *tracing {
 		content:  cfg.CaptureContent,
 	}
 	if t.prop == nil {
-		t.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, osmoattr.NewBaggagePropagator())
+		t.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	if cfg.ProviderName == "" {
 		t.provider = semconv.GenAIProviderNameKey.String(DefaultProviderName)
