@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo"
@@ -171,7 +172,7 @@ func (x *exchange) forward(body []byte) {
 	if x.p.tracing != nil {
 		ctx = x.startChat(ctx)
 		// The policy sees the chat span as its parent.
-		x.p.tracing.prop.Inject(ctx, headerCarrier(header))
+		x.p.tracing.prop.Inject(ctx, propagation.HeaderCarrier(header))
 		defer x.endChat()
 	}
 

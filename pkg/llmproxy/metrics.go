@@ -2,7 +2,6 @@ package llmproxy
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,10 +13,6 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	added    prometheus.Histogram
 	attempts *prometheus.CounterVec
-
-	// codes caches the label values of status codes, saving an
-	// allocation per request.
-	codes sync.Map // int -> prometheus.Counter
 }
 
 // Outcomes of one upstream attempt (osmo_llmproxy_upstream_attempts_total).
@@ -60,13 +55,7 @@ func (m *metrics) request(code int) {
 	if m == nil {
 		return
 	}
-	if c, ok := m.codes.Load(code); ok {
-		c.(prometheus.Counter).Inc()
-		return
-	}
-	c := m.requests.WithLabelValues(strconv.Itoa(code))
-	m.codes.Store(code, c)
-	c.Inc()
+	m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 
 func (m *metrics) addedLatency(d time.Duration) {

@@ -86,7 +86,7 @@ func server(baseURL string) []attribute.KeyValue {
 // beside the request rather than in a copy of it (r.WithContext): the copy
 // was an allocation of 256 bytes per call for the garbage collector.
 func (t *tracing) traceContext(r *http.Request) context.Context {
-	return t.prop.Extract(r.Context(), headerCarrier(r.Header))
+	return t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 }
 
 // traceRejected records a request the proxy answered without calling
@@ -134,44 +134,6 @@ func httpMethod(m string) attribute.KeyValue {
 	}
 	return semconv.HTTPRequestMethodOther
 }
-
-// headerCarrier reads and writes the propagation fields of a header under
-// their canonical names, sparing the canonicalization (an allocation each)
-// that propagation.HeaderCarrier does per field and call.
-type headerCarrier http.Header
-
-func (c headerCarrier) Get(key string) string {
-	var v []string
-	switch key {
-	case "traceparent":
-		v = c["Traceparent"]
-	case "tracestate":
-		v = c["Tracestate"]
-	case "baggage":
-		v = c["Baggage"]
-	default:
-		return http.Header(c).Get(key)
-	}
-	if len(v) == 0 {
-		return ""
-	}
-	return v[0]
-}
-
-func (c headerCarrier) Set(key, value string) {
-	switch key {
-	case "traceparent":
-		c["Traceparent"] = []string{value}
-	case "tracestate":
-		c["Tracestate"] = []string{value}
-	case "baggage":
-		c["Baggage"] = []string{value}
-	default:
-		http.Header(c).Set(key, value)
-	}
-}
-
-func (c headerCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
 
 // startChat starts the GenAI client span of the upstream call ("chat
 // {model}", OpenTelemetry GenAI semantic conventions) and returns its
