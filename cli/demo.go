@@ -63,13 +63,10 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var sc stackConfig
-	sc.httpAddr, sc.rolloutAddr, sc.graderAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	sc.maxBody = defaultMaxMessageBytes
-	if err := sc.rollout.register(flagSet(e, "demo"), e); err != nil {
+	sc, err := localStackConfig(e, "calculator")
+	if err != nil {
 		return err
 	}
-	sc.rollout.workflow = "calculator"
 	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
@@ -141,8 +138,8 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	_ = tw.Flush()
 	fmt.Fprintf(e.stdout, "\n%d/%d rollouts rewarded 1.0; every sample is at GET %s/v1/rollouts/{rollout_id}\n", rewarded, n, st.http.URL())
 
-	// Show one sample as the trainer's REST API returns it.
-	rec, err := fetchRollout(ctx, st.http.URL(), ids[0])
+	// Show one sample: the record GET /v1/rollouts/{id} returns.
+	rec, err := st.rolloutSvc.GetRollout(ctx, &rolloutv1.GetRolloutRequest{RolloutId: ids[0]})
 	if err != nil {
 		return err
 	}
@@ -165,16 +162,7 @@ func printSample(w io.Writer, rec *rolloutv1.Rollout) {
 		fmt.Fprintf(w, "\nSample %q of %s (reward %v; full record: osmo demo -v, or GET /v1/rollouts/%s):\n", s.GetId(), rec.GetRolloutId(), s.GetReward(), rec.GetRolloutId())
 		for _, m := range s.GetMessages() {
 			msg := m.AsMap()
-			text, _ := msg["content"].(string)
-			if calls, ok := msg["tool_calls"].([]any); ok && len(calls) > 0 {
-				var parts []string
-				for _, c := range calls {
-					fn, _ := c.(map[string]any)["function"].(map[string]any)
-					parts = append(parts, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
-				}
-				text = "calls " + strings.Join(parts, ", ")
-			}
-			fmt.Fprintf(w, "  %-9s %s\n", msg["role"], strings.ReplaceAll(text, "\n", " "))
+			fmt.Fprintf(w, "  %-9s %s\n", msg["role"], messageLine(msg))
 		}
 		fmt.Fprintln(w, "  recorded LLM calls:")
 		for i, c := range s.GetLlmCalls() {
@@ -192,30 +180,4 @@ func lastContent(msgs []map[string]any) string {
 		}
 	}
 	return ""
-}
-
-func fetchRollout(ctx context.Context, base, id string) (*rolloutv1.Rollout, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/rollouts/"+id, nil)
-	if err != nil {
-		return nil, err
-	}
-	client := &http.Client{}
-	defer client.CloseIdleConnections()
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET rollout %s: HTTP %d: %s", id, resp.StatusCode, body)
-	}
-	var rec rolloutv1.Rollout
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &rec); err != nil {
-		return nil, fmt.Errorf("decode rollout: %w", err)
-	}
-	return &rec, nil
 }

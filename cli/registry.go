@@ -3,7 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/osmo-rl/osmo"
@@ -15,20 +16,18 @@ import (
 // Option adds user code to the binary built around Main.
 type Option func(*registry)
 
-// WithAgentLoop registers an agent loop (the remote-rollout RolloutAgentLoop)
-// under its Name. It serves every wire, as osmo.AgentLoopWorkflow makes it a
-// workflow.
-// defaultGrader is the grader spec used when --grader is not given ("" or
-// "none" for no grading: the loop's own reward stands).
+// WithAgentLoop registers an agent loop under its Name; it serves every
+// wire, as osmo.AgentLoopWorkflow makes it a workflow. defaultGrader is the
+// grader spec used when --grader is not given ("" or "none": the loop's
+// own reward stands).
 func WithAgentLoop(loop osmo.RolloutAgentLoop, defaultGrader string) Option {
 	return func(r *registry) {
 		r.add(entry{name: loop.Name(), loop: loop, grader: defaultGrader})
 	}
 }
 
-// WithWorkflow registers an AgentWorkflow under its Name (build it with
-// osmo.NewWorkflow). It serves every wire too. defaultGrader is as for
-// WithAgentLoop.
+// WithWorkflow registers an AgentWorkflow (osmo.NewWorkflow) under its
+// Name; defaultGrader is as for WithAgentLoop.
 func WithWorkflow(wf *osmo.Workflow, defaultGrader string) Option {
 	return func(r *registry) {
 		if wf == nil {
@@ -64,8 +63,8 @@ type registry struct {
 	entries map[string]entry
 	order   []string
 	graders map[string]osmo.Grader
-	// errs are registration mistakes (two entrypoints under one name),
-	// reported by `osmo validate` and refused by the serving commands.
+	// errs are registration mistakes, reported by `osmo validate` and
+	// refused by the serving commands.
 	errs []error
 }
 
@@ -91,18 +90,12 @@ func (r *registry) add(e entry) {
 	r.order = append(r.order, e.name)
 }
 
-// check reports registration mistakes.
 func (r *registry) check() error { return errors.Join(r.errs...) }
 
 func (r *registry) lookup(name string) (entry, error) {
 	e, ok := r.entries[name]
 	if !ok {
-		names := make([]string, 0, len(r.entries))
-		for n := range r.entries {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return entry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(names, ", "))
+		return entry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(r.entries)), ", "))
 	}
 	return e, nil
 }
@@ -122,18 +115,10 @@ func (r *registry) grader(spec string) (osmo.Grader, error) {
 		return g, nil
 	}
 	g, err := graders.Lookup(spec)
-	if err != nil {
-		user := make([]string, 0, len(r.graders))
-		for n := range r.graders {
-			user = append(user, n)
-		}
-		sort.Strings(user)
-		if len(user) > 0 {
-			return nil, fmt.Errorf("%w (registered: %s)", err, strings.Join(user, ", "))
-		}
-		return nil, err
+	if err != nil && len(r.graders) > 0 {
+		return nil, fmt.Errorf("%w (registered: %s)", err, strings.Join(slices.Sorted(maps.Keys(r.graders)), ", "))
 	}
-	return g, nil
+	return g, err
 }
 
 // graderSet is every grader a grader service offers: built-ins, the user's,
@@ -147,9 +132,7 @@ func (r *registry) graderSet(defaultSpec string) (map[string]osmo.Grader, error)
 		}
 		set[name] = g
 	}
-	for name, g := range r.graders {
-		set[name] = g
-	}
+	maps.Copy(set, r.graders)
 	if defaultSpec != "" {
 		g, err := r.grader(defaultSpec)
 		if err != nil {

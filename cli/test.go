@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/eval"
 )
 
@@ -89,18 +87,16 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		return usagef("--model: required with a model endpoint (%s)", baseURL)
 	}
 	model = strings.TrimPrefix(cmp.Or(model, mockModelName), "openai/")
-	be, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader,
-		baseURL: baseURL, model: model, key: e.getenv(keyEnv), maxConcurrent: 1})
+	plan := eval.Plan{
+		N: 1, BatchSize: 1, AgentTimeoutS: agentTimeout, GraderTimeoutS: graderTimeout, PassThreshold: 1,
+		PolicyURL: baseURL, Model: model, UpstreamKey: e.getenv(keyEnv),
+	}
+	stop, _, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader, maxConcurrent: 1}, &plan)
 	if err != nil {
 		return err
 	}
-	defer be.stop()
+	defer stop()
 
-	plan := eval.Plan{
-		N: 1, BatchSize: 1, AgentTimeoutS: agentTimeout, GraderTimeoutS: graderTimeout, PassThreshold: 1,
-		ServerURL: be.serverURL, ServerKey: be.serverKey, PolicyURL: be.policyURL, Model: model, UpstreamKey: be.key,
-		Logger: be.log,
-	}
 	if interactive {
 		all, err := d.Select(nil, 0, 0)
 		if err != nil {
@@ -109,7 +105,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		return (&stepper{e: e, plan: plan, rows: selected, all: all}).run(ctx)
 	}
 	plan.Rows = selected
-	plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(e.stdout, r) }
+	plan.OnResult = func(r eval.Result) { printResult(e.stdout, r) }
 	rep, err := eval.Run(ctx, plan)
 	return reportEnd(e, rep, err, "", false)
 }
@@ -137,7 +133,7 @@ func printResult(w io.Writer, r eval.Result) {
 // messageLine is a message's content on one line: its text, or the tools it
 // calls.
 func messageLine(m map[string]any) string {
-	text, _ := m["content"].(string)
+	text := eval.TextOf(m["content"])
 	if calls, ok := m["tool_calls"].([]any); ok && len(calls) > 0 {
 		var parts []string
 		for _, c := range calls {
@@ -146,10 +142,6 @@ func messageLine(m map[string]any) string {
 			parts = append(parts, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
 		}
 		text = strings.TrimSpace(text + " [calls " + strings.Join(parts, ", ") + "]")
-	}
-	if text == "" && m["content"] != nil {
-		b, _ := json.Marshal(m["content"])
-		text = string(b)
 	}
 	return strings.ReplaceAll(text, "\n", " ⏎ ")
 }
@@ -185,7 +177,7 @@ func (s *stepper) run(ctx context.Context) error {
 		close(s.lines)
 	}()
 	s.plan.BeforeCall = s.beforeCall
-	s.plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(s.e.stdout, r) }
+	s.plan.OnResult = func(r eval.Result) { printResult(s.e.stdout, r) }
 	queue := append([]eval.Row(nil), s.rows...)
 	for first := true; len(queue) > 0; first = false {
 		row := queue[0]

@@ -3,6 +3,7 @@ package eval
 import (
 	"encoding/json"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -12,11 +13,10 @@ const atifVersion = "ATIF-v1.7"
 
 // trajectory is r's ATIF trajectory, as the SDK's rollout server makes one
 // of a sample's messages (convert_sample_to_trajectory): a step per
-// message (system and developer as system, user as user, assistant as
-// agent with its tool calls, any other role as user keeping it under
-// extra.original_role), a tool message folded into the agent step before
-// it as an observation, and the rollout's id, label, reward and row
-// metadata under extra.osmosis. nil when r has no messages.
+// message (an unknown role as user, keeping it under extra.original_role),
+// a tool message folded into the agent step before it as an observation,
+// and the rollout's id, label, reward and row metadata under
+// extra.osmosis. nil when r has no messages.
 func (f *sdkFiles) trajectory(r Result) *atifDocument {
 	var steps []map[string]any
 	for _, m := range r.Messages {
@@ -31,7 +31,7 @@ func (f *sdkFiles) trajectory(r Result) *atifDocument {
 			source = "user"
 			extra["original_role"] = role
 		}
-		step := map[string]any{"step_id": len(steps) + 1, "source": source, "message": textOf(m["content"])}
+		step := map[string]any{"step_id": len(steps) + 1, "source": source, "message": TextOf(m["content"])}
 		// Only an agent step may carry tool calls and reasoning; any other
 		// keeps them in its extra.
 		carrier := extra
@@ -94,19 +94,13 @@ type atifDocument struct {
 // attachToolResult folds a tool message into the agent step before it.
 func attachToolResult(steps []map[string]any, m map[string]any) []map[string]any {
 	callID, _ := m["tool_call_id"].(string)
-	result := map[string]any{"content": textOf(m["content"])}
+	result := map[string]any{"content": TextOf(m["content"])}
 	var target map[string]any
 	if n := len(steps); n > 0 && steps[n-1]["source"] == "agent" {
 		target = steps[n-1]
 	}
-	matched := false
-	if target != nil {
-		calls, _ := target["tool_calls"].([]map[string]any)
-		for _, c := range calls {
-			matched = matched || (callID != "" && c["tool_call_id"] == callID)
-		}
-	}
-	if matched {
+	calls, _ := target["tool_calls"].([]map[string]any)
+	if callID != "" && slices.ContainsFunc(calls, func(c map[string]any) bool { return c["tool_call_id"] == callID }) {
 		result["source_call_id"] = callID
 	} else {
 		result["extra"] = map[string]any{"tool_call_id": m["tool_call_id"]}
@@ -128,8 +122,7 @@ func attachToolResult(steps []map[string]any, m map[string]any) []map[string]any
 	return steps
 }
 
-// toolCalls are an OpenAI message's tool calls in ATIF's shape; nil
-// without any.
+// toolCalls are an OpenAI message's tool calls in ATIF's shape.
 func toolCalls(raw any) []map[string]any {
 	list, _ := raw.([]any)
 	var out []map[string]any
@@ -169,9 +162,9 @@ func arguments(raw any) map[string]any {
 	return map[string]any{}
 }
 
-// textOf flattens a message's content to text, as the SDK does: text
+// TextOf flattens a message's content to text, as the SDK does: text
 // parts joined by newlines, anything else as JSON.
-func textOf(content any) string {
+func TextOf(content any) string {
 	switch c := content.(type) {
 	case nil:
 		return ""
@@ -222,8 +215,7 @@ func validTrajectory(data []byte, id string) bool {
 	return got != "" && got == id
 }
 
-// osmoVersion is this binary's module version ("dev" when built from a
-// work tree).
+// osmoVersion is this binary's module version ("dev" from a work tree).
 func osmoVersion() string {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		return bi.Main.Version
