@@ -105,11 +105,11 @@ type SampleResult interface {
 // loopSample is the sample of an agent loop's run.
 type loopSample struct{ res *RolloutResult }
 
-func (s *loopSample) SampleMessages() ([]Message, error) {
+func (s *loopSample) SampleMessages() ([]json.RawMessage, error) {
 	if s.res == nil || s.res.Status != StatusCompleted {
 		return nil, nil
 	}
-	return s.res.FinalMessages, nil
+	return EncodeMessages(s.res.FinalMessages)
 }
 
 func (s *loopSample) SampleExtraFields() map[string]any {

@@ -128,7 +128,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		if len(srcs) != 1 || srcs[0].ID != "calc" {
 			t.Fatalf("sources %v, want one named calc", srcs)
 		}
-		msgs, err := srcs[0].Source.SampleMessages()
+		msgs, err := osmotest.Messages(srcs[0].Source)
 		if err != nil || len(msgs) != 2 || msgs[1]["content"] != "42" {
 			t.Errorf("messages %v (%v), want the prompt and the answer", msgs, err)
 		}
@@ -212,7 +212,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 			if len(srcs) != 1 {
 				t.Fatalf("sources %v, want the loop's one", srcs)
 			}
-			if msgs, err := srcs[0].Source.SampleMessages(); err != nil || msgs != nil {
+			if msgs, err := osmotest.Messages(srcs[0].Source); err != nil || msgs != nil {
 				t.Errorf("a failed loop's sample has messages %v (%v), want none of its own", msgs, err)
 			}
 			if f := srcs[0].Source.(osmo.SampleResult).SampleFinishReason(); f != "error" {
@@ -228,7 +228,7 @@ func TestAgentLoopWorkflow(t *testing.T) {
 		if err := host.Run(t.Context(), wf, r, &host.Input{Prompt: prompt, Request: &osmo.RolloutRequest{Messages: prompt}}); err != nil {
 			t.Fatal(err)
 		}
-		if msgs, _ := osmotest.Sources(r)[0].Source.SampleMessages(); msgs != nil {
+		if msgs, _ := osmotest.Messages(osmotest.Sources(r)[0].Source); msgs != nil {
 			t.Errorf("messages %v, want nil (the proxy's record)", msgs)
 		}
 	})

@@ -2,6 +2,7 @@ package osmo
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 )
 
@@ -73,4 +74,25 @@ func CloneMessages(messages []Message) []Message {
 		return messages
 	}
 	return out
+}
+
+// EncodeMessages encodes messages as a SampleSource returns them; nil stays
+// nil (the conversation the proxy recorded). The error names the first
+// message that does not encode to a JSON object.
+func EncodeMessages(messages []Message) ([]json.RawMessage, error) {
+	if messages == nil {
+		return nil, nil
+	}
+	out := make([]json.RawMessage, len(messages))
+	for i, m := range messages {
+		if m == nil {
+			return nil, fmt.Errorf("message %d is null, not a JSON object", i)
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("message %d is not encodable as JSON: %w", i, err)
+		}
+		out[i] = b
+	}
+	return out, nil
 }

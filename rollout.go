@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -53,10 +54,12 @@ type Endpoint struct {
 // session, an agent, an exec run. The rollout collects every registered
 // source's sample once the workflow returned.
 type SampleSource interface {
-	// SampleMessages returns the conversation. nil (with a nil error) stands
-	// for the conversation the LLM proxy recorded for this sample: the last
-	// call's request messages followed by its answer.
-	SampleMessages() ([]Message, error)
+	// SampleMessages returns the conversation: each message a JSON object,
+	// as it is to reach the grader and the trainer (EncodeMessages encodes
+	// Messages). nil (with a nil error) stands for the conversation the LLM
+	// proxy recorded for this sample: the last call's request messages
+	// followed by its answer.
+	SampleMessages() ([]json.RawMessage, error)
 }
 
 // SampleExtras is implemented by sources that attach extra fields to their
@@ -66,10 +69,10 @@ type SampleExtras interface {
 }
 
 // SampleSourceFunc adapts a function to SampleSource.
-type SampleSourceFunc func() ([]Message, error)
+type SampleSourceFunc func() ([]json.RawMessage, error)
 
 // SampleMessages calls f.
-func (f SampleSourceFunc) SampleMessages() ([]Message, error) { return f() }
+func (f SampleSourceFunc) SampleMessages() ([]json.RawMessage, error) { return f() }
 
 // Rollout is the active rollout of a workflow execution: the Go face of the
 // Osmosis RolloutContext. Integrations find it in the ctx passed to Run

@@ -3,6 +3,7 @@ package osmo_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -129,7 +130,7 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 	ids := []string{"zeta", "alpha", "mid", "beta"}
 	for i, id := range ids {
 		msgs := []osmo.Message{{"role": "assistant", "content": fmt.Sprint(i)}}
-		if err := r.Register(id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return msgs, nil })); err != nil {
+		if err := r.Register(id, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return osmo.EncodeMessages(msgs) })); err != nil {
 			t.Fatalf("Register(%q): %v", id, err)
 		}
 	}
@@ -141,7 +142,7 @@ func TestSourcesOrderAndCopy(t *testing.T) {
 		if s.ID != ids[i] {
 			t.Errorf("source %d is %q, want %q", i, s.ID, ids[i])
 		}
-		m, err := s.Source.SampleMessages()
+		m, err := osmotest.Messages(s.Source)
 		if err != nil || len(m) != 1 || m[0]["content"] != fmt.Sprint(i) {
 			t.Errorf("source %q messages %v, %v; want its own", s.ID, m, err)
 		}

@@ -2,6 +2,7 @@ package osmo_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
@@ -27,8 +28,8 @@ func (echoWorkflow) Run(_ context.Context, wc *osmo.WorkflowContext[EchoConfig])
 	for _, voice := range wc.Config.Voices {
 		answer := osmo.Message{"role": "assistant", "content": voice + ": " + question}
 		conversation := append(append([]osmo.Message(nil), wc.Prompt...), answer)
-		err := wc.Rollout.Register("echo-"+voice, osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
-			return conversation, nil
+		err := wc.Rollout.Register("echo-"+voice, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages(conversation)
 		}))
 		if err != nil {
 			return err
@@ -68,7 +69,7 @@ func ExampleNewWorkflow() {
 	}
 	fmt.Println("workflow:", wf.Name(), "max concurrent:", wf.MaxConcurrent())
 	for _, s := range osmotest.Sources(r) {
-		msgs, _ := s.Source.SampleMessages()
+		msgs, _ := osmotest.Messages(s.Source)
 		fmt.Println(s.ID, msgs[len(msgs)-1]["content"])
 	}
 	// Output:

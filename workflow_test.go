@@ -2,6 +2,7 @@ package osmo_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -66,7 +67,7 @@ func (w namedWorkflow[T]) Run(ctx context.Context, wc *osmo.WorkflowContext[T]) 
 }
 
 func emptySource() osmo.SampleSource {
-	return osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })
+	return osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil })
 }
 
 // registering is a workflow that registers one sample source and nothing
@@ -678,7 +679,7 @@ func (l labelSeer) Name() string     { return "label-seer" }
 func (l labelSeer) ReadsLabel() bool { return l.read }
 func (l labelSeer) Run(_ context.Context, wc *osmo.WorkflowContext[struct{}]) error {
 	*l.got = wc.Label
-	return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil }))
+	return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil }))
 }
 
 // TestLabelReachesOnlyLabelReaders: the row's label is in WorkflowContext

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -29,7 +30,7 @@ func (w validateStub) Name() string       { return w.name }
 func (w validateStub) Tools() []osmo.Tool { return w.tools }
 
 func (validateStub) Run(_ context.Context, wc *osmo.WorkflowContext[validateStubConfig]) error {
-	return wc.Rollout.Register("stub", osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil }))
+	return wc.Rollout.Register("stub", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil }))
 }
 
 // withStub registers a validateStub under name.

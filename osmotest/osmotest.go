@@ -12,6 +12,8 @@ package osmotest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -87,4 +89,20 @@ func NewGraderContext(rolloutID string, samples []*osmo.Sample, label *string, m
 		gc.Samples[s.ID] = s
 	}
 	return gc
+}
+
+// Messages reads src's conversation as osmo messages: SampleMessages
+// decoded, as a grader is given them. nil stays nil.
+func Messages(src osmo.SampleSource) ([]osmo.Message, error) {
+	raw, err := src.SampleMessages()
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	out := make([]osmo.Message, len(raw))
+	for i, m := range raw {
+		if err := json.Unmarshal(m, &out[i]); err != nil {
+			return nil, fmt.Errorf("osmotest: message %d: %w", i, err)
+		}
+	}
+	return out, nil
 }

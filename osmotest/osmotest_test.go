@@ -2,6 +2,7 @@ package osmotest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -16,7 +17,7 @@ func TestSourcesInRegistrationOrder(t *testing.T) {
 		t.Fatalf("Sources of a new rollout = %v, want none", got)
 	}
 	for _, id := range []string{"zeta", "alpha", "mid"} {
-		if err := r.Register(id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+		if err := r.Register(id, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil })); err != nil {
 			t.Fatal(err)
 		}
 	}

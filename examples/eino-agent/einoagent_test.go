@@ -144,7 +144,7 @@ func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
 	if len(srcs) != 1 || srcs[0].ID != einoagent.AgentName {
 		t.Fatalf("sources %+v, want exactly one, %q", srcs, einoagent.AgentName)
 	}
-	msgs, err := srcs[0].Source.SampleMessages()
+	msgs, err := osmotest.Messages(srcs[0].Source)
 	if err != nil {
 		t.Fatalf("SampleMessages: %v", err)
 	}
@@ -261,7 +261,7 @@ func TestWorkflowServesConcurrentRollouts(t *testing.T) {
 			t.Errorf("%s: %d sources, want 1", id, len(srcs))
 			continue
 		}
-		msgs, err := srcs[0].Source.SampleMessages()
+		msgs, err := osmotest.Messages(srcs[0].Source)
 		if err != nil {
 			t.Errorf("%s: SampleMessages: %v", id, err)
 			continue

@@ -2,6 +2,7 @@ package osmoeino
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -383,7 +384,7 @@ func (r *recorder) finish(call uint64, reply *schema.Message) error {
 }
 
 // SampleMessages implements osmo.SampleSource.
-func (r *recorder) SampleMessages() ([]osmo.Message, error) {
+func (r *recorder) SampleMessages() ([]json.RawMessage, error) {
 	r.mu.Lock()
 	calls, input, reply := r.calls, r.input, r.reply
 	r.mu.Unlock()
@@ -395,6 +396,5 @@ func (r *recorder) SampleMessages() ([]osmo.Message, error) {
 	if reply != nil {
 		msgs = append(msgs, reply)
 	}
-	// A deep copy: the caller may keep or change what it gets.
-	return osmo.CloneMessages(msgs), nil
+	return osmo.EncodeMessages(msgs)
 }

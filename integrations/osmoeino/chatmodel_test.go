@@ -126,7 +126,7 @@ func TestGenerateBindsAndRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := osmotest.Sources(r)[0].Source.SampleMessages(); err == nil {
+	if _, err := osmotest.Messages(osmotest.Sources(r)[0].Source); err == nil {
 		t.Error("SampleMessages before any call succeeded, want an error saying the model was never called")
 	}
 	tm, err := cm.WithTools([]*schema.ToolInfo{multiplyInfo()})

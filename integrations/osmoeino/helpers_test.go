@@ -150,7 +150,7 @@ func sampleOf(t *testing.T, r *osmo.Rollout) []osmo.Message {
 	if len(srcs) != 1 {
 		t.Fatalf("rollout has %d sample sources, want 1", len(srcs))
 	}
-	msgs, err := srcs[0].Source.SampleMessages()
+	msgs, err := osmotest.Messages(srcs[0].Source)
 	if err != nil {
 		t.Fatalf("SampleMessages: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/osmo-rl/osmo/integrations/osmoopenai"
+	"github.com/osmo-rl/osmo/osmotest"
 )
 
 // A session's call carries the bound headers and the caller's options, and
@@ -70,7 +71,7 @@ func TestCompleteNotJSON(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "text/html") {
 		t.Fatalf("err = %v, want one naming the content type", err)
 	}
-	if _, err := s.SampleMessages(); err != nil {
+	if _, err := osmotest.Messages(s); err != nil {
 		t.Fatalf("a failed call spoils the session: %v", err)
 	}
 	if n := len(s.Items()); n != 1 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -121,14 +122,20 @@ func (s *Session) Items() []osmo.Message {
 	return sampleMessages(s.items)
 }
 
-// SampleMessages implements osmo.SampleSource: the session's items.
-func (s *Session) SampleMessages() ([]osmo.Message, error) {
+// SampleMessages implements osmo.SampleSource: the session's items as the
+// JSON objects they are sent as (copies: changing them changes nothing in
+// the session).
+func (s *Session) SampleMessages() ([]json.RawMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
 		return nil, s.err
 	}
-	return sampleMessages(s.items), nil
+	out := make([]json.RawMessage, len(s.items))
+	for i, raw := range s.items {
+		out[i] = slices.Clone(raw)
+	}
+	return out, nil
 }
 
 // Complete sends the session's items to the policy and appends the reply.

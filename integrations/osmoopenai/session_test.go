@@ -84,13 +84,18 @@ func TestSessionRoundTripThroughProxy(t *testing.T) {
 	if len(sources) != 1 || sources[0].ID != "agent-1" || sources[0].Source != osmo.SampleSource(s) {
 		t.Fatalf("rollout sources = %v, want the session as agent-1", sources)
 	}
-	sample, err := sources[0].Source.SampleMessages()
+	sample, err := osmotest.Messages(sources[0].Source)
 	if err != nil || !reflect.DeepEqual(sample, items) {
 		t.Errorf("SampleMessages = %v, %v; want the session items", sample, err)
 	}
-	// They are copies: changing them changes nothing in the session.
-	sample[0]["content"] = "changed"
-	if again, _ := s.SampleMessages(); again[0]["content"] == "changed" {
+	// The JSON returned is a copy: changing it changes nothing in the
+	// session.
+	raw, err := s.SampleMessages()
+	if err != nil || len(raw) != len(items) {
+		t.Fatalf("SampleMessages = %d messages, %v; want %d", len(raw), err, len(items))
+	}
+	clear(raw[0])
+	if again, _ := s.SampleMessages(); !json.Valid(again[0]) {
 		t.Error("changing what SampleMessages returned changed the session")
 	}
 
@@ -264,7 +269,7 @@ func TestSampleMessagesReportsLostItem(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.AddItems(openai.UserMessage("a"), openai.ChatCompletionMessageParamUnion{}, openai.UserMessage("b"))
-	if msgs, err := s.SampleMessages(); err == nil || !strings.Contains(err.Error(), "item 1") {
+	if msgs, err := osmotest.Messages(s); err == nil || !strings.Contains(err.Error(), "item 1") {
 		t.Fatalf("SampleMessages = %v, %v; want an error naming item 1", msgs, err)
 	}
 	if got := roles(s.Items()); !slices.Equal(got, []string{"user", "user"}) {
@@ -305,7 +310,7 @@ func TestSessionConcurrentUse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	msgs, err := s.SampleMessages()
+	msgs, err := osmotest.Messages(s)
 	if err != nil || len(msgs) != workers*each {
 		t.Fatalf("SampleMessages: %d messages, %v; want %d", len(msgs), err, workers*each)
 	}

@@ -26,10 +26,7 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 		calls, started := rec.callsOf(id), rec.started
 		tools, recorded := rec.tools[id]
 		rec.mu.Unlock()
-		var msgs []json.RawMessage
-		if err == nil {
-			msgs, err = encodeMessages(got.msgs)
-		}
+		msgs := got.msgs
 		if err == nil && msgs == nil {
 			msgs = recordedConversation(calls)
 		}
@@ -72,22 +69,6 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	return errors.Join(errs...)
 }
 
-// encodeMessages encodes the messages a source holds as Go values.
-func encodeMessages(msgs []osmo.Message) ([]json.RawMessage, error) {
-	if msgs == nil {
-		return nil, nil
-	}
-	out := make([]json.RawMessage, len(msgs))
-	for i, m := range msgs {
-		b, err := json.Marshal(m)
-		if err != nil {
-			return nil, fmt.Errorf("message %d is not encodable as JSON: %w", i, err)
-		}
-		out[i] = b
-	}
-	return out, nil
-}
-
 // checkObjects checks that every message is a JSON object, as the API
 // shows them.
 func checkObjects(msgs []json.RawMessage) error {
@@ -101,7 +82,7 @@ func checkObjects(msgs []json.RawMessage) error {
 
 // sourced is what a sample source says of its sample.
 type sourced struct {
-	msgs   []osmo.Message
+	msgs   []json.RawMessage
 	extra  map[string]any
 	finish string
 	reward *float64

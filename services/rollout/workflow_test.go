@@ -222,7 +222,7 @@ func TestG2LLMCallRecords(t *testing.T) {
 			if _, err := chatOnceWith(ctx, wc.Rollout.Endpoint(s.id), wc.Prompt, nil, s.extra); err != nil {
 				return err
 			}
-			if err := wc.Rollout.Register(s.id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+			if err := wc.Rollout.Register(s.id, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil })); err != nil {
 				return err
 			}
 		}
@@ -525,8 +525,8 @@ type failureCase struct {
 
 func TestG2WorkflowFailures(t *testing.T) {
 	register := func(wc *osmo.WorkflowContext[testWFConfig], id string) error {
-		return wc.Rollout.Register(id, osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
-			return []osmo.Message{{"role": "assistant", "content": "partial"}}, nil
+		return wc.Rollout.Register(id, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages([]osmo.Message{{"role": "assistant", "content": "partial"}})
 		}))
 	}
 	for _, tc := range []failureCase{
@@ -588,7 +588,7 @@ func TestG2WorkflowFailures(t *testing.T) {
 			name: "sample source fails",
 			wf: func(t *testing.T) *osmo.Workflow {
 				return mustWorkflow(t, "broken-source", func(_ context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
-					return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
+					return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
 						return nil, errors.New("transcript lost")
 					}))
 				})
@@ -1169,8 +1169,8 @@ func TestG2WorkflowConcurrencyLimit(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
-			return []osmo.Message{{"role": "assistant", "content": "done"}}, nil
+		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages([]osmo.Message{{"role": "assistant", "content": "done"}})
 		}))
 	}), &testWFConfig{AgentWorkflowConfig: osmo.AgentWorkflowConfig{Name: "narrow", Concurrency: osmo.Concurrency{MaxConcurrent: limit}}})
 	if err != nil {
@@ -1300,4 +1300,22 @@ func newGraderState(t *testing.T) *natsstore.Store {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	return st
+}
+
+// TestSampleMessagesPassUnchanged: a source's messages reach the trainer as
+// the bytes it returned: keys in their order, a number too large for a
+// float64 exact.
+func TestSampleMessagesPassUnchanged(t *testing.T) {
+	const msg = `{"role":"assistant","content":"done","z":1,"a":{"y":2,"b":3},"id":12345678901234567890123}`
+	wf := mustWorkflow(t, "verbatim", func(_ context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return []json.RawMessage{json.RawMessage(msg)}, nil
+		}))
+	})
+	h := newHarness(t, harnessOpts{wf: wf})
+	h.start(t, h.startReq(t, "verbatim-1"))
+	gcb := h.waitGrader(t, "verbatim-1")
+	if !strings.Contains(string(gcb.Raw), msg) {
+		t.Errorf("grader callback does not carry the message as returned, %s:\n%s", msg, gcb.Raw)
+	}
 }

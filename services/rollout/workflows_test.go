@@ -122,11 +122,11 @@ func multiplyWorkflow(t *testing.T, sampleID string, recorded bool, seen *seenIn
 		if err != nil {
 			return err
 		}
-		return wc.Rollout.Register(sampleID, osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
+		return wc.Rollout.Register(sampleID, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
 			if recorded {
 				return nil, nil
 			}
-			return msgs, nil
+			return osmo.EncodeMessages(msgs)
 		}))
 	})
 }
@@ -149,8 +149,8 @@ func (b *blockingWorkflow) workflow(t *testing.T) *osmo.Workflow {
 		b.mu.Lock()
 		b.runs = append(b.runs, wc.RolloutID)
 		b.mu.Unlock()
-		if err := wc.Rollout.Register("blocker", osmo.SampleSourceFunc(func() ([]osmo.Message, error) {
-			return []osmo.Message{{"role": "assistant", "content": "waited"}}, nil
+		if err := wc.Rollout.Register("blocker", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages([]osmo.Message{{"role": "assistant", "content": "waited"}})
 		})); err != nil {
 			return err
 		}

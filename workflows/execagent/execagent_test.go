@@ -75,7 +75,7 @@ func TestEnvironmentAndStdin(t *testing.T) {
 			if src.ID != execagent.DefaultName {
 				t.Errorf("sample id %q, want %q", src.ID, execagent.DefaultName)
 			}
-			msgs, err := src.Source.SampleMessages()
+			msgs, err := osmotest.Messages(src.Source)
 			if err != nil || !reflect.DeepEqual(msgs, []osmo.Message{{"role": "assistant", "content": "dumped"}}) {
 				t.Fatalf("SampleMessages = %v, %v", msgs, err)
 			}
@@ -195,7 +195,7 @@ printf '\n   \n'`,
 			cfg.MaxLineBytes = tc.maxLine
 			_, r, err := run(t, timeout(t, 20*time.Second), cfg, nil)
 			src := onlySource(t, r)
-			msgs, msgErr := src.Source.SampleMessages()
+			msgs, msgErr := osmotest.Messages(src.Source)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), `sample "exec"`) {
 					t.Errorf("Run error %v, want one naming sample \"exec\" and %q", err, tc.wantErr)
@@ -253,7 +253,7 @@ func TestFailedProgram(t *testing.T) {
 			if msg := err.Error(); !strings.Contains(msg, `sample "exec"`) || !strings.Contains(msg, strings.TrimSpace(exitErr.StderrTail)) {
 				t.Errorf("error %q does not name the sample and carry the tail", msg)
 			}
-			if _, err := onlySource(t, r).Source.SampleMessages(); !errors.As(err, &exitErr) {
+			if _, err := osmotest.Messages(onlySource(t, r).Source); !errors.As(err, &exitErr) {
 				t.Errorf("SampleMessages error %v, want the run's *ExitError", err)
 			}
 			if tc.name == "exit status" {
@@ -320,7 +320,7 @@ func TestStdoutFlood(t *testing.T) {
 			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > flood/8 {
 				t.Errorf("the run allocated %d bytes for %d bytes of output, want it bounded by max_line_bytes", alloc, flood)
 			}
-			msgs, err := onlySource(t, r).Source.SampleMessages()
+			msgs, err := osmotest.Messages(onlySource(t, r).Source)
 			if err != nil || osmo.LastAssistantText(msgs) != "after the flood" {
 				t.Errorf("SampleMessages = %v, %v; want the final line's message", msgs, err)
 			}
@@ -374,7 +374,7 @@ func TestContextEndKillsTheGroup(t *testing.T) {
 			if elapsed > promptly {
 				t.Errorf("Run took %v after the context ended", elapsed)
 			}
-			if _, err := onlySource(t, r).Source.SampleMessages(); !errors.Is(err, tc.wantErr) {
+			if _, err := osmotest.Messages(onlySource(t, r).Source); !errors.Is(err, tc.wantErr) {
 				t.Errorf("SampleMessages error %v, want %v", err, tc.wantErr)
 			}
 			requireGone(t, readPID(t, t.Context(), leaderFile))
@@ -399,7 +399,7 @@ func TestNormalExitKillsLeftovers(t *testing.T) {
 		t.Errorf("Run took %v: the leftover grandchild kept it waiting", elapsed)
 	}
 	requireGone(t, readPID(t, t.Context(), pidFile))
-	if msgs, err := onlySource(t, r).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != "ok" {
+	if msgs, err := osmotest.Messages(onlySource(t, r).Source); err != nil || osmo.LastAssistantText(msgs) != "ok" {
 		t.Errorf("SampleMessages = %v, %v", msgs, err)
 	}
 }
@@ -420,7 +420,7 @@ func TestEscapedProcessCannotHoldTheRun(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > promptly {
 		t.Errorf("Run took %v with an escaped process holding stdout", elapsed)
 	}
-	if msgs, err := onlySource(t, r).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != "escaped" {
+	if msgs, err := osmotest.Messages(onlySource(t, r).Source); err != nil || osmo.LastAssistantText(msgs) != "escaped" {
 		t.Errorf("SampleMessages = %v, %v", msgs, err)
 	}
 	// Where the run has a cgroup, the escaped process dies with the run;
@@ -448,7 +448,7 @@ printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' $w`)
 		if err != nil {
 			t.Fatalf("run %d: %v", i, err)
 		}
-		if msgs, _ := onlySource(t, r).Source.SampleMessages(); osmo.LastAssistantText(msgs) != "inside" {
+		if msgs, _ := osmotest.Messages(onlySource(t, r).Source); osmo.LastAssistantText(msgs) != "inside" {
 			t.Fatalf("run %d: the program's first child started outside the run's cgroup (%v)", i, msgs)
 		}
 	}
@@ -476,7 +476,7 @@ printf '{"messages":[{"role":"assistant","content":"%s %s"}]}\n' "$OSMOSIS_SAMPL
 		if src.ID != id {
 			t.Errorf("source %d is %q, want %q", i, src.ID, id)
 		}
-		msgs, err := src.Source.SampleMessages()
+		msgs, err := osmotest.Messages(src.Source)
 		want := id + " http://127.0.0.1:1/r/rollout-1/s/" + id + "/v1"
 		if err != nil || osmo.LastAssistantText(msgs) != want {
 			t.Errorf("%s: SampleMessages = %v, %v; want %q", id, msgs, err, want)
@@ -497,7 +497,7 @@ func TestSampleFailureStopsTheOthers(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > promptly {
 		t.Errorf("Run took %v: the sleeping sample was not stopped", elapsed)
 	}
-	if _, err := osmotest.Sources(r)[1].Source.SampleMessages(); !errors.Is(err, context.Canceled) {
+	if _, err := osmotest.Messages(osmotest.Sources(r)[1].Source); !errors.Is(err, context.Canceled) {
 		t.Errorf("exec-1: SampleMessages error %v, want context.Canceled", err)
 	}
 }
@@ -522,7 +522,7 @@ func TestDuplicateSampleID(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, r := newRollout("rollout-1")
-			if err := r.Register(tc.taken, osmo.SampleSourceFunc(func() ([]osmo.Message, error) { return nil, nil })); err != nil {
+			if err := r.Register(tc.taken, osmo.SampleSourceFunc(func() ([]json.RawMessage, error) { return nil, nil })); err != nil {
 				t.Fatal(err)
 			}
 			err = osmotest.Run(timeout(t, 10*time.Second), wf, r, &osmotest.Input{RolloutID: r.ID})
@@ -579,7 +579,7 @@ printf '{"messages":[{"role":"assistant","content":"%s %s %s %s"}]}\n' "$(basena
 			if err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			msgs, _ := onlySource(t, r).Source.SampleMessages()
+			msgs, _ := osmotest.Messages(onlySource(t, r).Source)
 			cwd, rest, _ := strings.Cut(osmo.LastAssistantText(msgs), " ")
 			if !strings.HasPrefix(cwd, "osmo-exec-") {
 				t.Errorf("the program ran in %q, want its scratch directory", cwd)
@@ -643,7 +643,7 @@ printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' "$(cat work.txt)"`
 			t.Fatalf("%s: Run: %v", id, errs[i])
 		}
 		// Each read back its own file: nothing the other wrote.
-		if msgs, err := onlySource(t, rollouts[i]).Source.SampleMessages(); err != nil || osmo.LastAssistantText(msgs) != id {
+		if msgs, err := osmotest.Messages(onlySource(t, rollouts[i]).Source); err != nil || osmo.LastAssistantText(msgs) != id {
 			t.Errorf("%s: SampleMessages = %v, %v; want its own work.txt", id, msgs, err)
 		}
 		b, err := os.ReadFile(filepath.Join(seen, id))

@@ -15,7 +15,7 @@ type sample struct {
 
 	mu      sync.Mutex
 	done    bool // the program finished, and its run was judged
-	msgs    []osmo.Message
+	msgs    []json.RawMessage
 	extras  map[string]any
 	failure error
 }
@@ -25,7 +25,7 @@ var (
 	_ osmo.SampleExtras = (*sample)(nil)
 )
 
-func (s *sample) succeed(msgs []osmo.Message, extras map[string]any) {
+func (s *sample) succeed(msgs []json.RawMessage, extras map[string]any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done, s.msgs, s.extras = true, msgs, extras
@@ -40,7 +40,7 @@ func (s *sample) fail(err error) {
 // SampleMessages implements osmo.SampleSource: the "messages" of the
 // program's last stdout line, or nil (the proxy-recorded conversation) when
 // that line is not a JSON object with "messages".
-func (s *sample) SampleMessages() ([]osmo.Message, error) {
+func (s *sample) SampleMessages() ([]json.RawMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -62,10 +62,11 @@ func (s *sample) SampleExtraFields() map[string]any {
 
 // parseLastLine reads the sample out of the program's last stdout line. A
 // line that is not a JSON object, or an object without "messages", gives nil
-// messages: the proxy's record stands for the conversation. A line that was
+// messages: the proxy's record stands for the conversation. Messages are
+// kept as the bytes the program wrote. A line that was
 // too long to keep is an error rather than a silent fallback, since it most
 // likely held the messages.
-func parseLastLine(out *lastLine, maxLine int) ([]osmo.Message, map[string]any, error) {
+func parseLastLine(out *lastLine, maxLine int) ([]json.RawMessage, map[string]any, error) {
 	if out.lastTooLong {
 		return nil, nil, fmt.Errorf("last stdout line is longer than max_line_bytes (%d): raise max_line_bytes to keep it", maxLine)
 	}
@@ -87,13 +88,12 @@ func parseLastLine(out *lastLine, maxLine int) ([]osmo.Message, map[string]any, 
 	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
 		return nil, nil, fmt.Errorf(`last stdout line: "messages" must be an array of objects, got %.40s`, raw)
 	}
-	msgs := make([]osmo.Message, len(items))
 	for i, item := range items {
-		if err := json.Unmarshal(item, &msgs[i]); err != nil || msgs[i] == nil {
+		if item[0] != '{' {
 			return nil, nil, fmt.Errorf(`last stdout line: "messages" must be an array of objects: messages[%d] is %.40s`, i, item)
 		}
 	}
-	return msgs, extras, nil
+	return items, extras, nil
 }
 
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }

@@ -122,7 +122,7 @@ func TestWorkflowSolvesThroughTheProxy(t *testing.T) {
 	if len(sources) != 1 || sources[0].ID != multiply.SampleID {
 		t.Fatalf("sources = %v, want one, %q", sources, multiply.SampleID)
 	}
-	msgs, err := sources[0].Source.SampleMessages()
+	msgs, err := osmotest.Messages(sources[0].Source)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestWorkflowConfigApplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := osmotest.Sources(r)[0].Source.SampleMessages()
+	msgs, err := osmotest.Messages(osmotest.Sources(r)[0].Source)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -460,12 +460,12 @@ type callbackBody struct {
 
 // serverSample is a sample as the server reports it.
 type serverSample struct {
-	ID           string          `json:"id"`
-	Messages     []osmo.Message  `json:"messages"`
-	Reward       *float64        `json:"reward"`
-	RemoveSample bool            `json:"remove_sample"`
-	ExtraFields  map[string]any  `json:"extra_fields"`
-	Metrics      json.RawMessage `json:"metrics"`
+	ID           string            `json:"id"`
+	Messages     []json.RawMessage `json:"messages"`
+	Reward       *float64          `json:"reward"`
+	RemoveSample bool              `json:"remove_sample"`
+	ExtraFields  map[string]any    `json:"extra_fields"`
+	Metrics      json.RawMessage   `json:"metrics"`
 }
 
 // maxCallbackBytes bounds a callback body: a sample carries a whole
@@ -544,13 +544,13 @@ func (*runner) ReadsLabel() bool { return true }
 // messages) the conversation osmo's proxy recorded.
 type sample struct {
 	mu       sync.Mutex
-	messages []osmo.Message
+	messages []json.RawMessage
 	extra    map[string]any
 	reward   *float64
 	finish   string
 }
 
-func (s *sample) SampleMessages() ([]osmo.Message, error) {
+func (s *sample) SampleMessages() ([]json.RawMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.messages, nil

@@ -156,7 +156,7 @@ func sampleOf(t *testing.T, r *osmo.Rollout) result {
 	if len(src) != 1 {
 		t.Fatalf("%d sample sources, want 1", len(src))
 	}
-	msgs, err := src[0].Source.SampleMessages()
+	msgs, err := osmotest.Messages(src[0].Source)
 	if err != nil {
 		t.Fatal(err)
 	}
