@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"math"
 	"strconv"
 	"strings"
@@ -15,7 +18,8 @@ const noTaskAnswer = "I'm sorry, I can only help with arithmetic. Please ask som
 // undefinedAnswer is the reply when the arithmetic divides by zero.
 const undefinedAnswer = "The expression is undefined (it divides by zero)."
 
-// maxDepth bounds parenthesis nesting so a hostile prompt cannot exhaust the stack.
+// maxDepth bounds parentheses and unary minus nesting so a hostile prompt
+// cannot exhaust the stack.
 const maxDepth = 64
 
 // expr is a parsed arithmetic expression: a number (op 0) or a binary operation.
@@ -25,64 +29,35 @@ type expr struct {
 	l, r *expr
 }
 
-type parser struct {
-	s     string
-	i     int
-	depth int
-}
-
+// parseExpr parses arithmetic with Go's expression parser, whose
+// precedence is arithmetic's, taking only numbers, + - * /, unary minus
+// and parentheses.
 func parseExpr(s string) (*expr, error) {
-	p := &parser{s: s}
-	e, err := p.sum()
+	node, err := parser.ParseExpr(s)
 	if err != nil {
 		return nil, err
 	}
-	if p.skip(); p.i != len(p.s) {
-		return nil, fmt.Errorf("unexpected %q at offset %d", p.s[p.i], p.i)
-	}
-	return e, nil
+	return toExpr(node, 0)
 }
 
-func (p *parser) skip() {
-	for p.i < len(p.s) && p.s[p.i] == ' ' {
-		p.i++
-	}
-}
-
-// binary parses operands joined by any of ops, left-associatively.
-func (p *parser) binary(ops string, operand func() (*expr, error)) (*expr, error) {
-	l, err := operand()
-	for err == nil {
-		p.skip()
-		if p.i >= len(p.s) || !strings.ContainsRune(ops, rune(p.s[p.i])) {
-			return l, nil
-		}
-		op := p.s[p.i]
-		p.i++
-		var r *expr
-		if r, err = operand(); err == nil {
-			l = &expr{op: op, l: l, r: r}
-		}
-	}
-	return nil, err
-}
-
-func (p *parser) sum() (*expr, error)     { return p.binary("+-", p.product) }
-func (p *parser) product() (*expr, error) { return p.binary("*/", p.factor) }
-
-func (p *parser) factor() (*expr, error) {
-	if p.depth++; p.depth > maxDepth {
+func toExpr(node ast.Expr, depth int) (*expr, error) {
+	if depth > maxDepth {
 		return nil, errors.New("expression nested too deeply")
 	}
-	defer func() { p.depth-- }()
-	p.skip()
-	if p.i >= len(p.s) {
-		return nil, errors.New("unexpected end of expression")
-	}
-	switch c := p.s[p.i]; {
-	case c == '-':
-		p.i++
-		f, err := p.factor()
+	switch n := node.(type) {
+	case *ast.ParenExpr:
+		return toExpr(n.X, depth+1)
+	case *ast.BasicLit:
+		v, err := strconv.ParseFloat(n.Value, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad number %q", n.Value)
+		}
+		return &expr{num: v}, nil
+	case *ast.UnaryExpr:
+		if n.Op != token.SUB {
+			break
+		}
+		f, err := toExpr(n.X, depth+1)
 		if err != nil {
 			return nil, err
 		}
@@ -91,29 +66,21 @@ func (p *parser) factor() (*expr, error) {
 			return f, nil
 		}
 		return &expr{op: '-', l: &expr{}, r: f}, nil
-	case c == '(':
-		p.i++
-		e, err := p.sum()
+	case *ast.BinaryExpr:
+		if n.Op != token.ADD && n.Op != token.SUB && n.Op != token.MUL && n.Op != token.QUO {
+			break
+		}
+		l, err := toExpr(n.X, depth)
 		if err != nil {
 			return nil, err
 		}
-		if p.skip(); p.i >= len(p.s) || p.s[p.i] != ')' {
-			return nil, errors.New("missing )")
-		}
-		p.i++
-		return e, nil
-	case c >= '0' && c <= '9' || c == '.':
-		start := p.i
-		for p.i < len(p.s) && (p.s[p.i] >= '0' && p.s[p.i] <= '9' || p.s[p.i] == '.') {
-			p.i++
-		}
-		v, err := strconv.ParseFloat(p.s[start:p.i], 64)
+		r, err := toExpr(n.Y, depth)
 		if err != nil {
-			return nil, fmt.Errorf("bad number %q", p.s[start:p.i])
+			return nil, err
 		}
-		return &expr{num: v}, nil
+		return &expr{op: n.Op.String()[0], l: l, r: r}, nil
 	}
-	return nil, fmt.Errorf("unexpected %q at offset %d", p.s[p.i], p.i)
+	return nil, errors.New("not arithmetic")
 }
 
 var wordOps = strings.NewReplacer(
