@@ -1,25 +1,17 @@
 // Package controller is the trainer's side of osmo's three wires, written
-// from PROTOCOL.md. Each controller starts rollouts on a rollout server,
-// serves the rollout's LLM calls by relaying them to a policy endpoint,
-// and records the callbacks, refusing what a reference trainer would
-// refuse, so tests see a server's mistakes as failures. `osmo demo`,
-// `osmo eval`, `osmo test`, the bench and the end-to-end tests drive
-// rollouts with them.
+// from PROTOCOL.md, for `osmo demo`, `osmo eval`, `osmo test`, the bench
+// and the end-to-end tests. Each controller starts rollouts on a rollout
+// server, relays the rollout's LLM calls to a policy endpoint, and records
+// the callbacks, refusing what a reference trainer would refuse, so tests
+// see a server's mistakes as failures:
 //
-// The wires, oldest first:
-//
-//   - G1, the remote rollout (Controller): the trainer posts
-//     /v1/rollout/init; the server calls the trainer's /v1/chat/completions
-//     and posts the result to /v1/rollout/completed.
-//   - G2, AgentWorkflow and Grader (G2): the trainer posts /rollout with
-//     the URLs to call; the server posts a completion callback when the
-//     agent ends and a grader callback with the graded samples.
-//   - v0.3, the G2 wire as today's SDK speaks it (V03): per-rollout URLs, a
-//     model bridge under its own bearer, admission answered 202 or 429, a
-//     single sample per grader callback, and POST /rollout/cancel.
-//
-// The three share one endpoint: listener, relay to the policy, and the log
-// of calls and callbacks that tests read and wait on.
+//   - G1, the remote rollout (Controller): /v1/rollout/init, the trainer's
+//     /v1/chat/completions and /v1/rollout/completed.
+//   - G2, AgentWorkflow and Grader (G2): POST /rollout with the URLs to
+//     call, then a completion and a grader callback.
+//   - v0.3, G2 as today's SDK speaks it (V03): per-rollout URLs, a model
+//     bridge under its own bearer, admission answered 202 or 429, one
+//     sample per grader callback, and POST /rollout/cancel.
 package controller
 
 import (

@@ -1,33 +1,16 @@
 // Package execagent provides exec workflows: an osmo.Workflow that runs an
-// external program, in any language, once per sample of a rollout.
+// external program, in any language, once per sample of a rollout, under
+// the exec contract of docs/workflows.md ("Exec workflows"). The program's
+// environment routes its LLM calls through the rollout's proxy and holds
+// none of the server's secrets; it reads {"prompt", "metadata", "config"}
+// on stdin, and its last stdout line, when it is {"messages": [...]}, is
+// the sample's conversation, else the one the proxy recorded.
 //
-// The program follows the exec contract. Its environment routes its LLM
-// calls through the rollout's proxy (OPENAI_BASE_URL and
-// OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
-// OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID, OPENAI_DEFAULT_MODEL set to the
-// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); of the server's own
-// environment it gets only an allowlist (allowedEnv, Config.PassEnv), never
-// an OPENAI_* or OSMOSIS_* variable or OSMO_API_KEY, so nothing routes
-// around the proxy and no secret of the server's reaches it. Its stdin is
-// one JSON object,
-//
-//	{"prompt": [...], "metadata": {...} or null, "config": {...}}
-//
-// followed by a newline, then end of file. Its last non-empty stdout line,
-// when it is {"messages": [...]}, is the sample's conversation in the
-// framework's own shape (with optional "extra_fields"); otherwise the
-// conversation the proxy recorded stands for it. It logs on stderr and exits
-// non-zero on failure.
-//
-// Each program runs in its own process group. When the rollout's context
-// ends, the group gets SIGTERM and, after Config.KillGrace, SIGKILL; once
-// the program exits, whatever it left behind in its group is killed too.
-//
-// Each run is contained (Limits, and "Containment" in docs/workflows.md): a
-// scratch directory of its own as its working directory and TMPDIR, removed
-// when the run ends, an oom_score_adj of 1000, rlimits, and on Linux a
-// cgroup of its own bounding its memory and processes where the server may
-// create one. A run that hits a limit ends with a *LimitError.
+// Each run has a process group of its own, killed (SIGTERM, then SIGKILL
+// after Config.KillGrace) when the rollout ends, and is contained (Limits,
+// and "Containment" there): a scratch directory as its working directory
+// and TMPDIR, an oom_score_adj of 1000, rlimits and, on Linux, a cgroup of
+// its own. A run that hits a limit ends with a *LimitError.
 package execagent
 
 import (
