@@ -54,15 +54,12 @@ type Options struct {
 	PolicyURL string
 	// APIKey is given to the rollout server in init; its calls back must carry it.
 	APIKey string
-	// FailCompletions makes the first N completion posts answer
-	// FailStatus (default 503), to exercise the server's retries.
+	// FailCompletions and FailFraction fail completion posts as
+	// G2Options' FailCallbacks and FailFraction do.
 	FailCompletions int
 	FailStatus      int
-	// FailFraction makes that share of the well-formed completion posts
-	// (after FailCompletions) answer FailStatus, picked at random: a flaky
-	// trainer.
-	FailFraction float64
-	Logger       *slog.Logger
+	FailFraction    float64
+	Logger          *slog.Logger
 }
 
 // Controller is a running G1 controller.
