@@ -1,6 +1,7 @@
 package mockllm
 
 import (
+	"cmp"
 	"hash/fnv"
 	"math"
 	"strings"
@@ -70,9 +71,8 @@ func promptTokenIDs(msgs []map[string]any, tools []map[string]any) []int {
 	var ids []int
 	for _, m := range msgs {
 		role, _ := m["role"].(string)
-		if role == "" {
-			role, _ = m["type"].(string)
-		}
+		typ, _ := m["type"].(string)
+		role = cmp.Or(role, typ)
 		var sb strings.Builder
 		sb.WriteString(text(m["content"]))
 		sb.WriteString(text(m["output"]))

@@ -304,17 +304,19 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string {
-	var b strings.Builder
+	msg := fmt.Sprintf("program exited with status %d", e.Code)
 	if e.Signal != "" {
-		fmt.Fprintf(&b, "program killed by signal %s", e.Signal)
-	} else {
-		fmt.Fprintf(&b, "program exited with status %d", e.Code)
+		msg = "program killed by signal " + e.Signal
 	}
-	if tail := strings.TrimSpace(e.StderrTail); tail != "" {
-		b.WriteString("; stderr ends with:\n")
-		b.WriteString(tail)
+	return withStderr(msg, e.StderrTail)
+}
+
+// withStderr is msg followed by the end of the program's stderr, if any.
+func withStderr(msg, tail string) string {
+	if tail = strings.TrimSpace(tail); tail != "" {
+		return msg + "; stderr ends with:\n" + tail
 	}
-	return b.String()
+	return msg
 }
 
 // runner is the AgentWorkflow. Everything about a run comes from the bound
