@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -144,11 +143,7 @@ func (c *Controller) Init(ctx context.Context, baseURL, serverKey string, in Ini
 	if in.CompletionParams == nil {
 		in.CompletionParams = map[string]any{"temperature": 1.0}
 	}
-	body, err := json.Marshal(in)
-	if err != nil {
-		return 0, nil, err
-	}
-	code, _, data, err := c.post(ctx, strings.TrimRight(baseURL, "/")+"/v1/rollout/init", serverKey, in.Header, body)
+	code, _, data, err := c.post(ctx, baseURL, "/v1/rollout/init", serverKey, in.Header, in)
 	return code, data, err
 }
 

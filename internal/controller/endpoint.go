@@ -134,9 +134,13 @@ func (e *endpoint[T]) Serve(ctx context.Context) error {
 	return nil
 }
 
-// post sends payload to url, bearing bearer when it is not empty.
-func (e *endpoint[T]) post(ctx context.Context, url, bearer string, header http.Header, payload []byte) (int, http.Header, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+// post sends v as JSON to base+path, bearing bearer when it is not empty.
+func (e *endpoint[T]) post(ctx context.Context, base, path, bearer string, header http.Header, v any) (int, http.Header, []byte, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+path, bytes.NewReader(payload))
 	if err != nil {
 		return 0, nil, nil, err
 	}

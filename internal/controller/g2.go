@@ -124,11 +124,7 @@ func (c *G2) Start(ctx context.Context, serverURL, serverKey string, body map[st
 // StartWithHeader is Start with extra request headers (a trainer's
 // traceparent, say).
 func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) (int, http.Header, []byte, error) {
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("controller: encode start body: %w", err)
-	}
-	code, answerHeader, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
+	code, answerHeader, data, err := c.post(ctx, serverURL, "/rollout", serverKey, header, body)
 	if err != nil {
 		return code, answerHeader, data, fmt.Errorf("controller: start: %w", err)
 	}

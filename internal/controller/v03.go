@@ -301,12 +301,13 @@ const (
 
 // admit posts the start until the server takes it (202) or refuses it.
 func (c *V03) admit(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) error {
+	// Encoded once: a body that cannot be is no reason to retry.
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("controller: encode start: %w", err)
 	}
 	for {
-		code, answerHeader, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
+		code, answerHeader, answer, err := c.post(ctx, serverURL, "/rollout", serverKey, header, json.RawMessage(payload))
 		var pause time.Duration
 		switch {
 		case err != nil && ctx.Err() == nil && c.opts.RetryAdmission != nil && c.opts.RetryAdmission(0):
@@ -352,8 +353,7 @@ func retryAfter(v string) time.Duration {
 // Cancel posts POST {serverURL}/rollout/cancel {"ids": ids} and returns the
 // dispositions.
 func (c *V03) Cancel(ctx context.Context, serverURL, serverKey string, ids []string) (map[string]string, error) {
-	payload, _ := json.Marshal(map[string]any{"ids": ids})
-	code, _, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout/cancel", serverKey, nil, payload)
+	code, _, data, err := c.post(ctx, serverURL, "/rollout/cancel", serverKey, nil, map[string]any{"ids": ids})
 	if err != nil {
 		return nil, fmt.Errorf("controller: cancel: %w", err)
 	}
