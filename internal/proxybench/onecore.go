@@ -359,6 +359,13 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		s.Warmup = warm
 	}
 
+	// cpu is a proxy's CPU time so far; direct has no process.
+	cpu := func(c *benchproc.Proc) (time.Duration, error) {
+		if c == nil {
+			return 0, nil
+		}
+		return procstat.CPU(c.PID())
+	}
 	for round := range cfg.Rounds {
 		n := cfg.Requests / cfg.Rounds
 		if round < cfg.Requests%cfg.Rounds {
@@ -366,22 +373,18 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 		for k := range setups {
 			i := (round + k) % len(setups)
-			s, c := setups[i], children[i]
-			var before, after time.Duration
-			var err error
-			if c != nil {
-				if before, err = procstat.CPU(c.PID()); err != nil {
-					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
-				}
+			s := setups[i]
+			before, err := cpu(children[i])
+			if err != nil {
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			wall, err := fixedLoad(ctx, clients[i], targets[i], cfg.Clients, n, &s.latencies)
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
-			if c != nil {
-				if after, err = procstat.CPU(c.PID()); err != nil {
-					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
-				}
+			after, err := cpu(children[i])
+			if err != nil {
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			s.Requests += n
 			s.Wall += wall
@@ -411,13 +414,11 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 	}
 	byPID, bad := sink.counts()
-	for _, s := range setups {
-		s.Spans = byPID[int64(s.PID)]
-	}
 	if bad > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the span sink could not decode %d export requests", bad))
 	}
 	for _, s := range setups {
+		s.Spans = byPID[int64(s.PID)]
 		if s != &rep.Direct && s.CPU <= 0 {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms: send more requests)", s.Name))
 		}

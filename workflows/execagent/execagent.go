@@ -393,15 +393,11 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 	runOne := func(ctx context.Context, s *sample) error {
 		ep := wc.Rollout.Endpoint(s.id)
 		if ep.BaseURL == "" {
-			err := fmt.Errorf("execagent: sample %q: the rollout has no LLM endpoint for it", s.id)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: the rollout has no LLM endpoint for it", s.id))
 		}
 		j, err := rn.host.newJail(cfg.Limits, cfg.ScratchDir, wc.Rollout.Logger().With("sample_id", s.id))
 		if err != nil {
-			err = fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err))
 		}
 		defer j.close()
 		sp := spec
@@ -489,9 +485,7 @@ type procResult struct {
 // run runs the program for s and records its outcome on s.
 func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error {
 	if err := ctx.Err(); err != nil {
-		err = fmt.Errorf("execagent: sample %q: not started: %w", s.id, err)
-		s.fail(err)
-		return err
+		return s.fail(fmt.Errorf("execagent: sample %q: not started: %w", s.id, err))
 	}
 	log := r.Logger().With("sample_id", s.id)
 	spec.logger = log
@@ -509,8 +503,7 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 	if err != nil {
 		err = fmt.Errorf("execagent: sample %q: run %s: %w", s.id, spec.path, err)
 		log.Error("exec agent failed", "error", err, "duration", elapsed)
-		s.fail(err)
-		return err
+		return s.fail(err)
 	}
 	log.Info("exec agent exited", "pid", res.pid, "exit_code", res.exitCode, "signal", res.signal,
 		"duration", elapsed, "terminated", res.terminated)
@@ -535,13 +528,10 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 	default:
 		msgs, extras, perr := parseLastLine(res.stdout, spec.maxLine)
 		if perr != nil {
-			err = fmt.Errorf("execagent: sample %q: %w", s.id, perr)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: %w", s.id, perr))
 		}
 		s.succeed(msgs, extras)
 		return nil
 	}
-	s.fail(err)
-	return err
+	return s.fail(err)
 }

@@ -31,10 +31,12 @@ func (s *sample) succeed(msgs []osmo.Message, extras map[string]any) {
 	s.done, s.msgs, s.extras = true, msgs, extras
 }
 
-func (s *sample) fail(err error) {
+// fail records err as the sample's outcome and returns it.
+func (s *sample) fail(err error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done, s.failure = true, err
+	return err
 }
 
 // SampleMessages implements osmo.SampleSource: the "messages" of the
