@@ -1,6 +1,7 @@
 package mockllm
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -210,10 +211,7 @@ func respond(req *chatRequest) *response {
 	} else {
 		r.content, r.pieces, r.finish = d.text, tokenize(d.text), "stop"
 	}
-	limit := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		limit = req.MaxCompletionTokens
-	}
+	limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens)
 	if limit != nil && len(r.pieces) > *limit {
 		// Like a real server whose tool parser never saw a complete call:
 		// what was generated comes back as text.
