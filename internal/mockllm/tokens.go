@@ -55,12 +55,10 @@ func fnv32a(s string) uint32 {
 	return h.Sum32()
 }
 
-func tokenID(piece string) int { return 100 + int(fnv32a(piece)%50000) }
-
 func tokenIDs(pieces []string) []int {
 	ids := make([]int, len(pieces))
 	for i, p := range pieces {
-		ids[i] = tokenID(p)
+		ids[i] = 100 + int(fnv32a(p)%50000)
 	}
 	return ids
 }

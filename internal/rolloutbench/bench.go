@@ -471,28 +471,29 @@ func (b *bench) timed(ctx context.Context, prefix string, n, concurrency int) (T
 // them: a policy that has not answered yet.
 type Gate struct {
 	mu     sync.Mutex
-	closed bool
-	opened chan struct{}
+	opened chan struct{} // closed by Open; nil while the gate is open
 	parked atomic.Int64
 }
 
 // NewGate returns an open gate.
-func NewGate() *Gate { return &Gate{opened: make(chan struct{})} }
+func NewGate() *Gate { return &Gate{} }
 
 // Close holds requests from now on.
 func (g *Gate) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.closed, g.opened = true, make(chan struct{})
+	if g.opened == nil {
+		g.opened = make(chan struct{})
+	}
 }
 
 // Open lets held requests and new ones through.
 func (g *Gate) Open() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
-		g.closed = false
+	if g.opened != nil {
 		close(g.opened)
+		g.opened = nil
 	}
 }
 
@@ -501,9 +502,9 @@ func (g *Gate) Open() {
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
-		closed, opened := g.closed, g.opened
+		opened := g.opened
 		g.mu.Unlock()
-		if closed {
+		if opened != nil {
 			// Read first, as a policy does before it generates: the
 			// server notices a client that goes away only once the body
 			// is read.
@@ -671,7 +672,7 @@ func (r *Report) WriteTable(w io.Writer) {
 
 // orNA is v/unit in format, "n/a" when v is unknown.
 func orNA(format string, v, unit float64) string {
-	if !finite(v) {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return "n/a"
 	}
 	return fmt.Sprintf(format, v/unit)
@@ -687,7 +688,5 @@ func ms(d time.Duration) string { return orNA("%.1f ms", float64(d), float64(tim
 func cpu(sec float64) string { return orNA("%.0f µs", sec, 1e-6) }
 
 func count(n float64) string { return orNA("%.0f", n, 1) }
-
-func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -76,7 +76,7 @@ func parseLastLine(out *lastLine, maxLine int) ([]osmo.Message, map[string]any, 
 		return nil, nil, nil
 	}
 	var extras map[string]any
-	if raw, ok := doc["extra_fields"]; ok && !isNull(raw) {
+	if raw, ok := doc["extra_fields"]; ok && string(bytes.TrimSpace(raw)) != "null" {
 		if err := json.Unmarshal(raw, &extras); err != nil || extras == nil {
 			return nil, nil, fmt.Errorf(`last stdout line: "extra_fields" must be an object, got %.40s`, raw)
 		}
@@ -97,5 +97,3 @@ func parseLastLine(out *lastLine, maxLine int) ([]osmo.Message, map[string]any, 
 	}
 	return msgs, extras, nil
 }
-
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
