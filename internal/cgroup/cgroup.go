@@ -1,23 +1,17 @@
 // Package cgroup gives each exec agent run a control group of its own: a
 // memory and process-count limit the kernel enforces on the whole process
-// tree, a way to kill every process in it (including those that left their
-// process group), and counters that say whether a limit was hit.
+// tree, a way to kill every process in it (those that left their process
+// group too), and counters that say whether a limit was hit. Groups are
+// created under osmo's own group (/proc/self/cgroup), so a container or a
+// systemd unit that delegates its subtree is enough.
 //
-// It writes a handful of files under cgroupfs (the limits, the event
-// counters, cgroup.kill) for cgroup v2 and, where the memory and pids
-// controllers are still on v1, for cgroup v1. On v2 a process is started
-// inside its group (Group.FD, clone3's CLONE_INTO_CGROUP); v1 has no such
-// start, so there a process is moved in (Group.Add), by a caller that holds
-// it stopped until then.
-// It reads /proc/self/cgroup and /proc/self/mountinfo with prometheus/procfs.
-// A general library such as containerd/cgroups covers every controller and
-// systemd delegation, and brings their dependencies with it; osmo needs
-// two limits and two counters, which fit in one small file a reader can
-// check against the kernel's documentation.
-//
-// Groups are created under osmo's own group (from /proc/self/cgroup), so a
-// container or a systemd unit that delegates its subtree is enough; osmo
-// does not need to own the hierarchy's root.
+// It writes a handful of cgroupfs files, on cgroup v2 or, where the memory
+// and pids controllers are still there, v1: two limits and two counters
+// fit in one file a reader can check against the kernel's documentation,
+// where a general library such as containerd/cgroups brings every
+// controller and its dependencies. On v2 a process starts inside its group
+// (Group.FD, clone3's CLONE_INTO_CGROUP); v1 has no such start, so there a
+// process is moved in (Group.Add) while its caller holds it stopped.
 package cgroup
 
 import (

@@ -1,25 +1,17 @@
 // Package controller is the trainer's side of osmo's three wires, written
-// from PROTOCOL.md. Each controller starts rollouts on a rollout server,
-// serves the rollout's LLM calls by relaying them to a policy endpoint,
-// and records the callbacks, refusing what a reference trainer would
-// refuse, so tests see a server's mistakes as failures. `osmo demo`,
-// `osmo eval`, `osmo test`, the bench and the end-to-end tests drive
-// rollouts with them.
+// from PROTOCOL.md, for `osmo demo`, `osmo eval`, `osmo test`, the bench
+// and the end-to-end tests. Each controller starts rollouts on a rollout
+// server, relays the rollout's LLM calls to a policy endpoint, and records
+// the callbacks, refusing what a reference trainer would refuse, so tests
+// see a server's mistakes as failures:
 //
-// The wires, oldest first:
-//
-//   - G1, the remote rollout (Controller): the trainer posts
-//     /v1/rollout/init; the server calls the trainer's /v1/chat/completions
-//     and posts the result to /v1/rollout/completed.
-//   - G2, AgentWorkflow and Grader (G2): the trainer posts /rollout with
-//     the URLs to call; the server posts a completion callback when the
-//     agent ends and a grader callback with the graded samples.
-//   - v0.3, the G2 wire as today's SDK speaks it (V03): per-rollout URLs, a
-//     model bridge under its own bearer, admission answered 202 or 429, a
-//     single sample per grader callback, and POST /rollout/cancel.
-//
-// The three share one endpoint: listener, relay to the policy, and the log
-// of calls and callbacks that tests read and wait on.
+//   - G1, the remote rollout (Controller): /v1/rollout/init, the trainer's
+//     /v1/chat/completions and /v1/rollout/completed.
+//   - G2, AgentWorkflow and Grader (G2): POST /rollout with the URLs to
+//     call, then a completion and a grader callback.
+//   - v0.3, G2 as today's SDK speaks it (V03): per-rollout URLs, a model
+//     bridge under its own bearer, admission answered 202 or 429, one
+//     sample per grader callback, and POST /rollout/cancel.
 package controller
 
 import (
@@ -29,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -62,15 +53,12 @@ type Options struct {
 	PolicyURL string
 	// APIKey is given to the rollout server in init; its calls back must carry it.
 	APIKey string
-	// FailCompletions makes the first N completion posts answer
-	// FailStatus (default 503), to exercise the server's retries.
+	// FailCompletions and FailFraction fail completion posts as
+	// G2Options' FailCallbacks and FailFraction do.
 	FailCompletions int
 	FailStatus      int
-	// FailFraction makes that share of the well-formed completion posts
-	// (after FailCompletions) answer FailStatus, picked at random: a flaky
-	// trainer.
-	FailFraction float64
-	Logger       *slog.Logger
+	FailFraction    float64
+	Logger          *slog.Logger
 }
 
 // Controller is a running G1 controller.
@@ -155,11 +143,7 @@ func (c *Controller) Init(ctx context.Context, baseURL, serverKey string, in Ini
 	if in.CompletionParams == nil {
 		in.CompletionParams = map[string]any{"temperature": 1.0}
 	}
-	body, err := json.Marshal(in)
-	if err != nil {
-		return 0, nil, err
-	}
-	code, _, data, err := c.post(ctx, strings.TrimRight(baseURL, "/")+"/v1/rollout/init", serverKey, in.Header, body)
+	code, _, data, err := c.post(ctx, baseURL, "/v1/rollout/init", serverKey, in.Header, in)
 	return code, data, err
 }
 

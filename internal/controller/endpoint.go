@@ -46,11 +46,9 @@ type faults struct {
 	status     int
 }
 
-// endpoint is what the controllers of every wire share: the listener the
-// rollout server calls back on, the client that posts to the rollout
-// server and the policy, and the log of LLM calls and callbacks received,
-// which tests read and wait on. Paths, body shapes and status words differ
-// per wire and stay in each wire's file; T is the wire's callback type.
+// endpoint is what the controllers of every wire share: the listener, the
+// client, and the log of LLM calls and callbacks that tests read and wait
+// on. T is the wire's callback type.
 type endpoint[T any] struct {
 	// chatURL is where LLM calls go on to: the policy's chat completions.
 	chatURL *url.URL
@@ -77,10 +75,9 @@ type endpoint[T any] struct {
 
 type callbackKey struct{ kind, rolloutID string }
 
-// newEndpoint checks the settings, fills in the defaults and opens the
-// listener on addr; name (the constructor) prefixes its errors. A zero
-// timeout leaves the client unbounded, for wires whose callers' contexts
-// bound each call.
+// newEndpoint checks the settings and opens the listener on addr; name (the
+// constructor) prefixes its errors. A zero timeout leaves the client
+// unbounded, for wires whose callers' contexts bound each call.
 func newEndpoint[T any](name, addr, policyURL string, f faults, logger *slog.Logger, timeout time.Duration) (*endpoint[T], error) {
 	if policyURL == "" {
 		return nil, fmt.Errorf("%s: PolicyURL is required", name)
@@ -137,10 +134,13 @@ func (e *endpoint[T]) Serve(ctx context.Context) error {
 	return nil
 }
 
-// post sends payload to url, bearing bearer when it is not empty, and
-// returns the answer.
-func (e *endpoint[T]) post(ctx context.Context, url, bearer string, header http.Header, payload []byte) (int, http.Header, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+// post sends v as JSON to base+path, bearing bearer when it is not empty.
+func (e *endpoint[T]) post(ctx context.Context, base, path, bearer string, header http.Header, v any) (int, http.Header, []byte, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+path, bytes.NewReader(payload))
 	if err != nil {
 		return 0, nil, nil, err
 	}
@@ -183,16 +183,25 @@ func ack(w http.ResponseWriter, body string) {
 	_, _ = w.Write([]byte(body))
 }
 
-// readCall reads an LLM call's body, which must be a JSON object, after
-// checking its bearer; it answers the refusals itself.
-func (e *endpoint[T]) readCall(w http.ResponseWriter, r *http.Request, key string) ([]byte, map[string]any, bool) {
+// readBody reads a request's body after checking its bearer; it answers
+// the refusals itself.
+func (e *endpoint[T]) readBody(w http.ResponseWriter, r *http.Request, key string) ([]byte, bool) {
 	if !authorized(r, key) {
 		writeDetail(w, http.StatusUnauthorized, e.unauthorized)
-		return nil, nil, false
+		return nil, false
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+// readCall reads an LLM call's body, which must be a JSON object.
+func (e *endpoint[T]) readCall(w http.ResponseWriter, r *http.Request, key string) ([]byte, map[string]any, bool) {
+	body, ok := e.readBody(w, r, key)
+	if !ok {
 		return nil, nil, false
 	}
 	var parsed map[string]any
@@ -209,17 +218,15 @@ func (e *endpoint[T]) recordChat(call ChatCall) {
 	e.mu.Unlock()
 }
 
-// forwardHeaders are passed from an LLM call on to the policy: the ids and
-// trace context its logs and spans join on, and the mock policy's
-// failure switch.
+// forwardHeaders go from an LLM call on to the policy: the ids and trace
+// context its logs and spans join on, and the mock policy's failure switch.
 var forwardHeaders = [...]string{"X-Rollout-Id", "X-Sample-Id", "Traceparent", "Baggage", "X-Mock-Fail"}
 
 // relay sends an LLM call's body on to the policy (bearing key when not
-// empty) and streams the answer back: FlushInterval -1 flushes every
-// write, so each SSE event reaches the caller when the policy sends it.
-// Only the ids, trace context and the mock policy's failure switch go on
-// with it, never the caller's bearer. When whole is set, a successful
-// answer that is not a stream is also handed to it whole.
+// empty, never the caller's bearer) and streams the answer back:
+// FlushInterval -1 flushes every write, so each SSE event reaches the
+// caller when the policy sends it. When whole is set, a successful answer
+// that is not a stream is also handed to it whole.
 func (e *endpoint[T]) relay(w http.ResponseWriter, r *http.Request, rolloutID, key string, body []byte, whole func(answer []byte)) {
 	e.inFlight.Add(1)
 	defer e.inFlight.Add(-1)
@@ -262,19 +269,14 @@ func (e *endpoint[T]) relay(w http.ResponseWriter, r *http.Request, rolloutID, k
 	proxy.ServeHTTP(w, r)
 }
 
-// receive checks a callback's bearer (401) and reads its body through
-// parse, which returns the callback, the rollout id it names (for logs,
-// even when refusing) and why it is refused: a refusal answers 422 and is
-// kept for Rejected, so that a test waiting in vain can say why.
+// receive reads a callback through parse, which returns the callback, the
+// rollout id it names (for logs, even when refusing) and why it is
+// refused: a refusal answers 422 and is kept for Rejected, so that a test
+// waiting in vain can say why.
 func (e *endpoint[T]) receive(w http.ResponseWriter, r *http.Request, kind, key string, parse func(body []byte) (T, string, error)) (T, bool) {
 	var zero T
-	if !authorized(r, key) {
-		writeDetail(w, http.StatusUnauthorized, e.unauthorized)
-		return zero, false
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeDetail(w, http.StatusBadRequest, "reading body: "+err.Error())
+	body, ok := e.readBody(w, r, key)
+	if !ok {
 		return zero, false
 	}
 	cb, id, err := parse(body)
@@ -399,10 +401,8 @@ func (e *endpoint[T]) Rejected() []string {
 }
 
 // keepAliveConns is how many idle connections a controller keeps to each
-// host (the rollout server, the policy): as many as it has calls in flight
-// at once, as a trainer's pooled client does. Go's default keeps two, so
-// that under load nearly every request opened a connection and closed it,
-// a cost on both sides that no trainer pays.
+// host, as a trainer's pooled client does: Go's default of two would open
+// and close a connection for nearly every request under load.
 const keepAliveConns = 1024
 
 // newClient is a controller's HTTP client; timeout 0 is none.

@@ -21,15 +21,13 @@ type G2Options struct {
 	// APIKey is the controller_api_key: when set, the rollout server's LLM
 	// calls and callbacks must carry it as a bearer.
 	APIKey string
-	// FailCallbacks makes the first N well-formed callback posts (completion
-	// and grader alike) answer FailStatus (default 503), to exercise the
-	// server's retries.
+	// FailCallbacks makes the first N well-formed callback posts answer
+	// FailStatus (default 503), and FailFraction that share of the rest,
+	// picked at random, to exercise the server's retries.
 	FailCallbacks int
 	FailStatus    int
-	// FailFraction makes that share of the well-formed callback posts (after
-	// FailCallbacks) answer FailStatus, picked at random: a flaky trainer.
-	FailFraction float64
-	Logger       *slog.Logger
+	FailFraction  float64
+	Logger        *slog.Logger
 }
 
 // G2Callback is a received completion or grader callback.
@@ -40,8 +38,7 @@ type G2Callback struct {
 	ErrCategory *string `json:"err_category"`
 	// Samples is set on grader callbacks only.
 	Samples map[string]G2Sample `json:"samples,omitempty"`
-	// Raw is the body as received, Header the request's headers, At
-	// when it was received.
+	// Raw is the body as received, At when.
 	Raw    json.RawMessage `json:"-"`
 	Header http.Header     `json:"-"`
 	At     time.Time       `json:"-"`
@@ -66,13 +63,9 @@ type G2Sample struct {
 	LLMCalls []osmo.LLMCall `json:"llm_calls"`
 }
 
-// G2 is a running controller of the G2 (AgentWorkflow) protocol, written
-// from PROTOCOL.md: it starts rollouts with POST /rollout, serves the
-// rollout server's LLM calls at /v1/chat/completions by forwarding them to
-// a policy endpoint, and collects the completion and grader callbacks. It
-// refuses whatever a reference controller would refuse (a wrong bearer, an
-// LLM call without its id headers, a callback that is not the G2 shape), so
-// tests see a server's mistakes as failures.
+// G2 is a running controller of the G2 (AgentWorkflow) protocol: it refuses
+// a wrong bearer, an LLM call without its id headers and a callback that is
+// not the G2 shape.
 type G2 struct {
 	*endpoint[G2Callback]
 	opts G2Options
@@ -131,11 +124,7 @@ func (c *G2) Start(ctx context.Context, serverURL, serverKey string, body map[st
 // StartWithHeader is Start with extra request headers (a trainer's
 // traceparent, say).
 func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) (int, http.Header, []byte, error) {
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("controller: encode start body: %w", err)
-	}
-	code, answerHeader, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
+	code, answerHeader, data, err := c.post(ctx, serverURL, "/rollout", serverKey, header, body)
 	if err != nil {
 		return code, answerHeader, data, fmt.Errorf("controller: start: %w", err)
 	}
@@ -175,21 +164,16 @@ func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
 // g2Categories are the err_category values of the G2 wire.
 var g2Categories = map[string]bool{"timeout": true, "validation_error": true, "http_error": true, "agent_error": true}
 
-// parseCallback decodes a callback body and checks it against PROTOCOL.md:
-// every field present (null where it has no value), a known status (a
-// grader callback's success or failure), an error message exactly when it
-// did not succeed, and for grader callbacks samples keyed by their ids
-// whose rewards are set only when grading succeeded. The returned
-// callback carries the rollout id whenever it could be read, for logs.
+// parseCallback decodes a callback body and checks it against PROTOCOL.md.
+// The callback carries the rollout id whenever it could be read, for logs.
 func parseCallback(body []byte, kind string) (G2Callback, error) {
 	var cb G2Callback
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
 		return cb, errors.New("body must be a JSON object")
 	}
-	// The body is scanned once: each field is decoded from its own bytes.
-	// Keys match exactly (as the SDK's models read them), not in any case
-	// as a struct decoded whole would.
+	// Each field is decoded from its own bytes: keys match exactly, as the
+	// SDK's models read them, not in any case as a struct decoded whole would.
 	_ = json.Unmarshal(fields["rollout_id"], &cb.RolloutID) // for logs, before anything is refused
 	required := []string{"status", "rollout_id", "err_message", "err_category"}
 	if kind == kindGrader {

@@ -23,50 +23,40 @@ type V03Options struct {
 	PolicyURL string
 	// UpstreamKey is the bearer sent to PolicyURL (none when empty).
 	UpstreamKey string
-	// Model, when set, replaces the "model" of every bridged call: the
-	// placeholder model goes to the configured one, as a local eval routes
-	// it to its TOML's model.
+	// Model, when set, replaces the "model" of every bridged call, as a
+	// local eval routes the placeholder to its TOML's model.
 	Model string
 	// CallbackKey is the controller_api_key, the bearer the rollout server
-	// must present on both callbacks. Required and not blank: with an empty
-	// one the server's callbacks would fail as a hang, not an error.
+	// must present on both callbacks. Required: with an empty one the
+	// server's callbacks would fail as a hang, not an error.
 	CallbackKey string
-	// LLMKey is the model bridge's own bearer, sent as llm_api_key. Empty
-	// means one shared secret: llm_api_key is left out of the start and the
-	// bridge takes CallbackKey.
+	// LLMKey is the model bridge's own bearer, sent as llm_api_key; empty,
+	// the bridge takes CallbackKey and the start has no llm_api_key.
 	LLMKey string
 	// CallbackTimeout bounds how long Run waits for the terminal callback
 	// (0: no bound). When it runs out the rollout ends as a failure,
 	// "callback_timeout", and POST /rollout/cancel is sent for it.
 	CallbackTimeout time.Duration
-	// OnTerminal, when set, is called with the result before the terminal
-	// (grader) callback is acknowledged. An error answers the callback 500
-	// and keeps the rollout open, so the server's retry can commit it: a
-	// local eval journals here before acknowledging.
+	// OnTerminal, when set, is called with the result before the grader
+	// callback is acknowledged (a local eval journals here); an error
+	// answers 500 and keeps the rollout open for the server's retry.
 	OnTerminal func(ctx context.Context, r V03Result) error
 	// BeforeCall, when set, is called before the bridge forwards a call of
-	// rolloutID; the call waits for it, and is refused (503) when it returns
-	// an error. An interactive stepper holds a rollout between its turns
-	// here.
+	// rolloutID (an interactive stepper holds a rollout between turns
+	// here); an error refuses the call with 503.
 	BeforeCall func(ctx context.Context, rolloutID string, body map[string]any) error
-	// FailCallbacks makes the first N well-formed callback posts for known
-	// rollouts answer FailStatus (default 503), to exercise a server's
-	// retries.
+	// FailCallbacks and FailFraction fail callback posts for known
+	// rollouts as G2Options' do.
 	FailCallbacks int
 	FailStatus    int
-	// FailFraction makes that share of the well-formed callback posts for
-	// known rollouts (after FailCallbacks) answer FailStatus, picked at
-	// random: a flaky trainer.
-	FailFraction float64
+	FailFraction  float64
 	// RetryAdmission, when set, is asked about every answer to POST
-	// /rollout other than 202 and 429 (code 0: the request failed on the
-	// way, no answer). When it says yes, Run posts the start again after
-	// a short pause (the answer's Retry-After, if any), keeping the
-	// rollout's callbacks open meanwhile: a trainer that resubmits with
-	// the same id when a server answers 5xx or drops the connection,
-	// since the start may have been taken before the answer was lost. The
-	// SDK's controller does not; when unset, such an answer ends Run with
-	// a *V03ProtocolError (or the transport error).
+	// /rollout but 202 and 429 (code 0: no answer). When it says yes, Run
+	// posts the start again after a pause (the answer's Retry-After, if
+	// any), as a trainer that resubmits with the same id, since the start
+	// may have been taken before the answer was lost. Unset, as in the
+	// SDK's controller, such an answer ends Run with a *V03ProtocolError
+	// (or the transport error).
 	RetryAdmission func(code int) bool
 	Logger         *slog.Logger
 }
@@ -86,9 +76,8 @@ type V03RunRequest struct {
 	Header http.Header
 }
 
-// V03Sample is the sample of a grader callback, as the v0.3 model reads it.
-// Fields the model does not know (a server's id or llm_calls) are kept in
-// Raw only.
+// V03Sample is the sample of a grader callback, as the v0.3 model reads it;
+// Raw keeps the fields it does not know (a server's id or llm_calls).
 type V03Sample struct {
 	Sample
 	Raw json.RawMessage `json:"-"`
@@ -103,8 +92,7 @@ type V03Callback struct {
 	ExtraFields map[string]any `json:"extra_fields"`
 	// Sample is set on grader callbacks only, when the body has one.
 	Sample *V03Sample `json:"-"`
-	// Raw is the body as received, Header the request's headers, At
-	// when it was received.
+	// Raw is the body as received, At when.
 	Raw    json.RawMessage `json:"-"`
 	Header http.Header     `json:"-"`
 	At     time.Time       `json:"-"`
@@ -113,18 +101,16 @@ type V03Callback struct {
 // V03Result is how a rollout ended for the controller.
 type V03Result struct {
 	RolloutID string
-	// Source is what ended it: "grader" (its grader callback), "timeout"
-	// (CallbackTimeout ran out) or "cancelled" (Run's context ended).
+	// Source is what ended it: SourceGrader, SourceTimeout (CallbackTimeout
+	// ran out) or SourceCancelled (Run's context ended).
 	Source string
-	// Status is success or failure (the grader callback's; failure after a
-	// timeout), or cancelled.
+	// Status is the grader callback's, failure after a timeout, or cancelled.
 	Status string
 	// Sample is the grader callback's sample: nil on failure.
 	Sample      *V03Sample
 	ErrMessage  *string
 	ErrCategory *string
-	// Completion is the completion callback received before the end, if
-	// any.
+	// Completion is the completion callback received before the end, if any.
 	Completion *V03Callback
 }
 
@@ -140,11 +126,8 @@ func (e *V03ProtocolError) Error() string {
 }
 
 // V03 is the trainer's side of the v0.3 wire (PROTOCOL.md, "G3 as today's
-// SDK speaks it"), as strict as the SDK's own controller: it posts
-// rollouts, serves their LLM calls through a model bridge under its own
-// bearer, and receives the callbacks on the URLs it hands out, refusing
-// what the SDK's listener refuses. A rollout ends with its grader callback.
-// It is safe for concurrent use: each Run drives one rollout.
+// SDK speaks it"), as strict as the SDK's own controller. A rollout ends
+// with its grader callback. Each Run drives one rollout, concurrently.
 type V03 struct {
 	*endpoint[V03Callback]
 	opts V03Options
@@ -210,10 +193,7 @@ func (c *V03) GraderURL(id string) string { return c.ChatCompletionsURL(id) + "/
 // singleSegment reports whether id can be one URL path segment, as the
 // SDK requires of rollout ids.
 func singleSegment(id string) bool {
-	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
-		return false
-	}
-	return true
+	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\\\x00")
 }
 
 // Run drives one rollout: it registers the id, posts POST
@@ -321,12 +301,13 @@ const (
 
 // admit posts the start until the server takes it (202) or refuses it.
 func (c *V03) admit(ctx context.Context, serverURL, serverKey string, header http.Header, body map[string]any) error {
+	// Encoded once: a body that cannot be is no reason to retry.
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("controller: encode start: %w", err)
 	}
 	for {
-		code, answerHeader, answer, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout", serverKey, header, payload)
+		code, answerHeader, answer, err := c.post(ctx, serverURL, "/rollout", serverKey, header, json.RawMessage(payload))
 		var pause time.Duration
 		switch {
 		case err != nil && ctx.Err() == nil && c.opts.RetryAdmission != nil && c.opts.RetryAdmission(0):
@@ -372,8 +353,7 @@ func retryAfter(v string) time.Duration {
 // Cancel posts POST {serverURL}/rollout/cancel {"ids": ids} and returns the
 // dispositions.
 func (c *V03) Cancel(ctx context.Context, serverURL, serverKey string, ids []string) (map[string]string, error) {
-	payload, _ := json.Marshal(map[string]any{"ids": ids})
-	code, _, data, err := c.post(ctx, strings.TrimRight(serverURL, "/")+"/rollout/cancel", serverKey, nil, payload)
+	code, _, data, err := c.post(ctx, serverURL, "/rollout/cancel", serverKey, nil, map[string]any{"ids": ids})
 	if err != nil {
 		return nil, fmt.Errorf("controller: cancel: %w", err)
 	}

@@ -1,6 +1,7 @@
 package mockllm
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -42,6 +43,8 @@ type chatRequest struct {
 	msgs   []map[string]any
 	tools  []map[string]any
 	choice toolChoice
+	// offered is what tool_choice leaves the model to call.
+	offered []map[string]any
 }
 
 // toolChoice is a parsed tool_choice; the zero value is "auto".
@@ -107,11 +110,10 @@ func parseRequest(body []byte) (*chatRequest, *apiError) {
 		}
 		req.tools = append(req.tools, t)
 	}
-	tc, apiErr := parseToolChoice(req.ToolChoice, req.tools)
-	if apiErr != nil {
+	var apiErr *apiError
+	if req.choice, req.offered, apiErr = parseToolChoice(req.ToolChoice, req.tools); apiErr != nil {
 		return nil, apiErr
 	}
-	req.choice = tc
 	for name, v := range map[string]*int{"max_tokens": req.MaxTokens, "max_completion_tokens": req.MaxCompletionTokens} {
 		if v != nil && *v < 1 {
 			return nil, badRequest(name, "invalid_value", "'%s' must be at least 1, got %d", name, *v)
@@ -128,22 +130,23 @@ func parseRequest(body []byte) (*chatRequest, *apiError) {
 	return &req, nil
 }
 
-// parseToolChoice reads tool_choice as OpenAI defines it. "required" is
-// taken as "auto": the mock calls a tool whenever one helps, and a model
-// forced to call one that cannot help has no right answer to imitate.
-func parseToolChoice(raw json.RawMessage, tools []map[string]any) (toolChoice, *apiError) {
+// parseToolChoice reads tool_choice as OpenAI defines it, and returns the
+// tools it leaves the model to call. "required" is taken as "auto": the
+// mock calls a tool whenever one helps, and a model forced to call one
+// that cannot help has no right answer to imitate.
+func parseToolChoice(raw json.RawMessage, tools []map[string]any) (toolChoice, []map[string]any, *apiError) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return toolChoice{}, nil
+		return toolChoice{}, tools, nil
 	}
 	var mode string
 	if json.Unmarshal(raw, &mode) == nil {
 		switch mode {
 		case "auto", "required":
-			return toolChoice{}, nil
+			return toolChoice{}, tools, nil
 		case "none":
-			return toolChoice{none: true}, nil
+			return toolChoice{none: true}, nil, nil
 		}
-		return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': %q (want \"none\", \"auto\", \"required\" or a named function)", mode)
+		return toolChoice{}, nil, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': %q (want \"none\", \"auto\", \"required\" or a named function)", mode)
 	}
 	var named struct {
 		Type     string `json:"type"`
@@ -152,30 +155,14 @@ func parseToolChoice(raw json.RawMessage, tools []map[string]any) (toolChoice, *
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
-		return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': want a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+		return toolChoice{}, nil, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': want a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
 	}
 	for _, t := range tools {
 		if fn, _ := t["function"].(map[string]any); fn["name"] == named.Function.Name {
-			return toolChoice{name: named.Function.Name}, nil
+			return toolChoice{name: named.Function.Name}, []map[string]any{t}, nil
 		}
 	}
-	return toolChoice{}, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': function %q is not in 'tools'", named.Function.Name)
-}
-
-// offeredTools is what tool_choice leaves the model to call.
-func (r *chatRequest) offeredTools() []map[string]any {
-	switch {
-	case r.choice.none:
-		return nil
-	case r.choice.name == "":
-		return r.tools
-	}
-	for _, t := range r.tools {
-		if fn, _ := t["function"].(map[string]any); fn["name"] == r.choice.name {
-			return []map[string]any{t}
-		}
-	}
-	return nil
+	return toolChoice{}, nil, badRequest("tool_choice", "invalid_value", "invalid value for 'tool_choice': function %q is not in 'tools'", named.Function.Name)
 }
 
 // response is one assistant turn, ready to render as JSON or as chunks.
@@ -214,7 +201,7 @@ func respond(req *chatRequest) *response {
 		withIDs:   req.wantTokenIDs(),
 	}
 	task, results := conversation(req.msgs)
-	d := decide(task, results, toolsetOf(req.offeredTools()))
+	d := decide(task, results, toolsetOf(req.offered))
 	if d.tool != "" {
 		r.call = &toolCall{ID: "call_" + h[24:48], Type: "function", Function: functionCall{Name: d.tool, Arguments: d.args}}
 		r.pieces = tokenize(d.tool)
@@ -224,10 +211,7 @@ func respond(req *chatRequest) *response {
 	} else {
 		r.content, r.pieces, r.finish = d.text, tokenize(d.text), "stop"
 	}
-	limit := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		limit = req.MaxCompletionTokens
-	}
+	limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens)
 	if limit != nil && len(r.pieces) > *limit {
 		// Like a real server whose tool parser never saw a complete call:
 		// what was generated comes back as text.

@@ -11,6 +11,7 @@
 package mockllm
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -69,7 +71,6 @@ type Options struct {
 // Server is the mock policy; it is an http.Handler safe for concurrent use.
 type Server struct {
 	opts     Options
-	log      *slog.Logger
 	requests atomic.Int64
 }
 
@@ -77,12 +78,8 @@ var _ http.Handler = (*Server)(nil)
 
 // New validates opts and returns a Server.
 func New(opts Options) (*Server, error) {
-	if opts.Model == "" {
-		opts.Model = DefaultModel
-	}
-	if opts.MaxRequestBytes == 0 {
-		opts.MaxRequestBytes = DefaultMaxRequestBytes
-	}
+	opts.Model = cmp.Or(opts.Model, DefaultModel)
+	opts.MaxRequestBytes = cmp.Or(opts.MaxRequestBytes, DefaultMaxRequestBytes)
 	switch {
 	case !validFailMode(opts.FailMode):
 		return nil, fmt.Errorf("mockllm: unknown FailMode %q (want 500, 503, 429, 400, hang or malformed)", opts.FailMode)
@@ -102,19 +99,14 @@ func New(opts Options) (*Server, error) {
 	case opts.FailMode == "" && (opts.FailEvery != 0 || opts.FailFirst != 0):
 		return nil, errors.New("mockllm: FailEvery and FailFirst need a FailMode")
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{opts: opts, log: log}, nil
+	return &Server{opts: opts}, nil
 }
 
 func validFailMode(m string) bool {
-	switch m {
-	case "", Fail500, Fail503, Fail429, Fail400, FailHang, FailMalformed:
-		return true
-	}
-	return false
+	return slices.Contains([]string{"", Fail500, Fail503, Fail429, Fail400, FailHang, FailMalformed}, m)
 }
 
 // Requests reports how many chat completion requests the server has received,
@@ -154,7 +146,7 @@ func (s *Server) only(w http.ResponseWriter, r *http.Request, method string, ser
 func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	n := s.requests.Add(1)
 	ctx := r.Context()
-	log := s.log.With("request", n)
+	log := s.opts.Logger.With("request", n)
 	if id := r.Header.Get("X-Rollout-Id"); id != "" {
 		log = log.With("rollout_id", id)
 	}
@@ -197,9 +189,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		apiErr.write(w)
 		return
 	}
-	if req.Model == "" {
-		req.Model = s.opts.Model
-	}
+	req.Model = cmp.Or(req.Model, s.opts.Model)
 	if id := req.rolloutID(); id != "" && r.Header.Get("X-Rollout-Id") == "" {
 		log = log.With("rollout_id", id)
 	}
@@ -216,10 +206,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) failsByCount(n int64) bool {
-	if s.opts.FailMode == "" {
-		return false
-	}
-	return n <= int64(s.opts.FailFirst) || s.opts.FailEvery > 0 && n%int64(s.opts.FailEvery) == 0
+	return s.opts.FailMode != "" && (n <= int64(s.opts.FailFirst) || s.opts.FailEvery > 0 && n%int64(s.opts.FailEvery) == 0)
 }
 
 // fail answers the way an unhealthy server does.

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"math"
 	"strconv"
 	"strings"
@@ -15,105 +18,78 @@ const noTaskAnswer = "I'm sorry, I can only help with arithmetic. Please ask som
 // undefinedAnswer is the reply when the arithmetic divides by zero.
 const undefinedAnswer = "The expression is undefined (it divides by zero)."
 
-// maxDepth bounds parenthesis nesting so a hostile prompt cannot exhaust the stack.
+// maxDepth bounds parentheses and unary minus nesting so a hostile prompt
+// cannot exhaust the stack.
 const maxDepth = 64
 
-// expr is a parsed arithmetic expression: a number (op 0) or a binary operation.
-type expr struct {
+// step is one binary operation of an expression; operands refer to
+// literals or to the results of earlier steps.
+type step struct {
 	op   byte
-	num  float64
-	l, r *expr
+	a, b operand
 }
 
-type parser struct {
-	s     string
-	i     int
-	depth int
+type operand struct {
+	ref int // index of an earlier step, or -1 for a literal
+	num float64
 }
 
-func parseExpr(s string) (*expr, error) {
-	p := &parser{s: s}
-	e, err := p.sum()
+// parseExpr parses arithmetic with Go's expression parser, whose
+// precedence is arithmetic's, taking only numbers, + - * /, unary minus
+// and parentheses. It returns the operations in evaluation order (left
+// operand first).
+func parseExpr(s string) ([]step, error) {
+	node, err := parser.ParseExpr(s)
 	if err != nil {
 		return nil, err
 	}
-	if p.skip(); p.i != len(p.s) {
-		return nil, fmt.Errorf("unexpected %q at offset %d", p.s[p.i], p.i)
-	}
-	return e, nil
+	var steps []step
+	_, err = addSteps(node, 0, &steps)
+	return steps, err
 }
 
-func (p *parser) skip() {
-	for p.i < len(p.s) && p.s[p.i] == ' ' {
-		p.i++
+// addSteps appends node's operations to steps and returns its value.
+func addSteps(node ast.Expr, depth int, steps *[]step) (operand, error) {
+	if depth > maxDepth {
+		return operand{}, errors.New("expression nested too deeply")
 	}
-}
-
-// binary parses operands joined by any of ops, left-associatively.
-func (p *parser) binary(ops string, operand func() (*expr, error)) (*expr, error) {
-	l, err := operand()
-	for err == nil {
-		p.skip()
-		if p.i >= len(p.s) || !strings.ContainsRune(ops, rune(p.s[p.i])) {
-			return l, nil
-		}
-		op := p.s[p.i]
-		p.i++
-		var r *expr
-		if r, err = operand(); err == nil {
-			l = &expr{op: op, l: l, r: r}
-		}
-	}
-	return nil, err
-}
-
-func (p *parser) sum() (*expr, error)     { return p.binary("+-", p.product) }
-func (p *parser) product() (*expr, error) { return p.binary("*/", p.factor) }
-
-func (p *parser) factor() (*expr, error) {
-	if p.depth++; p.depth > maxDepth {
-		return nil, errors.New("expression nested too deeply")
-	}
-	defer func() { p.depth-- }()
-	p.skip()
-	if p.i >= len(p.s) {
-		return nil, errors.New("unexpected end of expression")
-	}
-	switch c := p.s[p.i]; {
-	case c == '-':
-		p.i++
-		f, err := p.factor()
+	switch n := node.(type) {
+	case *ast.ParenExpr:
+		return addSteps(n.X, depth+1, steps)
+	case *ast.BasicLit:
+		v, err := strconv.ParseFloat(n.Value, 64)
 		if err != nil {
-			return nil, err
+			return operand{}, fmt.Errorf("bad number %q", n.Value)
 		}
-		if f.op == 0 {
-			f.num = -f.num
-			return f, nil
+		return operand{ref: -1, num: v}, nil
+	case *ast.UnaryExpr:
+		if n.Op != token.SUB {
+			break
 		}
-		return &expr{op: '-', l: &expr{}, r: f}, nil
-	case c == '(':
-		p.i++
-		e, err := p.sum()
+		v, err := addSteps(n.X, depth+1, steps)
+		if err != nil || v.ref < 0 {
+			v.num = -v.num
+			return v, err
+		}
+		*steps = append(*steps, step{op: '-', a: operand{ref: -1}, b: v})
+		return operand{ref: len(*steps) - 1}, nil
+	case *ast.BinaryExpr:
+		op := n.Op.String()
+		if len(op) != 1 || !strings.Contains("+-*/", op) {
+			break
+		}
+		a, err := addSteps(n.X, depth, steps)
 		if err != nil {
-			return nil, err
+			return a, err
 		}
-		if p.skip(); p.i >= len(p.s) || p.s[p.i] != ')' {
-			return nil, errors.New("missing )")
-		}
-		p.i++
-		return e, nil
-	case c >= '0' && c <= '9' || c == '.':
-		start := p.i
-		for p.i < len(p.s) && (p.s[p.i] >= '0' && p.s[p.i] <= '9' || p.s[p.i] == '.') {
-			p.i++
-		}
-		v, err := strconv.ParseFloat(p.s[start:p.i], 64)
+		b, err := addSteps(n.Y, depth, steps)
 		if err != nil {
-			return nil, fmt.Errorf("bad number %q", p.s[start:p.i])
+			return b, err
 		}
-		return &expr{num: v}, nil
+		*steps = append(*steps, step{op: op[0], a: a, b: b})
+		return operand{ref: len(*steps) - 1}, nil
 	}
-	return nil, fmt.Errorf("unexpected %q at offset %d", p.s[p.i], p.i)
+	return operand{}, errors.New("not arithmetic")
 }
 
 var wordOps = strings.NewReplacer(
@@ -123,7 +99,7 @@ var wordOps = strings.NewReplacer(
 
 // findExpression returns the first arithmetic expression with at least one
 // operator in text, and its source with spaces normalized.
-func findExpression(text string) (*expr, string, bool) {
+func findExpression(text string) ([]step, string, bool) {
 	text = wordOps.Replace(strings.ToLower(text))
 	isExprByte := func(c byte) bool { return c >= '0' && c <= '9' || strings.IndexByte(".+-*/() ", c) >= 0 }
 	for i := 0; i < len(text); {
@@ -137,34 +113,11 @@ func findExpression(text string) (*expr, string, bool) {
 		}
 		src := strings.Join(strings.Fields(strings.TrimRight(text[i:j], ". ")), " ")
 		i = j
-		if e, err := parseExpr(src); err == nil && e.op != 0 {
-			return e, src, true
+		if steps, err := parseExpr(src); err == nil && len(steps) > 0 {
+			return steps, src, true
 		}
 	}
 	return nil, "", false
-}
-
-// step is one binary operation of a plan; operands refer to literals or to
-// the results of earlier steps.
-type step struct {
-	op   byte
-	a, b operand
-}
-
-type operand struct {
-	ref int // index of an earlier step, or -1 for a literal
-	num float64
-}
-
-// plan lists e's operations in evaluation order (left operand first).
-func plan(e *expr, steps []step) ([]step, operand) {
-	if e.op == 0 {
-		return steps, operand{ref: -1, num: e.num}
-	}
-	steps, a := plan(e.l, steps)
-	steps, b := plan(e.r, steps)
-	ref := len(steps)
-	return append(steps, step{op: e.op, a: a, b: b}), operand{ref: ref}
 }
 
 func apply(op byte, a, b float64) float64 {
@@ -226,11 +179,10 @@ type decision struct {
 // followed it. Operations with a tool are called one per turn; the others
 // are computed inline, as a model would do in its head.
 func decide(task string, results []string, ts toolset) decision {
-	e, src, ok := findExpression(task)
+	steps, src, ok := findExpression(task)
 	if !ok {
 		return decision{text: noTaskAnswer}
 	}
-	steps, _ := plan(e, nil)
 	vals := make([]float64, len(steps))
 	val := func(o operand) float64 {
 		if o.ref < 0 {

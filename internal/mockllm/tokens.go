@@ -1,6 +1,7 @@
 package mockllm
 
 import (
+	"cmp"
 	"hash/fnv"
 	"math"
 	"strings"
@@ -54,12 +55,10 @@ func fnv32a(s string) uint32 {
 	return h.Sum32()
 }
 
-func tokenID(piece string) int { return 100 + int(fnv32a(piece)%50000) }
-
 func tokenIDs(pieces []string) []int {
 	ids := make([]int, len(pieces))
 	for i, p := range pieces {
-		ids[i] = tokenID(p)
+		ids[i] = 100 + int(fnv32a(p)%50000)
 	}
 	return ids
 }
@@ -70,9 +69,8 @@ func promptTokenIDs(msgs []map[string]any, tools []map[string]any) []int {
 	var ids []int
 	for _, m := range msgs {
 		role, _ := m["role"].(string)
-		if role == "" {
-			role, _ = m["type"].(string)
-		}
+		typ, _ := m["type"].(string)
+		role = cmp.Or(role, typ)
 		var sb strings.Builder
 		sb.WriteString(text(m["content"]))
 		sb.WriteString(text(m["output"]))

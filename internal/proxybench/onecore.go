@@ -24,21 +24,16 @@ import (
 
 // OneCoreConfig says how MeasureOneCore runs the proxy and loads it.
 type OneCoreConfig struct {
-	// Command returns the command that runs the standalone proxy (`osmo
-	// llmproxy`) with args, its flags, appended: for example
-	// exec.Command(osmo, append([]string{"llmproxy"}, args...)...). Its Env,
-	// when set, is the environment to start from (nil: this process's);
-	// MeasureOneCore drops every OTEL_*, OSMO_TRACE_CONTENT and GOMAXPROCS
-	// variable from it and adds its own. It sets Stdout and Stderr. Nil
-	// skips the measurement.
+	// Command returns the command that runs `osmo llmproxy` with args, its
+	// flags. Its Env (nil: this process's) loses every OTEL_*,
+	// OSMO_TRACE_CONTENT and GOMAXPROCS variable. Nil skips the measurement.
 	Command func(args []string) *exec.Cmd
-	// ReverseProxyCommand runs the process compared with it: a plain
+	// ReverseProxyCommand runs the process compared with it, a plain
 	// httputil.ReverseProxy (ServeReverseProxy) taking the same --addr and
-	// --upstream flags, its environment handled as Command's. Nil leaves
-	// the comparison out.
+	// --upstream flags. Nil leaves the comparison out.
 	ReverseProxyCommand func(args []string) *exec.Cmd
 	// Requests is the number of timed requests per setup, sent in Rounds
-	// rounds per setup by Clients concurrent clients.
+	// rounds by Clients concurrent clients.
 	Requests int
 	Rounds   int
 	Clients  int
@@ -46,21 +41,19 @@ type OneCoreConfig struct {
 
 // OneCoreSetup is one proxy process's measurement.
 type OneCoreSetup struct {
-	// Name is "off", "tracing", "reverseproxy" or
-	// "direct" (the clients calling the upstream themselves: the floor
-	// the others' latency is measured from; it has no process).
+	// Name is "off", "tracing", "reverseproxy" or "direct" (the clients
+	// calling the upstream themselves, with no process: the floor the
+	// others' latency is measured from).
 	Name string
-	// PID is the proxy process's id (it has exited when MeasureOneCore
-	// returns).
+	// PID is the proxy process's id (exited when MeasureOneCore returns).
 	PID int
-	// Requests is the number of timed requests, Warmup the untimed ones
-	// sent before.
+	// Requests are timed, Warmup untimed ones sent before.
 	Requests, Warmup int
 	// Wall is the time the timed requests took, CPU the proxy process's
-	// CPU time (user and system, all threads) over the same rounds.
+	// user and system time over the same rounds.
 	Wall, CPU time.Duration
-	// Spans is the number of spans the sink received from this process,
-	// over its whole life (warm-up included, the last batch flushed at exit).
+	// Spans is the number of spans the sink received from this process
+	// over its whole life.
 	Spans int64
 	// Latency is the timed requests' as the clients saw it.
 	Latency Latency
@@ -106,22 +99,19 @@ func (s OneCoreSetup) Busy() float64 {
 // with tracing off and on: its CPU time per request and what that makes of
 // one core.
 type OneCoreReport struct {
-	// Skipped says why nothing was measured; it is empty when the setups
-	// were.
+	// Skipped says why nothing was measured.
 	Skipped string
 	// Off runs without tracing; Tracing exports every call's span.
 	Off     OneCoreSetup
 	Tracing OneCoreSetup
-	// ReverseProxy is a plain httputil.ReverseProxy process run alike
-	// (its Name is "" when cfg.ReverseProxyCommand was nil), Direct the
-	// same load sent straight to the upstream.
+	// ReverseProxy is a plain httputil.ReverseProxy process run alike (Name
+	// "" when not measured), Direct the load sent straight to the upstream.
 	ReverseProxy OneCoreSetup
 	Direct       OneCoreSetup
 	Clients      int
 	Rounds       int
 	// ProxyCPU is the CPU the proxy processes were pinned to; BenchCPUs
-	// are those left to this process (clients, upstream, span sink). When
-	// this process may use only one CPU, both are that CPU.
+	// are those left to this process (with one CPU, that one).
 	ProxyCPU  int
 	BenchCPUs []int
 	// GOGC is the GOGC in the proxies' environment ("" when unset).
@@ -253,19 +243,16 @@ func cpuList(cpus []int) string {
 }
 
 // MeasureOneCore measures the proxy as it runs in production: a process of
-// its own (cfg.Command), with GOMAXPROCS=1 and, on Linux, pinned to one CPU,
-// in front of an upstream in this process, which moves to the remaining
-// CPUs for the time of the measurement (its affinity is restored after).
-// Two proxy processes run side by side: "off" without tracing, and
-// "tracing" exporting every call's span over OTLP/HTTP to a sink in this
-// process.
-// They serve cfg.Requests requests each in cfg.Rounds rounds, taking turns
-// in an order that rotates each round; the proxy's CPU time over the rounds
-// is read from /proc.
+// its own (cfg.Command) with GOMAXPROCS=1, pinned to one CPU, in front of
+// an upstream in this process, which moves to the other CPUs meanwhile.
+// The "off" proxy does not trace; the "tracing" one exports every call's
+// span over OTLP/HTTP to a sink in this process. The setups serve
+// cfg.Requests requests each in cfg.Rounds rounds, taking turns in an
+// order that rotates each round; the proxies' CPU time is read from /proc.
 //
 // When the measurement cannot run (not Linux, no command, a proxy that does
-// not start), the report says why in Skipped and the error is nil. The
-// proxy processes are stopped and waited for before MeasureOneCore returns.
+// not start), Skipped says why and the error is nil. The proxy processes
+// have been stopped and waited for when it returns.
 func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, error) {
 	rep := OneCoreReport{Clients: cfg.Clients, Rounds: cfg.Rounds,
 		Off: OneCoreSetup{Name: "off"}, Tracing: OneCoreSetup{Name: "tracing"}}
@@ -372,6 +359,13 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		s.Warmup = warm
 	}
 
+	// cpu is a proxy's CPU time so far; direct has no process.
+	cpu := func(c *benchproc.Proc) (time.Duration, error) {
+		if c == nil {
+			return 0, nil
+		}
+		return procstat.CPU(c.PID())
+	}
 	for round := range cfg.Rounds {
 		n := cfg.Requests / cfg.Rounds
 		if round < cfg.Requests%cfg.Rounds {
@@ -379,22 +373,18 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 		for k := range setups {
 			i := (round + k) % len(setups)
-			s, c := setups[i], children[i]
-			var before, after time.Duration
-			var err error
-			if c != nil {
-				if before, err = procstat.CPU(c.PID()); err != nil {
-					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
-				}
+			s := setups[i]
+			before, err := cpu(children[i])
+			if err != nil {
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			wall, err := fixedLoad(ctx, clients[i], targets[i], cfg.Clients, n, &s.latencies)
 			if err != nil {
 				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
-			if c != nil {
-				if after, err = procstat.CPU(c.PID()); err != nil {
-					return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
-				}
+			after, err := cpu(children[i])
+			if err != nil {
+				return rep, fmt.Errorf("proxybench.MeasureOneCore: %s: %w", s.Name, err)
 			}
 			s.Requests += n
 			s.Wall += wall
@@ -424,13 +414,11 @@ func MeasureOneCore(ctx context.Context, cfg OneCoreConfig) (OneCoreReport, erro
 		}
 	}
 	byPID, bad := sink.counts()
-	for _, s := range setups {
-		s.Spans = byPID[int64(s.PID)]
-	}
 	if bad > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the span sink could not decode %d export requests", bad))
 	}
 	for _, s := range setups {
+		s.Spans = byPID[int64(s.PID)]
 		if s != &rep.Direct && s.CPU <= 0 {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s proxy: no CPU time measured (clock ticks are 10 ms: send more requests)", s.Name))
 		}

@@ -1,11 +1,10 @@
 // Package rolloutbench measures `osmo serve` end to end: G2 rollouts per
-// second and their latency, and what a rollout costs the server in memory
-// and descriptors while it waits on the policy and once it is a finished
-// record; what a rollout writes to the shared state; and the same
-// throughput and state figures for a cluster (three `osmo rollout`
-// replicas behind `osmo gateway`, over a three-node NATS cluster). Servers
-// run as processes of their own, so their figures are their own; the
-// trainer and the policy double run in the measuring process, on loopback.
+// second and their latency, what a rollout costs the server in memory and
+// descriptors while it waits on the policy and once it is a finished
+// record, and what it writes to the shared state; and the same throughput
+// and state figures for a cluster (three `osmo rollout` replicas behind
+// `osmo gateway`, over three NATS nodes). Servers run as processes of their
+// own; the trainer and the policy double run in this one, on loopback.
 package rolloutbench
 
 import (
@@ -47,21 +46,17 @@ type Config struct {
 	// memory figures, then released and graded.
 	InFlight int
 	// MaxConcurrent, when set, is each server's --max-concurrent: fewer
-	// slots than rollouts in flight make the rest wait in its queue, as a
-	// trainer that keeps more in flight than the server runs does. By
+	// slots than rollouts in flight make the rest wait in its queue. By
 	// default every rollout in flight has a slot.
 	MaxConcurrent int
-	// Workflow is the workflow the server runs (multiply when empty); its
-	// own grader grades.
+	// Workflow is the workflow the server runs (multiply when empty).
 	Workflow string
-	// StateDir, when set, runs the server with --state StateDir: its
-	// embedded NATS server keeps the state in files there, and the
-	// figures include their writes.
+	// StateDir, when set, is the server's --state: its embedded NATS
+	// server keeps the state in files there.
 	StateDir string
 	// StateSync is the server's --state-sync with StateDir ("" its default).
 	StateSync string
-	// Cluster, when set, measures the same load on a cluster as well,
-	// once `osmo serve` is stopped.
+	// Cluster, when set, measures the same load on a cluster too.
 	Cluster *Cluster
 	// Timeout bounds the whole measurement.
 	Timeout time.Duration
@@ -91,14 +86,11 @@ type Report struct {
 	// Base is the server before any rollout; Held with InFlight rollouts
 	// held in their LLM call; Done once those are finished records.
 	Base, Held, Done Sample
-	// PeakRSS is the most the server's process was resident by the time
-	// every held rollout was graded (VmHWM, /proc/PID/status), in bytes:
-	// the peak while they finish. NaN where /proc is not Linux's.
-	PeakRSS float64
-	// HeldAnon is the part of Held's RSS that is the process's own memory
-	// (RssAnon, /proc/PID/status; see procstat.Memory), in bytes. NaN
-	// where /proc is not Linux's.
-	HeldAnon float64
+	// PeakRSS is the most the server was resident by the time every held
+	// rollout was graded (VmHWM), HeldAnon the part of Held's RSS that is
+	// its own memory (RssAnon; see procstat.Memory), in bytes. NaN where
+	// /proc is not Linux's.
+	PeakRSS, HeldAnon float64
 	// AllGraded: every held rollout was graded once released; GradeErr
 	// says what the first that was not got instead.
 	AllGraded bool
@@ -113,19 +105,13 @@ type Timed struct {
 	Graded         int
 	RolloutsPerSec float64
 	P50, P99       time.Duration
-	// StateWrites and StateBytes are the writes to the shared state made
-	// during the run and the bytes they wrote, every replica's summed
-	// (osmo_state_writes_total, osmo_state_write_bytes_total).
+	// StateWrites and StateBytes are the writes to the shared state during
+	// the run and their bytes, every replica's summed.
 	StateWrites, StateBytes float64
-	// CPU is the server process's CPU time (user and system, every
-	// thread; /proc/PID/stat) over the run, in seconds per rollout. NaN
-	// where /proc is not Linux's, and for the cluster.
-	CPU float64
-	// AllocBytes and Allocs are what the server's Go runtime allocated
-	// over the run, bytes and objects per rollout, as its /metrics counts
-	// them (go_memstats_alloc_bytes_total, go_memstats_mallocs_total).
-	// NaN where /metrics has no such counter, and for the cluster.
-	AllocBytes, Allocs float64
+	// CPU is the server's user and system time over the run, in seconds
+	// per rollout; AllocBytes and Allocs what its Go runtime allocated,
+	// bytes and objects per rollout. NaN where unknown, and for the cluster.
+	CPU, AllocBytes, Allocs float64
 }
 
 // usage is what a server process has spent so far: CPU seconds, and the
@@ -153,10 +139,8 @@ func (t *Timed) spent(before, after usage) {
 	t.CPU, t.AllocBytes, t.Allocs = (after.cpu-before.cpu)/n, (after.allocBytes-before.allocBytes)/n, (after.allocs-before.allocs)/n
 }
 
-// memory is process pid's resident memory (VmRSS), the part of it that
-// is the process's own (RssAnon; see procstat.Memory) and its high-water
-// mark (VmHWM), in bytes; NaN for each where /proc is not Linux's or does
-// not say.
+// memory is process pid's VmRSS, RssAnon and VmHWM, in bytes; NaN for
+// each where /proc is not Linux's or does not say.
 func memory(pid int) (rss, anon, peak float64, err error) {
 	m, err := procstat.Mem(pid)
 	if errors.Is(err, procstat.ErrUnsupported) {
@@ -213,7 +197,7 @@ func Measure(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // harness is the measuring side: the policy double behind a gate and the
-// G2 trainer double, both on loopback in this process, until stop.
+// G2 trainer double, until stop.
 type harness struct {
 	gate   *Gate
 	policy *httptest.Server
@@ -221,8 +205,7 @@ type harness struct {
 	stop   func()
 }
 
-// newHarness starts the harness, and returns ctx bounded by timeout; stop
-// ends both.
+// newHarness starts the harness, and returns ctx bounded by timeout.
 func newHarness(ctx context.Context, timeout time.Duration) (context.Context, *harness, error) {
 	gate := NewGate()
 	mock, err := mockllm.New(mockllm.Options{Logger: quiet()})
@@ -249,7 +232,7 @@ func (h *harness) bench(base string) *bench {
 }
 
 // serveGrace is how long a measured osmo serve has to stop before it is
-// killed.
+// killed: killed, it would leave its embedded NATS server's directory.
 const serveGrace = 10 * time.Second
 
 // measureServe measures `osmo serve`, and stops it.
@@ -258,8 +241,6 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	// A grace to end by itself: killed, it would leave its embedded NATS
-	// server's directory behind.
 	defer srv.Stop(serveGrace)
 
 	b := h.bench(base)
@@ -311,8 +292,7 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 
 // hold holds n rollouts (ids prefix-00000 on) at once, as many as the
 // server has slots for in their first LLM call and the rest queued, calls
-// atHeld, then lets the policy answer and waits until every
-// one is graded. gradeErr says what the first that was not got instead.
+// atHeld, then lets the policy answer and waits until every one is graded.
 func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefix string, n, slots int, atHeld func() error) (gradeErr, err error) {
 	h.gate.Close()
 	defer h.gate.Open()
@@ -491,28 +471,29 @@ func (b *bench) timed(ctx context.Context, prefix string, n, concurrency int) (T
 // them: a policy that has not answered yet.
 type Gate struct {
 	mu     sync.Mutex
-	closed bool
-	opened chan struct{}
+	opened chan struct{} // closed by Open; nil while the gate is open
 	parked atomic.Int64
 }
 
 // NewGate returns an open gate.
-func NewGate() *Gate { return &Gate{opened: make(chan struct{})} }
+func NewGate() *Gate { return &Gate{} }
 
 // Close holds requests from now on.
 func (g *Gate) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.closed, g.opened = true, make(chan struct{})
+	if g.opened == nil {
+		g.opened = make(chan struct{})
+	}
 }
 
 // Open lets held requests and new ones through.
 func (g *Gate) Open() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
-		g.closed = false
+	if g.opened != nil {
 		close(g.opened)
+		g.opened = nil
 	}
 }
 
@@ -521,9 +502,9 @@ func (g *Gate) Open() {
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
-		closed, opened := g.closed, g.opened
+		opened := g.opened
 		g.mu.Unlock()
-		if closed {
+		if opened != nil {
 			// Read first, as a policy does before it generates: the
 			// server notices a client that goes away only once the body
 			// is read.
@@ -691,7 +672,7 @@ func (r *Report) WriteTable(w io.Writer) {
 
 // orNA is v/unit in format, "n/a" when v is unknown.
 func orNA(format string, v, unit float64) string {
-	if !finite(v) {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return "n/a"
 	}
 	return fmt.Sprintf(format, v/unit)
@@ -707,7 +688,5 @@ func ms(d time.Duration) string { return orNA("%.1f ms", float64(d), float64(tim
 func cpu(sec float64) string { return orNA("%.0f µs", sec, 1e-6) }
 
 func count(n float64) string { return orNA("%.0f", n, 1) }
-
-func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

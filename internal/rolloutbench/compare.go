@@ -10,14 +10,13 @@ import (
 )
 
 // Comparison is this build's `osmo serve` against another build's, under
-// the same load from the same harness, measured in alternating rounds so
-// that whatever else the machine does falls on both alike.
+// the same load, in alternating rounds so that whatever else the machine
+// does falls on both alike.
 type Comparison struct {
 	// Baseline names the other build (its path).
 	Baseline              string
 	Rollouts, Concurrency int
-	// InFlight rollouts were held at once in each run, after its timed
-	// rollouts (none when 0).
+	// InFlight rollouts were held at once in each run (none when 0).
 	InFlight int
 	// Current and Base hold one run per round, in round order.
 	Current, Base []Run
@@ -27,26 +26,17 @@ type Comparison struct {
 type Run struct {
 	// Timed is the timed rollouts, with what they cost the server.
 	Timed
-	// HeldRSS is the server's resident memory with the comparison's
-	// InFlight rollouts held in their LLM call (VmRSS), HeldAnon the part
-	// of it that is the process's own (RssAnon: not the executable's
-	// pages, see procstat.Memory), PeakRSS the most it was resident by
-	// the time they were all graded (VmHWM), in bytes; NaN when none
-	// were held, or where /proc is not Linux's.
+	// HeldRSS, HeldAnon and PeakRSS are Report's, the first its Held.RSS;
+	// NaN when none were held.
 	HeldRSS, HeldAnon, PeakRSS float64
-	// GradeErr says what the first held rollout that was not graded got
-	// instead.
-	GradeErr string
+	GradeErr                   string
 }
 
 // Compare runs cfg.Serve's server and baseline's, rounds times each,
 // alternating which goes first. Each run is a fresh server: a warm-up of
-// cfg.Concurrency rollouts, untimed, then cfg.Rollouts timed,
-// cfg.Concurrency at a time, with the server's CPU time and allocations
-// over them; then, when cfg.InFlight is positive, that many held in
-// their first LLM call at once, the server's RSS read, and released. The
-// baseline is only asked to serve G2 with the flags every osmo since the
-// rollout table's first version takes; state figures are not compared.
+// cfg.Concurrency rollouts, cfg.Rollouts timed, then cfg.InFlight held
+// at once for its RSS. The baseline is only asked to serve G2 with the
+// flags every osmo since the rollout table's first version takes.
 func Compare(ctx context.Context, cfg Config, baseline string, serveBaseline func([]string) *exec.Cmd, rounds int) (*Comparison, error) {
 	ctx, h, err := newHarness(ctx, cfg.Timeout)
 	if err != nil {

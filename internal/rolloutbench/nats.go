@@ -61,7 +61,8 @@ func findUp(rel string) string {
 	}
 	for _, dir := range starts {
 		for {
-			if p := filepath.Join(dir, rel); isFile(p) {
+			p := filepath.Join(dir, rel)
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
 				return p
 			}
 			parent := filepath.Dir(dir)
@@ -72,11 +73,6 @@ func findUp(rel string) string {
 		}
 	}
 	return ""
-}
-
-func isFile(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().IsRegular()
 }
 
 // natsConfig is what nats-server takes only from a file: the largest

@@ -1,10 +1,12 @@
 package execagent
 
 import (
+	"cmp"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -30,18 +32,10 @@ func allowedEnv(key string) bool {
 // allowed, or named by pass (an entry ending in * is a prefix), and never
 // reserved.
 func passed(key string, pass []string) bool {
-	if reservedEnv(key) {
-		return false
-	}
-	if allowedEnv(key) {
-		return true
-	}
-	for _, p := range pass {
-		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(key, prefix) || p == key {
-			return true
-		}
-	}
-	return false
+	return !reservedEnv(key) && (allowedEnv(key) || slices.ContainsFunc(pass, func(p string) bool {
+		prefix, ok := strings.CutSuffix(p, "*")
+		return ok && strings.HasPrefix(key, prefix) || p == key
+	}))
 }
 
 // newScratch makes the run's scratch directory under base (os.TempDir()
@@ -100,19 +94,12 @@ func (e *LimitError) Error() string {
 		"cpu":       "CPU time limit",
 		"file-size": "file size limit",
 	}[e.Limit]
-	if what == "" {
-		what = e.Limit + " limit"
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "exec agent exceeded its %s (%s=%s)", what, e.Limit, e.Value)
+	what = cmp.Or(what, e.Limit+" limit")
+	msg := fmt.Sprintf("exec agent exceeded its %s (%s=%s)", what, e.Limit, e.Value)
 	if e.How != "" {
-		b.WriteString(": " + e.How)
+		msg += ": " + e.How
 	}
-	if tail := strings.TrimSpace(e.StderrTail); tail != "" {
-		b.WriteString("; stderr ends with:\n")
-		b.WriteString(tail)
-	}
-	return b.String()
+	return withStderr(msg, e.StderrTail)
 }
 
 // signalLimit names the limit behind a program's death by signal: SIGXCPU,

@@ -105,13 +105,8 @@ func (h *host) newJail(asked Limits, scratchBase string, log *slog.Logger) (*jai
 		return nil, err
 	}
 	if h.cgroups != nil {
-		cl := cgroup.Limits{}
-		if j.lim.Memory > 0 {
-			cl.Memory = j.lim.Memory
-		}
-		if j.lim.Processes > 0 {
-			cl.Processes = int(j.lim.Processes)
-		}
+		// Unlimited (-1) is no limit, as zero is there.
+		cl := cgroup.Limits{Memory: max(j.lim.Memory, 0), Processes: int(max(j.lim.Processes, 0))}
 		if j.group, err = h.cgroups.New(filepath.Base(j.scratch), cl); err != nil {
 			_ = removeAll(j.scratch)
 			return nil, err
@@ -194,15 +189,12 @@ func (j *jail) prepare(cmd *exec.Cmd, trace bool) {
 // lets it go.
 func (j *jail) setupStopped(pid int) error {
 	var ws unix.WaitStatus
-	for {
-		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("wait for the exec stop: %w", err)
-		}
-		break
+	_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+	for errors.Is(err, unix.EINTR) {
+		_, err = unix.Wait4(pid, &ws, unix.WALL, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("wait for the exec stop: %w", err)
 	}
 	if !ws.Stopped() {
 		return fmt.Errorf("program ended before it ran (status %#x)", uint32(ws))

@@ -1,33 +1,16 @@
 // Package execagent provides exec workflows: an osmo.Workflow that runs an
-// external program, in any language, once per sample of a rollout.
+// external program, in any language, once per sample of a rollout, under
+// the exec contract of docs/workflows.md ("Exec workflows"). The program's
+// environment routes its LLM calls through the rollout's proxy and holds
+// none of the server's secrets; it reads {"prompt", "metadata", "config"}
+// on stdin, and its last stdout line, when it is {"messages": [...]}, is
+// the sample's conversation, else the one the proxy recorded.
 //
-// The program follows the exec contract. Its environment routes its LLM
-// calls through the rollout's proxy (OPENAI_BASE_URL and
-// OSMOSIS_CHAT_COMPLETIONS_URL, OPENAI_API_KEY with a per-rollout token,
-// OSMOSIS_ROLLOUT_ID, OSMOSIS_SAMPLE_ID, OPENAI_DEFAULT_MODEL set to the
-// placeholder model, OPENAI_AGENTS_DISABLE_TRACING=1); of the server's own
-// environment it gets only an allowlist (allowedEnv, Config.PassEnv), never
-// an OPENAI_* or OSMOSIS_* variable or OSMO_API_KEY, so nothing routes
-// around the proxy and no secret of the server's reaches it. Its stdin is
-// one JSON object,
-//
-//	{"prompt": [...], "metadata": {...} or null, "config": {...}}
-//
-// followed by a newline, then end of file. Its last non-empty stdout line,
-// when it is {"messages": [...]}, is the sample's conversation in the
-// framework's own shape (with optional "extra_fields"); otherwise the
-// conversation the proxy recorded stands for it. It logs on stderr and exits
-// non-zero on failure.
-//
-// Each program runs in its own process group. When the rollout's context
-// ends, the group gets SIGTERM and, after Config.KillGrace, SIGKILL; once
-// the program exits, whatever it left behind in its group is killed too.
-//
-// Each run is contained (Limits, and "Containment" in docs/workflows.md): a
-// scratch directory of its own as its working directory and TMPDIR, removed
-// when the run ends, an oom_score_adj of 1000, rlimits, and on Linux a
-// cgroup of its own bounding its memory and processes where the server may
-// create one. A run that hits a limit ends with a *LimitError.
+// Each run has a process group of its own, killed (SIGTERM, then SIGKILL
+// after Config.KillGrace) when the rollout ends, and is contained (Limits,
+// and "Containment" there): a scratch directory as its working directory
+// and TMPDIR, an oom_score_adj of 1000, rlimits and, on Linux, a cgroup of
+// its own. A run that hits a limit ends with a *LimitError.
 package execagent
 
 import (
@@ -321,17 +304,19 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string {
-	var b strings.Builder
+	msg := fmt.Sprintf("program exited with status %d", e.Code)
 	if e.Signal != "" {
-		fmt.Fprintf(&b, "program killed by signal %s", e.Signal)
-	} else {
-		fmt.Fprintf(&b, "program exited with status %d", e.Code)
+		msg = "program killed by signal " + e.Signal
 	}
-	if tail := strings.TrimSpace(e.StderrTail); tail != "" {
-		b.WriteString("; stderr ends with:\n")
-		b.WriteString(tail)
+	return withStderr(msg, e.StderrTail)
+}
+
+// withStderr is msg followed by the end of the program's stderr, if any.
+func withStderr(msg, tail string) string {
+	if tail = strings.TrimSpace(tail); tail != "" {
+		return msg + "; stderr ends with:\n" + tail
 	}
-	return b.String()
+	return msg
 }
 
 // runner is the AgentWorkflow. Everything about a run comes from the bound
@@ -408,15 +393,11 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 	runOne := func(ctx context.Context, s *sample) error {
 		ep := wc.Rollout.Endpoint(s.id)
 		if ep.BaseURL == "" {
-			err := fmt.Errorf("execagent: sample %q: the rollout has no LLM endpoint for it", s.id)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: the rollout has no LLM endpoint for it", s.id))
 		}
 		j, err := rn.host.newJail(cfg.Limits, cfg.ScratchDir, wc.Rollout.Logger().With("sample_id", s.id))
 		if err != nil {
-			err = fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: contain the program: %w", s.id, err))
 		}
 		defer j.close()
 		sp := spec
@@ -504,9 +485,7 @@ type procResult struct {
 // run runs the program for s and records its outcome on s.
 func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error {
 	if err := ctx.Err(); err != nil {
-		err = fmt.Errorf("execagent: sample %q: not started: %w", s.id, err)
-		s.fail(err)
-		return err
+		return s.fail(fmt.Errorf("execagent: sample %q: not started: %w", s.id, err))
 	}
 	log := r.Logger().With("sample_id", s.id)
 	spec.logger = log
@@ -524,8 +503,7 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 	if err != nil {
 		err = fmt.Errorf("execagent: sample %q: run %s: %w", s.id, spec.path, err)
 		log.Error("exec agent failed", "error", err, "duration", elapsed)
-		s.fail(err)
-		return err
+		return s.fail(err)
 	}
 	log.Info("exec agent exited", "pid", res.pid, "exit_code", res.exitCode, "signal", res.signal,
 		"duration", elapsed, "terminated", res.terminated)
@@ -550,13 +528,10 @@ func (s *sample) run(ctx context.Context, r *osmo.Rollout, spec procSpec) error 
 	default:
 		msgs, extras, perr := parseLastLine(res.stdout, spec.maxLine)
 		if perr != nil {
-			err = fmt.Errorf("execagent: sample %q: %w", s.id, perr)
-			s.fail(err)
-			return err
+			return s.fail(fmt.Errorf("execagent: sample %q: %w", s.id, perr))
 		}
 		s.succeed(msgs, extras)
 		return nil
 	}
-	s.fail(err)
-	return err
+	return s.fail(err)
 }

@@ -3,6 +3,7 @@
 package execagent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,15 +139,9 @@ func runProcess(ctx context.Context, spec procSpec) (*procResult, error) {
 	}
 	res.limit = spec.jail.check()
 	res.cpu = st.UserTime() + st.SystemTime()
-	ws, ok := st.Sys().(syscall.WaitStatus)
-	switch {
-	case ok && ws.Signaled():
-		res.exitCode, res.signal = -1, unix.SignalName(ws.Signal())
-		if res.signal == "" {
-			res.signal = ws.Signal().String()
-		}
-	default:
-		res.exitCode = st.ExitCode()
+	res.exitCode = st.ExitCode()
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.signal = cmp.Or(unix.SignalName(ws.Signal()), ws.Signal().String())
 	}
 	return res, nil
 }

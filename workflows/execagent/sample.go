@@ -31,10 +31,12 @@ func (s *sample) succeed(msgs []json.RawMessage, extras map[string]any) {
 	s.done, s.msgs, s.extras = true, msgs, extras
 }
 
-func (s *sample) fail(err error) {
+// fail records err as the sample's outcome and returns it.
+func (s *sample) fail(err error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done, s.failure = true, err
+	return err
 }
 
 // SampleMessages implements osmo.SampleSource: the "messages" of the
@@ -75,7 +77,7 @@ func parseLastLine(out *lastLine, maxLine int) ([]json.RawMessage, map[string]an
 		return nil, nil, nil
 	}
 	var extras map[string]any
-	if raw, ok := doc["extra_fields"]; ok && !isNull(raw) {
+	if raw, ok := doc["extra_fields"]; ok && string(bytes.TrimSpace(raw)) != "null" {
 		if err := json.Unmarshal(raw, &extras); err != nil || extras == nil {
 			return nil, nil, fmt.Errorf(`last stdout line: "extra_fields" must be an object, got %.40s`, raw)
 		}
@@ -95,5 +97,3 @@ func parseLastLine(out *lastLine, maxLine int) ([]json.RawMessage, map[string]an
 	}
 	return items, extras, nil
 }
-
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
