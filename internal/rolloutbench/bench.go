@@ -300,7 +300,12 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefi
 	for i := range held {
 		held[i] = fmt.Sprintf("%s-%05d", prefix, i)
 	}
-	if err := b.start(ctx, held, 64); err != nil {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for _, id := range held {
+		g.Go(func() error { return b.post(gctx, id) })
+	}
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	// With fewer slots than n (Config.MaxConcurrent), the rest wait in
@@ -312,7 +317,16 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefi
 		return nil, err
 	}
 	h.gate.Open()
-	return b.waitGraded(ctx, held), nil
+	for _, id := range held {
+		res, err := b.ctl.WaitGrader(ctx, id)
+		if err != nil {
+			return err, nil
+		}
+		if res.Status != "success" {
+			return fmt.Errorf("%s: %s", id, res.Raw), nil
+		}
+	}
+	return nil, nil
 }
 
 // startServe starts the `osmo serve` that serve builds, with cfg's
@@ -388,28 +402,6 @@ func (b *bench) post(ctx context.Context, id string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-func (b *bench) start(ctx context.Context, ids []string, parallel int) error {
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallel)
-	for _, id := range ids {
-		g.Go(func() error { return b.post(gctx, id) })
-	}
-	return g.Wait()
-}
-
-func (b *bench) waitGraded(ctx context.Context, ids []string) error {
-	for _, id := range ids {
-		g, err := b.ctl.WaitGrader(ctx, id)
-		if err != nil {
-			return err
-		}
-		if g.Status != "success" {
-			return fmt.Errorf("%s: %s", id, g.Raw)
-		}
-	}
-	return nil
 }
 
 // timedUsage is timed, with what the server process srv spent over the

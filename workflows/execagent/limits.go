@@ -274,11 +274,8 @@ func formatCount(n int64) string {
 }
 
 func formatSize(n int64) string {
-	switch n {
-	case 0:
-		return ""
-	case Unlimited:
-		return "none"
+	if n <= 0 {
+		return formatCount(n)
 	}
 	for _, u := range []struct {
 		s string
