@@ -143,6 +143,11 @@ type Config struct {
 	// rollout (it was SIGKILLed, its node is gone) keeps it before another
 	// replica concludes it (30s).
 	LostAfter time.Duration
+	// FinalWait is how long a graded rollout waits for its first stage's
+	// callbacks to be tried before it owes its final stage in a write of
+	// its own (1s), rather than with the first stage's mark: a trainer slow
+	// to answer holds a graded result out of the shared state this long.
+	FinalWait time.Duration
 	// ReplicaName names this replica in the shared state and in the
 	// message of a rollout interrupted by its loss (the host name).
 	ReplicaName string
@@ -200,6 +205,7 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.MaxMetadataBytes, 1<<20)
 	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
 	orDefault(&c.LostAfter, DefaultLostAfter)
+	orDefault(&c.FinalWait, time.Second)
 	if c.LostAfter < time.Second {
 		return errors.New("rollout: LostAfter must be at least 1s")
 	}

@@ -198,7 +198,7 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 // the rollout was graded, as it mostly is (grading goes on while it is
 // posted), one write marks it done and owes the final stage, to be sent at
 // once, instead of a write for each. The rollout's conclusion sets the
-// stage and, once the first stage was tried or finalOweWait passed, stops
+// stage and, once the first stage was tried or Config.FinalWait passed, stops
 // waiting; it owes the stage itself unless a mark took it.
 //
 // What is set builds the stage: its callbacks' bodies (the grader

@@ -110,10 +110,10 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		// mark's sender then sends it), or after that mark when it comes
 		// soon: written once, not twice, and in one write with the mark
 		// when it can. A trainer slow to answer holds it up for at most
-		// finalOweWait, so a graded result is soon in the shared state.
+		// Config.FinalWait, so a graded result is soon in the shared state.
 		ds := rec.wire.finished(rec, run, final)
 		pending.set(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
-		timer := time.NewTimer(finalOweWait)
+		timer := time.NewTimer(s.cfg.FinalWait)
 		select {
 		case <-ranTried:
 		case <-timer.C:
@@ -139,10 +139,6 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	}
 	s.finish(rec, final, ok, log)
 }
-
-// finalOweWait is how long a rollout that has its final outcome waits for
-// its first stage's callbacks to be tried before it owes the final stage.
-const finalOweWait = time.Second
 
 // lostMessage says a rollout was interrupted by the loss of the replica
 // that ran it: a restart of this process when the state is its own.

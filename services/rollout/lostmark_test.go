@@ -90,7 +90,7 @@ func TestFinalStageWaitsForTheMark(t *testing.T) {
 		switch r.URL.Path {
 		case "/completion":
 			// Answered once the final stage is owed (graded, it is owed
-			// after finalOweWait): the mark is the write that starts it.
+			// after Config.FinalWait): the mark is the write that starts it.
 			select {
 			case <-kv.finalOwed:
 			case <-time.After(10 * time.Second):
