@@ -16,9 +16,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -35,25 +36,23 @@ func Main(opts ...Option) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:], os.Stdout, os.Stderr, opts...)
 	stop()
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
+	}
 	// An exit code chosen by the command wins over the kind of error it
 	// wraps.
-	case errors.As(err, new(exitError)):
-		ee, _ := errors.AsType[exitError](err)
-		if !ee.quiet {
-			fmt.Fprintln(os.Stderr, "osmo:", err)
-		}
-		os.Exit(ee.code)
+	code := 1
+	ee, chosen := errors.AsType[exitError](err)
+	switch {
+	case chosen:
+		code = ee.code
 	case errors.As(err, new(usageError)):
-		fmt.Fprintln(os.Stderr, "osmo:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "osmo:", err)
-		os.Exit(1)
+		code = 2
 	}
+	if !ee.quiet {
+		fmt.Fprintln(os.Stderr, "osmo:", err)
+	}
+	os.Exit(code)
 }
 
 // usageError is a command line the program cannot act on.
@@ -116,13 +115,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...O
 }
 
 func printUsage(w io.Writer, cmds map[string]command) {
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	fmt.Fprintln(w, "Usage: osmo <command> [flags]\n\nCommands:")
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(cmds)) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'osmo <command> -h' for a command's flags.")

@@ -63,13 +63,10 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var sc stackConfig
-	sc.httpAddr, sc.rolloutAddr, sc.graderAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	sc.maxBody = defaultMaxMessageBytes
-	if err := sc.rollout.register(flagSet(e, "demo"), e); err != nil {
+	sc, err := localStackConfig(e, "calculator")
+	if err != nil {
 		return err
 	}
-	sc.rollout.workflow = "calculator"
 	st, err := newStack(ctx, e, log, sc)
 	if err != nil {
 		return err
@@ -165,16 +162,7 @@ func printSample(w io.Writer, rec *rolloutv1.Rollout) {
 		fmt.Fprintf(w, "\nSample %q of %s (reward %v; full record: osmo demo -v, or GET /v1/rollouts/%s):\n", s.GetId(), rec.GetRolloutId(), s.GetReward(), rec.GetRolloutId())
 		for _, m := range s.GetMessages() {
 			msg := m.AsMap()
-			text, _ := msg["content"].(string)
-			if calls, ok := msg["tool_calls"].([]any); ok && len(calls) > 0 {
-				var parts []string
-				for _, c := range calls {
-					fn, _ := c.(map[string]any)["function"].(map[string]any)
-					parts = append(parts, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
-				}
-				text = "calls " + strings.Join(parts, ", ")
-			}
-			fmt.Fprintf(w, "  %-9s %s\n", msg["role"], strings.ReplaceAll(text, "\n", " "))
+			fmt.Fprintf(w, "  %-9s %s\n", msg["role"], messageLine(msg))
 		}
 		fmt.Fprintln(w, "  recorded LLM calls:")
 		for i, c := range s.GetLlmCalls() {

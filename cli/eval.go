@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -70,8 +69,8 @@ func (b *backendFlags) register(fs *flag.FlagSet, e *env) {
 
 // backends are a running model endpoint and rollout server for an eval.
 type backends struct {
-	policyURL, model, key string
-	serverURL, serverKey  string
+	policyURL, key       string
+	serverURL, serverKey string
 	// tracing says whether this process exports traces.
 	tracing bool
 	log     *slog.Logger
@@ -81,7 +80,7 @@ type backends struct {
 // backendSpec is what an eval's backends run.
 type backendSpec struct {
 	workflow, entrypoint, grader string
-	baseURL, model, key          string
+	baseURL, key                 string
 	maxConcurrent                int
 	// env and secrets reach the rollout's own process: an Osmosis
 	// rollout server's, or an exec agent's.
@@ -104,7 +103,7 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backe
 	if err != nil {
 		return nil, err
 	}
-	out := &backends{policyURL: s.baseURL, model: s.model, key: s.key, serverURL: b.server, serverKey: b.serverKey, log: log, tracing: tel.Enabled()}
+	out := &backends{policyURL: s.baseURL, key: s.key, serverURL: b.server, serverKey: b.serverKey, log: log, tracing: tel.Enabled()}
 	// The servers outlive the run's context: a Ctrl-C still has the
 	// in-flight rollouts cancelled on them, and their callbacks received.
 	srvCtx, stopServers := context.WithCancel(context.WithoutCancel(ctx))
@@ -147,14 +146,11 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backe
 		out.serverURL, out.serverKey = url, ""
 		return out, nil
 	}
-	var sc stackConfig
-	sc.httpAddr, sc.rolloutAddr, sc.graderAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	sc.maxBody = defaultMaxMessageBytes
-	if err := sc.rollout.register(flagSet(e, "eval"), e); err != nil {
+	sc, err := localStackConfig(e, s.workflow)
+	if err != nil {
 		return fail(err)
 	}
-	sc.grader.register(flagSet(e, "eval"), "grader-")
-	sc.rollout.workflow, sc.rollout.grader = s.workflow, s.grader
+	sc.rollout.grader = s.grader
 	if s.workflow == execWorkflow {
 		sc.rollout.exec = s.entrypoint
 		// The agent's model calls go through osmo's proxy: the contract's
@@ -186,7 +182,7 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backe
 type evalRunFlags struct {
 	name, output, datasetFile, secretsFile string
 	rows, jaeger                           string
-	limit, n, batch, maxInFlight           optionalInt
+	limit, n, batch, maxInFlight           int
 	fresh, retryFailed, noLive, yes        bool
 	verbose, json                          bool
 }
@@ -197,10 +193,11 @@ func (f *evalRunFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.output, "o", "", "same as --output")
 	fs.StringVar(&f.datasetFile, "dataset-file", "", "the dataset `FILE` (.jsonl, .csv or .parquet), in place of the config's dataset")
 	fs.StringVar(&f.secretsFile, "secrets-file", "", "dotenv `FILE` (NAME=value lines; - for stdin) holding the values of [secrets] required; the environment is read for the rest")
-	fs.Var(&f.limit, "limit", "run the first `N` rows only, 0 for all (default: the config's limit)")
-	fs.Var(&f.n, "n", "`N` runs of each row (default: the config's n, else 1)")
-	fs.Var(&f.batch, "batch-size", "at most `N` rollouts in flight (default: the config's batch_size, else 8)")
-	fs.Var(&f.maxInFlight, "max-in-flight", "same as --batch-size (the Osmosis CLI's name)")
+	// These four are laid over the config only when given.
+	fs.IntVar(&f.limit, "limit", 0, "run the first `N` rows only, 0 for all (default: the config's limit)")
+	fs.IntVar(&f.n, "n", 0, "`N` runs of each row (default: the config's n, else 1)")
+	fs.IntVar(&f.batch, "batch-size", 0, "at most `N` rollouts in flight (default: the config's batch_size, else 8)")
+	fs.IntVar(&f.maxInFlight, "max-in-flight", 0, "same as --batch-size (the Osmosis CLI's name)")
 	fs.StringVar(&f.jaeger, "jaeger", "", "Jaeger UI `URL` the report links each rollout's trace to (default http://localhost:16686 when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
 	fs.StringVar(&f.rows, "rows", "", "run only these rows (0-based offsets in the file), such as 3,7,10-20; overrides the limit")
 	fs.BoolVar(&f.fresh, "fresh", false, "start over: the run's earlier results are archived beside it (NAME.archive-TIME), never deleted")
@@ -248,20 +245,21 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		return usageError{err.Error()}
 	}
 	ev := &cfg.Evaluation
-	switch {
-	case f.n.set && f.n.v < 1:
-		return usagef("--n: must be at least 1, got %d", f.n.v)
-	case f.batch.set && f.batch.v < 1:
-		return usagef("--batch-size: must be at least 1, got %d", f.batch.v)
-	case f.maxInFlight.set && f.maxInFlight.v < 1:
-		return usagef("--max-in-flight: must be at least 1, got %d", f.maxInFlight.v)
-	case f.limit.set && f.limit.v < 0:
-		return usagef("--limit: must be 0 (all rows) or more, got %d", f.limit.v)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, o := range []struct {
+		name   string
+		v, min int
+		dst    *int
+	}{{"n", f.n, 1, &ev.N}, {"batch-size", f.batch, 1, &ev.BatchSize}, {"max-in-flight", f.maxInFlight, 1, &ev.BatchSize}, {"limit", f.limit, 0, &ev.Limit}} {
+		if !given[o.name] {
+			continue
+		}
+		if o.v < o.min {
+			return usagef("--%s: must be at least %d, got %d", o.name, o.min, o.v)
+		}
+		*o.dst = o.v
 	}
-	f.n.apply(&ev.N)
-	f.batch.apply(&ev.BatchSize)
-	f.maxInFlight.apply(&ev.BatchSize)
-	f.limit.apply(&ev.Limit)
 	layout, err := cfg.Resolve(f.datasetFile, f.output)
 	if err != nil {
 		return usageError{err.Error()}
@@ -321,7 +319,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	baseURL := cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL"))
 	be, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
-		baseURL: baseURL, model: cfg.Model(), key: upstreamKey, maxConcurrent: ev.BatchSize,
+		baseURL: baseURL, key: upstreamKey, maxConcurrent: ev.BatchSize,
 		env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
 		runDir: rd.Path, redact: redact, verbose: f.verbose,
 	})
@@ -557,35 +555,6 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
-}
-
-// optionalInt is an int flag that knows whether it was given.
-type optionalInt struct {
-	v   int
-	set bool
-}
-
-func (o *optionalInt) String() string {
-	if !o.set {
-		return ""
-	}
-	return strconv.Itoa(o.v)
-}
-
-func (o *optionalInt) Set(s string) error {
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		return errors.New("not a whole number")
-	}
-	o.v, o.set = v, true
-	return nil
-}
-
-// apply puts the flag's value over dst when it was given.
-func (o optionalInt) apply(dst *int) {
-	if o.set {
-		*dst = o.v
-	}
 }
 
 // jaegerURL is where the report links traces: the flag, else the local

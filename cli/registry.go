@@ -3,7 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/osmo-rl/osmo"
@@ -97,12 +98,7 @@ func (r *registry) check() error { return errors.Join(r.errs...) }
 func (r *registry) lookup(name string) (entry, error) {
 	e, ok := r.entries[name]
 	if !ok {
-		names := make([]string, 0, len(r.entries))
-		for n := range r.entries {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return entry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(names, ", "))
+		return entry{}, fmt.Errorf("unknown workflow %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(r.entries)), ", "))
 	}
 	return e, nil
 }
@@ -122,18 +118,10 @@ func (r *registry) grader(spec string) (osmo.Grader, error) {
 		return g, nil
 	}
 	g, err := graders.Lookup(spec)
-	if err != nil {
-		user := make([]string, 0, len(r.graders))
-		for n := range r.graders {
-			user = append(user, n)
-		}
-		sort.Strings(user)
-		if len(user) > 0 {
-			return nil, fmt.Errorf("%w (registered: %s)", err, strings.Join(user, ", "))
-		}
-		return nil, err
+	if err != nil && len(r.graders) > 0 {
+		return nil, fmt.Errorf("%w (registered: %s)", err, strings.Join(slices.Sorted(maps.Keys(r.graders)), ", "))
 	}
-	return g, nil
+	return g, err
 }
 
 // graderSet is every grader a grader service offers: built-ins, the user's,
@@ -147,9 +135,7 @@ func (r *registry) graderSet(defaultSpec string) (map[string]osmo.Grader, error)
 		}
 		set[name] = g
 	}
-	for name, g := range r.graders {
-		set[name] = g
-	}
+	maps.Copy(set, r.graders)
 	if defaultSpec != "" {
 		g, err := r.grader(defaultSpec)
 		if err != nil {

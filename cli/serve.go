@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -222,24 +225,21 @@ func (f *graderFlags) service(ctx context.Context, e *env, log *slog.Logger, reg
 }
 
 // grpcServer builds a gRPC server with the options every service shares:
-// the codec, message limits, panic recovery, health and reflection, and tracing
-// through tp (nil: none). extra adds options, such as the TLS credentials
-// of tlsFlags.serverOptions.
-func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.ServerOption) (*server.GRPC, *health.Server, error) {
-	unary = append([]grpc.UnaryServerInterceptor{server.RecoverUnary(log)}, unary...)
-	stream = append([]grpc.StreamServerInterceptor{server.RecoverStream(log)}, stream...)
+// the codec, message limits, panic recovery, health and reflection, TLS
+// when tf has a certificate, and tracing through tp (nil: none).
+func grpcServer(addr string, log *slog.Logger, unary grpc.UnaryServerInterceptor, stream grpc.StreamServerInterceptor, tp trace.TracerProvider, prop propagation.TextMapPropagator, tf *tlsFlags) (*server.GRPC, *health.Server, error) {
 	opts := append(telemetry.GRPCServerOptions(tp, prop),
 		grpc.MaxRecvMsgSize(defaultMaxMessageBytes),
 		grpc.MaxSendMsgSize(defaultMaxMessageBytes),
 		// Connections are recycled so dns:/// clients re-resolve and spread
 		// over replicas added since they connected; long streams end after
 		// the grace and their clients reconnect (and resend, or replay).
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 5 * time.Minute, MaxConnectionAgeGrace: time.Minute}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
+		grpc.ChainUnaryInterceptor(server.RecoverUnary(log), unary),
+		grpc.ChainStreamInterceptor(server.RecoverStream(log), stream),
 	)
-	srv, err := server.NewGRPC(addr, append(opts, extra...)...)
+	srv, err := server.NewGRPC(addr, append(opts, tf.serverOptions()...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -249,25 +249,10 @@ func grpcServer(addr string, log *slog.Logger, unary []grpc.UnaryServerIntercept
 	return srv, hs, nil
 }
 
-// graderCredentials are the dial options with which the rollout service
-// presents its API key to the grader service (none without a key).
-func graderCredentials(apiKey string) []grpc.DialOption {
-	if apiKey == "" {
-		return nil
-	}
-	return []grpc.DialOption{grpc.WithPerRPCCredentials(server.BearerCredentials(apiKey))}
-}
-
 // roundRobin balances calls and new streams over every address a dns:///
 // target resolves to (a headless Service's pods); with one address it is
 // the same as the default.
 const roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
-
-// Connection recycling of every gRPC server; see grpcServer.
-const (
-	maxConnectionAge      = 5 * time.Minute
-	maxConnectionAgeGrace = time.Minute
-)
 
 // dialLocal connects to srv in this process, in memory (see dial).
 func dialLocal(srv *server.GRPC, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
@@ -275,8 +260,8 @@ func dialLocal(srv *server.GRPC, tp trace.TracerProvider, prop propagation.TextM
 }
 
 // dial connects to a service; calls are traced through tp (nil: none).
-// extra adds options, such as the credentials of graderCredentials, or
-// TLS transport credentials (tlsFlags.dialOptions) in place of plaintext.
+// extra adds options, such as per-call credentials, or TLS transport
+// credentials (tlsFlags.dialOptions) in place of plaintext.
 func dial(addr string, tp trace.TracerProvider, prop propagation.TextMapPropagator, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, telemetry.GRPCDialOptions(tp, prop)...)
 	opts = append(opts, extra...)
@@ -300,16 +285,14 @@ type stack struct {
 	addrFile   addrFile
 	graderSrv  *server.GRPC
 	graderHS   *health.Server
-	graderConn *grpc.ClientConn
-	graderSvc  *grader.Service
 	rolloutSvc *rollout.Service
 	rolloutSrv *server.GRPC
 	rolloutHS  *health.Server
-	rollConn   *grpc.ClientConn
 	http       *server.HTTP
-	// state is the NATS JetStream of the stack's shared state (the
-	// rollout service's and the grader's); closed last.
-	state *natsstore.Store
+	// unserved are released if the stack never serves (serving releases
+	// them itself); closers are closed, last first, once it is done: the
+	// shared state, opened first, last of all.
+	unserved, closers []io.Closer
 }
 
 type stackConfig struct {
@@ -324,72 +307,91 @@ type stackConfig struct {
 	addrFile    addrFile
 }
 
+// localStackConfig is a stack on loopback ports with the rollout service's
+// defaults, as demo and eval run it.
+func localStackConfig(e *env, workflow string) (stackConfig, error) {
+	sc := stackConfig{httpAddr: "127.0.0.1:0", rolloutAddr: "127.0.0.1:0", graderAddr: "127.0.0.1:0", maxBody: defaultMaxMessageBytes}
+	fs := flagSet(e, "local")
+	if err := sc.rollout.register(fs, e); err != nil {
+		return sc, err
+	}
+	sc.grader.register(fs, "grader-")
+	sc.rollout.workflow = workflow
+	return sc, nil
+}
+
 func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ *stack, err error) {
 	// st is a local, not the named result, so a failed start (which
 	// returns nil) still releases what it opened.
 	st := &stack{log: log, addrFile: sc.addrFile}
 	defer func() {
 		if err != nil {
-			st.release()
-			st.close()
+			st.unserved = append(st.unserved, st.closers...)
+			st.close(st.unserved)
 		}
 	}()
 	spec, err := sc.rollout.graderSpec(e)
 	if err != nil {
 		return nil, err
 	}
-	sc.grader.defaultSpec = spec
-	if sc.grader.defaultSpec == "" {
-		sc.grader.defaultSpec = "calculator"
-	}
+	sc.grader.defaultSpec = cmp.Or(spec, "calculator")
 	// One shared state for the stack: the rollout service's and the
 	// grader's, from the rollout flags (--nats, or the embedded server).
-	if st.state, err = sc.rollout.nats.open(ctx, "osmo-serve", log); err != nil {
+	state, err := sc.rollout.nats.open(ctx, "osmo-serve", log)
+	if err != nil {
 		return nil, err
 	}
+	st.closers = append(st.closers, state)
 	reg := newMetricsRegistry()
 	tr := sc.tracing
-	if st.graderSvc, err = sc.grader.service(ctx, e, log, reg, tr, st.state); err != nil {
+	graderSvc, err := sc.grader.service(ctx, e, log, reg, tr, state)
+	if err != nil {
 		return nil, err
 	}
+	st.closers = append(st.closers, graderSvc)
 	// The grader's RPCs need the API key too: /v1/grade and the
 	// GraderService are as public as the rollout API.
 	gauth := server.NewBearerAuth(sc.rollout.apiKey)
-	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log,
-		[]grpc.UnaryServerInterceptor{gauth.Unary}, []grpc.StreamServerInterceptor{gauth.Stream}, tr.grader, tr.prop, sc.tls.serverOptions()...); err != nil {
+	if st.graderSrv, st.graderHS, err = grpcServer(sc.graderAddr, log, gauth.Unary, gauth.Stream, tr.grader, tr.prop, &sc.tls); err != nil {
 		return nil, err
 	}
-	graderv1.RegisterGraderServiceServer(st.graderSrv, st.graderSvc)
+	st.unserved = append(st.unserved, st.graderSrv)
+	graderv1.RegisterGraderServiceServer(st.graderSrv, graderSvc)
 	// The gateway calls both services in this process, in memory, through
 	// their gRPC servers: the same interceptors (the clients' own
 	// Authorization is checked), status and traces as from another process.
-	if st.graderConn, err = dialLocal(st.graderSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
+	graderConn, err := dialLocal(st.graderSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...)
+	if err != nil {
 		return nil, err
 	}
+	st.closers = append(st.closers, graderConn)
 
 	// The rollout service calls the grader service itself: nothing is
 	// encoded, and no key is needed.
 	var g rollout.Grader
 	if spec != "" {
-		g = localGrader{st.graderSvc}
+		g = localGrader{graderSvc}
 	}
-	cfg, err := sc.rollout.config(e, log, g, spec, st.state, reg, tr)
+	cfg, err := sc.rollout.config(e, log, g, spec, state, reg, tr)
 	if err != nil {
 		return nil, err
 	}
 	if st.rolloutSvc, err = rollout.New(cfg); err != nil {
 		return nil, err
 	}
-	if st.rolloutSrv, st.rolloutHS, err = grpcServer(sc.rolloutAddr, log,
-		[]grpc.UnaryServerInterceptor{st.rolloutSvc.UnaryInterceptor},
-		[]grpc.StreamServerInterceptor{st.rolloutSvc.StreamInterceptor}, tr.rollout, tr.prop, sc.tls.serverOptions()...); err != nil {
+	st.unserved = append(st.unserved, st.rolloutSvc)
+	if st.rolloutSrv, st.rolloutHS, err = grpcServer(sc.rolloutAddr, log, st.rolloutSvc.UnaryInterceptor, st.rolloutSvc.StreamInterceptor,
+		tr.rollout, tr.prop, &sc.tls); err != nil {
 		return nil, err
 	}
+	st.unserved = append(st.unserved, st.rolloutSrv)
 	rolloutv1.RegisterRolloutServiceServer(st.rolloutSrv, st.rolloutSvc)
-	if st.rollConn, err = dialLocal(st.rolloutSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...); err != nil {
+	rollConn, err := dialLocal(st.rolloutSrv, tr.gateway, tr.prop, sc.tls.loopbackDialOptions()...)
+	if err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Config{Rollout: st.rollConn, Grader: st.graderConn, MaxBodyBytes: sc.maxBody, Logger: log,
+	st.closers = append(st.closers, rollConn)
+	gw, err := gateway.New(gateway.Config{Rollout: rollConn, Grader: graderConn, MaxBodyBytes: sc.maxBody, Logger: log,
 		TracerProvider: tr.gateway, Propagator: tr.prop})
 	if err != nil {
 		return nil, err
@@ -397,36 +399,14 @@ func newStack(ctx context.Context, e *env, log *slog.Logger, sc stackConfig) (_ 
 	if st.http, err = sc.tls.httpServer(sc.httpAddr, withMetrics(gw, reg, sc.rollout.apiKey)); err != nil {
 		return nil, err
 	}
+	st.unserved = append(st.unserved, st.http)
 	return st, nil
 }
 
-// release closes the listeners of a stack that will never serve.
-func (st *stack) release() {
-	for _, srv := range []*server.GRPC{st.graderSrv, st.rolloutSrv} {
-		if srv != nil {
-			_ = srv.Close()
-		}
-	}
-	if st.http != nil {
-		_ = st.http.Close()
-	}
-	if st.rolloutSvc != nil {
-		_ = st.rolloutSvc.Close()
-	}
-}
-
-func (st *stack) close() {
-	for _, c := range []*grpc.ClientConn{st.rollConn, st.graderConn} {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
-	if st.graderSvc != nil {
-		_ = st.graderSvc.Close()
-	}
-	// Last: the services above may still be writing to it while they close.
-	if st.state != nil {
-		_ = st.state.Close()
+// close closes cs, last first.
+func (st *stack) close(cs []io.Closer) {
+	for _, c := range slices.Backward(cs) {
+		_ = c.Close()
 	}
 }
 
@@ -434,10 +414,11 @@ func (st *stack) close() {
 // rollout service stop taking work and drain, and only then does the grader
 // stop, so rollouts finishing during the drain still get their rewards.
 func (st *stack) run(ctx context.Context) error {
-	defer st.close()
+	defer st.close(st.closers)
 	// The listeners are open since newStack: a caller that reads the
 	// file can connect at once.
 	if err := st.addrFile.write("http", st.http.URL(), "rollout_grpc", st.rolloutSrv.Addr(), "grader_grpc", st.graderSrv.Addr(), "llm_proxy", st.rolloutSvc.ProxyURL()); err != nil {
+		st.close(st.unserved)
 		return err
 	}
 	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
@@ -449,13 +430,8 @@ func (st *stack) run(ctx context.Context) error {
 	frontParent, stopFront := context.WithCancel(ctx)
 	defer stopFront()
 	// A failing back end (say the grader's listener died) stops the front too.
-	go func() {
-		select {
-		case <-backCtx.Done():
-			stopFront()
-		case <-frontParent.Done():
-		}
-	}()
+	stop := context.AfterFunc(backCtx, stopFront)
+	defer stop()
 	front, frontCtx := errgroup.WithContext(frontParent)
 	front.Go(func() error { return st.rolloutSvc.Serve(frontCtx) })
 	front.Go(func() error { return st.rolloutSrv.Serve(frontCtx) })
@@ -465,8 +441,7 @@ func (st *stack) run(ctx context.Context) error {
 	frontErr := front.Wait()
 	st.rolloutHS.Shutdown()
 	stopBack()
-	backErr := back.Wait()
-	return errors.Join(frontErr, backErr)
+	return errors.Join(frontErr, back.Wait())
 }
 
 // localGrader is the stack's grader service as the rollout service's
@@ -477,13 +452,44 @@ func (g localGrader) Grade(ctx context.Context, req *graderv1.GradeRequest) (*gr
 	return g.svc.GradeLocal(ctx, req)
 }
 
+// serviceFlags are the flags every serving command takes besides its own.
+type serviceFlags struct {
+	log      logFlags
+	tls      tlsFlags
+	addrFile addrFile
+}
+
+func (f *serviceFlags) register(fs *flag.FlagSet, e *env) {
+	f.log.register(fs)
+	f.tls.register(fs, e)
+	f.addrFile.register(fs)
+}
+
+// start makes the command's logger and telemetry (stop flushes it), loads
+// the TLS files (serves: see tlsFlags.load) and refuses to listen beyond
+// loopback with nothing authenticating callers (see listenGuard.check).
+func (f *serviceFlags) start(ctx context.Context, e *env, cmd, service string, serves bool, guard *listenGuard, apiKey string, listens ...listenAddr) (*slog.Logger, *telemetry.Telemetry, func(), error) {
+	log, tel, stop, err := f.log.start(ctx, e, service)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err = f.tls.load(log, serves); err == nil {
+		err = guard.check(ctx, log, cmd, apiKey, &f.tls, listens...)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return log, tel, stop, nil
+}
+
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "serve")
 	var (
 		port     int
 		host     string
 		grpcAddr string
-		lf       logFlags
+		sf       serviceFlags
 		sc       stackConfig
 	)
 	fs.IntVar(&port, "p", 9000, "HTTP port (REST, Connect, gRPC-Web and gRPC over h2c)")
@@ -497,9 +503,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.grader.register(fs, "grader-")
-	sc.tls.register(fs, e)
-	sc.addrFile.register(fs)
-	lf.register(fs)
+	sf.register(fs, e)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -508,19 +512,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	sc.httpAddr = net.JoinHostPort(host, strconv.Itoa(port))
 	sc.rolloutAddr = grpcAddr
-	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceRollout)
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "serve", serviceRollout, true, &sc.rollout.guard, sc.rollout.apiKey,
+		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr})
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	if err := sc.tls.load(log, true); err != nil {
-		return err
-	}
-	if err := sc.rollout.guard.check(ctx, log, "serve", sc.rollout.apiKey, &sc.tls,
-		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr}); err != nil {
-		return err
-	}
-	sc.tracing = stackTracing(tel)
+	sc.tls, sc.addrFile, sc.tracing = sf.tls, sf.addrFile, stackTracing(tel)
 	stopOsmosis, err := sc.rollout.startOsmosis(ctx, log, e.stderr)
 	if err != nil {
 		return err
@@ -537,38 +535,27 @@ func runServe(ctx context.Context, e *env, args []string) error {
 func runRollout(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "rollout")
 	var (
-		addr, graderAddr string
-		rf               rolloutFlags
-		lf               logFlags
-		tf               tlsFlags
-		af               addrFile
+		addr, graderAddr, metricsAddr string
+		graderStreams                 int
+		rf                            rolloutFlags
+		sf                            serviceFlags
 	)
-	var metricsAddr string
 	fs.StringVar(&addr, "grpc-addr", ":9090", "gRPC listen address")
-	af.register(fs)
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9464", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (dns:///host:port balances over its replicas)")
-	var graderStreams int
 	fs.IntVar(&graderStreams, "grader-streams", 4, "grading streams to the grader service; with dns:/// each lands on another replica")
 	if err := rf.register(fs, e); err != nil {
 		return err
 	}
-	tf.register(fs, e)
-	lf.register(fs)
+	sf.register(fs, e)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceRollout)
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "rollout", serviceRollout, false, &rf.guard, rf.apiKey, listenAddr{"--grpc-addr", addr})
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	if err := tf.load(log, false); err != nil {
-		return err
-	}
-	if err := rf.guard.check(ctx, log, "rollout", rf.apiKey, &tf, listenAddr{"--grpc-addr", addr}); err != nil {
-		return err
-	}
 	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
 	if err != nil {
 		return err
@@ -582,20 +569,25 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	// in `osmo serve`.
 	tr := tracing{rollout: tel.TracerProvider(), proxy: tel.ServiceTracerProvider(serviceLLMProxy), prop: tel.Propagator(), content: tel.CaptureContent()}
 	var (
-		g   rollout.Grader
-		cli *grader.Pool
+		g    rollout.Grader
+		pool *grader.Pool
 	)
 	if spec != "" {
 		if graderAddr == "" {
 			return usagef("--grader-addr is required unless --grader none")
 		}
-		conn, err := dial(graderAddr, tr.rollout, tr.prop, append(graderCredentials(rf.apiKey), tf.dialOptions()...)...)
+		// The rollout service presents its API key to the grader service.
+		opts := sf.tls.dialOptions()
+		if rf.apiKey != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(server.BearerCredentials(rf.apiKey)))
+		}
+		conn, err := dial(graderAddr, tr.rollout, tr.prop, opts...)
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		cli = grader.NewPool(conn, graderStreams, grader.ClientOptions{Logger: log, Propagator: tr.prop})
-		g = cli
+		pool = grader.NewPool(conn, graderStreams, grader.ClientOptions{Logger: log, Propagator: tr.prop})
+		g = pool
 	}
 	reg := newMetricsRegistry()
 	serveMetrics, metricsURL, err := metricsServer(metricsAddr, reg)
@@ -615,14 +607,14 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{svc.UnaryInterceptor}, []grpc.StreamServerInterceptor{svc.StreamInterceptor}, tr.rollout, tr.prop, tf.serverOptions()...)
+	srv, hs, err := grpcServer(addr, log, svc.UnaryInterceptor, svc.StreamInterceptor, tr.rollout, tr.prop, &sf.tls)
 	if err != nil {
 		return err
 	}
 	rolloutv1.RegisterRolloutServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("rollout service serving", "grpc", srv.Addr(), "metrics", metricsURL, "workflow", rf.workflow, "grader", spec, "llm_proxy", svc.ProxyURL())
-	if err := af.write("grpc", srv.Addr(), "metrics", metricsURL, "llm_proxy", svc.ProxyURL()); err != nil {
+	if err := sf.addrFile.write("grpc", srv.Addr(), "metrics", metricsURL, "llm_proxy", svc.ProxyURL()); err != nil {
 		_ = srv.Close()
 		return err
 	}
@@ -630,58 +622,45 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	// The grader client outlives the drain so late rollouts still get graded.
 	backCtx, stopBack := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBack()
-	clientDone := make(chan error, 1)
-	if cli != nil {
-		go func() { clientDone <- cli.Run(backCtx) }()
-	} else {
-		close(clientDone)
+	var back errgroup.Group
+	if pool != nil {
+		back.Go(func() error { return pool.Run(backCtx) })
 	}
-	g2, gctx := errgroup.WithContext(ctx)
-	g2.Go(func() error { return svc.Serve(gctx) })
-	g2.Go(func() error { return srv.Serve(gctx) })
-	g2.Go(func() error { return serveMetrics(gctx) })
-	err = g2.Wait()
+	front, fctx := errgroup.WithContext(ctx)
+	front.Go(func() error { return svc.Serve(fctx) })
+	front.Go(func() error { return srv.Serve(fctx) })
+	front.Go(func() error { return serveMetrics(fctx) })
+	err = front.Wait()
 	stopBack()
-	<-clientDone
+	_ = back.Wait()
 	return err
 }
 
 func runGrader(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "grader")
 	var (
-		addr string
-		gf   graderFlags
-		nf   natsFlags
-		lf   logFlags
-		tf   tlsFlags
-		af   addrFile
+		addr, metricsAddr, apiKey string
+		guard                     listenGuard
+		gf                        graderFlags
+		nf                        natsFlags
+		sf                        serviceFlags
 	)
-	var metricsAddr, apiKey string
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
-	af.register(fs)
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
 	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
-	var guard listenGuard
 	guard.register(fs, e)
 	gf.register(fs, "")
 	nf.register(fs, e)
-	tf.register(fs, e)
-	lf.register(fs)
+	sf.register(fs, e)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceGrader)
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "grader", serviceGrader, true, &guard, apiKey, listenAddr{"--grpc-addr", addr})
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	if err := tf.load(log, true); err != nil {
-		return err
-	}
-	if err := guard.check(ctx, log, "grader", apiKey, &tf, listenAddr{"--grpc-addr", addr}); err != nil {
-		return err
-	}
 	state, err := nf.open(ctx, "osmo-grader", log)
 	if err != nil {
 		return err
@@ -699,14 +678,14 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 	}
 	defer svc.Close()
 	auth := server.NewBearerAuth(apiKey)
-	srv, hs, err := grpcServer(addr, log, []grpc.UnaryServerInterceptor{auth.Unary}, []grpc.StreamServerInterceptor{auth.Stream}, tr.grader, tr.prop, tf.serverOptions()...)
+	srv, hs, err := grpcServer(addr, log, auth.Unary, auth.Stream, tr.grader, tr.prop, &sf.tls)
 	if err != nil {
 		return err
 	}
 	graderv1.RegisterGraderServiceServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	log.Info("grader service serving", "grpc", srv.Addr(), "metrics", metricsURL, "default", gf.defaultSpec, "nats", state.URL())
-	if err := af.write("grpc", srv.Addr(), "metrics", metricsURL); err != nil {
+	if err := sf.addrFile.write("grpc", srv.Addr(), "metrics", metricsURL); err != nil {
 		_ = srv.Close()
 		return err
 	}
@@ -722,45 +701,35 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		addr, rolloutAddr, graderAddr, apiKey string
 		maxBody                               int64
 		guard                                 listenGuard
-		lf                                    logFlags
-		tf                                    tlsFlags
-		af                                    addrFile
+		sf                                    serviceFlags
 	)
 	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
-	af.register(fs)
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
 	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health, and forward it to the services (env OSMO_API_KEY); give them the same --api-key")
 	guard.register(fs, e)
-	tf.register(fs, e)
-	lf.register(fs)
+	sf.register(fs, e)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if rolloutAddr == "" {
 		return usagef("--rollout-addr is required")
 	}
-	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceGateway)
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "gateway", serviceGateway, false, &guard, apiKey, listenAddr{"--addr", addr})
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	if err := tf.load(log, false); err != nil {
-		return err
-	}
-	if err := guard.check(ctx, log, "gateway", apiKey, &tf, listenAddr{"--addr", addr}); err != nil {
-		return err
-	}
 	tp, prop := tel.TracerProvider(), tel.Propagator()
-	rconn, err := dial(rolloutAddr, tp, prop, tf.dialOptions()...)
+	rconn, err := dial(rolloutAddr, tp, prop, sf.tls.dialOptions()...)
 	if err != nil {
 		return err
 	}
 	defer rconn.Close()
 	cfg := gateway.Config{Rollout: rconn, MaxBodyBytes: maxBody, Logger: log, TracerProvider: tp, Propagator: prop}
 	if graderAddr != "" {
-		gconn, err := dial(graderAddr, tp, prop, tf.dialOptions()...)
+		gconn, err := dial(graderAddr, tp, prop, sf.tls.dialOptions()...)
 		if err != nil {
 			return err
 		}
@@ -771,12 +740,12 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := tf.httpServer(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
+	srv, err := sf.tls.httpServer(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
 	if err != nil {
 		return err
 	}
 	log.Info("gateway serving", "http", srv.URL(), "rollout", rolloutAddr, "grader", graderAddr)
-	if err := af.write("http", srv.URL()); err != nil {
+	if err := sf.addrFile.write("http", srv.URL()); err != nil {
 		_ = srv.Close()
 		return err
 	}

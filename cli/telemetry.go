@@ -22,32 +22,18 @@ const (
 	serviceGrader   = "osmo-grader"
 )
 
-// shutdownTelemetryTimeout bounds flushing the last spans at exit.
-const shutdownTelemetryTimeout = 10 * time.Second
-
-// start builds a command's logger and its telemetry for service; the
-// returned func flushes traces and must run before the command returns.
+// start builds a command's logger, and its tracing for service from the
+// process environment, which the OpenTelemetry SDK reads; failed exports
+// are logged. The returned func flushes the last spans (within 10s): call
+// it once everything that makes spans has stopped.
 func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Logger, *telemetry.Telemetry, func(), error) {
 	log, err := l.logger(e.stderr)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tel, stop, err := setupTelemetry(ctx, e, log, service)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return log, tel, stop, nil
-}
-
-// setupTelemetry configures tracing from the process environment, which
-// the OpenTelemetry SDK reads, for a command whose service is named
-// service; failed exports are logged to log. The returned func flushes and
-// stops it within shutdownTelemetryTimeout; call it once everything that
-// makes spans has stopped.
-func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service string) (*telemetry.Telemetry, func(), error) {
 	tel, err := telemetry.Setup(ctx, service)
 	if err != nil {
-		return nil, nil, usageError{err.Error()}
+		return nil, nil, nil, usageError{err.Error()}
 	}
 	tel.LogErrorsTo(log)
 	if tel.Enabled() {
@@ -55,8 +41,8 @@ func setupTelemetry(ctx context.Context, e *env, log *slog.Logger, service strin
 			"endpoint", cmp.Or(e.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), e.getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
 			"capture_content", tel.CaptureContent())
 	}
-	return tel, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTelemetryTimeout)
+	return log, tel, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := tel.Shutdown(sctx); err != nil {
 			log.Warn("tracing: the last spans were not all exported", "error", err)

@@ -90,7 +90,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	}
 	model = strings.TrimPrefix(cmp.Or(model, mockModelName), "openai/")
 	be, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader,
-		baseURL: baseURL, model: model, key: e.getenv(keyEnv), maxConcurrent: 1})
+		baseURL: baseURL, key: e.getenv(keyEnv), maxConcurrent: 1})
 	if err != nil {
 		return err
 	}
