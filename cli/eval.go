@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -67,20 +66,9 @@ func (b *backendFlags) register(fs *flag.FlagSet, e *env) {
 	fs.Lookup("log-level").DefValue = b.lf.level
 }
 
-// backends are a running model endpoint and rollout server for an eval.
-type backends struct {
-	policyURL, key       string
-	serverURL, serverKey string
-	// tracing says whether this process exports traces.
-	tracing bool
-	log     *slog.Logger
-	stop    func()
-}
-
 // backendSpec is what an eval's backends run.
 type backendSpec struct {
 	workflow, entrypoint, grader string
-	baseURL, key                 string
 	maxConcurrent                int
 	// env and secrets reach the rollout's own process: an Osmosis
 	// rollout server's, or an exec agent's.
@@ -94,30 +82,30 @@ type backendSpec struct {
 	verbose            bool
 }
 
-// start brings up what the run needs: the mock policy with --mock, and a
-// rollout server: the one --server names, the workspace's Osmosis
-// rollout server, or osmo's own (workflow and grader as named) in this
-// process. Their failures to start are the caller's to report.
-func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backends, error) {
+// start brings up what the run needs and points plan at it (its
+// PolicyURL and UpstreamKey are the model's unless --mock): the mock
+// policy with --mock, and a rollout server: the one --server names, the
+// workspace's Osmosis rollout server, or osmo's own (workflow and grader
+// as named) in this process. stop stops them; tracing says whether this
+// process exports traces.
+func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec, plan *eval.Plan) (stop func(), tracing bool, err error) {
 	log, tel, stopTelemetry, err := b.lf.start(ctx, e, serviceRollout)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	out := &backends{policyURL: s.baseURL, key: s.key, serverURL: b.server, serverKey: b.serverKey, log: log, tracing: tel.Enabled()}
+	plan.Logger, plan.ServerURL, plan.ServerKey = log, b.server, b.serverKey
 	// The servers outlive the run's context: a Ctrl-C still has the
 	// in-flight rollouts cancelled on them, and their callbacks received.
 	srvCtx, stopServers := context.WithCancel(context.WithoutCancel(ctx))
 	var servers errgroup.Group
-	var stopExtra []func()
-	out.stop = func() {
-		for _, f := range slices.Backward(stopExtra) {
-			f()
-		}
+	stopOsmosis := func() {}
+	stop = func() {
+		stopOsmosis()
 		stopServers()
 		_ = servers.Wait()
 		stopTelemetry()
 	}
-	fail := func(err error) (*backends, error) { out.stop(); return nil, err }
+	fail := func(err error) (func(), bool, error) { stop(); return nil, false, err }
 
 	if b.mock {
 		m, err := mockllm.New(mockllm.Options{Logger: log})
@@ -129,22 +117,21 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backe
 			return fail(err)
 		}
 		servers.Go(func() error { return policy.Serve(srvCtx) })
-		out.policyURL, out.key = policy.URL()+"/v1", ""
+		plan.PolicyURL, plan.UpstreamKey = policy.URL()+"/v1", ""
 	}
-	if out.policyURL == "" {
+	if plan.PolicyURL == "" {
 		return fail(usagef("no model endpoint: set [llm] base_url in the TOML or OPENAI_BASE_URL, or use --mock"))
 	}
 	switch {
 	case b.server != "":
-		return out, nil
+		return stop, tel.Enabled(), nil
 	case s.osmosisRollout:
-		url, stop, err := startOsmosisServer(srvCtx, e, s, log)
+		url, stopSrv, err := startOsmosisServer(srvCtx, e, s, log)
 		if err != nil {
 			return fail(err)
 		}
-		stopExtra = append(stopExtra, stop)
-		out.serverURL, out.serverKey = url, ""
-		return out, nil
+		stopOsmosis, plan.ServerURL, plan.ServerKey = stopSrv, url, ""
+		return stop, tel.Enabled(), nil
 	}
 	sc, err := localStackConfig(e, s.workflow)
 	if err != nil {
@@ -173,8 +160,8 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec) (*backe
 		return fail(err)
 	}
 	servers.Go(func() error { return st.run(srvCtx) })
-	out.serverURL = st.http.URL()
-	return out, nil
+	plan.ServerURL = st.http.URL()
+	return stop, tel.Enabled(), nil
 }
 
 // evalRunFlags are `osmo eval run`'s flags beyond the backend's: the
@@ -315,20 +302,32 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintf(e.stderr, "osmo eval: [env] reaches a rollout's own process; workflow %q runs inside osmo and does not see it\n", cfg.Experiment.Rollout)
 	}
 
-	upstreamKey := cmp.Or(secrets[cfg.LLM.APIKeyEnv], e.getenv(cfg.LLM.APIKeyEnv))
-	baseURL := cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL"))
-	be, err := bf.start(ctx, e, backendSpec{
+	plan := eval.Plan{
+		Rows: selected, N: ev.N, BatchSize: ev.BatchSize,
+		AgentTimeoutS: *ev.AgentTimeoutS, GraderTimeoutS: *ev.GraderTimeoutS, PassThreshold: *ev.PassThreshold,
+		Output: rd.Path, RetryFailed: f.retryFailed || cfg.RetryFailed,
+		PolicyURL: cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL")), Model: cfg.Model(),
+		UpstreamKey: cmp.Or(secrets[cfg.LLM.APIKeyEnv], e.getenv(cfg.LLM.APIKeyEnv)),
+		Title:       rd.Name, Progress: e.stderr, Live: !f.noLive && isTerminal(e.stderr), Redact: redact,
+		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
+		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
+	}
+	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
-		baseURL: baseURL, key: upstreamKey, maxConcurrent: ev.BatchSize,
-		env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
+		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
 		runDir: rd.Path, redact: redact, verbose: f.verbose,
-	})
+	}, &plan)
 	if err != nil {
 		return err
 	}
-	defer be.stop()
+	defer stop()
+	// The report links traces to the flag's Jaeger, else the local one
+	// when this process exports traces.
+	plan.JaegerURL = f.jaeger
+	if f.jaeger == "" && tracing {
+		plan.JaegerURL = "http://localhost:16686"
+	}
 
-	live := !f.noLive && isTerminal(e.stderr)
 	what := cfg.Experiment.Rollout
 	if osmosisRollout {
 		what = "rollouts/" + what + "/" + layout.Entrypoint
@@ -338,18 +337,8 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		verb = "resuming run"
 	}
 	fmt.Fprintf(e.stderr, "osmo eval: %s %s: %d rows × %d runs of %s against %s (%s), %d at a time; results in %s\n",
-		verb, rd.Name, len(selected), ev.N, what, cfg.Model(), be.policyURL, ev.BatchSize, rd.Path)
-	rep, err := eval.Run(ctx, eval.Plan{
-		Rows: selected, N: ev.N, BatchSize: ev.BatchSize,
-		AgentTimeoutS: *ev.AgentTimeoutS, GraderTimeoutS: *ev.GraderTimeoutS, PassThreshold: *ev.PassThreshold,
-		Output: rd.Path, RetryFailed: f.retryFailed || cfg.RetryFailed,
-		ServerURL: be.serverURL, ServerKey: be.serverKey,
-		PolicyURL: be.policyURL, Model: cfg.Model(), UpstreamKey: be.key,
-		JaegerURL: jaegerURL(f.jaeger, be.tracing), Title: rd.Name,
-		Progress: e.stderr, Live: live, Logger: be.log, Redact: redact,
-		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
-		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
-	})
+		verb, rd.Name, len(selected), ev.N, what, cfg.Model(), plan.PolicyURL, ev.BatchSize, rd.Path)
+	rep, err := eval.Run(ctx, plan)
 	printed = rep != nil
 	return reportEnd(e, rep, err, rd.Path, f.json)
 }
@@ -555,15 +544,6 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
-}
-
-// jaegerURL is where the report links traces: the flag, else the local
-// Jaeger UI when this process exports traces.
-func jaegerURL(flagValue string, tracing bool) string {
-	if flagValue == "" && tracing {
-		return "http://localhost:16686"
-	}
-	return flagValue
 }
 
 // selectRows picks the rows to run: --rows when given (file offsets, each

@@ -89,18 +89,16 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		return usagef("--model: required with a model endpoint (%s)", baseURL)
 	}
 	model = strings.TrimPrefix(cmp.Or(model, mockModelName), "openai/")
-	be, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader,
-		baseURL: baseURL, key: e.getenv(keyEnv), maxConcurrent: 1})
+	plan := eval.Plan{
+		N: 1, BatchSize: 1, AgentTimeoutS: agentTimeout, GraderTimeoutS: graderTimeout, PassThreshold: 1,
+		PolicyURL: baseURL, Model: model, UpstreamKey: e.getenv(keyEnv),
+	}
+	stop, _, err := bf.start(ctx, e, backendSpec{workflow: workflow, entrypoint: entrypoint, grader: grader, maxConcurrent: 1}, &plan)
 	if err != nil {
 		return err
 	}
-	defer be.stop()
+	defer stop()
 
-	plan := eval.Plan{
-		N: 1, BatchSize: 1, AgentTimeoutS: agentTimeout, GraderTimeoutS: graderTimeout, PassThreshold: 1,
-		ServerURL: be.serverURL, ServerKey: be.serverKey, PolicyURL: be.policyURL, Model: model, UpstreamKey: be.key,
-		Logger: be.log,
-	}
 	if interactive {
 		all, err := d.Select(nil, 0, 0)
 		if err != nil {

@@ -131,63 +131,47 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	return srv.Serve(ctx)
 }
 
+// runBench is osmo bench: the proxy's figures, then the rollouts'; `bench
+// proxy` and `bench rollouts` print one of them, `bench reverse-proxy`
+// serves the plain proxy the proxy's figures compare with.
 func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "proxy":
-			return runBenchProxy(ctx, e, args[1:])
-		case "rollouts":
-			return runBenchRollouts(ctx, e, args[1:])
-		case "reverse-proxy":
-			return runBenchReverseProxy(ctx, e, args[1:])
-		}
+	sub := ""
+	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy"}, args[0]) {
+		sub, args = args[0], args[1:]
 	}
-	fs := flagSet(e, "bench")
-	var n int
+	if sub == "reverse-proxy" {
+		return runBenchReverseProxy(ctx, e, args)
+	}
+	fs := flagSet(e, strings.TrimSpace("bench "+sub))
+	n := 5000
 	var rb rolloutBenchFlags
-	fs.IntVar(&n, "n", 5000, benchProxyNUsage)
-	rb.register(fs)
-	if err := parseBenchProxy(fs, args, &n); err != nil {
-		return err
+	if sub != "rollouts" {
+		fs.IntVar(&n, "n", 5000, "sequential requests per setup (the one-core section sends 4n per setup)")
 	}
-	if err := rb.check(); err != nil {
-		return err
+	if sub != "proxy" {
+		rb.register(fs)
 	}
-	if rb.baseline != "" {
-		// A comparison is all that is asked for.
-		return rb.run(ctx, e)
-	}
-	if err := benchProxy(ctx, e, n); err != nil {
-		return err
-	}
-	return rb.run(ctx, e)
-}
-
-// runBenchProxy prints the proxy's figures alone.
-func runBenchProxy(ctx context.Context, e *env, args []string) error {
-	fs := flagSet(e, "bench proxy")
-	n := fs.Int("n", 5000, benchProxyNUsage)
-	if err := parseBenchProxy(fs, args, n); err != nil {
-		return err
-	}
-	return benchProxy(ctx, e, *n)
-}
-
-const benchProxyNUsage = "sequential requests per setup (the one-core section sends 4n per setup)"
-
-// parseBenchProxy parses the flags of osmo bench or osmo bench proxy; n
-// is the -n flag's value.
-func parseBenchProxy(fs *flag.FlagSet, args []string, n *int) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	if *n < 100 {
-		return usagef("-n: at least 100 requests are needed for a p99, got %d", *n)
+	if n < 100 {
+		return usagef("-n: at least 100 requests are needed for a p99, got %d", n)
 	}
-	return nil
+	if sub != "proxy" {
+		if err := rb.check(); err != nil {
+			return err
+		}
+	}
+	// With --baseline a comparison is all that is asked for.
+	if sub != "rollouts" && rb.baseline == "" {
+		if err := benchProxy(ctx, e, n); err != nil || sub == "proxy" {
+			return err
+		}
+	}
+	return rb.run(ctx, e)
 }
 
 // benchProxy measures the proxy in one process against
@@ -375,19 +359,6 @@ func (f *rolloutBenchFlags) clusterCommands(ctx context.Context, e *env) (*rollo
 		}
 	}
 	return cl, nil
-}
-
-func runBenchRollouts(ctx context.Context, e *env, args []string) error {
-	fs := flagSet(e, "bench rollouts")
-	var rb rolloutBenchFlags
-	rb.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := rb.check(); err != nil {
-		return err
-	}
-	return rb.run(ctx, e)
 }
 
 // osmoCommand runs this program's command sub. Unless the environment sets

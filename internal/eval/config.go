@@ -6,6 +6,7 @@
 package eval
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -57,54 +58,58 @@ type Config struct {
 type Experiment struct {
 	// Rollout is a rollout of the workspace (rollouts/NAME), a workflow
 	// registered in this binary, or "exec".
-	Rollout string
+	Rollout string `toml:"rollout"`
 	// Entrypoint is the rollout server's file in rollouts/NAME (main.py
 	// when empty), or the agent command when Rollout is "exec".
-	Entrypoint string
+	Entrypoint string `toml:"entrypoint"`
 	// ModelPath is "provider/model" (LiteLLM style): calls to the
 	// placeholder model go to the model, named without an "openai/" prefix.
-	ModelPath string
+	ModelPath string `toml:"model_path"`
 	// Dataset is a dataset file (relative to the config's directory or the
 	// workspace), or the name of one under the workspace's data/.
-	Dataset string
+	Dataset string `toml:"dataset"`
 	// Grader is a grader spec (osmo's key); empty means the workflow's own.
-	Grader string
+	Grader string `toml:"grader"`
 	// Branch and CommitSHA pin the source on the platform; a local run
 	// records them and runs the workspace as it is.
-	Branch, CommitSHA string
+	Branch    string `toml:"branch"`
+	CommitSHA string `toml:"commit_sha"`
 }
 
 // Evaluation says how much runs and how it is judged.
 type Evaluation struct {
 	// Limit takes the first rows only (0: all); Offset skips rows first
 	// (the v0.2 file's [eval] offset).
-	Limit, Offset int
+	Limit  int `toml:"limit"`
+	Offset int `toml:"-"`
 	// N is how many times each row runs (1).
-	N int
+	N int `toml:"n"`
 	// BatchSize bounds the rollouts in flight (DefaultBatchSize).
-	BatchSize int
+	BatchSize int `toml:"batch_size"`
 	// PassThreshold: a sample passes when its reward is at least this (1.0).
-	PassThreshold *float64
+	PassThreshold *float64 `toml:"pass_threshold"`
 	// Budgets in seconds (450 and 150, as the Osmosis SDK's).
-	AgentTimeoutS  *float64
-	GraderTimeoutS *float64
+	AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
+	GraderTimeoutS *float64 `toml:"grader_timeout_s"`
 }
 
 // LLM says where the model's calls go.
 type LLM struct {
 	// BaseURL is an OpenAI-compatible base URL; $OPENAI_BASE_URL when empty.
-	BaseURL string
+	BaseURL string `toml:"base_url"`
 	// APIKeyEnv names the variable holding the bearer sent upstream
 	// (OPENAI_API_KEY when empty); it is looked up among the resolved
 	// secrets first, then the environment.
-	APIKeyEnv string
+	APIKeyEnv string `toml:"api_key_env"`
 }
 
 // Output is the v0.2 file's [output] section.
 type Output struct {
 	// Path is output_path: the root runs are written under.
-	Path                        string
-	LogSamples, Quiet, DebugLog bool
+	Path       string `toml:"output_path"`
+	LogSamples bool   `toml:"log_samples"`
+	Quiet      bool   `toml:"quiet"`
+	DebugLog   bool   `toml:"debug"`
 }
 
 // Defaults.
@@ -136,75 +141,44 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("%s: %s", where, e.Msg)
 }
 
-// The file as TOML holds it: every section of both generations. Pointers
-// tell a section or key that is absent from one that is zero.
-type (
-	rawFile struct {
-		// Today's generation.
-		Experiment *rawExperiment `toml:"experiment"`
-		Evaluation *rawEvaluation `toml:"evaluation"`
-		Advanced   map[string]any `toml:"advanced"`
-		Env        map[string]any `toml:"env"`
-		Secrets    *rawSecrets    `toml:"secrets"`
-		LLM        *rawLLM        `toml:"llm"` // both: osmo's keys, and v0.2's model
-		Eval       *rawEval       `toml:"eval"`
-		Runs       *rawRuns       `toml:"runs"`
-		Timeouts   *rawTimeouts   `toml:"timeouts"`
-		Output     *rawOutput     `toml:"output"`
-		Grader     map[string]any `toml:"grader"`   // v0.2 releases before v0.2.21
-		Baseline   map[string]any `toml:"baseline"` // likewise
-	}
-	rawExperiment struct {
-		Rollout    *string `toml:"rollout"`
-		Entrypoint *string `toml:"entrypoint"`
-		ModelPath  *string `toml:"model_path"`
-		Dataset    *string `toml:"dataset"`
-		Branch     *string `toml:"branch"`
-		CommitSHA  *string `toml:"commit_sha"`
-		Grader     *string `toml:"grader"`
-	}
-	rawEvaluation struct {
-		Limit          *int     `toml:"limit"`
-		N              *int     `toml:"n"`
-		BatchSize      *int     `toml:"batch_size"`
-		PassThreshold  *float64 `toml:"pass_threshold"`
-		AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
-		GraderTimeoutS *float64 `toml:"grader_timeout_s"`
-	}
-	rawSecrets struct {
-		Required *[]string `toml:"required"`
-	}
-	rawLLM struct {
-		Model     *string `toml:"model"`
-		BaseURL   *string `toml:"base_url"`
-		APIKeyEnv *string `toml:"api_key_env"`
-	}
-	rawEval struct {
-		Rollout     *string `toml:"rollout"`
-		Entrypoint  *string `toml:"entrypoint"`
-		Dataset     *string `toml:"dataset"`
-		Limit       *int    `toml:"limit"`
-		Offset      *int    `toml:"offset"`
-		Fresh       *bool   `toml:"fresh"`
-		RetryFailed *bool   `toml:"retry_failed"`
-		Grader      *string `toml:"grader"`
-	}
-	rawRuns struct {
-		N             *int     `toml:"n"`
-		BatchSize     *int     `toml:"batch_size"`
+// rawFile is every section of both generations. A key's presence, where
+// it matters, is asked of the decoder's metadata.
+type rawFile struct {
+	Experiment *Experiment    `toml:"experiment"`
+	Evaluation *Evaluation    `toml:"evaluation"`
+	Advanced   map[string]any `toml:"advanced"`
+	Env        map[string]any `toml:"env"`
+	Secrets    *struct {
+		Required []string `toml:"required"`
+	} `toml:"secrets"`
+	// [llm] is both osmo's and the v0.2 file's, which names the model.
+	LLM *struct {
+		LLM
+		Model string `toml:"model"`
+	} `toml:"llm"`
+	Eval *struct {
+		Rollout     string `toml:"rollout"`
+		Entrypoint  string `toml:"entrypoint"`
+		Dataset     string `toml:"dataset"`
+		Limit       int    `toml:"limit"`
+		Offset      int    `toml:"offset"`
+		Fresh       bool   `toml:"fresh"`
+		RetryFailed bool   `toml:"retry_failed"`
+		Grader      string `toml:"grader"`
+	} `toml:"eval"`
+	Runs *struct {
+		N             int      `toml:"n"`
+		BatchSize     int      `toml:"batch_size"`
 		PassThreshold *float64 `toml:"pass_threshold"`
-	}
-	rawTimeouts struct {
+	} `toml:"runs"`
+	Timeouts *struct {
 		AgentTimeoutS  *float64 `toml:"agent_workflow_timeout_s"`
 		GraderTimeoutS *float64 `toml:"grader_timeout_s"`
-	}
-	rawOutput struct {
-		LogSamples *bool   `toml:"log_samples"`
-		OutputPath *string `toml:"output_path"`
-		Quiet      *bool   `toml:"quiet"`
-		Debug      *bool   `toml:"debug"`
-	}
-)
+	} `toml:"timeouts"`
+	Output   *Output        `toml:"output"`
+	Grader   map[string]any `toml:"grader"`   // v0.2 releases before v0.2.21
+	Baseline map[string]any `toml:"baseline"` // likewise
+}
 
 // The sections of each generation, for telling them apart and for errors.
 var (
@@ -244,22 +218,17 @@ func LoadConfig(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	var undecoded []toml.Key
 	for _, k := range md.Undecoded() {
 		// [advanced] (and the old [grader] and [baseline]) take any keys,
 		// nested tables included.
-		if len(k) < 2 || !slices.Contains([]string{"advanced", "grader", "baseline"}, k[0]) {
-			undecoded = append(undecoded, k)
+		if len(k) >= 2 && slices.Contains([]string{"advanced", "grader", "baseline"}, k[0]) {
+			continue
 		}
-	}
-	if len(undecoded) > 0 {
-		k := undecoded[0]
 		msg := "unknown key"
 		if len(k) == 1 {
 			msg = "unknown section"
 		}
-		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(),
-			Msg: msg + " (" + sectionsOf(gen) + ")"}
+		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(), Msg: msg + " (" + sectionsOf(gen) + ")"}
 	}
 	c := &Config{Path: path, Generation: gen}
 	if gen == GenerationV02 {
@@ -298,9 +267,8 @@ func (p *parser) errAt(key toml.Key, format string, args ...any) error {
 // positions, so the text is searched: the key's last part inside its
 // section (or the section's header, for a section).
 func (p *parser) line(key toml.Key) int {
-	lines := strings.Split(p.text, "\n")
 	section := ""
-	for i, l := range lines {
+	for i, l := range strings.Split(p.text, "\n") {
 		t := strings.TrimSpace(l)
 		if strings.HasPrefix(t, "[") {
 			section = strings.Trim(strings.TrimSpace(strings.SplitN(t, "#", 2)[0]), "[] ")
@@ -322,17 +290,15 @@ func (p *parser) line(key toml.Key) int {
 // generation tells the file's generation by its sections; a file with
 // sections of both is refused (no SDK reads it).
 func (p *parser) generation() (string, error) {
-	var cur, old []string
-	for _, s := range currentSections {
-		if p.md.IsDefined(s) {
-			cur = append(cur, "["+s+"]")
+	defined := func(sections []string) (out []string) {
+		for _, s := range sections {
+			if p.md.IsDefined(s) {
+				out = append(out, "["+s+"]")
+			}
 		}
+		return out
 	}
-	for _, s := range v02Sections {
-		if p.md.IsDefined(s) {
-			old = append(old, "["+s+"]")
-		}
-	}
+	cur, old := defined(currentSections), defined(v02Sections)
 	if p.md.IsDefined("llm", "model") && len(cur) == 0 {
 		old = append(old, "[llm] model")
 	}
@@ -349,67 +315,59 @@ func (p *parser) generation() (string, error) {
 	return GenerationCurrent, nil
 }
 
-func str(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}
-
 func (p *parser) fromCurrent(c *Config, raw *rawFile) error {
-	e := raw.Experiment
-	if e == nil {
+	if raw.Experiment == nil {
 		return &ConfigError{Path: p.path, Msg: "Missing [experiment] section"}
 	}
-	if raw.LLM != nil && raw.LLM.Model != nil {
+	if p.md.IsDefined("llm", "model") {
 		return p.errAt(toml.Key{"llm", "model"}, "is the v0.2-era file's key: today's file names the model in [experiment] model_path")
 	}
-	c.Experiment = Experiment{
-		Rollout: str(e.Rollout), Entrypoint: str(e.Entrypoint), ModelPath: str(e.ModelPath),
-		Dataset: str(e.Dataset), Grader: str(e.Grader), Branch: str(e.Branch), CommitSHA: str(e.CommitSHA),
-	}
-	for _, k := range []struct {
-		key string
-		v   *string
-	}{{"rollout", e.Rollout}, {"model_path", e.ModelPath}, {"dataset", e.Dataset}} {
-		if k.v == nil {
-			return &ConfigError{Path: p.path, Key: "experiment." + k.key, Msg: "Missing '" + k.key + "' in [experiment] section"}
+	c.Experiment = *raw.Experiment
+	e := &c.Experiment
+	for _, k := range []string{"rollout", "model_path", "dataset"} {
+		if !p.md.IsDefined("experiment", k) {
+			return &ConfigError{Path: p.path, Key: "experiment." + k, Msg: "Missing '" + k + "' in [experiment] section"}
 		}
 	}
-	if e.Branch != nil && (*e.Branch == "" || strings.ContainsFunc(*e.Branch, isSpace)) {
+	branch, commit := p.md.IsDefined("experiment", "branch"), p.md.IsDefined("experiment", "commit_sha")
+	if branch && (e.Branch == "" || strings.ContainsFunc(e.Branch, isSpace)) {
 		return p.errAt(toml.Key{"experiment", "branch"}, "must not be empty or contain whitespace")
 	}
-	if e.CommitSHA != nil && !commitSHARE.MatchString(*e.CommitSHA) {
-		return p.errAt(toml.Key{"experiment", "commit_sha"}, "must be a hexadecimal Git commit SHA (7-40 hex characters), got %q", *e.CommitSHA)
+	if commit && !commitSHARE.MatchString(e.CommitSHA) {
+		return p.errAt(toml.Key{"experiment", "commit_sha"}, "must be a hexadecimal Git commit SHA (7-40 hex characters), got %q", e.CommitSHA)
 	}
-	if e.Branch != nil && e.CommitSHA != nil {
+	if branch && commit {
 		return p.errAt(toml.Key{"experiment", "commit_sha"}, "Provide either branch or commit_sha, not both")
 	}
 	if v := raw.Evaluation; v != nil {
-		if v.Limit != nil {
-			// The SDK asks for a limit above 0; osmo has always read 0 as
-			// "every row", and keeps doing so.
-			if *v.Limit < 0 {
-				return p.errAt(toml.Key{"evaluation", "limit"}, "must be 0 (all rows) or more, got %d", *v.Limit)
-			}
-			c.Evaluation.Limit = *v.Limit
+		c.Evaluation = *v
+		// The SDK asks for a limit above 0; osmo has always read 0 as
+		// "every row", and keeps doing so.
+		if v.Limit < 0 {
+			return p.errAt(toml.Key{"evaluation", "limit"}, "must be 0 (all rows) or more, got %d", v.Limit)
 		}
-		if err := p.positive(toml.Key{"evaluation", "n"}, v.N, &c.Evaluation.N); err != nil {
+		if err := p.positive(toml.Key{"evaluation", "n"}, v.N); err != nil {
 			return err
 		}
-		if err := p.positive(toml.Key{"evaluation", "batch_size"}, v.BatchSize, &c.Evaluation.BatchSize); err != nil {
+		if err := p.positive(toml.Key{"evaluation", "batch_size"}, v.BatchSize); err != nil {
 			return err
 		}
-		c.Evaluation.PassThreshold, c.Evaluation.AgentTimeoutS, c.Evaluation.GraderTimeoutS = v.PassThreshold, v.AgentTimeoutS, v.GraderTimeoutS
 	}
 	if raw.LLM != nil {
-		c.LLM = LLM{BaseURL: str(raw.LLM.BaseURL), APIKeyEnv: str(raw.LLM.APIKeyEnv)}
+		c.LLM = raw.LLM.LLM
 	}
 	c.Advanced = raw.Advanced
 	if err := p.env(c, raw.Env); err != nil {
 		return err
 	}
-	return p.secrets(c, raw.Secrets)
+	if raw.Secrets == nil {
+		return nil
+	}
+	if !p.md.IsDefined("secrets", "required") {
+		return &ConfigError{Path: p.path, Line: p.line(toml.Key{"secrets"}), Key: "secrets.required",
+			Msg: `Missing 'required' in [secrets] section (a list of names, e.g. required = ["OPENAI_API_KEY"]; [] for none)`}
+	}
+	return p.secrets(c, raw.Secrets.Required)
 }
 
 func (p *parser) fromV02(c *Config, raw *rawFile) error {
@@ -417,50 +375,42 @@ func (p *parser) fromV02(c *Config, raw *rawFile) error {
 	if ev == nil {
 		return &ConfigError{Path: p.path, Msg: "Missing [eval] section"}
 	}
-	for _, k := range []struct {
-		key string
-		v   *string
-	}{{"rollout", ev.Rollout}, {"entrypoint", ev.Entrypoint}, {"dataset", ev.Dataset}} {
-		if k.v == nil {
-			return &ConfigError{Path: p.path, Key: "eval." + k.key, Msg: "required"}
+	for _, k := range []string{"rollout", "entrypoint", "dataset"} {
+		if !p.md.IsDefined("eval", k) {
+			return &ConfigError{Path: p.path, Key: "eval." + k, Msg: "required"}
 		}
 	}
-	if raw.LLM == nil || raw.LLM.Model == nil {
+	if !p.md.IsDefined("llm", "model") {
 		return &ConfigError{Path: p.path, Key: "llm.model", Msg: `required: the model, LiteLLM style ("openai/gpt-4o-mini")`}
 	}
-	c.Experiment = Experiment{Rollout: *ev.Rollout, Entrypoint: *ev.Entrypoint, Dataset: *ev.Dataset, ModelPath: *raw.LLM.Model, Grader: str(ev.Grader)}
-	c.LLM = LLM{BaseURL: str(raw.LLM.BaseURL), APIKeyEnv: str(raw.LLM.APIKeyEnv)}
-	if err := p.positive(toml.Key{"eval", "limit"}, ev.Limit, &c.Evaluation.Limit); err != nil {
+	c.Experiment = Experiment{Rollout: ev.Rollout, Entrypoint: ev.Entrypoint, Dataset: ev.Dataset, ModelPath: raw.LLM.Model, Grader: ev.Grader}
+	c.LLM = raw.LLM.LLM
+	if err := p.positive(toml.Key{"eval", "limit"}, ev.Limit); err != nil {
 		return err
 	}
-	if ev.Offset != nil {
-		if *ev.Offset < 0 {
-			return p.errAt(toml.Key{"eval", "offset"}, "must be 0 or more, got %d", *ev.Offset)
-		}
-		c.Evaluation.Offset = *ev.Offset
+	if ev.Offset < 0 {
+		return p.errAt(toml.Key{"eval", "offset"}, "must be 0 or more, got %d", ev.Offset)
 	}
-	c.Fresh, c.RetryFailed = ev.Fresh != nil && *ev.Fresh, ev.RetryFailed != nil && *ev.RetryFailed
+	c.Evaluation.Limit, c.Evaluation.Offset = ev.Limit, ev.Offset
+	c.Fresh, c.RetryFailed = ev.Fresh, ev.RetryFailed
 	if r := raw.Runs; r != nil {
-		if err := p.positive(toml.Key{"runs", "n"}, r.N, &c.Evaluation.N); err != nil {
+		if err := p.positive(toml.Key{"runs", "n"}, r.N); err != nil {
 			return err
 		}
-		if err := p.positive(toml.Key{"runs", "batch_size"}, r.BatchSize, &c.Evaluation.BatchSize); err != nil {
+		if err := p.positive(toml.Key{"runs", "batch_size"}, r.BatchSize); err != nil {
 			return err
 		}
 		if r.PassThreshold != nil && (*r.PassThreshold < 0 || *r.PassThreshold > 1) {
 			return p.errAt(toml.Key{"runs", "pass_threshold"}, "must be between 0 and 1, got %v", *r.PassThreshold)
 		}
-		c.Evaluation.PassThreshold = r.PassThreshold
-		if c.Evaluation.BatchSize == 0 {
-			c.Evaluation.BatchSize = 1 // that generation's default
-		}
+		c.Evaluation.N, c.Evaluation.PassThreshold = r.N, r.PassThreshold
+		c.Evaluation.BatchSize = cmp.Or(r.BatchSize, 1) // that generation's default
 	}
 	if t := raw.Timeouts; t != nil {
 		c.Evaluation.AgentTimeoutS, c.Evaluation.GraderTimeoutS = t.AgentTimeoutS, t.GraderTimeoutS
 	}
-	if o := raw.Output; o != nil {
-		c.Output = Output{Path: str(o.OutputPath), LogSamples: o.LogSamples != nil && *o.LogSamples,
-			Quiet: o.Quiet != nil && *o.Quiet, DebugLog: o.Debug != nil && *o.Debug}
+	if raw.Output != nil {
+		c.Output = *raw.Output
 	}
 	if raw.Grader != nil || raw.Baseline != nil {
 		c.Advanced = map[string]any{}
@@ -474,16 +424,12 @@ func (p *parser) fromV02(c *Config, raw *rawFile) error {
 	return nil
 }
 
-// positive reads an optional count that must be above 0 when set (the
+// positive checks an optional count that must be above 0 when set (the
 // SDK's rule for limit, n and batch_size).
-func (p *parser) positive(key toml.Key, v *int, dst *int) error {
-	if v == nil {
-		return nil
+func (p *parser) positive(key toml.Key, v int) error {
+	if p.md.IsDefined(key...) && v < 1 {
+		return p.errAt(key, "must be a positive integer, got %d", v)
 	}
-	if *v < 1 {
-		return p.errAt(key, "must be a positive integer, got %d", *v)
-	}
-	*dst = *v
 	return nil
 }
 
@@ -514,22 +460,13 @@ func (p *parser) env(c *Config, env map[string]any) error {
 	return nil
 }
 
-// secrets checks [secrets] as the SDK does: exactly `required`, a list of
-// unique names, none also in [env]. The SDK makes the section mandatory;
-// osmo reads a file without it as needing no secret (its own configs,
-// for in-binary workflows, never had one).
-func (p *parser) secrets(c *Config, s *rawSecrets) error {
-	if s == nil {
-		return nil
-	}
-	if s.Required == nil {
-		return &ConfigError{Path: p.path, Line: p.line(toml.Key{"secrets"}), Key: "secrets.required",
-			Msg: `Missing 'required' in [secrets] section (a list of names, e.g. required = ["OPENAI_API_KEY"]; [] for none)`}
-	}
-	names := *s.Required
+// secrets checks [secrets] required as the SDK does: unique names, none
+// also in [env]. The SDK makes the section mandatory; osmo reads a file
+// without it as needing no secret (its own configs never had one).
+func (p *parser) secrets(c *Config, names []string) error {
+	key := toml.Key{"secrets", "required"}
 	seen := map[string]bool{}
 	for _, n := range names {
-		key := toml.Key{"secrets", "required"}
 		_, inEnv := c.Env[n]
 		switch {
 		case seen[n]:
@@ -541,7 +478,7 @@ func (p *parser) secrets(c *Config, s *rawSecrets) error {
 		}
 		seen[n] = true
 	}
-	c.Secrets = slices.Clone(names)
+	c.Secrets = names
 	return nil
 }
 
@@ -563,12 +500,7 @@ func (p *parser) check(c *Config) error {
 		}
 		return p.errAt(key, `required: "provider/model", such as "openai/gpt-4o-mini"`)
 	}
-	if v.N == 0 {
-		v.N = 1
-	}
-	if v.BatchSize == 0 {
-		v.BatchSize = DefaultBatchSize
-	}
+	v.N, v.BatchSize = cmp.Or(v.N, 1), cmp.Or(v.BatchSize, DefaultBatchSize)
 	budgets := []struct {
 		key toml.Key
 		v   **float64
@@ -591,9 +523,7 @@ func (p *parser) check(c *Config) error {
 			return p.errAt(t.key, "must be a finite number (a budget above 0), got %v", f)
 		}
 	}
-	if c.LLM.APIKeyEnv == "" {
-		c.LLM.APIKeyEnv = DefaultAPIKeyEnv
-	}
+	c.LLM.APIKeyEnv = cmp.Or(c.LLM.APIKeyEnv, DefaultAPIKeyEnv)
 	return nil
 }
 

@@ -21,10 +21,9 @@ import (
 // if any, then the user prompt), the label only the grader sees, and the
 // metadata both see.
 type Row struct {
-	// Index is the row's 0-based position within the rows a run selected
-	// (what results call row_index, as the Osmosis controller numbers
-	// them); SourceIndex is its 0-based position in the dataset file
-	// (source_row_index). They are equal until a selection is made.
+	// Index is the row's position within the rows a run selected
+	// (row_index), SourceIndex its position in the dataset file
+	// (source_row_index).
 	Index, SourceIndex int
 	Messages           []map[string]any
 	Label              *string
@@ -55,18 +54,8 @@ func (e *DatasetError) Error() string {
 	return fmt.Sprintf("%s: %s", e.Path, e.Msg)
 }
 
-// maxLine bounds one JSONL line or CSV field (a long conversation fits).
+// maxLine bounds one JSONL line (a long conversation fits).
 const maxLine = 64 << 20
-
-// LoadDataset reads and checks every row of a .jsonl, .csv or .parquet
-// file.
-func LoadDataset(path string) ([]Row, error) {
-	d, err := ReadDataset(path)
-	if err != nil {
-		return nil, err
-	}
-	return d.Select(nil, 0, 0)
-}
 
 // Dataset is a dataset file's rows as read, before any is checked: a run
 // checks the rows it selects, as the Osmosis SDK does, so a bad row it
@@ -108,8 +97,6 @@ func ReadDataset(path string) (*Dataset, error) {
 
 // Select checks and returns the rows a run runs: the file offsets in
 // rows when not nil (each must exist), else offset and limit (0: all).
-// A selected row's Index is its position in the selection and its
-// SourceIndex its offset in the file.
 func (d *Dataset) Select(rows []int, offset, limit int) ([]Row, error) {
 	var idx []int
 	switch {
@@ -194,8 +181,7 @@ func readCSV(path string) ([]map[string]any, error) {
 		raw := make(map[string]any, len(header))
 		for i, col := range header {
 			// An empty cell is no value, as CSV cannot say null; the
-			// metadata column stays present (a row may then run on
-			// metadata alone), its empty cell absent.
+			// metadata column stays present (see normalize).
 			switch {
 			case rec[i] != "":
 				raw[col] = rec[i]
@@ -307,18 +293,14 @@ func asObject(v any) (map[string]any, error) {
 		s, _ := text(t)
 		var m map[string]any
 		if err := json.Unmarshal([]byte(s), &m); err != nil || m == nil {
-			return nil, fmt.Errorf("must be a JSON object, got %s", describe(s))
+			if len(s) > 40 {
+				s = s[:40] + "..."
+			}
+			return nil, fmt.Errorf("must be a JSON object, got %q", s)
 		}
 		return m, nil
 	}
 	return nil, fmt.Errorf("must be a JSON object, got %T", v)
-}
-
-func describe(s string) string {
-	if len(s) > 40 {
-		s = s[:40] + "..."
-	}
-	return strconv.Quote(s)
 }
 
 // plain turns decoded values (json.Number, Parquet's types) into what

@@ -24,6 +24,15 @@ func write(t *testing.T, dir, name, text string) string {
 	return p
 }
 
+// loadDataset reads and checks every row of a dataset file.
+func loadDataset(path string) ([]eval.Row, error) {
+	d, err := eval.ReadDataset(path)
+	if err != nil {
+		return nil, err
+	}
+	return d.Select(nil, 0, 0)
+}
+
 func TestLoadConfig(t *testing.T) {
 	dir := t.TempDir()
 	t.Run("defaults and paths", func(t *testing.T) {
@@ -92,7 +101,7 @@ func TestLoadDatasetFormatsAgree(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want, err := eval.LoadDataset(jsonl)
+	want, err := loadDataset(jsonl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +110,7 @@ func TestLoadDatasetFormatsAgree(t *testing.T) {
 		t.Fatalf("jsonl rows = %+v", want)
 	}
 	for _, p := range []string{csvPath, pq} {
-		got, err := eval.LoadDataset(p)
+		got, err := loadDataset(p)
 		if err != nil {
 			t.Fatalf("%s: %v", p, err)
 		}
@@ -130,7 +139,7 @@ func TestLoadDatasetErrors(t *testing.T) {
 		{"format", "f.txt", "x", "unknown format"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := eval.LoadDataset(write(t, dir, tc.file, tc.text))
+			_, err := loadDataset(write(t, dir, tc.file, tc.text))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}

@@ -10,7 +10,7 @@ import (
 )
 
 // FuzzDatasetRows feeds dataset files (JSONL when csv is false, CSV when
-// true) to LoadDataset: every row loads with a user prompt, or the file is
+// true) to loadDataset: every row loads with a user prompt, or the file is
 // refused with a *DatasetError naming it. Seeds are in testdata/fuzz.
 func FuzzDatasetRows(f *testing.F) {
 	f.Add(false, []byte(`{"user_prompt":"What is 6 times 7?","ground_truth":"42","system_prompt":"Be brief."}`+"\n"+`{"user_prompt":"2+2","label":4,"metadata":{"difficulty":"easy"},"split":"test"}`))
@@ -26,7 +26,7 @@ func FuzzDatasetRows(f *testing.F) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := eval.LoadDataset(path)
+		rows, err := loadDataset(path)
 		if err != nil {
 			var de *eval.DatasetError
 			if !errors.As(err, &de) || de.Path != path || rows != nil {

@@ -13,8 +13,8 @@ import (
 
 // Result is one sample attempt's terminal result: a line of results.jsonl.
 type Result struct {
-	// RowIndex is the row's position within the selected rows (the SDK's
-	// row_index), SourceRowIndex its position in the dataset file.
+	// RowIndex is the row's position within the selected rows,
+	// SourceRowIndex its position in the dataset file.
 	RowIndex       int    `json:"row_index"`
 	RunIndex       int    `json:"run_index"`
 	SourceRowIndex int    `json:"source_row_index"`
@@ -22,9 +22,7 @@ type Result struct {
 	// Status is success, failed or skipped (the grader removed the
 	// sample: it is left out of the pass rate).
 	Status string `json:"status"`
-	// ErrCategory is a failed attempt's error_type, in the SDK's words
-	// (callback_timeout, rollout_protocol_error, grader_failed,
-	// workflow_failed, or the rollout server's err_category).
+	// ErrCategory is a failed attempt's error_type, in the SDK's words.
 	ErrCategory string   `json:"err_category,omitempty"`
 	ErrMessage  string   `json:"err_message,omitempty"`
 	Reward      *float64 `json:"reward"`
@@ -33,8 +31,7 @@ type Result struct {
 	// Messages is the sample's conversation or, when the rollout sent
 	// none, the one its last LLM call carried.
 	Messages []map[string]any `json:"messages"`
-	// TraceID is the rollout's trace, when the run traced.
-	TraceID string `json:"trace_id,omitempty"`
+	TraceID  string           `json:"trace_id,omitempty"`
 }
 
 // Result statuses, as the Osmosis SDK and platform write them.
@@ -54,33 +51,25 @@ type Key struct{ Row, Run int }
 func (r Result) Key() Key { return Key{r.RowIndex, r.RunIndex} }
 
 // Journal is the run's durable record of terminal results: results.jsonl
-// (osmo's, with the conversation) and, beside it, events.jsonl (the SDK's
-// terminal journal). Append writes the result line, then the event line,
-// each fsync'd, before it returns: the rollout is acknowledged only then,
-// so a run killed at any point (kill -9 included) leaves every
-// acknowledged result on disk in both.
+// (osmo's, with the conversation) and events.jsonl (the SDK's). Append
+// fsyncs both lines before the rollout is acknowledged, so a run killed at
+// any point leaves every acknowledged result on disk.
 //
-// events.jsonl is what a resume trusts: an attempt is done when it has an
-// event, the last event of an attempt wins, and results.jsonl supplies the
-// detail of that event's rollout. A result line without its event (a kill
-// between the two writes) was never acknowledged and is dropped, so a
-// rerun runs that attempt again. A line cut short by a kill is dropped
-// from either file. A run directory of an older osmo has results.jsonl
-// only: its events.jsonl is written from it. One of the SDK has
-// events.jsonl only: its results are read from the events.
+// events.jsonl is what a resume trusts: the last event of an attempt wins,
+// and results.jsonl supplies its detail. A result line without its event
+// (a kill between the two writes) was never acknowledged and is dropped; so
+// is a torn last line. An older osmo's run has results.jsonl only, and its
+// events.jsonl is written from it; the SDK's has events.jsonl only, and its
+// results are read from the events.
 type Journal struct {
-	mu      sync.Mutex
-	results *os.File
-	events  *os.File
-	// loaded are the rollout ids of the results read when it was opened:
-	// results carried from an earlier invocation.
+	mu              sync.Mutex
+	results, events *os.File
+	// loaded are the rollout ids carried from an earlier invocation.
 	loaded map[string]bool
 }
 
-// OpenJournal opens (creating) the journal whose results.jsonl is path
-// (its events.jsonl beside it) for appending and returns what it already
-// holds: the last result per attempt. Lines cut short by a crash are cut
-// off the files, so the next ones start clean.
+// OpenJournal opens (creating) the journal whose results.jsonl is path for
+// appending and returns the last result per attempt it holds.
 func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 	eventsPath := filepath.Join(filepath.Dir(path), EventsFile)
 	results, err := readLines(path, decodeResult)
@@ -101,7 +90,6 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 		}
 		events.whole = -1 // written whole just now
 	}
-	// The result of each event, in the events' order.
 	byID := make(map[string]Result, len(results.items))
 	for _, r := range results.items {
 		byID[r.RolloutID] = r
@@ -142,13 +130,12 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 type lines[T any] struct {
 	items  []T
 	exists bool
-	// whole is the length of its complete lines (a torn last line is cut
-	// off at it); -1 when the file was just rewritten whole.
+	// whole is the length of its complete lines, where a torn last line is
+	// cut off; -1 when the file was just rewritten whole.
 	whole int
 }
 
-// readLines reads the complete lines of a journal file. A bad line that
-// is not the last is not the writer's and is refused.
+// readLines reads the complete lines of a journal file, refusing a bad one.
 func readLines[T any](path string, decode func([]byte) (T, error)) (lines[T], error) {
 	var out lines[T]
 	data, err := os.ReadFile(path)
@@ -201,8 +188,7 @@ func decodeResult(data []byte) (Result, error) {
 	return r, nil
 }
 
-// openAppend opens path for appending at whole (cutting off what follows:
-// a torn last line).
+// openAppend opens path for appending at whole, cutting off what follows.
 func openAppend(path string, whole int) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -221,8 +207,7 @@ func openAppend(path string, whole int) (*os.File, error) {
 	return f, nil
 }
 
-// Append writes r durably: its result line, then its event, each
-// fsync'd.
+// Append writes r durably: its result line, then its event.
 func (j *Journal) Append(r Result) error {
 	line, err := marshalLine(r)
 	if err != nil {
@@ -260,8 +245,8 @@ func (j *Journal) Append(r Result) error {
 	return nil
 }
 
-// Carried reports whether r was read when the journal was opened: a
-// result of an earlier invocation (the SDK's resumed).
+// Carried reports whether r was read when the journal was opened (the
+// SDK's resumed).
 func (j *Journal) Carried(r Result) bool { return j != nil && j.loaded[r.RolloutID] }
 
 // Close closes the journal's files.

@@ -18,24 +18,21 @@ import (
 	"time"
 )
 
-// The run directory's pinned inputs, as the Osmosis SDK writes them.
+// The run directory's pinned inputs, as the Osmosis SDK writes them. The
+// versions are bumped when the meaning of the files a resume reads, or of
+// a row_index, changes; the protocol is the wire the runner speaks.
 const (
-	ManifestFile = "manifest.json"
-	// StateSchemaVersion is bumped when the meaning of the files a resume
-	// reads changes.
-	StateSchemaVersion = 1
-	// DatasetNormalizationVersion is bumped when what a row_index means
-	// changes.
+	ManifestFile                = "manifest.json"
+	StateSchemaVersion          = 1
 	DatasetNormalizationVersion = 1
-	// RolloutProtocolVersion is the wire the runner speaks.
-	RolloutProtocolVersion = "0.3"
-	locksDir               = ".locks"
-	maxRunName             = 96
+	RolloutProtocolVersion      = "0.3"
+	locksDir                    = ".locks"
+	maxRunName                  = 96
 )
 
 // Inputs is what a run ran: a resume whose inputs differ in any key
-// refuses, naming the keys. Only what changes results is here: not the
-// run name, the output root, batch_size or pass_threshold.
+// refuses, naming the keys. Only what changes results is here (not the run
+// name, the output root, batch_size or pass_threshold).
 type Inputs struct {
 	ModelPath   string            `json:"model_path"`
 	Dataset     DatasetInput      `json:"dataset"`
@@ -45,16 +42,15 @@ type Inputs struct {
 	SecretNames []string          `json:"secret_names"`
 	Timeouts    TimeoutsInput     `json:"timeouts"`
 	Versions    VersionsInput     `json:"versions"`
-	// Grader is osmo's: the grader spec a workflow of this binary is
-	// graded with ("" for its own, or the rollout server's).
+	// Grader is osmo's: the grader spec ("" for the workflow's own, or the
+	// rollout server's).
 	Grader string `json:"grader,omitempty"`
 }
 
 // DatasetInput pins the dataset's bytes and the rows selected from it.
 type DatasetInput struct {
 	SHA256 string `json:"sha256"`
-	// SelectedSourceRows is the selection as file offsets, compact
-	// ("0-9,12").
+	// SelectedSourceRows is the selection as file offsets ("0-9,12").
 	SelectedSourceRows string `json:"selected_source_rows"`
 }
 
@@ -62,19 +58,16 @@ type DatasetInput struct {
 type RolloutInput struct {
 	Name       string `json:"name"`
 	Entrypoint string `json:"entrypoint"`
-	// SourceDigest is the SHA-256 of the rollout's source: the workspace
-	// rollout's directory, or (for a workflow of this binary, or an exec
-	// agent) the osmo executable and the command.
+	// SourceDigest is the SHA-256 of the workspace rollout's directory, or
+	// of the osmo executable (a workflow of this binary, an exec agent).
 	SourceDigest string `json:"source_digest"`
 }
 
-// TimeoutsInput pins the budgets.
 type TimeoutsInput struct {
 	AgentTimeoutSec  *float64 `json:"agent_timeout_sec"`
 	GraderTimeoutSec *float64 `json:"grader_timeout_sec"`
 }
 
-// VersionsInput pins the meaning of the files.
 type VersionsInput struct {
 	RolloutProtocol      string `json:"rollout_protocol"`
 	DatasetNormalization int    `json:"dataset_normalization"`
@@ -86,7 +79,7 @@ func Versions() VersionsInput {
 	return VersionsInput{RolloutProtocol: RolloutProtocolVersion, DatasetNormalization: DatasetNormalizationVersion, StateSchema: StateSchemaVersion}
 }
 
-// Manifest is manifest.json: written once when the run is created.
+// Manifest is manifest.json, written once when the run is created.
 type Manifest struct {
 	SchemaVersion int            `json:"schema_version"`
 	LocalRunID    string         `json:"local_run_id"`
@@ -120,7 +113,7 @@ func ChangedKeys(old, cur Inputs) []string {
 		}
 	}
 	slices.Sort(keys)
-	return slices.Compact(keys)
+	return keys
 }
 
 func asTree(in Inputs) map[string]any {
@@ -165,17 +158,17 @@ func FileSHA256(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// What a rollout's source digest leaves out, as the SDK's: what resolving
-// its environment writes into the tree, and caches.
+// What a rollout's source digest leaves out, as the SDK's: environments
+// and caches.
 var (
 	digestSkipDirs     = []string{"__pycache__", ".git", ".venv", "venv", "dist", "build", "node_modules", ".pytest_cache", ".ruff_cache"}
 	digestSkipPatterns = []string{"uv.lock", "*.egg-info"}
 )
 
-// SourceDigest is the SHA-256 of a rollout directory's source: each
-// file's relative path and bytes, in path order, skipping environments,
-// caches and anything under exclude (a run directory inside it). A
-// symlink to a directory is refused: the digest could not describe it.
+// SourceDigest is the SHA-256 of a rollout directory's files' relative
+// paths and bytes, in path order, skipping environments, caches and
+// anything under exclude (a run directory inside it). A symlink to a
+// directory is refused: the digest could not describe it.
 func SourceDigest(root, exclude string) (string, error) {
 	var files []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -246,7 +239,6 @@ func ValidRunName(name string) error {
 	return nil
 }
 
-// runNameChar reports whether r may be in a run's name.
 func runNameChar(r rune) bool {
 	return r == '.' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }
@@ -300,9 +292,8 @@ func latestUnnamed(root, stem, digest string) string {
 
 // RunDir is an open run: its directory, held by this process.
 type RunDir struct {
-	Path     string
-	Name     string
-	Manifest Manifest
+	Path, Name string
+	Manifest   Manifest
 	// Created says the run is new (false: a resume); Archived is where an
 	// earlier run under the same name went with --fresh.
 	Created  bool
@@ -334,9 +325,7 @@ func (e *ResumeRefusedError) Error() string {
 }
 
 // RunLockedError is a run another process holds.
-type RunLockedError struct {
-	Lock, Holder string
-}
+type RunLockedError struct{ Lock, Holder string }
 
 func (e *RunLockedError) Error() string {
 	h := ""
@@ -348,8 +337,8 @@ func (e *RunLockedError) Error() string {
 
 // OpenRunOptions say which run to open and how.
 type OpenRunOptions struct {
-	// Root is the output root; Name the run's name ("" for the config's
-	// default: the last unnamed run with the same inputs, else a new one).
+	// Root is the output root; Name the run's name ("" for the last
+	// unnamed run of the config Stem with the same inputs, else a new one).
 	Root, Name, Stem string
 	Inputs           Inputs
 	Provenance       map[string]any
@@ -359,10 +348,9 @@ type OpenRunOptions struct {
 }
 
 // OpenRun opens (creating, resuming or, with Fresh, archiving and
-// recreating) a run directory under its lock. The lock lives under
-// ROOT/.locks, outside the run directory, so renaming the directory
-// aside cannot let a second process in. A resume whose pinned inputs
-// changed is refused with a *ResumeRefusedError.
+// recreating) a run directory under its lock, which lives under
+// ROOT/.locks so that renaming the directory aside cannot let a second
+// process in. A resume whose inputs changed gets a *ResumeRefusedError.
 func OpenRun(o OpenRunOptions) (*RunDir, error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
@@ -389,8 +377,7 @@ func OpenRun(o OpenRunOptions) (*RunDir, error) {
 	exists := statErr == nil
 	if !exists {
 		if entries, err := os.ReadDir(rd.Path); err == nil && len(entries) > 0 {
-			// Results without a manifest (a run of an older osmo, or another
-			// tool's directory): never mixed in, never deleted.
+			// Files without a manifest are never mixed in, never deleted.
 			if !o.Fresh {
 				return fail(fmt.Errorf("%s holds files but no %s, so what it ran is unknown: run with --fresh (it is archived, never deleted) or another --name", rd.Path, ManifestFile))
 			}
@@ -451,8 +438,7 @@ func readManifest(path string) (Manifest, error) {
 	return m, nil
 }
 
-// archive renames a run directory aside: NAME.archive-TIME (-N when that
-// exists). Results are never deleted.
+// archive renames a run directory aside: NAME.archive-TIME[-N].
 func archive(dir string, now time.Time) (string, error) {
 	base := dir + ".archive-" + now.UTC().Format(runStamp)
 	dst := base
@@ -468,8 +454,8 @@ func archive(dir string, now time.Time) (string, error) {
 	return dst, nil
 }
 
-// lockRun takes ROOT/.locks/NAME.lock exclusively, without waiting, and
-// writes who holds it into the file for the next one to name.
+// lockRun takes ROOT/.locks/NAME.lock without waiting, and writes who
+// holds it there for the next one to name.
 func lockRun(root, name string) (*os.File, error) {
 	dir := filepath.Join(root, locksDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

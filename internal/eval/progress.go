@@ -18,16 +18,11 @@ type progress struct {
 	threshold float64
 	start     time.Time
 
-	mu        sync.Mutex
-	done      int
-	passed    int
-	scored    int
-	rewardSum float64
-	graded    int
-	failed    int
-	lastLine  time.Time
-	stop      chan struct{}
-	stopped   chan struct{}
+	mu                                   sync.Mutex
+	done, passed, scored, graded, failed int
+	rewardSum                            float64
+	lastLine                             time.Time
+	stop, stopped                        chan struct{}
 }
 
 // plainEvery is how often a non-terminal gets a progress line.
@@ -65,7 +60,6 @@ func (p *progress) tick() {
 	}
 }
 
-// add counts a result.
 func (p *progress) add(r Result) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -46,34 +46,25 @@ type kv struct {
 	V any
 }
 
-// reportRow is a dataset row with its runs.
+// reportRow is a dataset row with its runs; Source is its position in the
+// dataset file.
 type reportRow struct {
-	Index int
-	// Source is the row's position in the dataset file.
-	Source int
-	Prompt string
-	Label  string
-	Runs   []Result
-	// Passed is how many runs passed.
-	Passed int
+	Index, Source int
+	Prompt, Label string
+	Runs          []Result
+	Passed        int
 }
 
-// histogram is the rewards in bins between their lowest and highest
-// value (0 to 1 for the usual rewards), drawn as SVG bars.
+// histogram is the rewards in bins, drawn as SVG bars.
 type histogram struct {
-	Bars   []bar
-	Width  int
-	Height int
-	Empty  bool
+	Bars          []bar
+	Width, Height int
+	Empty         bool
 }
 
 type bar struct {
-	X, Y, W, H  int
-	Label       string
-	Count       int
-	LabelX      int
-	CountY      int
-	Description string
+	X, Y, W, H, Count, LabelX, CountY int
+	Label, Description                string
 }
 
 func renderReport(w io.Writer, p Plan, rep *Report) error {

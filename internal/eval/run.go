@@ -27,57 +27,44 @@ import (
 // Plan is one invocation of an eval: what runs, where, and how.
 type Plan struct {
 	Rows []Row
-	// N is how many times each row runs.
-	N int
-	// BatchSize bounds the rollouts in flight.
-	BatchSize int
-	// Budgets of each rollout, in seconds.
+	// N is how many times each row runs; BatchSize bounds the rollouts in
+	// flight. The budgets of each rollout are in seconds.
+	N, BatchSize                  int
 	AgentTimeoutS, GraderTimeoutS float64
 	PassThreshold                 float64
 
-	// Output is the directory of results.jsonl, summary.json and
-	// report.html; "" keeps nothing (osmo test).
+	// Output is the run directory; "" keeps nothing (osmo test).
 	Output string
 	// RetryFailed runs the failed and skipped attempts again, under new
-	// rollout ids. (Starting over is the run directory's business:
-	// OpenRun archives it.)
+	// rollout ids (starting over is OpenRun's business).
 	RetryFailed bool
-	// Redact replaces secret values in every result before it is
-	// journaled; nil redacts nothing.
+	// Redact cleans every result before it is journaled; nil: nothing.
 	Redact *Redactor
-	// SkipChecks leaves out the model and server checks before running
-	// (a caller that made them already).
+	// SkipChecks leaves out the model and server checks before running.
 	SkipChecks bool
 
-	// ServerURL is the rollout server (bearing ServerKey when not empty).
-	ServerURL, ServerKey string
-	// PolicyURL is the model's OpenAI base URL, Model the model calls go
-	// to, UpstreamKey its bearer.
+	// ServerURL is the rollout server, PolicyURL the model's OpenAI base
+	// URL, Model the model calls go to; the keys are their bearers.
+	ServerURL, ServerKey          string
 	PolicyURL, Model, UpstreamKey string
-	// JaegerURL, when set, links each result's trace in the report.
-	JaegerURL string
-	// Title names the run in the report.
-	Title string
+	// JaegerURL, when set, links each result's trace in the report, whose
+	// title is Title.
+	JaegerURL, Title string
 
-	// What metrics.json's eval_run and progress.json say of the run (the
-	// SDK's names in brackets). RunID [id] is the run's id, the same for
-	// every invocation of it (default: derived from Output); RunName [name]
-	// its name (default: Output's base name); DatasetName [dataset_name]
-	// the dataset as the config names it; ModelPath [model_name] the
-	// config's provider/model (default: Model); RolloutName
-	// [rollout_name] the config's rollout; TotalDatasetRows
-	// [total_dataset_rows] the rows of the whole dataset file, which Rows
-	// were selected from (default: len(Rows)).
+	// What metrics.json's eval_run and progress.json say of the run, under
+	// the SDK's names: id (default: derived from Output), name (default:
+	// Output's base name), dataset_name, model_name (default: Model),
+	// rollout_name and total_dataset_rows (default: len(Rows)).
 	RunID, RunName, DatasetName, ModelPath, RolloutName string
 	TotalDatasetRows                                    int
 
-	// Progress receives the progress display; Live draws it in place (a
+	// Progress receives the progress display, drawn in place when Live (a
 	// terminal), otherwise a line every few seconds.
 	Progress io.Writer
 	Live     bool
-	// OnResult, when set, sees every result as it is journaled.
-	OnResult func(Result, *controller.V03Result)
-	// BeforeCall, when set, holds each LLM call (the interactive stepper).
+	// OnResult sees every result as it is journaled; BeforeCall holds
+	// each LLM call (the interactive stepper). Both may be nil.
+	OnResult   func(Result, *controller.V03Result)
 	BeforeCall func(ctx context.Context, rolloutID string, body map[string]any) error
 	Logger     *slog.Logger
 }
@@ -92,14 +79,11 @@ type Report struct {
 	// Results are every planned attempt's result, old and new, in row and
 	// run order.
 	Results []Result
-	// Ran is how many attempts this invocation ran.
-	Ran int
-	// Total is how many attempts the plan has (rows × n); Pending how many
-	// of them have no result yet; Resumed how many of the results were
-	// carried from an earlier invocation.
-	Total, Pending, Resumed int
-	// RunID and RunName are metrics.json's eval_run id and name; empty
-	// without an output directory.
+	// Ran is the attempts this invocation ran, Total the plan's (rows × n),
+	// Pending those without a result, Resumed the results carried from an
+	// earlier invocation.
+	Ran, Total, Pending, Resumed int
+	// RunID and RunName are metrics.json's; empty without Output.
 	RunID, RunName string
 }
 
@@ -110,13 +94,12 @@ const (
 	ReportFile  = "report.html"
 )
 
-// Run runs the plan's attempts that have no result yet (and, with
-// RetryFailed, the failed ones), journaling each result before it is
-// acknowledged, then writes the summary and the report of every planned
-// attempt. Before running anything it checks that the model answers and
-// the rollout server is healthy; with nothing to run it makes no call at
-// all. When ctx ends it stops starting rollouts, cancels the ones in
-// flight on the server, keeps what finished and returns ErrInterrupted.
+// Run runs the plan's attempts that have no result yet (with RetryFailed,
+// the failed ones too), journaling each result before it is acknowledged,
+// then writes the summary and the report of every planned attempt. It
+// checks the model and the rollout server first, unless nothing is to run.
+// When ctx ends it stops starting rollouts, cancels the ones in flight,
+// keeps what finished and returns ErrInterrupted.
 func Run(ctx context.Context, p Plan) (*Report, error) {
 	start := time.Now()
 	if p.Logger == nil {
@@ -149,15 +132,15 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 	files := newSDKFiles(p, journal, start)
 	ran := 0
 	var runErr error
-	if len(todo) > 0 && !p.SkipChecks {
-		if err := Preflight(ctx, p.PolicyURL, p.UpstreamKey, p.Model); err != nil {
-			return nil, err
-		}
-		if err := CheckServer(ctx, p.ServerURL); err != nil {
-			return nil, err
-		}
-	}
 	if len(todo) > 0 {
+		if !p.SkipChecks {
+			if err := Preflight(ctx, p.PolicyURL, p.UpstreamKey, p.Model); err != nil {
+				return nil, err
+			}
+			if err := CheckServer(ctx, p.ServerURL); err != nil {
+				return nil, err
+			}
+		}
 		r := &runner{plan: p, journal: journal, files: files, done: done, byRow: byRow, starts: map[string]attempt{}}
 		ran, runErr = r.run(ctx, todo)
 	}
@@ -188,7 +171,6 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 	return rep, runErr
 }
 
-// attempt is a rollout in flight.
 type attempt struct {
 	key     Key
 	started time.Time
@@ -202,10 +184,9 @@ type runner struct {
 	files   *sdkFiles // nil without an output directory
 	ctl     *controller.V03
 
-	// commits is held for reading by each result being committed and
-	// for writing by the end of the run, which sets sealed: after it, the
-	// report is read from done, and a late result is refused rather than
-	// journaled behind the summary's back.
+	// commits is held for reading by each result being committed and for
+	// writing by the end of the run, which sets sealed: a late result is
+	// refused rather than journaled behind the summary's back.
 	commits sync.RWMutex
 	sealed  bool
 
@@ -218,13 +199,12 @@ type runner struct {
 
 func (r *runner) run(ctx context.Context, todo []Key) (int, error) {
 	p := r.plan
-	secret := func() string { return "osmo-eval-" + randomHex(16) }
 	ctl, err := controller.NewV03("127.0.0.1:0", controller.V03Options{
 		PolicyURL:   p.PolicyURL,
 		UpstreamKey: p.UpstreamKey,
 		Model:       p.Model,
-		CallbackKey: secret(),
-		LLMKey:      secret(),
+		CallbackKey: "osmo-eval-" + randomHex(16),
+		LLMKey:      "osmo-eval-" + randomHex(16),
 		OnTerminal:  r.commit,
 		BeforeCall:  p.BeforeCall,
 		Logger:      p.Logger,
@@ -279,15 +259,11 @@ func (r *runner) run(ctx context.Context, todo []Key) (int, error) {
 	return int(ran.Load()), nil
 }
 
-// cancelGrace is how long an interrupted run keeps its listener for the
-// callbacks of the rollouts it cancelled: the server owes them, and a
-// closed listener would make it retry them for nothing.
-const cancelGrace = 5 * time.Second
-
-// awaitCancelled waits (bounded) until every rollout this run cancelled
-// has posted its grader callback.
+// awaitCancelled waits, at most 5s, until every rollout this run cancelled
+// has posted its grader callback: the server owes them, and a closed
+// listener would make it retry them for nothing.
 func (r *runner) awaitCancelled() {
-	deadline := time.Now().Add(cancelGrace)
+	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		r.mu.Lock()
 		pending := 0
@@ -330,14 +306,14 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 	case errors.As(err, &protoErr) && protoErr.StatusCode >= 400 && protoErr.StatusCode < 500:
 		// The server refused this row (422 naming the field, say): that is
 		// the row's result, as the SDK records it.
-		return r.commitResult(ctx, id, Result{Status: StatusFailed, ErrCategory: "rollout_protocol_error", ErrMessage: protoErr.Error()}, nil)
+		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "rollout_protocol_error", ErrMessage: protoErr.Error()}, nil)
 	case err != nil:
 		// Any other refusal (a 5xx of a server restarting, say) or a
 		// transport failure says nothing of the row: the run stops and the
 		// attempt stays pending, for a rerun to run.
 		return fmt.Errorf("eval: rollout %s: %w", id, err)
 	case res.Source == controller.SourceTimeout:
-		return r.commitResult(ctx, id, Result{Status: StatusFailed, ErrCategory: "callback_timeout", ErrMessage: "the rollout server sent no grader callback in time"}, &res)
+		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "callback_timeout", ErrMessage: "the rollout server sent no grader callback in time"}, &res)
 	}
 	return nil // journaled by commit before the callback was acknowledged
 }
@@ -349,7 +325,7 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 // removed sample is skipped, without a reward; a failed completion is
 // failed, with its err_category or workflow_failed. A failed attempt keeps
 // the reward its sample carried.
-func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
+func (r *runner) commit(_ context.Context, res controller.V03Result) error {
 	out := Result{Status: StatusSuccess}
 	if res.Sample != nil {
 		out.Reward = res.Sample.Reward
@@ -368,7 +344,7 @@ func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
 		out.ErrCategory = cmp.Or(deref(comp.ErrCategory), "workflow_failed")
 		out.ErrMessage = cmp.Or(deref(res.ErrMessage), deref(comp.ErrMessage))
 	}
-	return r.commitResult(ctx, res.RolloutID, out, &res)
+	return r.commitResult(res.RolloutID, out, &res)
 }
 
 func deref(s *string) string {
@@ -378,16 +354,13 @@ func deref(s *string) string {
 	return *s
 }
 
-// errSealed refuses a result that arrives after the run has ended.
-var errSealed = errors.New("eval: the run has ended; its results are summarized")
-
 // commitResult completes out with what the runner knows of the attempt,
 // journals it and counts it.
-func (r *runner) commitResult(_ context.Context, id string, out Result, res *controller.V03Result) error {
+func (r *runner) commitResult(id string, out Result, res *controller.V03Result) error {
 	r.commits.RLock()
 	defer r.commits.RUnlock()
 	if r.sealed {
-		return errSealed
+		return errors.New("eval: the run has ended; its results are summarized")
 	}
 	r.mu.Lock()
 	a, ok := r.starts[id]
@@ -423,8 +396,7 @@ func (r *runner) commitResult(_ context.Context, id string, out Result, res *con
 	return nil
 }
 
-// planned is the results of the plan's attempts so far, in row and run
-// order.
+// planned is the results of the plan's attempts so far.
 func (r *runner) planned() []Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -540,7 +512,7 @@ func CheckServer(ctx context.Context, serverURL string) error {
 }
 
 // priorWallS is the wall_s of the summary an earlier invocation wrote in
-// dir; 0 without one (a new run, or a run killed before its first summary).
+// dir; 0 without one.
 func priorWallS(dir string) float64 {
 	if dir == "" {
 		return 0
@@ -558,8 +530,7 @@ func priorWallS(dir string) float64 {
 	return s.WallS
 }
 
-// writeOutputs writes summary.json, report.html and the SDK's files, each
-// atomically.
+// writeOutputs writes summary.json, report.html and the SDK's files.
 func writeOutputs(p Plan, rep *Report, files *sdkFiles) error {
 	summary, err := marshalFile(rep.Summary)
 	if err != nil {

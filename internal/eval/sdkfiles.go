@@ -16,36 +16,32 @@ import (
 )
 
 // The Osmosis SDK's run-directory files (PROTOCOL.md, "Run directory"),
-// written beside results.jsonl, summary.json and report.html with the
-// SDK's fields, so a run directory reads the same whichever wrote it.
+// written with the SDK's fields, so a run directory reads the same
+// whichever wrote it.
 const (
-	// EventsFile is the SDK's terminal journal: one record per terminal
-	// attempt, written with results.jsonl by Journal.Append.
+	// EventsFile is the SDK's terminal journal (see Journal).
 	EventsFile = "events.jsonl"
 	// IndexFile and SummaryLinesFile are the same lines: the last event of
-	// every attempt, without source_row_index, with trajectory_filename
-	// and resumed, in row and run order.
+	// every attempt, with trajectory_filename and resumed.
 	IndexFile        = "index.jsonl"
 	SummaryLinesFile = "summary.jsonl"
 	// ProgressFile holds total_runs, sampled_rows and total_dataset_rows.
 	ProgressFile = "progress.json"
-	// MetricsFile holds eval_run (the run's identity and state) and summary
-	// (the platform's summary).
+	// MetricsFile holds eval_run (the run's identity and state) and the
+	// platform's summary.
 	MetricsFile = "metrics.json"
 	// TrajectoriesDir holds row_<r>_run_<n>.json: the ATIF trajectory of
 	// each attempt's last result.
 	TrajectoriesDir = "trajectories"
-	// TrialsDir holds a directory per rollout id; its trajectory.json is the
-	// rollout's ATIF trajectory, as a Python rollout server writes it under
-	// _OSMOSIS_ROLLOUT_ARTIFACT_ROOT, or as osmo writes it when none did.
-	TrialsDir = "rollout_trials"
-	// trajectoryFile is a trajectory's name in its rollout's directory: the
-	// index's trajectory_filename.
+	// TrialsDir holds a directory per rollout id, whose trajectory.json a
+	// Python rollout server writes under _OSMOSIS_ROLLOUT_ARTIFACT_ROOT, or
+	// osmo when none did.
+	TrialsDir      = "rollout_trials"
 	trajectoryFile = "trajectory.json"
 )
 
 // event is a line of events.jsonl, the SDK's TerminalRecord: its keys
-// sorted, as the SDK writes them, and a nil one left out.
+// sorted, as the SDK writes them.
 type event struct {
 	DurationMS     float64  `json:"duration_ms"`
 	ErrorType      string   `json:"error_type,omitempty"`
@@ -71,8 +67,7 @@ func eventOf(r Result) event {
 	return e
 }
 
-// result is the result an event says, when results.jsonl has no detail
-// of it (a run directory the SDK wrote).
+// result is the result an event says, when results.jsonl has no detail.
 func (e event) result() Result {
 	r := Result{
 		RowIndex: e.RowIndex, RunIndex: e.RunIndex, SourceRowIndex: e.RowIndex, RolloutID: e.RolloutID, Status: e.Status,
@@ -111,12 +106,9 @@ func decodeEvent(line []byte) (event, error) {
 	return e, nil
 }
 
-// marshalLine is v as one line of compact JSON, as the SDK writes it
-// (no HTML escaping).
+// marshalLine and marshalFile encode v as the SDK writes a JSON line and
+// a JSON file: no HTML escaping, a final newline; a file indented by two.
 func marshalLine(v any) ([]byte, error) { return marshalIndent(v, "") }
-
-// marshalFile is v as the SDK writes a JSON file: indented by two, with
-// a final newline.
 func marshalFile(v any) ([]byte, error) { return marshalIndent(v, "  ") }
 
 func marshalIndent(v any, indent string) ([]byte, error) {
@@ -130,22 +122,18 @@ func marshalIndent(v any, indent string) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// jsonLines is items as JSON lines.
+// jsonLines is items as JSON lines; nothing here fails to encode.
 func jsonLines[T any](items []T) []byte {
 	var b bytes.Buffer
 	for _, it := range items {
-		line, err := marshalLine(it)
-		if err != nil {
-			continue // nothing here fails to encode
-		}
+		line, _ := marshalLine(it)
 		b.Write(line)
 	}
 	return b.Bytes()
 }
 
 // writeAtomic replaces path with data: a reader sees the old file or the
-// new one, never a part, a crash included (the data is synced before the
-// rename).
+// new one, never a part, a crash included.
 func writeAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -181,8 +169,7 @@ func writeAtomic(path string, data []byte) error {
 }
 
 // indexRow is a line of index.jsonl and summary.jsonl, the SDK's
-// build_index_row: its keys in the SDK's order, a nil one left out, and
-// resumed only when true.
+// build_index_row, its keys in the SDK's order.
 type indexRow struct {
 	RowIndex           int      `json:"row_index"`
 	RunIndex           int      `json:"run_index"`
@@ -196,7 +183,6 @@ type indexRow struct {
 	Resumed            bool     `json:"resumed,omitempty"`
 }
 
-// progressFile is progress.json.
 type progressFile struct {
 	TotalRuns        int `json:"total_runs"`
 	SampledRows      int `json:"sampled_rows"`
@@ -216,7 +202,6 @@ type evalRun struct {
 	CompletedAt string  `json:"completed_at,omitempty"`
 }
 
-// metricsFile is metrics.json.
 type metricsFile struct {
 	EvalRun evalRun         `json:"eval_run"`
 	Summary PlatformSummary `json:"summary"`
@@ -234,13 +219,11 @@ const (
 func sdkTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
 
 // snapshotEvery bounds how often the snapshots (index, summary.jsonl,
-// progress, metrics) are rewritten while a run goes: each rewrite is of
-// every result.
+// progress, metrics), each of every result, are rewritten while a run goes.
 const snapshotEvery = time.Second
 
 // sdkFiles writes the SDK's projections of a run directory: the snapshots
-// and the trajectories. None of them decides what a resume reruns; each is
-// written whole, atomically.
+// and the trajectories, each whole. None decides what a resume reruns.
 type sdkFiles struct {
 	p       Plan
 	journal *Journal
@@ -265,8 +248,7 @@ func newSDKFiles(p Plan, j *Journal, started time.Time) *sdkFiles {
 	return f
 }
 
-// runID is the run's id: Plan.RunID, else one derived from its directory
-// (the same for every invocation of the run).
+// runID is Plan.RunID, else one derived from the run's directory.
 func (f *sdkFiles) runID() string {
 	if f.p.RunID != "" {
 		return f.p.RunID
@@ -279,13 +261,11 @@ func (f *sdkFiles) runID() string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// runName is the run's name: Plan.RunName, else its directory's.
 func (f *sdkFiles) runName() string { return cmp.Or(f.p.RunName, filepath.Base(f.p.Output)) }
 
-// committed is called once out is journaled: it writes out's trajectory
-// and, at most every snapshotEvery, the snapshots of planned(). A failure
-// here is logged: the result is durable already, and every projection is
-// written again at the end.
+// committed writes a journaled result's trajectory and, at most every
+// snapshotEvery, the snapshots of planned(). A failure is only logged: the
+// result is durable already, and every projection is written at the end.
 func (f *sdkFiles) committed(out Result, planned func() []Result) {
 	if err := f.writeTrajectory(out, true); err != nil {
 		f.p.Logger.Warn("eval: writing a trajectory", "rollout_id", out.RolloutID, "error", err)
@@ -318,7 +298,7 @@ func (f *sdkFiles) finish(rep *Report) error {
 }
 
 // snapshots writes index.jsonl, summary.jsonl, progress.json and
-// metrics.json of results (row and run order) with the run in status.
+// metrics.json of results with the run in status.
 func (f *sdkFiles) snapshots(results []Result, status string) error {
 	rows := make([]indexRow, len(results))
 	f.mu.Lock()
@@ -377,22 +357,15 @@ func (f *sdkFiles) hasTrajectory(id string) bool {
 	return has
 }
 
-// trajectoryPath is where r's trajectory is projected.
-func (f *sdkFiles) trajectoryPath(r Result) string {
-	return filepath.Join(f.p.Output, TrajectoriesDir, fmt.Sprintf("row_%d_run_%d.json", r.RowIndex, r.RunIndex))
-}
-
 // writeTrajectory puts r's trajectory in rollout_trials/<id>/trajectory.json
-// and its copy in trajectories/row_<r>_run_<n>.json. A trajectory the
-// rollout server wrote there (a Python server does, after the grader
-// callback is acknowledged) is the one; osmo writes its own, made of the
-// conversation it holds, when there is none. At the run's end (fresh
-// false) the copies are brought up to date: a server's trajectory that
-// came after osmo's replaces it; a result of an earlier invocation whose
-// copy is there is left alone.
+// and its copy in trajectories/row_<r>_run_<n>.json. One the rollout server
+// wrote there (a Python server does, after the grader callback is
+// acknowledged) is the one; else osmo writes its own of the conversation.
+// At the run's end (fresh false) the copies are brought up to date, but a
+// result of an earlier invocation whose copy is there is left alone.
 func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 	canonical := filepath.Join(f.p.Output, TrialsDir, r.RolloutID, trajectoryFile)
-	proj := f.trajectoryPath(r)
+	proj := filepath.Join(f.p.Output, TrajectoriesDir, fmt.Sprintf("row_%d_run_%d.json", r.RowIndex, r.RunIndex))
 	if !fresh && f.journal.Carried(r) {
 		if _, err := os.Stat(proj); err == nil {
 			return nil
@@ -403,9 +376,7 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 	case err == nil && validTrajectory(data, r.RolloutID):
 	case errors.Is(err, os.ErrNotExist):
 		doc := f.trajectory(r)
-		if doc == nil {
-			// Nothing to tell (no conversation): no trajectory, as the SDK
-			// has none without a sample.
+		if doc == nil { // no conversation: none, as the SDK has none without a sample
 			return f.noTrajectory(r.RolloutID, proj)
 		}
 		if data, err = marshalFile(doc); err != nil {
@@ -415,12 +386,11 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 			return err
 		}
 	default:
-		// Unreadable, or not this rollout's trajectory: none, as the SDK
-		// reads it (the file is the server's: left as it is).
+		// Unreadable, or not this rollout's: none, as the SDK reads it; the
+		// file is the server's to keep.
 		return errors.Join(err, f.noTrajectory(r.RolloutID, proj))
 	}
-	// The server's document is its own to write; the copy is osmo's, so
-	// no secret value reaches it.
+	// The copy is osmo's: no secret value reaches it.
 	data = f.p.Redact.JSON(data)
 	if old, err := os.ReadFile(proj); err != nil || !bytes.Equal(old, data) {
 		if err := writeAtomic(proj, data); err != nil {
@@ -433,8 +403,8 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 	return nil
 }
 
-// noTrajectory records that rollout id has no trajectory and removes the
-// copy at proj (an earlier attempt's, which this result did not make).
+// noTrajectory records that rollout id has none and removes an earlier
+// attempt's copy at proj.
 func (f *sdkFiles) noTrajectory(id, proj string) error {
 	f.mu.Lock()
 	f.traj[id] = false

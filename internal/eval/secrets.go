@@ -103,10 +103,9 @@ func ParseDotenv(r io.Reader) (map[string]string, error) {
 }
 
 // Redactor replaces known secret values with [REDACTED] in what osmo
-// writes: the part of a line around a secret (a status code, a stack
-// frame) is why the line exists, so only the value goes. Every non-empty
-// value counts, however short: a rule for "placeholders" could leak a
-// real short secret. A nil *Redactor redacts nothing.
+// writes: only the value goes, as the rest of a line is why it exists.
+// Every non-empty value counts, however short: a rule for "placeholders"
+// could leak a real short secret. A nil *Redactor redacts nothing.
 type Redactor struct {
 	values []string // longest first, so one value inside another goes whole
 }
@@ -142,11 +141,10 @@ func (r *Redactor) Values() []string {
 	return slices.Clone(r.values)
 }
 
-// result returns res with every secret in its text replaced: a result is
-// redacted once, before it is journaled, so every file made from it (the
-// journal, the SDK's files, the summary, the report) is clean. Values are
-// redacted, never the JSON around them: a short secret ("s") must not
-// turn "status" into something no reader can parse.
+// result returns res with every secret in its text replaced, once, before
+// it is journaled, so every file made from it is clean. Values are
+// redacted, never the JSON around them: a short secret ("s") must not turn
+// "status" into something no reader can parse.
 func (r *Redactor) result(res Result) Result {
 	if r == nil || len(r.values) == 0 {
 		return res

@@ -12,35 +12,33 @@ import (
 )
 
 // PlatformSummary is the Osmosis platform's summary of an eval, computed
-// as it computes it (the SDK's aggregate_metrics): the summary of
-// metrics.json, and the first fields of summary.json.
+// as the SDK's aggregate_metrics does: metrics.json's summary, and the
+// first fields of summary.json.
 type PlatformSummary struct {
 	TotalSamples int `json:"total_samples"`
-	// CompletedSamples is the samples not skipped: the pass rate's
-	// denominator.
-	CompletedSamples int `json:"completed_samples"`
-	// Graded is the samples with a reward, a failed one's included.
-	Graded int `json:"graded"`
-	// Passed is the samples whose reward is at least PassThreshold.
-	Passed        int     `json:"passed"`
-	Failed        int     `json:"failed"`
-	Skipped       int     `json:"skipped"`
-	PassRate      float64 `json:"pass_rate"`
-	PassThreshold float64 `json:"pass_threshold"`
-	TokensUsed    int     `json:"tokens_used"`
+	// CompletedSamples, the samples not skipped, is the pass rate's
+	// denominator; Graded is the samples with a reward, failed ones
+	// included; Passed those whose reward is at least PassThreshold.
+	CompletedSamples int     `json:"completed_samples"`
+	Graded           int     `json:"graded"`
+	Passed           int     `json:"passed"`
+	Failed           int     `json:"failed"`
+	Skipped          int     `json:"skipped"`
+	PassRate         float64 `json:"pass_rate"`
+	PassThreshold    float64 `json:"pass_threshold"`
+	TokensUsed       int     `json:"tokens_used"`
 	// RewardStats is over every reward; absent without one.
 	RewardStats *RewardStats `json:"reward_stats,omitempty"`
-	// NRuns is the most runs of a row (the highest run_index + 1); absent
-	// below 2.
+	// NRuns is the highest run_index + 1; absent below 2.
 	NRuns int `json:"n_runs,omitempty"`
-	// PassAtK has a point for k = 1, 2, 4, … up to NRuns: the unbiased
-	// pass@k estimator averaged over the rows with at least k scored
-	// attempts. Absent unless it has at least two points.
+	// PassAtK has a point for k = 1, 2, 4, … up to NRuns: pass@k averaged
+	// over the rows with at least k scored attempts; absent below two
+	// points.
 	PassAtK []PassAtKPoint `json:"pass_at_k,omitempty"`
 }
 
-// RewardStats describes the rewards: their mean, median, population
-// standard deviation (0 for one reward), least and greatest.
+// RewardStats describes the rewards; Std is the population standard
+// deviation.
 type RewardStats struct {
 	Mean   float64 `json:"mean"`
 	Median float64 `json:"median"`
@@ -60,11 +58,10 @@ type Summary struct {
 	PlatformSummary
 
 	// MeanReward is the mean over the graded samples; nil with none.
-	MeanReward *float64 `json:"mean_reward"`
-	// ErrorsByCategory counts the failures by err_category.
+	MeanReward       *float64       `json:"mean_reward"`
 	ErrorsByCategory map[string]int `json:"errors_by_category"`
-	// WallS is the wall time, in seconds, of the invocations that ran any
-	// of the run's attempts, summed.
+	// WallS sums the wall time, in seconds, of the invocations that ran any
+	// of the run's attempts.
 	WallS float64 `json:"wall_s"`
 }
 
@@ -93,15 +90,13 @@ func Summarize(results []Result, threshold, wallS float64) Summary {
 			s.Failed++
 			s.ErrorsByCategory[cmp.Or(r.ErrCategory, "unknown")]++
 		}
-		pass := false
 		if r.Reward != nil {
 			s.Graded++
 			rewards = append(rewards, *r.Reward)
-			pass = *r.Reward >= threshold
-		}
-		if pass {
-			s.Passed++
-			passes[r.RowIndex]++
+			if *r.Reward >= threshold {
+				s.Passed++
+				passes[r.RowIndex]++
+			}
 		}
 		attempts[r.RowIndex]++
 	}
@@ -116,11 +111,7 @@ func Summarize(results []Result, threshold, wallS float64) Summary {
 	}
 	if n := maxRun + 1; n >= 2 {
 		s.NRuns = n
-		rows := make([]int, 0, len(attempts))
-		for row := range attempts {
-			rows = append(rows, row)
-		}
-		slices.Sort(rows)
+		rows := slices.Sorted(maps.Keys(attempts))
 		var points []PassAtKPoint
 		for k := 1; k <= n; k *= 2 {
 			var sum float64
@@ -191,7 +182,11 @@ func (s Summary) WriteTable(w io.Writer) error {
 	}
 	row("reward", reward)
 	if len(s.PassAtK) > 0 {
-		row("pass@k", s.passAtKText())
+		parts := make([]string, len(s.PassAtK))
+		for i, p := range s.PassAtK {
+			parts[i] = fmt.Sprintf("k=%d %.3f", p.K, p.Value)
+		}
+		row("pass@k", strings.Join(parts, " · "))
 	}
 	row("failed", s.Failed)
 	for _, c := range sortedKeys(s.ErrorsByCategory) {
@@ -200,15 +195,6 @@ func (s Summary) WriteTable(w io.Writer) error {
 	row("tokens used", s.TokensUsed)
 	row("wall time", fmt.Sprintf("%.1fs", s.WallS))
 	return tw.Flush()
-}
-
-// passAtKText is the pass@k points on one line: k=1 0.500 · k=2 0.750.
-func (s Summary) passAtKText() string {
-	parts := make([]string, len(s.PassAtK))
-	for i, p := range s.PassAtK {
-		parts[i] = fmt.Sprintf("k=%d %.3f", p.K, p.Value)
-	}
-	return strings.Join(parts, " · ")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

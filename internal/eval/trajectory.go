@@ -12,11 +12,10 @@ const atifVersion = "ATIF-v1.7"
 
 // trajectory is r's ATIF trajectory, as the SDK's rollout server makes one
 // of a sample's messages (convert_sample_to_trajectory): a step per
-// message (system and developer as system, user as user, assistant as
-// agent with its tool calls, any other role as user keeping it under
-// extra.original_role), a tool message folded into the agent step before
-// it as an observation, and the rollout's id, label, reward and row
-// metadata under extra.osmosis. nil when r has no messages.
+// message (an unknown role as user, keeping it under extra.original_role),
+// a tool message folded into the agent step before it as an observation,
+// and the rollout's id, label, reward and row metadata under
+// extra.osmosis. nil when r has no messages.
 func (f *sdkFiles) trajectory(r Result) *atifDocument {
 	var steps []map[string]any
 	for _, m := range r.Messages {
@@ -128,8 +127,7 @@ func attachToolResult(steps []map[string]any, m map[string]any) []map[string]any
 	return steps
 }
 
-// toolCalls are an OpenAI message's tool calls in ATIF's shape; nil
-// without any.
+// toolCalls are an OpenAI message's tool calls in ATIF's shape.
 func toolCalls(raw any) []map[string]any {
 	list, _ := raw.([]any)
 	var out []map[string]any
@@ -222,8 +220,7 @@ func validTrajectory(data []byte, id string) bool {
 	return got != "" && got == id
 }
 
-// osmoVersion is this binary's module version ("dev" when built from a
-// work tree).
+// osmoVersion is this binary's module version ("dev" from a work tree).
 func osmoVersion() string {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		return bi.Main.Version

@@ -17,14 +17,10 @@ type Layout struct {
 	Workspace string
 	// RolloutDir is rollouts/NAME when the rollout is the workspace's (an
 	// Osmosis rollout server to start), "" for a workflow of this binary
-	// or an exec agent.
-	RolloutDir string
-	// Entrypoint is the server's file within RolloutDir.
-	Entrypoint string
-	// DatasetPath is the dataset file.
-	DatasetPath string
-	// OutputRoot is the directory runs are written under, one directory
-	// per run name.
+	// or an exec agent; Entrypoint is the server's file within it.
+	RolloutDir, Entrypoint string
+	DatasetPath            string
+	// OutputRoot holds a directory per run.
 	OutputRoot string
 }
 
@@ -39,7 +35,6 @@ const (
 // FindWorkspace returns the workspace a config belongs to: the directory
 // holding configs/eval/ when the config is there, else the nearest
 // ancestor of the config holding rollouts/ROLLOUT; "" when none does.
-// No git checkout and no login are needed: a workspace is its layout.
 func FindWorkspace(configPath, rollout string) string {
 	abs, err := filepath.Abs(configPath)
 	if err != nil {
@@ -135,10 +130,6 @@ func (l *Layout) resolveRollout(c *Config, sec string) error {
 	return nil
 }
 
-// datasetExts are the formats a dataset may have, in the order a bare
-// name is tried under data/.
-var datasetExts = []string{".jsonl", ".csv", ".parquet"}
-
 // resolveDataset finds the dataset: --dataset-file, else the config's
 // dataset as a path (relative to the config, then the workspace), else
 // as the name of a file under the workspace's data/ (today's SDK names a
@@ -170,7 +161,7 @@ func (c *Config) resolveDataset(flag, configDir, ws, sec string) (string, error)
 		if ws != "" {
 			cands = append(cands, filepath.Join(ws, name), filepath.Join(ws, dataDir, name))
 			if filepath.Ext(name) == "" {
-				for _, ext := range datasetExts {
+				for _, ext := range []string{".jsonl", ".csv", ".parquet"} {
 					cands = append(cands, filepath.Join(ws, dataDir, name+ext))
 				}
 			}
