@@ -4,14 +4,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
+
+	"github.com/osmo-rl/osmo/internal/eval"
 )
 
-// addrFile is --addr-file: a server started on port 0 (a test, or several
-// servers on one machine) tells whoever started it where it listens by
-// writing its addresses there once every listener is open, whatever the
-// log level.
+// addrFile is --addr-file: a server started on port 0 tells whoever
+// started it where it listens by writing its addresses there once every
+// listener is open, whatever the log level.
 type addrFile string
 
 func (a *addrFile) register(fs *flag.FlagSet) {
@@ -19,7 +18,7 @@ func (a *addrFile) register(fs *flag.FlagSet) {
 }
 
 // write writes the addresses, given as key, value pairs, to the file (if
-// one was named): whole, by a rename, so a reader never sees half of it.
+// named), whole by a rename, so a reader never sees half of it.
 func (a addrFile) write(kv ...string) error {
 	if a == "" {
 		return nil
@@ -32,20 +31,8 @@ func (a addrFile) write(kv ...string) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(string(a)), ".addr-*")
-	if err != nil {
+	if err := eval.WriteFileAtomic(string(a), append(b, '\n')); err != nil {
 		return fmt.Errorf("--addr-file: %w", err)
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	if err := tmp.Close(); werr == nil {
-		werr = err
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), string(a))
-	}
-	if werr != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("--addr-file: %w", werr)
 	}
 	return nil
 }

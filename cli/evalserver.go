@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,11 +19,9 @@ import (
 const evalLogFile = "logs.txt"
 
 // startOsmosisServer starts the workspace's Osmosis rollout server for an
-// eval, as the SDK starts it: its entrypoint, in its directory, with
-// [env], the secrets and the SDK's _OSMOSIS_ROLLOUT_* variables; ready
-// once /health answers. Its output goes to the run's logs.txt (and, with
-// --verbose, stderr), every secret value redacted. stop ends its process
-// group: SIGTERM, then SIGKILL.
+// eval as the SDK does: its entrypoint, in its directory, with [env], the
+// secrets and the SDK's _OSMOSIS_ROLLOUT_* variables. Its output goes to
+// logs.txt (and, with --verbose, stderr), secrets redacted.
 func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Logger) (url string, stop func(), err error) {
 	f, err := os.OpenFile(filepath.Join(s.runDir, evalLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -32,13 +31,11 @@ func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Lo
 	if s.verbose {
 		out = io.MultiWriter(out, e.stderr)
 	}
-	env := make(map[string]string, len(s.env)+len(s.secrets))
-	for k, v := range s.env {
-		env[k] = v
+	env := maps.Clone(s.env)
+	if env == nil {
+		env = map[string]string{}
 	}
-	for k, v := range s.secrets {
-		env[k] = v
-	}
+	maps.Copy(env, s.secrets)
 	artifacts := filepath.Join(s.runDir, "rollout_trials")
 	if err := os.MkdirAll(artifacts, 0o755); err != nil {
 		f.Close()
@@ -70,8 +67,8 @@ func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Lo
 }
 
 // stampedLines prefixes each line written (one per Write, as rolloutproc
-// writes them) with the time, as a log file's reader expects. Writes are
-// serialized: several server processes may share one.
+// writes them) with the time, when stamp is set. Writes are serialized:
+// several server processes may share one.
 type stampedLines struct {
 	mu    sync.Mutex
 	w     io.Writer

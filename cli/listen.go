@@ -13,20 +13,17 @@ import (
 	"github.com/osmo-rl/osmo/internal/server"
 )
 
-// secretValue is a string flag whose value never shows in usage text: the
-// flag package prints a flag's default, and a default read from the
-// environment (OSMO_API_KEY) would otherwise land on the terminal, and in
-// whatever collects it, at every -h and every mistyped flag.
+// secretValue is a string flag whose value never shows in usage text: a
+// default read from the environment (OSMO_API_KEY) would otherwise land on
+// the terminal at every -h and every mistyped flag.
 type secretValue struct{ p *string }
 
-// secretVar registers a secret string flag defaulting to def (usually an
-// environment variable's value), shown in usage as if it had no default.
+// secretVar registers a secret string flag defaulting to def.
 func secretVar(fs *flag.FlagSet, p *string, name, def, usage string) {
 	*p = def
 	fs.Var(secretValue{p}, name, usage)
 }
 
-// String is empty whatever the value: it is what usage text shows.
 func (s secretValue) String() string { return "" }
 
 func (s secretValue) Set(v string) error {
@@ -47,21 +44,16 @@ func (g *listenGuard) register(fs *flag.FlagSet, e *env) {
 }
 
 // check returns a usage error when a listen address reaches beyond this
-// machine and nothing authenticates its callers: neither apiKey nor mutual
-// TLS (tls, loaded). listens names each address with the flag that sets
-// it, for the message. With --insecure it logs a warning instead, at every
-// start.
+// machine and neither apiKey nor mutual TLS authenticates its callers;
+// with --insecure it logs a warning instead, at every start.
 func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd, apiKey string, tls *tlsFlags, listens ...listenAddr) error {
 	if apiKey != "" || tls.mutual() {
 		return nil
 	}
 	var open []string
 	for _, l := range listens {
-		if l.addr == "" {
-			continue
-		}
-		if !loopbackAddr(ctx, l.addr) {
-			open = append(open, fmt.Sprintf("%s %s", l.flag, l.addr))
+		if l.addr != "" && !loopbackAddr(ctx, l.addr) {
+			open = append(open, l.flag+" "+l.addr)
 		}
 	}
 	if len(open) == 0 {
@@ -112,9 +104,9 @@ func loopbackAddr(ctx context.Context, addr string) bool {
 }
 
 // requireKeyHTTP puts the bearer check of key in front of h for every path
-// but /health, in the Osmosis 401 shape; a zero key lets everything through.
-// It guards what an HTTP port serves besides the gateway's RPCs (whose keys
-// the services check), such as /metrics.
+// but /health, in the Osmosis 401 shape; an empty key lets everything
+// through. It guards what an HTTP port serves besides the gateway's RPCs
+// (whose keys the services check), such as /metrics.
 func requireKeyHTTP(key string, h http.Handler) http.Handler {
 	if key == "" {
 		return h

@@ -20,8 +20,8 @@ func newMetricsRegistry() *prometheus.Registry {
 }
 
 // withMetrics serves GET /metrics from reg in front of h, behind key when
-// one is set (on a port that also serves the API, its callers need the key
-// for everything but /health; a metrics-only address is left open).
+// one is set (a port that also serves the API); a metrics-only address is
+// left open.
 func withMetrics(h http.Handler, reg *prometheus.Registry, key string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", requireKeyHTTP(key, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
@@ -30,7 +30,7 @@ func withMetrics(h http.Handler, reg *prometheus.Registry, key string) http.Hand
 }
 
 // metricsServer serves /metrics on its own address, for the gRPC-only
-// services; an empty addr disables it (run returns when ctx ends).
+// services; with an empty addr, run only waits for ctx.
 func metricsServer(addr string, reg *prometheus.Registry) (func(ctx context.Context) error, string, error) {
 	if addr == "" {
 		return func(ctx context.Context) error { <-ctx.Done(); return nil }, "", nil

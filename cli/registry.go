@@ -16,20 +16,18 @@ import (
 // Option adds user code to the binary built around Main.
 type Option func(*registry)
 
-// WithAgentLoop registers an agent loop (the remote-rollout RolloutAgentLoop)
-// under its Name. It serves every wire, as osmo.AgentLoopWorkflow makes it a
-// workflow.
-// defaultGrader is the grader spec used when --grader is not given ("" or
-// "none" for no grading: the loop's own reward stands).
+// WithAgentLoop registers an agent loop under its Name; it serves every
+// wire, as osmo.AgentLoopWorkflow makes it a workflow. defaultGrader is the
+// grader spec used when --grader is not given ("" or "none": the loop's
+// own reward stands).
 func WithAgentLoop(loop osmo.RolloutAgentLoop, defaultGrader string) Option {
 	return func(r *registry) {
 		r.add(entry{name: loop.Name(), loop: loop, grader: defaultGrader})
 	}
 }
 
-// WithWorkflow registers an AgentWorkflow under its Name (build it with
-// osmo.NewWorkflow). It serves every wire too. defaultGrader is as for
-// WithAgentLoop.
+// WithWorkflow registers an AgentWorkflow (osmo.NewWorkflow) under its
+// Name; defaultGrader is as for WithAgentLoop.
 func WithWorkflow(wf *osmo.Workflow, defaultGrader string) Option {
 	return func(r *registry) {
 		if wf == nil {
@@ -65,8 +63,8 @@ type registry struct {
 	entries map[string]entry
 	order   []string
 	graders map[string]osmo.Grader
-	// errs are registration mistakes (two entrypoints under one name),
-	// reported by `osmo validate` and refused by the serving commands.
+	// errs are registration mistakes, reported by `osmo validate` and
+	// refused by the serving commands.
 	errs []error
 }
 
@@ -92,7 +90,6 @@ func (r *registry) add(e entry) {
 	r.order = append(r.order, e.name)
 }
 
-// check reports registration mistakes.
 func (r *registry) check() error { return errors.Join(r.errs...) }
 
 func (r *registry) lookup(name string) (entry, error) {

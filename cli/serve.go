@@ -40,35 +40,21 @@ const defaultMaxMessageBytes = 64 << 20
 
 // rolloutFlags configure the rollout service.
 type rolloutFlags struct {
-	workflow       string
-	workflowConfig string
-	exec           string
-	execSamples    int
+	workflow, workflowConfig, exec, grader, apiKey, logDir, model, replicaName         string
+	execSamples, maxQueued, maxConcurrent, callbackConc                                int
+	recordTTL, rolloutTimeout, gradeTimeout, drainTimeout, deliveryDeadline, lostAfter time.Duration
+
+	noValidate     bool
+	recordMaxBytes byteSize
 	execLimits     execLimitsFlag
 	// execEnv are KEY=VALUE variables an exec agent gets beyond the
 	// contract's (an eval's [env] and secrets); not a flag.
-	execEnv          []string
-	noValidate       bool
-	maxQueued        int
-	grader           string
-	apiKey           string
-	logDir           string
-	model            string
-	maxConcurrent    int
-	recordTTL        time.Duration
-	rolloutTimeout   time.Duration
-	gradeTimeout     time.Duration
-	drainTimeout     time.Duration
-	deliveryDeadline time.Duration
-	callbackConc     int
-	recordMaxBytes   byteSize
-	lostAfter        time.Duration
-	replicaName      string
-	guard            listenGuard
-	nats             natsFlags
-	outbound         outboundFlags
-	env              osmosisEnv
-	osmosis          osmosisFlags
+	execEnv  []string
+	guard    listenGuard
+	nats     natsFlags
+	outbound outboundFlags
+	env      osmosisEnv
+	osmosis  osmosisFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -114,10 +100,7 @@ func (f *rolloutFlags) graderSpec(e *env) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	spec := f.grader
-	if spec == "" {
-		spec = entry.grader
-	}
+	spec := cmp.Or(f.grader, entry.grader)
 	if spec == "none" {
 		return "", nil
 	}

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/eval"
 )
 
@@ -107,7 +106,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 		return (&stepper{e: e, plan: plan, rows: selected, all: all}).run(ctx)
 	}
 	plan.Rows = selected
-	plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(e.stdout, r) }
+	plan.OnResult = func(r eval.Result) { printResult(e.stdout, r) }
 	rep, err := eval.Run(ctx, plan)
 	return reportEnd(e, rep, err, "", false)
 }
@@ -183,7 +182,7 @@ func (s *stepper) run(ctx context.Context) error {
 		close(s.lines)
 	}()
 	s.plan.BeforeCall = s.beforeCall
-	s.plan.OnResult = func(r eval.Result, _ *controller.V03Result) { printResult(s.e.stdout, r) }
+	s.plan.OnResult = func(r eval.Result) { printResult(s.e.stdout, r) }
 	queue := append([]eval.Row(nil), s.rows...)
 	for first := true; len(queue) > 0; first = false {
 		row := queue[0]

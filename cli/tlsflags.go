@@ -12,21 +12,19 @@ import (
 	"github.com/osmo-rl/osmo/internal/tlsconfig"
 )
 
-// tlsFlags are --tls-cert, --tls-key and --tls-ca, the same for every
-// command that serves or dials: with a certificate and key a server serves
-// TLS and a client presents them; with a CA a client verifies servers
-// against it and a server requires client certificates signed by it
-// (mutual TLS). Without any, everything is plaintext, as before (a mesh may
-// encrypt it). The files are read again as they change (see tlsconfig).
+// tlsFlags are --tls-cert, --tls-key and --tls-ca of every command that
+// serves or dials: with a certificate and key a server serves TLS and a
+// client presents them; with a CA a client verifies servers against it and
+// a server requires client certificates signed by it (mutual TLS). Without
+// any, everything is plaintext (a mesh may encrypt it).
 type tlsFlags struct {
 	cert, key, ca string
-	// src is what load made of the files; nil without any.
-	src *tlsconfig.Source
+	src           *tlsconfig.Source // nil without any file
 }
 
 // register adds the flags; each defaults to an environment variable, so a
-// Kubernetes patch can set them without touching args (and osmo health, run
-// as an exec probe, finds them in its container's environment).
+// Kubernetes patch can set them without touching args (and osmo health, as
+// an exec probe, finds them).
 func (f *tlsFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.cert, "tls-cert", e.getenv("OSMO_TLS_CERT"), "serve TLS with the PEM certificate (chain) in `FILE`, and present it as a client; reloaded when it changes (env OSMO_TLS_CERT)")
 	fs.StringVar(&f.key, "tls-key", e.getenv("OSMO_TLS_KEY"), "PEM private key `FILE` of --tls-cert, kept 0600 (env OSMO_TLS_KEY)")
@@ -34,7 +32,7 @@ func (f *tlsFlags) register(fs *flag.FlagSet, e *env) {
 }
 
 // load reads the files given, if any. serves says the command's only
-// connections are to itself (osmo grader, osmo serve), where a CA without a
+// connections are to itself (grader, serve), where a CA without a
 // certificate would verify nothing.
 func (f *tlsFlags) load(log *slog.Logger, serves bool) error {
 	if f.cert == "" && f.key == "" && f.ca == "" {
@@ -52,7 +50,7 @@ func (f *tlsFlags) load(log *slog.Logger, serves bool) error {
 }
 
 // mutual reports whether the command's servers require client
-// certificates: mutual TLS authenticates callers, as an API key does.
+// certificates, which authenticate callers as an API key does.
 func (f *tlsFlags) mutual() bool {
 	return f.src != nil && f.src.HasCert() && f.ca != ""
 }
@@ -65,9 +63,8 @@ func (f *tlsFlags) serverOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.Creds(f.src.ServerCredentials())}
 }
 
-// dialOptions are a gRPC client's transport credentials (none: plaintext).
-// The server's name is the target's host (a dns:///host:port target's
-// host), which its certificate must carry.
+// dialOptions are a gRPC client's transport credentials (none: plaintext);
+// the server's certificate must carry the target's host.
 func (f *tlsFlags) dialOptions() []grpc.DialOption {
 	if f.src == nil {
 		return nil
@@ -76,11 +73,10 @@ func (f *tlsFlags) dialOptions() []grpc.DialOption {
 }
 
 // loopbackDialOptions are the credentials of osmo serve's connections to
-// its own gRPC servers over loopback. They trust exactly the certificate
-// this process serves (tlsconfig.SelfClientConfig) rather than checking a
-// name against a CA: the certificate is made for the names clients outside
-// use, which 127.0.0.1 rarely is, and no CA may have been given. The
-// certificate is presented as the client's too, so mutual TLS lets them in.
+// its own gRPC servers. They trust exactly the certificate this process
+// serves, as it is made for the names outside clients use (rarely
+// 127.0.0.1) and no CA may be given; presented as the client's too, it
+// passes mutual TLS.
 func (f *tlsFlags) loopbackDialOptions() []grpc.DialOption {
 	if f.src == nil || !f.src.HasCert() {
 		return nil
@@ -96,8 +92,7 @@ func (f *tlsFlags) httpServer(addr string, h http.Handler) (*server.HTTP, error)
 	return server.NewHTTPS(addr, h, f.src.ServerConfig("h2", "http/1.1"))
 }
 
-// httpClientConfig is the TLS configuration of an HTTPS client (nil: Go's
-// default).
+// httpClientConfig is an HTTPS client's TLS configuration (nil: Go's).
 func (f *tlsFlags) httpClientConfig() *tls.Config {
 	if f.src == nil {
 		return nil

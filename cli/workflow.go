@@ -16,8 +16,8 @@ import (
 const execWorkflow = "exec"
 
 // resolve turns the workflow flags into the entry to serve: a registered
-// loop or workflow (with --workflow-config applied), or an exec workflow
-// built from --exec and/or the config file.
+// loop or workflow (with --workflow-config), an exec workflow, or the
+// hosted Osmosis rollout.
 func (f *rolloutFlags) resolve(e *env) (entry, error) {
 	if err := e.reg.check(); err != nil {
 		return entry{}, err
@@ -95,9 +95,9 @@ func (f *rolloutFlags) execWorkflow(config []byte) (*osmo.Workflow, error) {
 	return wf, nil
 }
 
-// validateEntry is what `osmo validate` checks of one entrypoint: for a
-// workflow, its config and tool schemas; for a G1 loop, the tools it offers
-// for a representative request.
+// validateEntry is what `osmo validate` checks of one entrypoint: a
+// workflow's config and tool schemas, or the tools a loop offers for a
+// representative request.
 func validateEntry(e entry) error {
 	if e.workflow != nil {
 		return e.workflow.Validate()

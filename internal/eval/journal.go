@@ -85,7 +85,7 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 		for _, r := range results.items {
 			events.items = append(events.items, eventOf(r))
 		}
-		if err := writeAtomic(eventsPath, jsonLines(events.items)); err != nil {
+		if err := WriteFileAtomic(eventsPath, jsonLines(events.items)); err != nil {
 			return nil, nil, err
 		}
 		events.whole = -1 // written whole just now
@@ -105,7 +105,7 @@ func OpenJournal(path string) (*Journal, map[Key]Result, error) {
 	if !slices.EqualFunc(ordered, results.items, func(a, b Result) bool { return a.RolloutID == b.RolloutID }) {
 		// A result never acknowledged, or results missing: results.jsonl
 		// is rewritten to match the events.
-		if err := writeAtomic(path, jsonLines(ordered)); err != nil {
+		if err := WriteFileAtomic(path, jsonLines(ordered)); err != nil {
 			return nil, nil, err
 		}
 		results.whole = -1

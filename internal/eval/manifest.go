@@ -417,7 +417,7 @@ func OpenRun(o OpenRunOptions) (*RunDir, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeAtomic(mpath, b); err != nil {
+	if err := WriteFileAtomic(mpath, b); err != nil {
 		return fail(err)
 	}
 	return rd, nil

@@ -64,7 +64,7 @@ type Plan struct {
 	Live     bool
 	// OnResult sees every result as it is journaled; BeforeCall holds
 	// each LLM call (the interactive stepper). Both may be nil.
-	OnResult   func(Result, *controller.V03Result)
+	OnResult   func(Result)
 	BeforeCall func(ctx context.Context, rolloutID string, body map[string]any) error
 	Logger     *slog.Logger
 }
@@ -306,14 +306,14 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 	case errors.As(err, &protoErr) && protoErr.StatusCode >= 400 && protoErr.StatusCode < 500:
 		// The server refused this row (422 naming the field, say): that is
 		// the row's result, as the SDK records it.
-		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "rollout_protocol_error", ErrMessage: protoErr.Error()}, nil)
+		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "rollout_protocol_error", ErrMessage: protoErr.Error()})
 	case err != nil:
 		// Any other refusal (a 5xx of a server restarting, say) or a
 		// transport failure says nothing of the row: the run stops and the
 		// attempt stays pending, for a rerun to run.
 		return fmt.Errorf("eval: rollout %s: %w", id, err)
 	case res.Source == controller.SourceTimeout:
-		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "callback_timeout", ErrMessage: "the rollout server sent no grader callback in time"}, &res)
+		return r.commitResult(id, Result{Status: StatusFailed, ErrCategory: "callback_timeout", ErrMessage: "the rollout server sent no grader callback in time"})
 	}
 	return nil // journaled by commit before the callback was acknowledged
 }
@@ -344,7 +344,7 @@ func (r *runner) commit(_ context.Context, res controller.V03Result) error {
 		out.ErrCategory = cmp.Or(deref(comp.ErrCategory), "workflow_failed")
 		out.ErrMessage = cmp.Or(deref(res.ErrMessage), deref(comp.ErrMessage))
 	}
-	return r.commitResult(res.RolloutID, out, &res)
+	return r.commitResult(res.RolloutID, out)
 }
 
 func deref(s *string) string {
@@ -356,7 +356,7 @@ func deref(s *string) string {
 
 // commitResult completes out with what the runner knows of the attempt,
 // journals it and counts it.
-func (r *runner) commitResult(id string, out Result, res *controller.V03Result) error {
+func (r *runner) commitResult(id string, out Result) error {
 	r.commits.RLock()
 	defer r.commits.RUnlock()
 	if r.sealed {
@@ -391,7 +391,7 @@ func (r *runner) commitResult(id string, out Result, res *controller.V03Result) 
 	}
 	r.progress.add(out)
 	if r.plan.OnResult != nil {
-		r.plan.OnResult(out, res)
+		r.plan.OnResult(out)
 	}
 	return nil
 }
@@ -536,12 +536,12 @@ func writeOutputs(p Plan, rep *Report, files *sdkFiles) error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(p.Output, SummaryFile), summary); err != nil {
+	if err := WriteFileAtomic(filepath.Join(p.Output, SummaryFile), summary); err != nil {
 		return err
 	}
 	var page bytes.Buffer
 	if err := renderReport(&page, p, rep); err != nil {
 		return fmt.Errorf("eval: report: %w", err)
 	}
-	return errors.Join(writeAtomic(filepath.Join(p.Output, ReportFile), page.Bytes()), files.finish(rep))
+	return errors.Join(WriteFileAtomic(filepath.Join(p.Output, ReportFile), page.Bytes()), files.finish(rep))
 }

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/osmo-rl/osmo/internal/controller"
 	"github.com/osmo-rl/osmo/internal/eval"
 )
 
@@ -203,7 +202,7 @@ func TestRunWritesSDKFiles(t *testing.T) {
 	// While the run goes, metrics.json says so.
 	var mu sync.Mutex
 	var running map[string]any
-	p.OnResult = func(eval.Result, *controller.V03Result) {
+	p.OnResult = func(eval.Result) {
 		var m struct {
 			EvalRun map[string]any `json:"eval_run"`
 		}

@@ -132,9 +132,9 @@ func jsonLines[T any](items []T) []byte {
 	return b.Bytes()
 }
 
-// writeAtomic replaces path with data: a reader sees the old file or the
-// new one, never a part, a crash included.
-func writeAtomic(path string, data []byte) error {
+// WriteFileAtomic replaces path with data: a reader sees the old file or
+// the new one, never a part, a crash included.
+func WriteFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("eval: %w", err)
@@ -338,10 +338,10 @@ func (f *sdkFiles) snapshots(results []Result, status string) error {
 		return err
 	}
 	return errors.Join(
-		writeAtomic(filepath.Join(f.p.Output, IndexFile), index),
-		writeAtomic(filepath.Join(f.p.Output, SummaryLinesFile), index),
-		writeAtomic(filepath.Join(f.p.Output, ProgressFile), progress),
-		writeAtomic(filepath.Join(f.p.Output, MetricsFile), metrics),
+		WriteFileAtomic(filepath.Join(f.p.Output, IndexFile), index),
+		WriteFileAtomic(filepath.Join(f.p.Output, SummaryLinesFile), index),
+		WriteFileAtomic(filepath.Join(f.p.Output, ProgressFile), progress),
+		WriteFileAtomic(filepath.Join(f.p.Output, MetricsFile), metrics),
 	)
 }
 
@@ -382,7 +382,7 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 		if data, err = marshalFile(doc); err != nil {
 			return err
 		}
-		if err := writeAtomic(canonical, data); err != nil {
+		if err := WriteFileAtomic(canonical, data); err != nil {
 			return err
 		}
 	default:
@@ -393,7 +393,7 @@ func (f *sdkFiles) writeTrajectory(r Result, fresh bool) error {
 	// The copy is osmo's: no secret value reaches it.
 	data = f.p.Redact.JSON(data)
 	if old, err := os.ReadFile(proj); err != nil || !bytes.Equal(old, data) {
-		if err := writeAtomic(proj, data); err != nil {
+		if err := WriteFileAtomic(proj, data); err != nil {
 			return err
 		}
 	}
