@@ -138,8 +138,8 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	_ = tw.Flush()
 	fmt.Fprintf(e.stdout, "\n%d/%d rollouts rewarded 1.0; every sample is at GET %s/v1/rollouts/{rollout_id}\n", rewarded, n, st.http.URL())
 
-	// Show one sample as the trainer's REST API returns it.
-	rec, err := fetchRollout(ctx, st.http.URL(), ids[0])
+	// Show one sample: the record GET /v1/rollouts/{id} returns.
+	rec, err := st.rolloutSvc.GetRollout(ctx, &rolloutv1.GetRolloutRequest{RolloutId: ids[0]})
 	if err != nil {
 		return err
 	}
@@ -180,30 +180,4 @@ func lastContent(msgs []map[string]any) string {
 		}
 	}
 	return ""
-}
-
-func fetchRollout(ctx context.Context, base, id string) (*rolloutv1.Rollout, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/rollouts/"+id, nil)
-	if err != nil {
-		return nil, err
-	}
-	client := &http.Client{}
-	defer client.CloseIdleConnections()
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET rollout %s: HTTP %d: %s", id, resp.StatusCode, body)
-	}
-	var rec rolloutv1.Rollout
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &rec); err != nil {
-		return nil, fmt.Errorf("decode rollout: %w", err)
-	}
-	return &rec, nil
 }
