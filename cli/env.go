@@ -86,11 +86,14 @@ func readOsmosisEnv(getenv func(string) string) (osmosisEnv, error) {
 // optional unit: 1048576, 512KiB, 256MiB, 2GiB.
 type byteSize int64
 
+// byteUnits are byteSize's units, largest first.
+var byteUnits = []struct {
+	name string
+	size int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
 func (b *byteSize) String() string {
-	for _, u := range []struct {
-		name string
-		size int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+	for _, u := range byteUnits[:3] {
 		if int64(*b) >= u.size && int64(*b)%u.size == 0 {
 			return strconv.FormatInt(int64(*b)/u.size, 10) + u.name
 		}
@@ -100,10 +103,7 @@ func (b *byteSize) String() string {
 
 func (b *byteSize) Set(s string) error {
 	mult := int64(1)
-	for _, u := range []struct {
-		name string
-		size int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
+	for _, u := range byteUnits {
 		if n, ok := strings.CutSuffix(s, u.name); ok {
 			s, mult = n, u.size
 			break

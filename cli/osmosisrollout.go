@@ -64,19 +64,16 @@ func (f *osmosisFlags) entry() (entry, error) {
 	return entry{name: f.host.Name(), workflow: f.host.Workflow(), grader: "none"}, nil
 }
 
-// start starts the hosted rollout's server processes, when --osmosis-rollout
-// is set, and returns what stops them; their output goes to out, a line at
-// a time.
-func (f *rolloutFlags) startOsmosis(ctx context.Context, log *slog.Logger, out io.Writer) (stop func(), err error) {
+// startOsmosis starts the hosted rollout's server processes, when
+// --osmosis-rollout is set, and returns what stops them; their output goes
+// to stderr, a line at a time.
+func (f *rolloutFlags) startOsmosis(ctx context.Context, e *env, log *slog.Logger) (stop func(), err error) {
 	o := &f.osmosis
 	if o.dir == "" {
 		return func() {}, nil
 	}
-	if f.exec != "" || f.workflowConfig != "" {
-		return nil, usagef("--osmosis-rollout: not with --exec or --workflow-config")
-	}
-	o.log, o.out = log, &stampedLines{w: out}
-	if _, err := o.entry(); err != nil {
+	o.log, o.out = log, &stampedLines{w: e.stderr}
+	if _, err := f.resolve(e); err != nil {
 		return nil, err
 	}
 	if err := o.host.Start(ctx); err != nil {

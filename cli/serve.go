@@ -502,7 +502,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	sc.tls, sc.addrFile, sc.tracing = sf.tls, sf.addrFile, stackTracing(tel)
-	stopOsmosis, err := sc.rollout.startOsmosis(ctx, log, e.stderr)
+	stopOsmosis, err := sc.rollout.startOsmosis(ctx, e, log)
 	if err != nil {
 		return err
 	}
@@ -539,7 +539,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	stopOsmosis, err := rf.startOsmosis(ctx, log, e.stderr)
+	stopOsmosis, err := rf.startOsmosis(ctx, e, log)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -134,7 +133,7 @@ func printResult(w io.Writer, r eval.Result) {
 // messageLine is a message's content on one line: its text, or the tools it
 // calls.
 func messageLine(m map[string]any) string {
-	text, _ := m["content"].(string)
+	text := eval.TextOf(m["content"])
 	if calls, ok := m["tool_calls"].([]any); ok && len(calls) > 0 {
 		var parts []string
 		for _, c := range calls {
@@ -143,10 +142,6 @@ func messageLine(m map[string]any) string {
 			parts = append(parts, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
 		}
 		text = strings.TrimSpace(text + " [calls " + strings.Join(parts, ", ") + "]")
-	}
-	if text == "" && m["content"] != nil {
-		b, _ := json.Marshal(m["content"])
-		text = string(b)
 	}
 	return strings.ReplaceAll(text, "\n", " ⏎ ")
 }

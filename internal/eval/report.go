@@ -171,5 +171,5 @@ func messageText(m map[string]any) string {
 		b, _ := json.Marshal(calls)
 		return "tool calls: " + string(b)
 	}
-	return textOf(m["content"])
+	return TextOf(m["content"])
 }

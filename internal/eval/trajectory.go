@@ -3,6 +3,7 @@ package eval
 import (
 	"encoding/json"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -30,7 +31,7 @@ func (f *sdkFiles) trajectory(r Result) *atifDocument {
 			source = "user"
 			extra["original_role"] = role
 		}
-		step := map[string]any{"step_id": len(steps) + 1, "source": source, "message": textOf(m["content"])}
+		step := map[string]any{"step_id": len(steps) + 1, "source": source, "message": TextOf(m["content"])}
 		// Only an agent step may carry tool calls and reasoning; any other
 		// keeps them in its extra.
 		carrier := extra
@@ -93,19 +94,13 @@ type atifDocument struct {
 // attachToolResult folds a tool message into the agent step before it.
 func attachToolResult(steps []map[string]any, m map[string]any) []map[string]any {
 	callID, _ := m["tool_call_id"].(string)
-	result := map[string]any{"content": textOf(m["content"])}
+	result := map[string]any{"content": TextOf(m["content"])}
 	var target map[string]any
 	if n := len(steps); n > 0 && steps[n-1]["source"] == "agent" {
 		target = steps[n-1]
 	}
-	matched := false
-	if target != nil {
-		calls, _ := target["tool_calls"].([]map[string]any)
-		for _, c := range calls {
-			matched = matched || (callID != "" && c["tool_call_id"] == callID)
-		}
-	}
-	if matched {
+	calls, _ := target["tool_calls"].([]map[string]any)
+	if callID != "" && slices.ContainsFunc(calls, func(c map[string]any) bool { return c["tool_call_id"] == callID }) {
 		result["source_call_id"] = callID
 	} else {
 		result["extra"] = map[string]any{"tool_call_id": m["tool_call_id"]}
@@ -167,9 +162,9 @@ func arguments(raw any) map[string]any {
 	return map[string]any{}
 }
 
-// textOf flattens a message's content to text, as the SDK does: text
+// TextOf flattens a message's content to text, as the SDK does: text
 // parts joined by newlines, anything else as JSON.
-func textOf(content any) string {
+func TextOf(content any) string {
 	switch c := content.(type) {
 	case nil:
 		return ""
