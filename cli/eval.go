@@ -477,17 +477,10 @@ func jsonError(w io.Writer, command string, err error) error {
 // it) and the attempts that did not succeed; osmo adds its own summary
 // (summary.json's) and the run's files.
 func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) error {
-	succeeded, failed, skipped := 0, 0, 0
 	failedRows := []map[string]any{}
 	for _, r := range rep.Results {
-		switch r.Status {
-		case eval.StatusSuccess:
-			succeeded++
+		if r.Status == eval.StatusSuccess {
 			continue
-		case eval.StatusFailed:
-			failed++
-		case eval.StatusSkipped:
-			skipped++
 		}
 		fr := map[string]any{"row_index": r.RowIndex, "source_row_index": r.SourceRowIndex, "run_index": r.RunIndex, "rollout_id": r.RolloutID, "error_type": nil}
 		if r.Status == eval.StatusFailed {
@@ -503,9 +496,9 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	resource := map[string]any{
 		"total_work_items": rep.Total,
 		"dispatched":       rep.Ran,
-		"succeeded":        succeeded,
-		"failed":           failed,
-		"skipped":          skipped,
+		"succeeded":        rep.Summary.TotalSamples - rep.Summary.Failed - rep.Summary.Skipped,
+		"failed":           rep.Summary.Failed,
+		"skipped":          rep.Summary.Skipped,
 		"resumed":          rep.Resumed,
 		"pending":          rep.Pending,
 		"cancelled":        cancelled,

@@ -2,13 +2,17 @@ package cli
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"math"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/netguard"
 	"github.com/osmo-rl/osmo/services/rollout"
+	"github.com/osmo-rl/osmo/workflows/execagent"
 )
 
 // osmosisEnv are the OSMOSIS_ROLLOUT_* settings of the Osmosis SDK, read with
@@ -114,5 +118,82 @@ func (b *byteSize) Set(s string) error {
 		return errors.New("want a positive size such as 268435456, 512KiB, 256MiB or 2GiB")
 	}
 	*b = byteSize(n * mult)
+	return nil
+}
+
+// execLimitsFlag is --exec-limits: the exec agents' limits in
+// execagent.ParseLimits' text form, laid key by key over the workflow
+// config's "limits".
+type execLimitsFlag struct {
+	limits execagent.Limits
+	set    bool
+}
+
+func (f *execLimitsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.limits.String()
+}
+
+func (f *execLimitsFlag) Set(s string) error {
+	l, err := execagent.ParseLimits(s)
+	if err != nil {
+		return err
+	}
+	f.limits, f.set = l, true
+	return nil
+}
+
+// over lays the flag over the config's limits.
+func (f *execLimitsFlag) over(cfg execagent.Limits) execagent.Limits {
+	if !f.set {
+		return cfg
+	}
+	return cfg.Over(f.limits)
+}
+
+// execLimitsUsage is --exec-limits' usage line.
+const execLimitsUsage = "limits of each exec agent run: `LIMITS` is KEY=VALUE,... of memory=SIZE, processes=N, files=N, cpu=DURATION, file-size=SIZE, user=UID[:GID], none turning one off " +
+	"(default memory=2GiB,processes=512,files=4096,file-size=1GiB; laid over the config's \"limits\"; see docs/workflows.md)"
+
+// outboundFlags adjust which addresses the rollout service may connect to
+// on a trainer's behalf (the policy and callback URLs it is handed): the
+// defaults of netguard.DefaultDenied, with the operator's prefixes on top.
+type outboundFlags struct {
+	deny, allow prefixList
+}
+
+func (f *outboundFlags) register(fs *flag.FlagSet) {
+	fs.Var(&f.deny, "deny-outbound", "also refuse trainer-named URLs (policy, callbacks) that reach these `CIDR`s, comma-separated (by default link-local, cloud metadata, unspecified and multicast addresses are refused)")
+	fs.Var(&f.allow, "allow-outbound", "permit trainer-named URLs that reach these `CIDR`s, comma-separated, though the defaults or --deny-outbound refuse them; the most specific prefix decides")
+}
+
+// policy is the outbound address policy the flags make.
+func (f *outboundFlags) policy() *netguard.Policy {
+	return netguard.New(f.deny, f.allow)
+}
+
+// prefixList is a flag of comma-separated CIDR prefixes; given again, it
+// adds to the list.
+type prefixList []netip.Prefix
+
+func (l *prefixList) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(*l))
+	for i, p := range *l {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *prefixList) Set(v string) error {
+	ps, err := netguard.ParsePrefixes(v)
+	if err != nil {
+		return err
+	}
+	*l = append(*l, ps...)
 	return nil
 }
