@@ -264,9 +264,9 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	selected, err := selectRows(dataset, f.rows, ev.Offset, ev.Limit)
+	selected, err := dataset.Select(f.rows, ev.Offset, ev.Limit)
 	if err != nil {
-		return err
+		return usageError{err.Error()}
 	}
 
 	// The model's key may be one of the secrets; with the mock policy it
@@ -537,23 +537,6 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
-}
-
-// selectRows picks the rows to run: --rows when given (file offsets, each
-// must exist), else offset and limit (0: all).
-func selectRows(d *eval.Dataset, spec string, offset, limit int) ([]eval.Row, error) {
-	var idx []int
-	if spec != "" {
-		var err error
-		if idx, err = eval.ParseRows(spec); err != nil {
-			return nil, usageError{err.Error()}
-		}
-	}
-	rows, err := d.Select(idx, offset, limit)
-	if err != nil {
-		return nil, usageError{err.Error()}
-	}
-	return rows, nil
 }
 
 // checkWorkflow refuses a workflow this binary does not have, before
