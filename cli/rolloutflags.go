@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/docker/go-units"
+
 	"github.com/osmo-rl/osmo/internal/netguard"
 	"github.com/osmo-rl/osmo/services/rollout"
 	"github.com/osmo-rl/osmo/workflows/execagent"
@@ -87,37 +89,17 @@ func readOsmosisEnv(getenv func(string) string) (osmosisEnv, error) {
 }
 
 // byteSize is a flag holding a size in bytes, written as a number with an
-// optional unit: 1048576, 512KiB, 256MiB, 2GiB.
+// optional binary unit: 1048576, 512KiB, 256MiB, 2GiB.
 type byteSize int64
 
-// byteUnits are byteSize's units, largest first.
-var byteUnits = []struct {
-	name string
-	size int64
-}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
-
-func (b *byteSize) String() string {
-	for _, u := range byteUnits[:3] {
-		if int64(*b) >= u.size && int64(*b)%u.size == 0 {
-			return strconv.FormatInt(int64(*b)/u.size, 10) + u.name
-		}
-	}
-	return strconv.FormatInt(int64(*b), 10)
-}
+func (b *byteSize) String() string { return units.BytesSize(float64(*b)) }
 
 func (b *byteSize) Set(s string) error {
-	mult := int64(1)
-	for _, u := range byteUnits {
-		if n, ok := strings.CutSuffix(s, u.name); ok {
-			s, mult = n, u.size
-			break
-		}
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 || n > math.MaxInt64/mult {
+	n, err := units.RAMInBytes(s)
+	if err != nil || n <= 0 {
 		return errors.New("want a positive size such as 268435456, 512KiB, 256MiB or 2GiB")
 	}
-	*b = byteSize(n * mult)
+	*b = byteSize(n)
 	return nil
 }
 
