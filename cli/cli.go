@@ -10,6 +10,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -19,9 +20,14 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/osmo-rl/osmo/internal/telemetry"
 )
@@ -186,4 +192,78 @@ var Version = "dev"
 func runVersion(_ context.Context, e *env, _ []string) error {
 	fmt.Fprintln(e.stdout, "osmo", Version)
 	return nil
+}
+
+// DefaultGCPercent is the garbage collector's GOGC for osmo processes whose
+// environment sets none: Go's own default, named so that `osmo bench` can
+// state what its processes run at. A higher GOGC was faster only where it
+// also held more memory (docs/deploy.md, "Memory and the garbage
+// collector"): containers set GOMEMLIMIT as the ceiling instead.
+const DefaultGCPercent = 100
+
+// applyGCDefault sets DefaultGCPercent unless the environment chose GOGC
+// (the runtime has applied it then). Only Main calls it: it changes the
+// whole process, which a library embedding Run, or a test, decides on.
+func applyGCDefault(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(DefaultGCPercent)
+	}
+}
+
+// Service names on spans. `osmo serve` gives each component its own, so a
+// trace shows the same services whether the stack runs in one process or
+// split; a split command's own name can be changed with OTEL_SERVICE_NAME.
+const (
+	serviceGateway  = "osmo-gateway"
+	serviceRollout  = "osmo-rollout"
+	serviceLLMProxy = "osmo-llmproxy"
+	serviceGrader   = "osmo-grader"
+)
+
+// start builds a command's logger, and its tracing for service from the
+// process environment, which the OpenTelemetry SDK reads; failed exports
+// are logged. The returned func flushes the last spans (within 10s): call
+// it once everything that makes spans has stopped.
+func (l *logFlags) start(ctx context.Context, e *env, service string) (*slog.Logger, *telemetry.Telemetry, func(), error) {
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tel, err := telemetry.Setup(ctx, service)
+	if err != nil {
+		return nil, nil, nil, usageError{err.Error()}
+	}
+	tel.LogErrorsTo(log)
+	if tel.Enabled() {
+		log.Info("tracing on", "service", tel.ServiceName(), "exporter", cmp.Or(e.getenv("OTEL_TRACES_EXPORTER"), "otlp"),
+			"endpoint", cmp.Or(e.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), e.getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
+			"capture_content", tel.CaptureContent())
+	}
+	return log, tel, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Warn("tracing: the last spans were not all exported", "error", err)
+		}
+	}, nil
+}
+
+// tracing is what the components of a command trace with; the providers
+// are nil when tracing is off, which the components read as "do not trace".
+type tracing struct {
+	gateway, rollout, proxy, grader trace.TracerProvider
+	prop                            propagation.TextMapPropagator
+	content                         bool
+}
+
+// stackTracing gives every component of `osmo serve` its own service.
+func stackTracing(tel *telemetry.Telemetry) tracing {
+	return tracing{
+		gateway: tel.ServiceTracerProvider(serviceGateway),
+		rollout: tel.ServiceTracerProvider(serviceRollout),
+		proxy:   tel.ServiceTracerProvider(serviceLLMProxy),
+		grader:  tel.ServiceTracerProvider(serviceGrader),
+		prop:    tel.Propagator(),
+		content: tel.CaptureContent(),
+	}
 }

@@ -264,9 +264,9 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	selected, err := selectRows(dataset, f.rows, ev.Offset, ev.Limit)
+	selected, err := dataset.Select(f.rows, ev.Offset, ev.Limit)
 	if err != nil {
-		return err
+		return usageError{err.Error()}
 	}
 
 	// The model's key may be one of the secrets; with the mock policy it
@@ -477,17 +477,10 @@ func jsonError(w io.Writer, command string, err error) error {
 // it) and the attempts that did not succeed; osmo adds its own summary
 // (summary.json's) and the run's files.
 func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) error {
-	succeeded, failed, skipped := 0, 0, 0
 	failedRows := []map[string]any{}
 	for _, r := range rep.Results {
-		switch r.Status {
-		case eval.StatusSuccess:
-			succeeded++
+		if r.Status == eval.StatusSuccess {
 			continue
-		case eval.StatusFailed:
-			failed++
-		case eval.StatusSkipped:
-			skipped++
 		}
 		fr := map[string]any{"row_index": r.RowIndex, "source_row_index": r.SourceRowIndex, "run_index": r.RunIndex, "rollout_id": r.RolloutID, "error_type": nil}
 		if r.Status == eval.StatusFailed {
@@ -503,9 +496,9 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	resource := map[string]any{
 		"total_work_items": rep.Total,
 		"dispatched":       rep.Ran,
-		"succeeded":        succeeded,
-		"failed":           failed,
-		"skipped":          skipped,
+		"succeeded":        rep.Summary.TotalSamples - rep.Summary.Failed - rep.Summary.Skipped,
+		"failed":           rep.Summary.Failed,
+		"skipped":          rep.Summary.Skipped,
 		"resumed":          rep.Resumed,
 		"pending":          rep.Pending,
 		"cancelled":        cancelled,
@@ -544,23 +537,6 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
-}
-
-// selectRows picks the rows to run: --rows when given (file offsets, each
-// must exist), else offset and limit (0: all).
-func selectRows(d *eval.Dataset, spec string, offset, limit int) ([]eval.Row, error) {
-	var idx []int
-	if spec != "" {
-		var err error
-		if idx, err = eval.ParseRows(spec); err != nil {
-			return nil, usageError{err.Error()}
-		}
-	}
-	rows, err := d.Select(idx, offset, limit)
-	if err != nil {
-		return nil, usageError{err.Error()}
-	}
-	return rows, nil
 }
 
 // checkWorkflow refuses a workflow this binary does not have, before

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/osmo-rl/osmo/internal/eval"
 	"github.com/osmo-rl/osmo/internal/server"
 )
 
@@ -122,4 +128,64 @@ func requireKeyHTTP(key string, h http.Handler) http.Handler {
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprintf(w, "{\"detail\":%q}\n", server.AuthMessage)
 	})
+}
+
+// newMetricsRegistry is one process's Prometheus registry, with the Go
+// runtime and process collectors every service exposes.
+func newMetricsRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// withMetrics serves GET /metrics from reg in front of h, behind key when
+// one is set (a port that also serves the API); a metrics-only address is
+// left open.
+func withMetrics(h http.Handler, reg *prometheus.Registry, key string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", requireKeyHTTP(key, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
+	mux.Handle("/", h)
+	return mux
+}
+
+// metricsServer serves /metrics on its own address, for the gRPC-only
+// services; with an empty addr, run only waits for ctx.
+func metricsServer(addr string, reg *prometheus.Registry) (func(ctx context.Context) error, string, error) {
+	if addr == "" {
+		return func(ctx context.Context) error { <-ctx.Done(); return nil }, "", nil
+	}
+	srv, err := server.NewHTTP(addr, withMetrics(http.NotFoundHandler(), reg, ""))
+	if err != nil {
+		return nil, "", err
+	}
+	return srv.Serve, srv.URL(), nil
+}
+
+// addrFile is --addr-file: a server started on port 0 tells whoever
+// started it where it listens by writing its addresses there once every
+// listener is open, whatever the log level.
+type addrFile string
+
+func (a *addrFile) register(fs *flag.FlagSet) {
+	fs.StringVar((*string)(a), "addr-file", "", "once listening, write the bound addresses to `FILE` as a JSON object (the keys of the \"serving\" log line); with port 0, how a caller learns the ports")
+}
+
+// write writes the addresses, given as key, value pairs, to the file (if
+// named), whole by a rename, so a reader never sees half of it.
+func (a addrFile) write(kv ...string) error {
+	if a == "" {
+		return nil
+	}
+	m := make(map[string]string, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := eval.WriteFileAtomic(string(a), append(b, '\n')); err != nil {
+		return fmt.Errorf("--addr-file: %w", err)
+	}
+	return nil
 }

@@ -62,9 +62,9 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	if row >= 0 {
 		spec = strconv.Itoa(row)
 	}
-	selected, err := selectRows(d, spec, offset, limit)
+	selected, err := d.Select(spec, offset, limit)
 	if err != nil {
-		return err
+		return usageError{err.Error()}
 	}
 	// osmo test keeps no results: a row is named by its place in the
 	// file, as --row and the stepper's jump take it.
@@ -98,7 +98,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	defer stop()
 
 	if interactive {
-		all, err := d.Select(nil, 0, 0)
+		all, err := d.Select("", 0, 0)
 		if err != nil {
 			return usageError{err.Error()}
 		}

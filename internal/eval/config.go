@@ -224,11 +224,14 @@ func LoadConfig(path string) (*Config, error) {
 		if len(k) >= 2 && slices.Contains([]string{"advanced", "grader", "baseline"}, k[0]) {
 			continue
 		}
-		msg := "unknown key"
+		msg, sections := "unknown key", "the sections are [experiment], [evaluation], [env], [secrets], [advanced] and osmo's [llm]"
 		if len(k) == 1 {
 			msg = "unknown section"
 		}
-		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(), Msg: msg + " (" + sectionsOf(gen) + ")"}
+		if gen == GenerationV02 {
+			sections = "this v0.2-era file's sections are [eval], [llm], [runs], [timeouts] and [output]"
+		}
+		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(), Msg: msg + " (" + sections + ")"}
 	}
 	c := &Config{Path: path, Generation: gen}
 	if gen == GenerationV02 {
@@ -243,13 +246,6 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-func sectionsOf(gen string) string {
-	if gen == GenerationV02 {
-		return "this v0.2-era file's sections are [eval], [llm], [runs], [timeouts] and [output]"
-	}
-	return "the sections are [experiment], [evaluation], [env], [secrets], [advanced] and osmo's [llm]"
 }
 
 // parser holds what error messages need: the file, its text and which

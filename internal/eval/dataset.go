@@ -95,12 +95,16 @@ func ReadDataset(path string) (*Dataset, error) {
 	return &Dataset{Path: path, raws: raws}, nil
 }
 
-// Select checks and returns the rows a run runs: the file offsets in
-// rows when not nil (each must exist), else offset and limit (0: all).
-func (d *Dataset) Select(rows []int, offset, limit int) ([]Row, error) {
+// Select checks and returns the rows a run runs: the file offsets rows
+// selects (see ParseRows; each must exist), else offset and limit (0: all).
+func (d *Dataset) Select(rows string, offset, limit int) ([]Row, error) {
 	var idx []int
 	switch {
-	case rows != nil:
+	case rows != "":
+		rows, err := ParseRows(rows)
+		if err != nil {
+			return nil, err
+		}
 		for _, i := range rows {
 			if i >= len(d.raws) {
 				return nil, &DatasetError{Path: d.Path, Row: -1, Msg: fmt.Sprintf("--rows selects row %d but the file has %d rows (valid indices are 0-%d)", i, len(d.raws), len(d.raws)-1)}

@@ -30,7 +30,7 @@ func loadDataset(path string) ([]eval.Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d.Select(nil, 0, 0)
+	return d.Select("", 0, 0)
 }
 
 func TestLoadConfig(t *testing.T) {

@@ -1,13 +1,17 @@
 package eval
 
 import (
+	"cmp"
 	_ "embed"
 	"encoding/json"
 	"fmt"
 	"html/template"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 )
 
@@ -172,4 +176,194 @@ func messageText(m map[string]any) string {
 		return "tool calls: " + string(b)
 	}
 	return TextOf(m["content"])
+}
+
+// PlatformSummary is the Osmosis platform's summary of an eval, computed
+// as the SDK's aggregate_metrics does: metrics.json's summary, and the
+// first fields of summary.json.
+type PlatformSummary struct {
+	TotalSamples int `json:"total_samples"`
+	// CompletedSamples, the samples not skipped, is the pass rate's
+	// denominator; Graded is the samples with a reward, failed ones
+	// included; Passed those whose reward is at least PassThreshold.
+	CompletedSamples int     `json:"completed_samples"`
+	Graded           int     `json:"graded"`
+	Passed           int     `json:"passed"`
+	Failed           int     `json:"failed"`
+	Skipped          int     `json:"skipped"`
+	PassRate         float64 `json:"pass_rate"`
+	PassThreshold    float64 `json:"pass_threshold"`
+	TokensUsed       int     `json:"tokens_used"`
+	// RewardStats is over every reward; absent without one.
+	RewardStats *RewardStats `json:"reward_stats,omitempty"`
+	// NRuns is the highest run_index + 1; absent below 2.
+	NRuns int `json:"n_runs,omitempty"`
+	// PassAtK has a point for k = 1, 2, 4, … up to NRuns: pass@k averaged
+	// over the rows with at least k scored attempts; absent below two
+	// points.
+	PassAtK []PassAtKPoint `json:"pass_at_k,omitempty"`
+}
+
+// RewardStats describes the rewards; Std is the population standard
+// deviation.
+type RewardStats struct {
+	Mean   float64 `json:"mean"`
+	Median float64 `json:"median"`
+	Std    float64 `json:"std"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+// PassAtKPoint is pass@k at one k.
+type PassAtKPoint struct {
+	K     int     `json:"k"`
+	Value float64 `json:"value"`
+}
+
+// Summary is summary.json: the platform's summary, and osmo's additions.
+type Summary struct {
+	PlatformSummary
+
+	// MeanReward is the mean over the graded samples; nil with none.
+	MeanReward       *float64       `json:"mean_reward"`
+	ErrorsByCategory map[string]int `json:"errors_by_category"`
+	// WallS sums the wall time, in seconds, of the invocations that ran any
+	// of the run's attempts.
+	WallS float64 `json:"wall_s"`
+}
+
+// Summarize computes the summary of results. As the platform does: a
+// skipped sample is out of every rate; a failed one is a non-pass in the
+// denominator (dropping it would report the pass rate of the rows that
+// worked), and it counts as graded, and passes, if it carries a reward
+// that does; tokens_used sums each sample's tokens.
+func Summarize(results []Result, threshold, wallS float64) Summary {
+	s := Summary{
+		PlatformSummary:  PlatformSummary{TotalSamples: len(results), PassThreshold: threshold},
+		ErrorsByCategory: map[string]int{},
+		WallS:            wallS,
+	}
+	attempts, passes := map[int]int{}, map[int]int{}
+	var rewards []float64
+	maxRun := -1
+	for _, r := range results {
+		maxRun = max(maxRun, r.RunIndex)
+		s.TokensUsed += r.Tokens
+		if r.Status == StatusSkipped {
+			s.Skipped++
+			continue
+		}
+		if r.Status == StatusFailed {
+			s.Failed++
+			s.ErrorsByCategory[cmp.Or(r.ErrCategory, "unknown")]++
+		}
+		if r.Reward != nil {
+			s.Graded++
+			rewards = append(rewards, *r.Reward)
+			if *r.Reward >= threshold {
+				s.Passed++
+				passes[r.RowIndex]++
+			}
+		}
+		attempts[r.RowIndex]++
+	}
+	s.CompletedSamples = s.TotalSamples - s.Skipped
+	if s.CompletedSamples > 0 {
+		s.PassRate = float64(s.Passed) / float64(s.CompletedSamples)
+	}
+	if len(rewards) > 0 {
+		s.RewardStats = rewardStats(rewards)
+		mean := s.RewardStats.Mean
+		s.MeanReward = &mean
+	}
+	if n := maxRun + 1; n >= 2 {
+		s.NRuns = n
+		rows := slices.Sorted(maps.Keys(attempts))
+		var points []PassAtKPoint
+		for k := 1; k <= n; k *= 2 {
+			var sum float64
+			eligible := 0
+			for _, row := range rows {
+				if attempts[row] >= k {
+					sum += PassAtK(attempts[row], passes[row], k)
+					eligible++
+				}
+			}
+			if eligible > 0 {
+				points = append(points, PassAtKPoint{K: k, Value: sum / float64(eligible)})
+			}
+		}
+		if len(points) >= 2 {
+			s.PassAtK = points
+		}
+	}
+	return s
+}
+
+func rewardStats(rewards []float64) *RewardStats {
+	sorted := slices.Sorted(slices.Values(rewards))
+	var sum float64
+	for _, r := range sorted {
+		sum += r
+	}
+	n := len(sorted)
+	st := &RewardStats{Mean: sum / float64(n), Min: sorted[0], Max: sorted[n-1]}
+	if n%2 == 1 {
+		st.Median = sorted[n/2]
+	} else {
+		st.Median = (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	if n > 1 {
+		var sq float64
+		for _, r := range sorted {
+			sq += (r - st.Mean) * (r - st.Mean)
+		}
+		st.Std = math.Sqrt(sq / float64(n))
+	}
+	return st
+}
+
+// PassAtK is the unbiased estimator of pass@k for a row with n attempts of
+// which c passed (Chen et al., 2021): 1 - C(n-c, k) / C(n, k).
+func PassAtK(n, c, k int) float64 {
+	if n-c < k {
+		return 1
+	}
+	miss := 1.0
+	for i := range k {
+		miss *= float64(n-c-i) / float64(n-i)
+	}
+	return 1 - miss
+}
+
+// WriteTable prints the summary as a table.
+func (s Summary) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", k, v) }
+	row("samples", fmt.Sprintf("%d (%d completed, %d skipped)", s.TotalSamples, s.CompletedSamples, s.Skipped))
+	row("passed", fmt.Sprintf("%d of %d (reward >= %g)", s.Passed, s.CompletedSamples, s.PassThreshold))
+	row("pass rate", fmt.Sprintf("%.1f%%", 100*s.PassRate))
+	reward := "-"
+	if st := s.RewardStats; st != nil {
+		reward = fmt.Sprintf("mean %.4g · median %.4g · std %.4g · min %.4g · max %.4g over %d graded", st.Mean, st.Median, st.Std, st.Min, st.Max, s.Graded)
+	}
+	row("reward", reward)
+	if len(s.PassAtK) > 0 {
+		parts := make([]string, len(s.PassAtK))
+		for i, p := range s.PassAtK {
+			parts[i] = fmt.Sprintf("k=%d %.3f", p.K, p.Value)
+		}
+		row("pass@k", strings.Join(parts, " · "))
+	}
+	row("failed", s.Failed)
+	for _, c := range sortedKeys(s.ErrorsByCategory) {
+		row("  "+c, s.ErrorsByCategory[c])
+	}
+	row("tokens used", s.TokensUsed)
+	row("wall time", fmt.Sprintf("%.1fs", s.WallS))
+	return tw.Flush()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

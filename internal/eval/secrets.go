@@ -152,11 +152,7 @@ func (r *Redactor) result(res Result) Result {
 	res.ErrMessage = r.String(res.ErrMessage)
 	res.ErrCategory = r.String(res.ErrCategory)
 	if res.Messages != nil {
-		msgs := make([]map[string]any, len(res.Messages))
-		for i, m := range res.Messages {
-			msgs[i], _ = r.value(m).(map[string]any)
-		}
-		res.Messages = msgs
+		res.Messages, _ = r.value(res.Messages).([]map[string]any)
 	}
 	return res
 }

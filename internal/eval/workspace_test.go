@@ -275,7 +275,7 @@ func TestDatasetSelectionAsTheSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := d.Select([]int{1, 2, 4}, 0, 0)
+	rows, err := d.Select("1,2,4", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,20 +284,20 @@ func TestDatasetSelectionAsTheSDK(t *testing.T) {
 		t.Fatalf("rows %+v", rows)
 	}
 	// A metadata-only row with {} has nothing to run.
-	if _, err := d.Select([]int{3}, 0, 0); err == nil || !strings.Contains(err.Error(), "row 3: has no prompt and no metadata") {
+	if _, err := d.Select("3", 0, 0); err == nil || !strings.Contains(err.Error(), "row 3: has no prompt and no metadata") {
 		t.Fatalf("empty row: %v", err)
 	}
-	if _, err := d.Select([]int{9}, 0, 0); err == nil || !strings.Contains(err.Error(), "valid indices are 0-4") {
+	if _, err := d.Select("9", 0, 0); err == nil || !strings.Contains(err.Error(), "valid indices are 0-4") {
 		t.Fatalf("out of range: %v", err)
 	}
 	// A file without a metadata column needs user_prompt on each row run,
 	// and only on those.
 	p2 := write(t, dir, "p.jsonl", "{\"user_prompt\":\"a\"}\n{\"question\":\"b\"}\n")
 	d2, _ := eval.ReadDataset(p2)
-	if rows, err := d2.Select(nil, 0, 1); err != nil || len(rows) != 1 {
+	if rows, err := d2.Select("", 0, 1); err != nil || len(rows) != 1 {
 		t.Fatalf("limit 1: %v", err)
 	}
-	if _, err := d2.Select(nil, 0, 0); err == nil || !strings.Contains(err.Error(), "row 1: user_prompt: missing") {
+	if _, err := d2.Select("", 0, 0); err == nil || !strings.Contains(err.Error(), "row 1: user_prompt: missing") {
 		t.Fatalf("no prompt: %v", err)
 	}
 }
