@@ -146,18 +146,9 @@ func (c *Config) resolveDataset(flag, configDir, ws, sec string) (string, error)
 		return p, nil
 	}
 	name := c.Experiment.Dataset
-	var tried []string
-	try := func(p string) bool {
-		tried = append(tried, p)
-		fi, err := os.Stat(p)
-		return err == nil && !fi.IsDir()
-	}
-	if filepath.IsAbs(name) {
-		if try(name) {
-			return name, nil
-		}
-	} else {
-		cands := []string{filepath.Join(configDir, name)}
+	cands := []string{name}
+	if !filepath.IsAbs(name) {
+		cands = []string{filepath.Join(configDir, name)}
 		if ws != "" {
 			cands = append(cands, filepath.Join(ws, name), filepath.Join(ws, dataDir, name))
 			if filepath.Ext(name) == "" {
@@ -166,11 +157,13 @@ func (c *Config) resolveDataset(flag, configDir, ws, sec string) (string, error)
 				}
 			}
 		}
-		for _, p := range slices.Compact(cands) {
-			if try(p) {
-				return p, nil
-			}
+	}
+	var tried []string
+	for _, p := range slices.Compact(cands) {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p, nil
 		}
+		tried = append(tried, p)
 	}
 	return "", &ConfigError{Path: c.Path, Key: sec + ".dataset", Msg: fmt.Sprintf(
 		"%q is no local file (tried %s); osmo runs offline: pass --dataset-file PATH, or put the rows in data/%s.jsonl",
