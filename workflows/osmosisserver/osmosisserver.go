@@ -22,10 +22,10 @@ package osmosisserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -248,27 +248,19 @@ func (h *Host) Stop(ctx context.Context) error {
 
 // PIDs are the running server processes' ids, by slot (0 for one being
 // restarted).
-func (h *Host) PIDs() []int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]int, len(h.slots))
-	for i, sl := range h.slots {
-		if sl.srv != nil {
-			out[i] = sl.srv.PID()
-		}
-	}
-	return out
-}
+func (h *Host) PIDs() []int { return bySlot(h, (*rolloutproc.Server).PID) }
 
 // URLs are the running server processes' base URLs, by slot ("" for one
 // being restarted).
-func (h *Host) URLs() []string {
+func (h *Host) URLs() []string { return bySlot(h, (*rolloutproc.Server).URL) }
+
+func bySlot[T any](h *Host, f func(*rolloutproc.Server) T) []T {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]string, len(h.slots))
+	out := make([]T, len(h.slots))
 	for i, sl := range h.slots {
 		if sl.srv != nil {
-			out[i] = sl.srv.URL()
+			out[i] = f(sl.srv)
 		}
 	}
 	return out
@@ -526,12 +518,6 @@ func writeDetail(w http.ResponseWriter, code int, detail string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // runner is the AgentWorkflow.
 type runner struct{ h *Host }
 
@@ -586,10 +572,10 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	if ep.BaseURL == "" {
 		return errors.New("osmosisserver: the rollout has no LLM endpoint")
 	}
-	token := randomHex(16)
+	token := rand.Text()
 	p := &pending{
 		rolloutID:  id,
-		secret:     randomHex(24),
+		secret:     rand.Text(),
 		completion: make(chan callbackBody, 1),
 		grader:     make(chan callbackBody, 1),
 	}
@@ -639,82 +625,76 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	log = log.With("rollout_server_pid", srv.PID())
 	wc.Rollout.LogEvent("osmosis_rollout_posted", map[string]any{"pid": srv.PID(), "slot": sl.n})
 
-	died := func() error {
-		return fmt.Errorf("osmosisserver: the rollout server (pid %d) died while running the rollout: %v", srv.PID(), srv.Err())
-	}
-	var done callbackBody
-	select {
-	case done = <-p.completion:
-	case <-srv.Done():
+	// wait waits for ch's callback (got), for timeout, for the server's
+	// death (a callback that came just before it still counts), or for ctx.
+	wait := func(ch <-chan callbackBody, timeout <-chan time.Time) (b callbackBody, got bool, err error) {
 		select {
-		case done = <-p.completion:
-		default:
-			return died()
+		case b = <-ch:
+			return b, true, nil
+		case <-srv.Done():
+			select {
+			case b = <-ch:
+				return b, true, nil
+			default:
+				return b, false, fmt.Errorf("osmosisserver: the rollout server (pid %d) died while running the rollout: %v", srv.PID(), srv.Err())
+			}
+		case <-timeout:
+			return b, false, nil
+		case <-ctx.Done():
+			h.cancel(srv, id, log)
+			return b, false, fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
 		}
-	case <-ctx.Done():
-		h.cancel(srv, id, log)
-		return fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
+	}
+	done, _, err := wait(p.completion, nil)
+	if err != nil {
+		return err
 	}
 	if err := callbackError("rollout server", done); err != nil {
 		return err
 	}
-	if !graded {
-		smp.mu.Lock()
-		smp.finish = "stop"
-		smp.mu.Unlock()
-		return nil
-	}
-	// A server without a grader never posts the callback: it is waited for
-	// the grader's budget and a little more, but not past the rollout's
-	// deadline, so such a rollout still ends as a success.
-	patience := graderBudget + 5*time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		patience = max(min(patience, time.Until(dl)-500*time.Millisecond), 0)
-	}
-	wait := time.NewTimer(patience)
-	defer wait.Stop()
 	var gb callbackBody
-	select {
-	case gb = <-p.grader:
-	case <-srv.Done():
-		select {
-		case gb = <-p.grader:
-		default:
-			return died()
+	got := false
+	if graded {
+		// A server without a grader never posts the callback: it is waited
+		// for the grader's budget and a little more, but not past the
+		// rollout's deadline, so such a rollout still ends as a success.
+		patience := graderBudget + 5*time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			patience = max(min(patience, time.Until(dl)-500*time.Millisecond), 0)
 		}
-	case <-wait.C:
-		// A rollout without a grader posts no grader callback: the
-		// proxy's record stands for the sample, with no reward.
-		log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", patience)
-		smp.mu.Lock()
-		smp.finish = "stop"
-		smp.mu.Unlock()
-		return nil
-	case <-ctx.Done():
-		h.cancel(srv, id, log)
-		return fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
+		t := time.NewTimer(patience)
+		defer t.Stop()
+		if gb, got, err = wait(p.grader, t.C); err != nil {
+			return err
+		}
+		if !got {
+			// The proxy's record stands for the sample, with no reward.
+			log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", patience)
+		} else if err := callbackError("rollout server's grader", gb); err != nil {
+			return err
+		}
 	}
-	if err := callbackError("rollout server's grader", gb); err != nil {
-		return err
-	}
-	got, ok := pickSample(gb, log)
 	smp.mu.Lock()
 	defer smp.mu.Unlock()
 	smp.finish = "stop"
+	if !got {
+		return nil
+	}
+	sample, ok := pickSample(gb, log)
 	if !ok {
 		return nil
 	}
-	if len(got.Messages) > 0 {
-		smp.messages = got.Messages
+	if len(sample.Messages) > 0 {
+		smp.messages = sample.Messages
 	}
-	smp.extra = got.ExtraFields
-	if got.Reward != nil {
-		if math.IsNaN(*got.Reward) || math.IsInf(*got.Reward, 0) {
-			return fmt.Errorf("osmosisserver: the rollout server's reward is not finite: %v", *got.Reward)
+	smp.extra = sample.ExtraFields
+	if sample.Reward != nil {
+		if math.IsNaN(*sample.Reward) || math.IsInf(*sample.Reward, 0) {
+			return fmt.Errorf("osmosisserver: the rollout server's reward is not finite: %v", *sample.Reward)
 		}
-		smp.reward = got.Reward
+		smp.reward = sample.Reward
 	}
-	if got.RemoveSample {
+	if sample.RemoveSample {
 		log.Info("the rollout server's grader removed the sample; osmo keeps it without a reward")
 		smp.reward = nil
 	}
@@ -781,7 +761,7 @@ func callbackError(who string, b callbackBody) error {
 	if b.Status == "cancelled" {
 		return fmt.Errorf("osmosisserver: the %s cancelled the rollout: %s", who, msg)
 	}
-	err := fmt.Errorf("osmosisserver: the %s reported %s: %s", who, orWord(category, "failure"), msg)
+	err := fmt.Errorf("osmosisserver: the %s reported %s: %s", who, cmp.Or(category, "failure"), msg)
 	switch category {
 	case "validation_error":
 		return fmt.Errorf("%w: %w", osmo.ErrInvalidInput, err)
@@ -791,13 +771,6 @@ func callbackError(who string, b callbackBody) error {
 	// http_error: the failed call went through osmo's proxy, which
 	// recorded it; the rollout service names the category from it.
 	return err
-}
-
-func orWord(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // post sends POST /rollout to the least busy process until one accepts
