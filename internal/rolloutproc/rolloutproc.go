@@ -139,12 +139,7 @@ type lineWriter struct {
 }
 
 func newLineWriter(w io.Writer, secrets []string) *lineWriter {
-	var keep []string
-	for _, s := range secrets {
-		if s != "" {
-			keep = append(keep, s)
-		}
-	}
+	keep := slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return s == "" })
 	// Longest first, so a secret containing another is replaced whole.
 	slices.SortFunc(keep, func(a, b string) int { return len(b) - len(a) })
 	return &lineWriter{w: w, secrets: keep}
