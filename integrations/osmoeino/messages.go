@@ -247,6 +247,7 @@ func chatMessage(m *schema.Message) (osmo.Message, *MessageError) {
 			multi++
 		}
 	}
+	var err *MessageError
 	switch {
 	case multi > 1:
 		return nil, fieldErr("content", "more than one kind of multi-part content is set")
@@ -254,27 +255,18 @@ func chatMessage(m *schema.Message) (osmo.Message, *MessageError) {
 		// The OpenAI client refuses to send both, so no policy saw such a message.
 		return nil, fieldErr("content", "both Content and multi-part content are set")
 	case len(m.UserInputMultiContent) > 0:
-		parts, err := inputParts(m.UserInputMultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = inputParts(m.UserInputMultiContent)
 	case len(m.AssistantGenMultiContent) > 0:
-		parts, err := outputParts(m.AssistantGenMultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = outputParts(m.AssistantGenMultiContent)
 	case len(m.MultiContent) > 0:
-		parts, err := legacyParts(m.MultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = legacyParts(m.MultiContent)
 	case m.Content == "" && len(m.ToolCalls) > 0:
 		out["content"] = nil
 	default:
 		out["content"] = m.Content
+	}
+	if err != nil {
+		return nil, err
 	}
 
 	if m.Name != "" {
