@@ -48,9 +48,8 @@ type Service struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup // gradings in progress
+	mu sync.Mutex     // orders Close after wg.Add
+	wg sync.WaitGroup // gradings in progress
 }
 
 var _ graderv1.GraderServiceServer = (*Service)(nil)
@@ -83,22 +82,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Config.State stays open.
 func (s *Service) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
 	s.cancel()
+	s.mu.Unlock()
 	s.wg.Wait()
 	return nil
 }
 
-func (s *Service) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
+func (s *Service) isClosed() bool { return s.ctx.Err() != nil }
 
 // Grade implements graderv1.GraderServiceServer. Invalid requests fail with
 // InvalidArgument naming the field; a grader's failure is an answer with
@@ -378,7 +368,7 @@ func (f *flightResult) answerFor(id, fp string) (answer, bool) {
 // request's trace; the pass runs under the service's context.
 func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *request, ids []string, fps map[string]string, keep bool, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
-	if s.closed {
+	if s.isClosed() {
 		s.mu.Unlock()
 		return nil, errShutdown
 	}
