@@ -186,8 +186,8 @@ func checkBaseURL(raw string) error {
 }
 
 // withHeaders returns a copy of base (nil: a default client) whose transport
-// adds header to every request. The OpenAI model's per-call header option
-// would be replaced by a caller's own, so the transport carries them.
+// adds header to every request: a caller's own per-call header option
+// would replace the OpenAI model's.
 func withHeaders(base *http.Client, header http.Header) *http.Client {
 	c := &http.Client{}
 	if base != nil {
@@ -207,7 +207,6 @@ type headerTransport struct {
 }
 
 func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	// A RoundTripper must not modify the caller's request.
 	req = req.Clone(req.Context())
 	for k, v := range t.header {
 		req.Header[k] = v
@@ -215,8 +214,7 @@ func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(req)
 }
 
-// CloseIdleConnections lets http.Client.CloseIdleConnections reach the
-// wrapped transport.
+// CloseIdleConnections reaches the wrapped transport.
 func (t *headerTransport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
@@ -271,8 +269,7 @@ func (m *chatModel) Stream(ctx context.Context, in []*schema.Message, opts ...mo
 	return out, nil
 }
 
-// relay copies sr to w, keeping the chunks, and records their concatenation
-// once sr ends. Like every Eino stream it ends when its reader closes out.
+// relay copies sr to w and records the chunks' concatenation once sr ends.
 func (m *chatModel) relay(ctx context.Context, call uint64, inputs int, sr *schema.StreamReader[*schema.Message], w *schema.StreamWriter[*schema.Message]) {
 	defer w.Close()
 	defer sr.Close()
@@ -298,8 +295,7 @@ func (m *chatModel) relay(ctx context.Context, call uint64, inputs int, sr *sche
 		}
 		chunks = append(chunks, chunk)
 		if closed := w.Send(chunk, nil); closed {
-			// The reader stopped early and never saw the whole reply, so it
-			// is not recorded as one.
+			// The reader never saw the whole reply: it is not recorded.
 			m.log.DebugContext(ctx, "osmoeino: stream closed before its end; reply not recorded")
 			return
 		}
@@ -339,8 +335,7 @@ func (m *chatModel) GetType() string {
 }
 
 // IsCallbacksEnabled reports whether the wrapped model runs Eino callbacks
-// itself; when it does, graphs must not run them a second time around the
-// wrapper.
+// itself, so graphs do not run them again around the wrapper.
 func (m *chatModel) IsCallbacksEnabled() bool { return components.IsCallbacksEnabled(m.inner) }
 
 // recorder is a chat model's sample source: the latest call's request
@@ -354,9 +349,8 @@ type recorder struct {
 	reply osmo.Message   // nil until the latest call answered
 }
 
-// begin records the request of a new call and returns its number. The
-// messages are converted now: Eino's are pointers that later steps may
-// change.
+// begin records the request of a new call and returns its number, converted
+// now since later steps may change Eino's messages.
 func (r *recorder) begin(in []*schema.Message) (uint64, error) {
 	msgs, err := ChatMessages(in)
 	if err != nil {

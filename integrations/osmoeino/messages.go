@@ -43,10 +43,9 @@ const (
 	roleTool      = "tool"
 )
 
-// Content part types understood in both directions. Other parts (audio,
-// video, files) have no single OpenAI chat shape across the servers a policy
-// runs on, so they are refused rather than recorded in a shape the policy
-// never saw.
+// Content part types understood in both directions. Others (audio, video,
+// files) have no single OpenAI chat shape across policy servers: they are
+// refused rather than recorded in a shape the policy never saw.
 const (
 	partText  = "text"
 	partImage = "image_url"
@@ -360,8 +359,8 @@ func legacyParts(parts []schema.ChatMessagePart) ([]any, *MessageError) {
 	return out, nil
 }
 
-// imageURL is the URL an image part goes out as: its URL, or its base64
-// data as a data URL (what the OpenAI client sends).
+// imageURL is what the OpenAI client sends for an image part: its URL, or
+// its base64 data as a data URL.
 func imageURL(c schema.MessagePartCommon) (string, *MessageError) {
 	switch {
 	case c.URL != nil && *c.URL != "":

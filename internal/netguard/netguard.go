@@ -104,16 +104,10 @@ func New(deny, allow []netip.Prefix) *Policy {
 	for _, p := range allow {
 		rules = append(rules, Rule{Prefix: p, Allow: true, Source: Allowed, Why: "--allow-outbound"})
 	}
-	return NewRules(rules)
-}
-
-// NewRules is the policy of exactly rules.
-func NewRules(rules []Rule) *Policy {
-	p := &Policy{rules: make([]Rule, 0, len(rules))}
-	for _, r := range rules {
-		r.Prefix = canonicalPrefix(r.Prefix)
-		p.rules = append(p.rules, r)
+	for i := range rules {
+		rules[i].Prefix = canonicalPrefix(rules[i].Prefix)
 	}
+	p := &Policy{rules: rules}
 	slices.SortStableFunc(p.rules, func(a, b Rule) int {
 		if c := cmp.Compare(b.Prefix.Bits(), a.Prefix.Bits()); c != 0 {
 			return c
@@ -143,8 +137,6 @@ func (p *Policy) orDefault() *Policy {
 func (p *Policy) Check(addr netip.Addr) error {
 	a := canonicalAddr(addr)
 	for _, r := range p.orDefault().rules {
-		// Prefixes of the other family never hold a; a v4 prefix is not
-		// compared with a v6 address's bits.
 		if r.Prefix.Contains(a) {
 			if r.Allow {
 				return nil
@@ -190,8 +182,7 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	}
 	check := p.checkDialed
 	if ctl := d.ControlContext; ctl != nil {
-		// ControlContext takes precedence over Control in net.Dialer: the
-		// check goes first in it.
+		// ControlContext takes precedence over Control in net.Dialer.
 		d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
 			if err := check(address); err != nil {
 				return err
@@ -319,15 +310,10 @@ func ParsePrefixes(list string) ([]netip.Prefix, error) {
 		if item == "" {
 			continue
 		}
-		if !strings.Contains(item, "/") {
-			a, err := netip.ParseAddr(item)
-			if err != nil || a.Zone() != "" {
-				return nil, fmt.Errorf("%q is not a CIDR prefix (such as 10.0.0.0/8 or fd00::/8)", item)
-			}
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-			continue
-		}
 		p, err := netip.ParsePrefix(item)
+		if a, aerr := netip.ParseAddr(item); aerr == nil && a.Zone() == "" {
+			p, err = netip.PrefixFrom(a, a.BitLen()), nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a CIDR prefix (such as 10.0.0.0/8 or fd00::/8)", item)
 		}

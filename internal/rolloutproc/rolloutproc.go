@@ -41,11 +41,10 @@ const InstanceHeader = "x-osmosis-rollout-instance-id"
 // Redacted replaces every secret in the captured output.
 const Redacted = "[REDACTED]"
 
-// tailLines is how many output lines errors carry.
-const tailLines = 30
-
-// maxLine is the longest output line passed on; the rest is cut.
-const maxLine = 64 << 10
+const (
+	tailLines = 30       // output lines errors carry
+	maxLine   = 64 << 10 // longest line passed on; the rest is cut
+)
 
 // Spec describes a rollout server to start.
 type Spec struct {
@@ -127,7 +126,7 @@ func (e *ExitError) Error() string {
 	return "rollout server " + how
 }
 
-// lineWriter passes output on a line at a time, secrets redacted, and keeps
+// lineWriter passes output on a line at a time, secrets redacted, keeping
 // the last lines for errors.
 type lineWriter struct {
 	w       io.Writer

@@ -45,10 +45,10 @@ type Server struct {
 	err error // set before done closes
 }
 
-// Start starts the server and returns once GET /health answers 200. When it
-// exits first, does not answer within ReadyTimeout, or ctx ends, the process
-// group is killed and a *StartError with the tail of its output is
-// returned. Once started, the server runs until Stop or ctx ends.
+// Start starts the server and returns once GET /health answers 200; when
+// it exits first, does not answer within ReadyTimeout, or ctx ends, the
+// group is killed and a *StartError returned. The server runs until Stop
+// or ctx ends.
 func Start(ctx context.Context, s Spec) (*Server, error) {
 	if s.Entrypoint == "" {
 		s.Entrypoint = DefaultEntrypoint
@@ -192,8 +192,7 @@ func reserved(k string) bool {
 }
 
 // childEnv is parent without VIRTUAL_ENV and the withheld variables, then
-// extra (in key order), then fixed. os/exec keeps the last of duplicate
-// keys.
+// extra (in key order), then fixed; os/exec keeps the last duplicate.
 func childEnv(parent, withhold []string, extra map[string]string, fixed ...string) []string {
 	env := make([]string, 0, len(parent)+len(extra)+len(fixed))
 	for _, kv := range parent {
@@ -231,8 +230,8 @@ func randomHex(n int) string {
 // records how it ended.
 func (s *Server) wait(cmd *exec.Cmd, pr *os.File, copied <-chan struct{}) {
 	waitErr := procgroup.WaitLeader(cmd, s.group.Reap)
-	// The group is gone; only a process that left it can still hold the
-	// pipe. Give it the grace period, then stop reading.
+	// Only a process that left the group can still hold the pipe: it has
+	// the grace period.
 	select {
 	case <-copied:
 	case <-time.After(s.grace):
@@ -294,7 +293,7 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) *StartErr
 }
 
 // probe reports whether /health answered 200 for this instance; an error
-// means it answered for another.
+// means another answered.
 func (s *Server) probe(ctx context.Context, client *http.Client) (bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"/health", nil)
 	if err != nil {
@@ -349,8 +348,7 @@ func (s *Server) Err() error {
 }
 
 // Stop sends SIGTERM to the process group and SIGKILL StopGrace later (or
-// at once when ctx ends first), and returns once the process was reaped.
-// Stopping a server that already exited returns at once.
+// when ctx ends), and returns once the process was reaped.
 func (s *Server) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		go func() {

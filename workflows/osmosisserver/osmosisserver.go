@@ -58,7 +58,7 @@ const (
 )
 
 // healthyRun is how long a process must run for its restart backoff to
-// start again from MinRestartBackoff.
+// start over.
 const healthyRun = 30 * time.Second
 
 // Config configures a Host.
@@ -76,9 +76,6 @@ type Config struct {
 	Env map[string]string
 	// Secrets are redacted from the servers' output.
 	Secrets []string
-	// ArtifactRoot is _OSMOSIS_ROLLOUT_ARTIFACT_ROOT ("": a temporary
-	// directory per process).
-	ArtifactRoot string
 	// Output receives the servers' output lines, prefixed with the
 	// process's slot; nil logs them through Logger at info level.
 	Output io.Writer
@@ -89,10 +86,7 @@ type Config struct {
 	// kept for the server's grader; default 30s, at most a quarter of the
 	// budget.
 	GraderTimeout time.Duration
-	// CallbackAddr is where the callback listener listens; default
-	// 127.0.0.1:0.
-	CallbackAddr string
-	Logger       *slog.Logger
+	Logger        *slog.Logger
 }
 
 // Host runs the server processes and the callback listener.
@@ -147,9 +141,6 @@ func New(cfg Config) (*Host, error) {
 	if cfg.GraderTimeout <= 0 {
 		cfg.GraderTimeout = DefaultGraderTimeout
 	}
-	if cfg.CallbackAddr == "" {
-		cfg.CallbackAddr = "127.0.0.1:0"
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -182,13 +173,12 @@ func (h *Host) Name() string { return h.cfg.Name }
 func (h *Host) CallbackURL() string { return "http://" + h.ln.Addr().String() }
 
 // Start opens the callback listener and starts every server process,
-// returning once each answered /health. A process that fails its first
-// start fails Start (everything started is stopped), as does ctx ending
-// first; later deaths are restarted. ctx bounds the start only: the
-// processes run until Stop, so a server shutting down can drain its
-// rollouts before it stops them.
+// returning once each answered /health. A failed first start, or ctx
+// ending first, fails Start and stops everything; later deaths are
+// restarted. ctx bounds the start only: the processes run until Stop, so a
+// server shutting down can drain its rollouts first.
 func (h *Host) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", h.cfg.CallbackAddr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("osmosisserver: callback listener: %w", err)
 	}
@@ -286,8 +276,7 @@ func (h *Host) notify() {
 // supervise keeps sl's process running until ctx ends. The first start's
 // result goes to first.
 func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
-	// The restart schedule is the shared doubling backoff, without jitter
-	// (a single process restarting has no herd to spread).
+	// Without jitter: one process restarting has no herd to spread.
 	restarts := retry.Doubling(MinRestartBackoff, MaxRestartBackoff, 0)
 	backoff := restarts.NextBackOff()
 	log := h.log.With("slot", sl.n)
@@ -299,7 +288,6 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 			// osmo's own bearer is never the rollout's business.
 			Withhold:     []string{"OSMO_API_KEY"},
 			Secrets:      h.cfg.Secrets,
-			ArtifactRoot: h.cfg.ArtifactRoot,
 			Output:       h.output(sl.n),
 			ReadyTimeout: h.cfg.ReadyTimeout,
 			StopGrace:    h.cfg.StopGrace,
@@ -326,7 +314,7 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 		h.notify()
 		h.mu.Unlock()
 		if attempt == 0 {
-			// Only now: Start returns once every slot holds its server.
+			// Start returns once every slot holds its server.
 			first <- nil
 		}
 		<-srv.Done()
@@ -382,8 +370,8 @@ func (f lineFunc) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// acquire picks the least busy running process and counts the rollout on
-// it; it waits while none runs. release undoes it.
+// acquire picks the least busy running process (waiting while none runs)
+// and counts the rollout on it; release undoes it.
 func (h *Host) acquire(ctx context.Context, avoid *rolloutproc.Server) (*slot, *rolloutproc.Server, error) {
 	for {
 		h.mu.Lock()
@@ -412,8 +400,7 @@ func (h *Host) acquire(ctx context.Context, avoid *rolloutproc.Server) (*slot, *
 	}
 }
 
-// exited reports whether srv's process is gone (its slot is about to
-// restart it).
+// exited reports whether srv's process is gone (about to be restarted).
 func exited(srv *rolloutproc.Server) bool {
 	select {
 	case <-srv.Done():
@@ -429,18 +416,17 @@ func (h *Host) release(sl *slot) {
 	h.mu.Unlock()
 }
 
-// pending is a rollout waiting for its callbacks.
+// pending is a rollout waiting for the first callback of each kind.
 type pending struct {
-	rolloutID string
-	secret    string
-	// completion and grader receive the first callback of each kind.
+	rolloutID  string
+	secret     string
 	completion chan callbackBody
 	grader     chan callbackBody
 	once       [2]sync.Once
 }
 
-// callbackBody is either callback: the completion's fields, and the grader
-// callback's v0.3 sample or G2 samples.
+// callbackBody is either callback: the grader's carries the v0.3 sample or
+// the G2 samples.
 type callbackBody struct {
 	Status      string                  `json:"status"`
 	RolloutID   string                  `json:"rollout_id"`
@@ -450,7 +436,6 @@ type callbackBody struct {
 	Samples     map[string]serverSample `json:"samples"`
 }
 
-// serverSample is a sample as the server reports it.
 type serverSample struct {
 	ID           string            `json:"id"`
 	Messages     []json.RawMessage `json:"messages"`
@@ -460,8 +445,7 @@ type serverSample struct {
 	Metrics      json.RawMessage   `json:"metrics"`
 }
 
-// maxCallbackBytes bounds a callback body: a sample carries a whole
-// conversation.
+// maxCallbackBytes bounds a callback body, which holds a whole conversation.
 const maxCallbackBytes = 64 << 20
 
 // callback serves POST /callbacks/{token}/completion and .../grader.
@@ -518,7 +502,6 @@ func writeDetail(w http.ResponseWriter, code int, detail string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
 }
 
-// runner is the AgentWorkflow.
 type runner struct{ h *Host }
 
 func (r *runner) Name() string { return r.h.cfg.Name }
@@ -527,7 +510,7 @@ func (r *runner) Name() string { return r.h.cfg.Name }
 func (*runner) ReadsLabel() bool { return true }
 
 // sample is the rollout's one sample: what the server reported, or (nil
-// messages) the conversation osmo's proxy recorded.
+// messages) what osmo's proxy recorded.
 type sample struct {
 	mu       sync.Mutex
 	messages []json.RawMessage
@@ -560,7 +543,6 @@ func (s *sample) SampleAgentReward() *float64 {
 	return s.reward
 }
 
-// Run implements osmo.AgentWorkflow.
 func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) error {
 	h := r.h
 	id := wc.Rollout.ID
@@ -723,9 +705,8 @@ func nonNilMessages(m []osmo.Message) []osmo.Message {
 }
 
 // pickSample is the sample of a grader callback: the v0.3 "sample", else
-// the G2 "samples" map's only entry. A server that reports several samples
-// has its first by id taken (osmo registers one sample per hosted
-// rollout: the proxy records the calls under it), and the rest are logged.
+// the first by id of the G2 "samples" (osmo registers one sample per
+// hosted rollout; the rest are logged).
 func pickSample(b callbackBody, log *slog.Logger) (serverSample, bool) {
 	if b.Sample != nil {
 		return *b.Sample, true
@@ -744,8 +725,7 @@ func pickSample(b callbackBody, log *slog.Logger) (serverSample, bool) {
 	return b.Samples[ids[0]], true
 }
 
-// callbackError is a failed or cancelled callback as the rollout's error,
-// its category carried over.
+// callbackError is a failed or cancelled callback as the rollout's error.
 func callbackError(who string, b callbackBody) error {
 	if b.Status == "success" {
 		return nil
@@ -773,9 +753,9 @@ func callbackError(who string, b callbackBody) error {
 	return err
 }
 
-// post sends POST /rollout to the least busy process until one accepts
-// it: a 429 waits Retry-After (on any process), a process that does not
-// answer (dying) is left for another. A 422 is the rollout's input.
+// post sends POST /rollout to the least busy process until one accepts it:
+// a 429 waits Retry-After, a process that does not answer (dying) is left
+// for another, and a 422 is the rollout's input.
 func (h *Host) post(ctx context.Context, id string, payload []byte, log *slog.Logger) (*slot, *rolloutproc.Server, error) {
 	var avoid *rolloutproc.Server
 	for attempt := 0; ; attempt++ {
@@ -831,8 +811,7 @@ func (h *Host) postOnce(ctx context.Context, url string, payload []byte) (int, h
 	return resp.StatusCode, resp.Header, data, nil
 }
 
-// cancel asks the server to cancel the rollout, without waiting: the
-// rollout's context already ended.
+// cancel asks the server to cancel the rollout, without waiting.
 func (h *Host) cancel(srv *rolloutproc.Server, id string, log *slog.Logger) {
 	payload, _ := json.Marshal(map[string]any{"ids": []string{id}})
 	go func() {
