@@ -207,13 +207,12 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 		go func() {
 			defer workers.Done()
 			defer func() { <-inflight }()
-			rctx := ctx
-			resp, err := s.answer(rctx, req, true)
+			resp, err := s.answer(ctx, req, true)
 			if err != nil {
 				st := status.Convert(err)
 				switch st.Code() {
 				case codes.InvalidArgument:
-					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
+					s.log.WarnContext(ctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
 					resp = invalidAnswer(req, st)
 				case codes.Unavailable:
 					// End the stream so the client resends, maybe elsewhere.
@@ -227,7 +226,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 			sendMu.Lock()
 			defer sendMu.Unlock()
 			if err := stream.Send(resp); err != nil {
-				s.log.DebugContext(rctx, "grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
+				s.log.DebugContext(ctx, "grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
 				cancel(err)
 			}
 		}()
@@ -314,10 +313,7 @@ func (s *Service) answer(ctx context.Context, greq *graderv1.GradeRequest, keep 
 		fr := res.Val.(*flightResult)
 		missing = nil
 		for _, id := range want {
-			o, ok := fr.answerFor(id, fps[id])
-			if !ok && led {
-				o, ok = fr.own(id)
-			}
+			o, ok := fr.answerFor(id, fps[id], led)
 			if !ok {
 				missing = append(missing, id)
 				continue
@@ -343,18 +339,12 @@ type flightResult struct {
 	fresh    *grading // graded in this pass; nil if all were stored already
 }
 
-// own is the answer for id to the request that led the pass.
-func (f *flightResult) own(id string) (answer, bool) {
-	if f.fresh == nil {
-		return answer{}, false
-	}
-	r, ok := f.fresh.sample(id)
-	return answer{g: f.fresh, r: r}, ok
-}
-
-func (f *flightResult) answerFor(id, fp string) (answer, bool) {
+// answerFor is the answer for id with fingerprint fp. The request that led
+// the pass (led) takes the pass's fresh grading of the samples it sent,
+// after any stored one that answers fp (fresh is last in gradings).
+func (f *flightResult) answerFor(id, fp string, led bool) (answer, bool) {
 	for _, g := range f.gradings {
-		if r, ok := g.sample(id); ok && r.answers(fp) {
+		if r, ok := g.sample(id); ok && (r.answers(fp) || led && g == f.fresh) {
 			return answer{g: g, r: r}, true
 		}
 	}
