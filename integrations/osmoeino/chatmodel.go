@@ -56,13 +56,12 @@ func WithStop(stop ...string) Option {
 // WithSeed sets the sampling seed.
 func WithSeed(seed int) Option { return func(s *settings) { s.seed = &seed } }
 
-// WithHTTPClient sets the client used when the rollout's endpoint carries
-// none of its own. The endpoint's client wins because the rollout service
-// instruments it for tracing.
+// WithHTTPClient sets the client used when the rollout's endpoint has none;
+// the endpoint's wins, as it is instrumented for tracing.
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.httpClient = c } }
 
-// OptionError reports an option given an invalid value. Field is the request
-// field the option sets ("temperature", "top_p", "max_tokens", "stop").
+// OptionError reports an option given an invalid value; Field is the
+// request field it sets ("temperature", "top_p", "max_tokens", "stop").
 type OptionError struct {
 	Field string
 	Err   error
@@ -93,19 +92,15 @@ func (s *settings) validate() error {
 
 // NewChatModel returns Eino's OpenAI chat model bound to the active rollout
 // (from ctx) as sampleID: its calls go to the rollout's endpoint for that
-// sample (Rollout.Endpoint) with the endpoint's bearer, the placeholder model
-// osmo.PlaceholderModel and the x-rollout-id and x-sample-id headers, through
-// the endpoint's HTTP client when it has one.
+// sample with its bearer, osmo.PlaceholderModel and the x-rollout-id and
+// x-sample-id headers, through the endpoint's HTTP client when it has one.
 //
-// The model registers itself with the rollout as the source of sampleID's
-// sample: the conversation of its latest Generate or Stream call, the
-// request's messages followed by the reply, as OpenAI chat messages (see
-// ChatMessages). A streamed reply is recorded once the stream has been read
-// to its end. Models returned by WithTools share the binding and the record.
+// The model is the source of sampleID's sample: the conversation of its
+// latest Generate or Stream call (read to its end), as OpenAI chat
+// messages (see ChatMessages). Models from WithTools share the record.
 //
-// An empty sampleID gets a random one (osmo.NewSampleID). Outside a rollout
-// the error wraps osmo.ErrNoRollout; a sampleID already registered in the
-// rollout, osmo.ErrDuplicateSample.
+// An empty sampleID gets a random one. Outside a rollout the error wraps
+// osmo.ErrNoRollout; a sampleID already registered, osmo.ErrDuplicateSample.
 func NewChatModel(ctx context.Context, sampleID string, opts ...Option) (model.ToolCallingChatModel, error) {
 	r, err := osmo.RolloutFromContext(ctx)
 	if err != nil {
@@ -169,8 +164,8 @@ func NewChatModel(ctx context.Context, sampleID string, opts ...Option) (model.T
 	return &chatModel{inner: inner, rec: rec, log: log}, nil
 }
 
-// checkBaseURL refuses what would send a rollout's calls somewhere else: an
-// empty base URL makes the OpenAI client fall back to api.openai.com.
+// checkBaseURL refuses what would send a rollout's calls elsewhere: with an
+// empty base URL the OpenAI client falls back to api.openai.com.
 func checkBaseURL(raw string) error {
 	if raw == "" {
 		return errors.New("empty (the rollout runtime gave no endpoint)")

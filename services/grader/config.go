@@ -28,15 +28,15 @@ const (
 type Config struct {
 	// Graders are the graders requests may name. Required: at least one.
 	Graders map[string]osmo.Grader
-	// Default is the grader for requests that name none; it must be a key of
-	// Graders. Empty means requests must name their grader.
+	// Default, a key of Graders, grades requests that name none; empty
+	// means requests must name their grader.
 	Default string
 	// Timeout bounds one grader run, not counting the wait for a slot (150s,
 	// the Osmosis grader_timeout_s).
 	Timeout time.Duration
-	// MaxConcurrent gradings run at once across all requests (64); it also
-	// bounds the requests one GradeStream has in progress, so a client that
-	// sends faster than the graders answer is slowed by flow control.
+	// MaxConcurrent gradings run at once (64); it also bounds the requests
+	// one GradeStream has in progress, so flow control slows a client that
+	// sends faster than the graders answer.
 	MaxConcurrent int
 	// State is the NATS JetStream whose bucket "osmo_gradings" keeps the
 	// gradings every Service on it shares. Required; Close leaves it open.
@@ -48,12 +48,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, receives the service's Prometheus collectors.
 	Metrics prometheus.Registerer
-	// TracerProvider, when set, traces every request: a "grade" span
-	// parented on the request's trace_context (or the call's own trace for
-	// Grade), and a "run_grader {name}" span around each grader run.
+	// TracerProvider, when set, traces every request ("grade") and grader
+	// run ("run_grader {name}").
 	TracerProvider trace.TracerProvider
-	// Propagator reads GradeRequest.trace_context (W3C trace context and
-	// baggage when nil).
+	// Propagator reads trace_context (W3C trace context and baggage when nil).
 	Propagator propagation.TextMapPropagator
 }
 

@@ -17,9 +17,8 @@ import (
 
 const tracerName = "github.com/osmo-rl/osmo/services/grader"
 
-// startGrade starts the "grade" span of one request. Its parent is the
-// request's trace_context when it has one (a GradeStream request: the
-// rollout's "grade" span), else the call's own span (Grade).
+// startGrade starts the "grade" span of one request, parented on its
+// trace_context when it has one, else on the call's own span.
 func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest, r *request) (context.Context, trace.Span) {
 	kind := trace.SpanKindInternal
 	if tc := req.GetTraceContext(); len(tc) > 0 {
@@ -77,9 +76,8 @@ func gradeAttrs(g *graderv1.SampleGrade) []attribute.KeyValue {
 	return attrs
 }
 
-// startRun starts the span of one grader run under ctx (the service's
-// context, which the run's cancellation comes from), parented on the span
-// and baggage of tctx (the request that led the run).
+// startRun starts the span of one grader run under ctx (the service's),
+// parented on the span and baggage of tctx (the request that led the run).
 func (s *Service) startRun(ctx, tctx context.Context, name string, samples int) (context.Context, trace.Span) {
 	if bag := baggage.FromContext(tctx); bag.Len() > 0 {
 		ctx = baggage.ContextWithBaggage(ctx, bag)

@@ -2,22 +2,18 @@
 // of an Osmosis workspace, rollouts/NAME/main.py, unchanged) as an osmo
 // workflow.
 //
-// A Host keeps Config.Procs server processes running (internal/rolloutproc
-// starts them as `osmosis eval run` does) and restarts one that dies, with
-// a bounded backoff. Its Workflow hands each rollout osmo accepts, on any
-// wire, to the least busy process as the v0.3 controller does: a POST
-// /rollout whose chat_completions_url is the rollout's osmo proxy endpoint
-// (so every LLM call is recorded and routed to the trainer's policy), whose
-// llm_api_key is that endpoint's key, whose controller_api_key is a secret
-// of the rollout's own, and whose callback URLs point at a loopback
-// listener the Host owns. The completion callback ends the agent's run; the
-// grader callback (the v0.3 "sample" or the G2 "samples") gives the
-// sample's messages, extra fields and the server's reward, which stands as
-// the sample's agent reward unless osmo grades it too.
+// A Host keeps Config.Procs server processes running (as `osmosis eval
+// run` starts them), restarting one that dies. Its Workflow hands each
+// rollout to the least busy process as the v0.3 controller does: a POST
+// /rollout whose chat_completions_url and llm_api_key are the rollout's
+// osmo proxy endpoint, whose controller_api_key is a secret of its own, and
+// whose callbacks go to a loopback listener of the Host. The completion
+// callback ends the agent's run; the grader callback gives the sample's
+// messages, extra fields and the server's reward, the sample's agent
+// reward unless osmo grades it too.
 //
-// A process that dies while holding rollouts ends each of them once, as an
-// agent error naming the crash; a rollout whose context ends is cancelled
-// on its server (POST /rollout/cancel).
+// A process that dies ends each rollout it held as an agent error; a
+// rollout whose context ends is cancelled on its server.
 package osmosisserver
 
 import (
@@ -71,11 +67,9 @@ type Config struct {
 	// default the base name of Dir.
 	Name string
 	// Procs is how many server processes run; default 1.
-	Procs int
-	// Env is laid over the servers' environment ([env], then secrets).
-	Env map[string]string
-	// Secrets are redacted from the servers' output.
-	Secrets []string
+	Procs   int
+	Env     map[string]string // laid over the servers' environment
+	Secrets []string          // redacted from the servers' output
 	// Output receives the servers' output lines, prefixed with the
 	// process's slot; nil logs them through Logger at info level.
 	Output io.Writer
@@ -510,38 +504,18 @@ func (r *runner) Name() string { return r.h.cfg.Name }
 func (*runner) ReadsLabel() bool { return true }
 
 // sample is the rollout's one sample: what the server reported, or (nil
-// messages) what osmo's proxy recorded.
+// messages) what osmo's proxy recorded. It is read once Run returned.
 type sample struct {
-	mu       sync.Mutex
 	messages []json.RawMessage
 	extra    map[string]any
 	reward   *float64
 	finish   string
 }
 
-func (s *sample) SampleMessages() ([]json.RawMessage, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.messages, nil
-}
-
-func (s *sample) SampleExtraFields() map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.extra
-}
-
-func (s *sample) SampleFinishReason() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.finish
-}
-
-func (s *sample) SampleAgentReward() *float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reward
-}
+func (s *sample) SampleMessages() ([]json.RawMessage, error) { return s.messages, nil }
+func (s *sample) SampleExtraFields() map[string]any          { return s.extra }
+func (s *sample) SampleFinishReason() string                 { return s.finish }
+func (s *sample) SampleAgentReward() *float64                { return s.reward }
 
 func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) error {
 	h := r.h
@@ -656,8 +630,6 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 			return err
 		}
 	}
-	smp.mu.Lock()
-	defer smp.mu.Unlock()
 	smp.finish = "stop"
 	if !got {
 		return nil
