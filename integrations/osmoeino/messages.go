@@ -34,15 +34,6 @@ func fieldErr(field, format string, args ...any) *MessageError {
 	return &MessageError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// Roles an OpenAI chat message may have.
-const (
-	roleSystem    = "system"
-	roleDeveloper = "developer"
-	roleUser      = "user"
-	roleAssistant = "assistant"
-	roleTool      = "tool"
-)
-
 // Content part types understood in both directions. Others (audio, video,
 // files) have no single OpenAI chat shape across policy servers: they are
 // refused rather than recorded in a shape the policy never saw.
@@ -80,7 +71,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 		return nil, fieldErr("role", "missing or not a string")
 	}
 	switch role {
-	case roleSystem, roleDeveloper, roleUser, roleAssistant, roleTool:
+	case "system", "developer", "user", "assistant", "tool":
 	default:
 		return nil, fieldErr("role", "unknown role %q (want system, developer, user, assistant or tool)", role)
 	}
@@ -96,7 +87,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 	if sm.ToolCallID, err = optionalString(m, "tool_call_id"); err != nil {
 		return nil, err
 	}
-	if role == roleTool && sm.ToolCallID == "" {
+	if sm.Role == schema.Tool && sm.ToolCallID == "" {
 		return nil, fieldErr("tool_call_id", "a tool message needs the id of the call it answers")
 	}
 
@@ -119,7 +110,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 		if !ok {
 			return nil, fieldErr("tool_calls", "must be a list, got %T", raw)
 		}
-		if len(calls) > 0 && role != roleAssistant {
+		if len(calls) > 0 && sm.Role != schema.Assistant {
 			return nil, fieldErr("tool_calls", "only assistant messages carry tool calls, this one is %q", role)
 		}
 		for j, c := range calls {
