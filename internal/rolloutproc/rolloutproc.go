@@ -85,20 +85,14 @@ type StartError struct {
 }
 
 func (e *StartError) Error() string {
-	var b strings.Builder
-	b.WriteString("rollout server: ")
-	b.WriteString(e.Reason)
+	msg := "rollout server: " + e.Reason
 	if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
+		msg += ": " + e.Err.Error()
 	}
 	if t := strings.TrimSpace(e.Tail); t != "" {
-		b.WriteString("; its output ends with:\n")
-		b.WriteString(t)
-	} else {
-		b.WriteString(" (it printed nothing)")
+		return msg + "; its output ends with:\n" + t
 	}
-	return b.String()
+	return msg + " (it printed nothing)"
 }
 
 func (e *StartError) Unwrap() error { return e.Err }
@@ -152,16 +146,13 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	n := len(p)
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			room := maxLine - len(l.partial)
-			l.partial = append(l.partial, p[:min(len(p), max(room, 0))]...)
-			return n, nil
+		line, rest, full := bytes.Cut(p, []byte{'\n'})
+		room := max(maxLine-len(l.partial), 0)
+		l.partial = append(l.partial, line[:min(len(line), room)]...)
+		if full {
+			l.emit()
 		}
-		room := maxLine - len(l.partial)
-		l.partial = append(l.partial, p[:min(i, max(room, 0))]...)
-		l.emit()
-		p = p[i+1:]
+		p = rest
 	}
 	return n, nil
 }

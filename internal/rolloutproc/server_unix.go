@@ -4,14 +4,15 @@ package rolloutproc
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -50,28 +51,23 @@ type Server struct {
 // group is killed and a *StartError returned. The server runs until Stop
 // or ctx ends.
 func Start(ctx context.Context, s Spec) (*Server, error) {
-	if s.Entrypoint == "" {
-		s.Entrypoint = DefaultEntrypoint
-	}
+	s.Entrypoint = cmp.Or(s.Entrypoint, DefaultEntrypoint)
 	if s.ReadyTimeout <= 0 {
 		s.ReadyTimeout = DefaultReadyTimeout
 	}
 	if s.StopGrace <= 0 {
 		s.StopGrace = DefaultStopGrace
 	}
-	log := s.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(s.Logger, slog.Default())
 	dir, err := filepath.Abs(s.Dir)
 	if err != nil {
 		return nil, &StartError{Reason: "rollout directory", Err: err}
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, &StartError{Reason: "rollout directory " + s.Dir, Err: errOr(err, errors.New("not a directory"))}
+		return nil, &StartError{Reason: "rollout directory " + s.Dir, Err: cmp.Or(err, errors.New("not a directory"))}
 	}
 	if fi, err := os.Stat(filepath.Join(dir, s.Entrypoint)); err != nil || fi.IsDir() {
-		return nil, &StartError{Reason: "entrypoint " + filepath.Join(s.Dir, s.Entrypoint), Err: errOr(err, errors.New("is a directory"))}
+		return nil, &StartError{Reason: "entrypoint " + filepath.Join(s.Dir, s.Entrypoint), Err: cmp.Or(err, errors.New("is a directory"))}
 	}
 	for k := range s.Env {
 		if reserved(k) {
@@ -90,7 +86,7 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 	}
 	srv := &Server{
 		url:      "http://127.0.0.1:" + strconv.Itoa(port),
-		instance: randomHex(16),
+		instance: rand.Text(),
 		grace:    s.StopGrace,
 		out:      out,
 		done:     make(chan struct{}),
@@ -152,13 +148,6 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 	return srv, nil
 }
 
-func errOr(err, def error) error {
-	if err != nil {
-		return err
-	}
-	return def
-}
-
 // command is the argv that runs the entrypoint, after `uv sync` when uv is
 // on PATH.
 func command(ctx context.Context, dir, entrypoint string, out *lineWriter, log *slog.Logger) ([]string, error) {
@@ -200,12 +189,7 @@ func childEnv(parent, withhold []string, extra map[string]string, fixed ...strin
 			env = append(env, kv)
 		}
 	}
-	keys := make([]string, 0, len(extra))
-	for k := range extra {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		env = append(env, k+"="+extra[k])
 	}
 	return append(env, fixed...)
@@ -218,12 +202,6 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // wait reaps the process, killing what is left of its group first, and

@@ -14,6 +14,7 @@ package tlsconfig
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -74,9 +75,7 @@ func New(files Files, log *slog.Logger) (*Source, error) {
 	if files.Cert == "" && files.CA == "" {
 		return nil, errors.New("no TLS files: give --tls-cert and --tls-key, --tls-ca, or all three")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	s := &Source{files: files, log: log, interval: DefaultCheckInterval, now: time.Now}
 	if files.Cert != "" {
 		certPEM, keyPEM, err := s.readPair()

@@ -73,9 +73,6 @@ type call struct {
 
 // NewClient returns a Client over conn. Call Run to connect.
 func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
 	if opts.ReconnectMin <= 0 {
 		opts.ReconnectMin = DefaultReconnectMin
 	}
@@ -83,16 +80,13 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 		opts.ReconnectMax = DefaultReconnectMax
 	}
 	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
-	if opts.Propagator == nil {
-		opts.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
 	return &Client{
 		stub:    graderv1.NewGraderServiceClient(conn),
 		conn:    conn,
-		log:     opts.Logger,
+		log:     cmp.Or(opts.Logger, slog.Default()),
 		min:     opts.ReconnectMin,
 		max:     opts.ReconnectMax,
-		prop:    opts.Propagator,
+		prop:    cmp.Or[propagation.TextMapPropagator](opts.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
 		pending: map[string]*call{},
 		wake:    make(chan struct{}, 1),
 	}

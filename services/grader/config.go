@@ -1,6 +1,7 @@
 package grader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,9 +88,7 @@ func (c *Config) setDefaults() error {
 	if c.ResultTTL == 0 {
 		c.ResultTTL = DefaultResultTTL
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return nil
 }
 

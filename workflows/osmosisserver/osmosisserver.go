@@ -113,9 +113,7 @@ func New(cfg Config) (*Host, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("osmosisserver: the rollout directory is required")
 	}
-	if cfg.Entrypoint == "" {
-		cfg.Entrypoint = rolloutproc.DefaultEntrypoint
-	}
+	cfg.Entrypoint = cmp.Or(cfg.Entrypoint, rolloutproc.DefaultEntrypoint)
 	if cfg.Name == "" {
 		abs, err := filepath.Abs(cfg.Dir)
 		if err != nil {
@@ -135,10 +133,7 @@ func New(cfg Config) (*Host, error) {
 	if cfg.GraderTimeout <= 0 {
 		cfg.GraderTimeout = DefaultGraderTimeout
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(cfg.Logger, slog.Default())
 	h := &Host{
 		cfg:     cfg,
 		log:     log.With("osmosis_rollout", cfg.Name),
