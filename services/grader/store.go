@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,12 +63,7 @@ func (g *grading) sample(id string) (sampleResult, bool) {
 // without returns g less the samples in ids (g itself when none is, nil
 // when nothing is left). It copies, so answers taken from g keep theirs.
 func (g *grading) without(ids map[string]bool) *grading {
-	keep := make([]sampleResult, 0, len(g.Samples))
-	for _, r := range g.Samples {
-		if !ids[r.ID] {
-			keep = append(keep, r)
-		}
-	}
+	keep := slices.DeleteFunc(slices.Clone(g.Samples), func(r sampleResult) bool { return ids[r.ID] })
 	switch len(keep) {
 	case len(g.Samples):
 		return g

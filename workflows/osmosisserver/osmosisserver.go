@@ -27,11 +27,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -681,11 +682,7 @@ func pickSample(b callbackBody, log *slog.Logger) (serverSample, bool) {
 	if len(b.Samples) == 0 {
 		return serverSample{}, false
 	}
-	ids := make([]string, 0, len(b.Samples))
-	for id := range b.Samples {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(b.Samples))
 	if len(ids) > 1 {
 		log.Warn("the rollout server reported several samples; osmo keeps the first", "kept", ids[0], "dropped", ids[1:])
 	}
