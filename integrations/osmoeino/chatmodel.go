@@ -56,13 +56,12 @@ func WithStop(stop ...string) Option {
 // WithSeed sets the sampling seed.
 func WithSeed(seed int) Option { return func(s *settings) { s.seed = &seed } }
 
-// WithHTTPClient sets the client used when the rollout's endpoint carries
-// none of its own. The endpoint's client wins because the rollout service
-// instruments it for tracing.
+// WithHTTPClient sets the client used when the rollout's endpoint has none;
+// the endpoint's wins, as it is instrumented for tracing.
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.httpClient = c } }
 
-// OptionError reports an option given an invalid value. Field is the request
-// field the option sets ("temperature", "top_p", "max_tokens", "stop").
+// OptionError reports an option given an invalid value; Field is the
+// request field it sets ("temperature", "top_p", "max_tokens", "stop").
 type OptionError struct {
 	Field string
 	Err   error
@@ -93,19 +92,15 @@ func (s *settings) validate() error {
 
 // NewChatModel returns Eino's OpenAI chat model bound to the active rollout
 // (from ctx) as sampleID: its calls go to the rollout's endpoint for that
-// sample (Rollout.Endpoint) with the endpoint's bearer, the placeholder model
-// osmo.PlaceholderModel and the x-rollout-id and x-sample-id headers, through
-// the endpoint's HTTP client when it has one.
+// sample with its bearer, osmo.PlaceholderModel and the x-rollout-id and
+// x-sample-id headers, through the endpoint's HTTP client when it has one.
 //
-// The model registers itself with the rollout as the source of sampleID's
-// sample: the conversation of its latest Generate or Stream call, the
-// request's messages followed by the reply, as OpenAI chat messages (see
-// ChatMessages). A streamed reply is recorded once the stream has been read
-// to its end. Models returned by WithTools share the binding and the record.
+// The model is the source of sampleID's sample: the conversation of its
+// latest Generate or Stream call (read to its end), as OpenAI chat
+// messages (see ChatMessages). Models from WithTools share the record.
 //
-// An empty sampleID gets a random one (osmo.NewSampleID). Outside a rollout
-// the error wraps osmo.ErrNoRollout; a sampleID already registered in the
-// rollout, osmo.ErrDuplicateSample.
+// An empty sampleID gets a random one. Outside a rollout the error wraps
+// osmo.ErrNoRollout; a sampleID already registered, osmo.ErrDuplicateSample.
 func NewChatModel(ctx context.Context, sampleID string, opts ...Option) (model.ToolCallingChatModel, error) {
 	r, err := osmo.RolloutFromContext(ctx)
 	if err != nil {
@@ -169,8 +164,8 @@ func NewChatModel(ctx context.Context, sampleID string, opts ...Option) (model.T
 	return &chatModel{inner: inner, rec: rec, log: log}, nil
 }
 
-// checkBaseURL refuses what would send a rollout's calls somewhere else: an
-// empty base URL makes the OpenAI client fall back to api.openai.com.
+// checkBaseURL refuses what would send a rollout's calls elsewhere: with an
+// empty base URL the OpenAI client falls back to api.openai.com.
 func checkBaseURL(raw string) error {
 	if raw == "" {
 		return errors.New("empty (the rollout runtime gave no endpoint)")
@@ -186,8 +181,8 @@ func checkBaseURL(raw string) error {
 }
 
 // withHeaders returns a copy of base (nil: a default client) whose transport
-// adds header to every request. The OpenAI model's per-call header option
-// would be replaced by a caller's own, so the transport carries them.
+// adds header to every request: a caller's own per-call header option
+// would replace the OpenAI model's.
 func withHeaders(base *http.Client, header http.Header) *http.Client {
 	c := &http.Client{}
 	if base != nil {
@@ -207,7 +202,6 @@ type headerTransport struct {
 }
 
 func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	// A RoundTripper must not modify the caller's request.
 	req = req.Clone(req.Context())
 	for k, v := range t.header {
 		req.Header[k] = v
@@ -215,8 +209,7 @@ func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(req)
 }
 
-// CloseIdleConnections lets http.Client.CloseIdleConnections reach the
-// wrapped transport.
+// CloseIdleConnections reaches the wrapped transport.
 func (t *headerTransport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
@@ -271,8 +264,7 @@ func (m *chatModel) Stream(ctx context.Context, in []*schema.Message, opts ...mo
 	return out, nil
 }
 
-// relay copies sr to w, keeping the chunks, and records their concatenation
-// once sr ends. Like every Eino stream it ends when its reader closes out.
+// relay copies sr to w and records the chunks' concatenation once sr ends.
 func (m *chatModel) relay(ctx context.Context, call uint64, inputs int, sr *schema.StreamReader[*schema.Message], w *schema.StreamWriter[*schema.Message]) {
 	defer w.Close()
 	defer sr.Close()
@@ -298,8 +290,7 @@ func (m *chatModel) relay(ctx context.Context, call uint64, inputs int, sr *sche
 		}
 		chunks = append(chunks, chunk)
 		if closed := w.Send(chunk, nil); closed {
-			// The reader stopped early and never saw the whole reply, so it
-			// is not recorded as one.
+			// The reader never saw the whole reply: it is not recorded.
 			m.log.DebugContext(ctx, "osmoeino: stream closed before its end; reply not recorded")
 			return
 		}
@@ -339,8 +330,7 @@ func (m *chatModel) GetType() string {
 }
 
 // IsCallbacksEnabled reports whether the wrapped model runs Eino callbacks
-// itself; when it does, graphs must not run them a second time around the
-// wrapper.
+// itself, so graphs do not run them again around the wrapper.
 func (m *chatModel) IsCallbacksEnabled() bool { return components.IsCallbacksEnabled(m.inner) }
 
 // recorder is a chat model's sample source: the latest call's request
@@ -354,9 +344,8 @@ type recorder struct {
 	reply osmo.Message   // nil until the latest call answered
 }
 
-// begin records the request of a new call and returns its number. The
-// messages are converted now: Eino's are pointers that later steps may
-// change.
+// begin records the request of a new call and returns its number, converted
+// now since later steps may change Eino's messages.
 func (r *recorder) begin(in []*schema.Message) (uint64, error) {
 	msgs, err := ChatMessages(in)
 	if err != nil {

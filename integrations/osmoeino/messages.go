@@ -34,19 +34,9 @@ func fieldErr(field, format string, args ...any) *MessageError {
 	return &MessageError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// Roles an OpenAI chat message may have.
-const (
-	roleSystem    = "system"
-	roleDeveloper = "developer"
-	roleUser      = "user"
-	roleAssistant = "assistant"
-	roleTool      = "tool"
-)
-
-// Content part types understood in both directions. Other parts (audio,
-// video, files) have no single OpenAI chat shape across the servers a policy
-// runs on, so they are refused rather than recorded in a shape the policy
-// never saw.
+// Content part types understood in both directions. Others (audio, video,
+// files) have no single OpenAI chat shape across policy servers: they are
+// refused rather than recorded in a shape the policy never saw.
 const (
 	partText  = "text"
 	partImage = "image_url"
@@ -81,7 +71,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 		return nil, fieldErr("role", "missing or not a string")
 	}
 	switch role {
-	case roleSystem, roleDeveloper, roleUser, roleAssistant, roleTool:
+	case "system", "developer", "user", "assistant", "tool":
 	default:
 		return nil, fieldErr("role", "unknown role %q (want system, developer, user, assistant or tool)", role)
 	}
@@ -97,7 +87,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 	if sm.ToolCallID, err = optionalString(m, "tool_call_id"); err != nil {
 		return nil, err
 	}
-	if role == roleTool && sm.ToolCallID == "" {
+	if sm.Role == schema.Tool && sm.ToolCallID == "" {
 		return nil, fieldErr("tool_call_id", "a tool message needs the id of the call it answers")
 	}
 
@@ -120,7 +110,7 @@ func schemaMessage(m osmo.Message) (*schema.Message, *MessageError) {
 		if !ok {
 			return nil, fieldErr("tool_calls", "must be a list, got %T", raw)
 		}
-		if len(calls) > 0 && role != roleAssistant {
+		if len(calls) > 0 && sm.Role != schema.Assistant {
 			return nil, fieldErr("tool_calls", "only assistant messages carry tool calls, this one is %q", role)
 		}
 		for j, c := range calls {
@@ -247,6 +237,7 @@ func chatMessage(m *schema.Message) (osmo.Message, *MessageError) {
 			multi++
 		}
 	}
+	var err *MessageError
 	switch {
 	case multi > 1:
 		return nil, fieldErr("content", "more than one kind of multi-part content is set")
@@ -254,27 +245,18 @@ func chatMessage(m *schema.Message) (osmo.Message, *MessageError) {
 		// The OpenAI client refuses to send both, so no policy saw such a message.
 		return nil, fieldErr("content", "both Content and multi-part content are set")
 	case len(m.UserInputMultiContent) > 0:
-		parts, err := inputParts(m.UserInputMultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = inputParts(m.UserInputMultiContent)
 	case len(m.AssistantGenMultiContent) > 0:
-		parts, err := outputParts(m.AssistantGenMultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = outputParts(m.AssistantGenMultiContent)
 	case len(m.MultiContent) > 0:
-		parts, err := legacyParts(m.MultiContent)
-		if err != nil {
-			return nil, err
-		}
-		out["content"] = parts
+		out["content"], err = legacyParts(m.MultiContent)
 	case m.Content == "" && len(m.ToolCalls) > 0:
 		out["content"] = nil
 	default:
 		out["content"] = m.Content
+	}
+	if err != nil {
+		return nil, err
 	}
 
 	if m.Name != "" {
@@ -368,8 +350,8 @@ func legacyParts(parts []schema.ChatMessagePart) ([]any, *MessageError) {
 	return out, nil
 }
 
-// imageURL is the URL an image part goes out as: its URL, or its base64
-// data as a data URL (what the OpenAI client sends).
+// imageURL is what the OpenAI client sends for an image part: its URL, or
+// its base64 data as a data URL.
 func imageURL(c schema.MessagePartCommon) (string, *MessageError) {
 	switch {
 	case c.URL != nil && *c.URL != "":

@@ -4,13 +4,11 @@
 // reach the cloud metadata service at 169.254.169.254 and read the node's
 // credentials.
 //
-// The check is made where the connection is made: Policy.Dialer checks the
-// address each connection actually goes to, after name resolution, so a
-// DNS answer that changes after admission (rebinding) is caught, whatever
-// resolved the name. Policy.CheckURL refuses early, at admission, the URLs
-// whose host is a denied IP literal; a host name cannot be judged there
-// without a lookup whose answer may not hold. Policy.CheckRedirect keeps an
-// HTTP client on the host it was sent to.
+// Policy.Dialer checks the address each connection actually goes to, after
+// name resolution, so DNS rebinding after admission is caught. CheckURL
+// refuses at admission the URLs whose host is a denied IP literal (a name
+// cannot be judged without a lookup whose answer may not hold), and
+// CheckRedirect keeps an HTTP client on the host it was sent to.
 package netguard
 
 import (
@@ -50,11 +48,8 @@ type Rule struct {
 }
 
 // DefaultDenied are the addresses denied unless the operator allows them:
-// those that hold cloud metadata services (link-local, and the few
-// metadata addresses outside it) and those no trainer can be at
-// (unspecified, "this network", multicast, broadcast). Loopback and the
-// private ranges stay allowed: trainers often run in the same cluster, or
-// on the same host.
+// cloud metadata services and addresses no trainer can be at. Loopback and
+// private ranges stay allowed: trainers often run in the same cluster.
 func DefaultDenied() []Rule {
 	deny := func(prefix, why string) Rule {
 		return Rule{Prefix: netip.MustParsePrefix(prefix), Source: Builtin, Why: why}
@@ -75,14 +70,10 @@ func DefaultDenied() []Rule {
 	}
 }
 
-// Policy decides which addresses may be connected to. The most specific
-// prefix that holds an address decides; between prefixes of the same
-// length, an operator's deny wins over an operator's allow, which wins over
-// a built-in deny. An address no rule holds is allowed.
-//
-// IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) and addresses of the
-// well-known NAT64 prefix (64:ff9b::/96) are judged as the IPv4 address
-// they reach, so ::ffff:169.254.169.254 is denied as 169.254.169.254 is.
+// Policy decides which addresses may be connected to: the most specific
+// prefix that holds an address decides, by Source between prefixes of the
+// same length; an address no rule holds is allowed. IPv4-mapped and NAT64
+// (64:ff9b::/96) addresses are judged as the IPv4 address they reach.
 //
 // A nil *Policy is the default one. A Policy is immutable and safe for
 // concurrent use.
@@ -104,16 +95,10 @@ func New(deny, allow []netip.Prefix) *Policy {
 	for _, p := range allow {
 		rules = append(rules, Rule{Prefix: p, Allow: true, Source: Allowed, Why: "--allow-outbound"})
 	}
-	return NewRules(rules)
-}
-
-// NewRules is the policy of exactly rules.
-func NewRules(rules []Rule) *Policy {
-	p := &Policy{rules: make([]Rule, 0, len(rules))}
-	for _, r := range rules {
-		r.Prefix = canonicalPrefix(r.Prefix)
-		p.rules = append(p.rules, r)
+	for i := range rules {
+		rules[i].Prefix = canonicalPrefix(rules[i].Prefix)
 	}
+	p := &Policy{rules: rules}
 	slices.SortStableFunc(p.rules, func(a, b Rule) int {
 		if c := cmp.Compare(b.Prefix.Bits(), a.Prefix.Bits()); c != 0 {
 			return c
@@ -143,8 +128,6 @@ func (p *Policy) orDefault() *Policy {
 func (p *Policy) Check(addr netip.Addr) error {
 	a := canonicalAddr(addr)
 	for _, r := range p.orDefault().rules {
-		// Prefixes of the other family never hold a; a v4 prefix is not
-		// compared with a v6 address's bits.
 		if r.Prefix.Contains(a) {
 			if r.Allow {
 				return nil
@@ -169,16 +152,13 @@ func (p *Policy) CheckURL(raw string) error {
 	return p.Check(addr)
 }
 
-// Dialer returns a copy of base (the zero Dialer when nil) whose every
-// connection is checked, once its address is resolved and before it is
-// attempted: a denied one fails with an error wrapping *DeniedError and no
-// packet is sent. A name that resolves to several addresses is tried on
-// the allowed ones.
+// Dialer returns a copy of base (the zero Dialer when nil) that checks
+// every connection's resolved address before it is attempted: a denied one
+// fails with an error wrapping *DeniedError and no packet is sent.
 //
-// The check sees the address actually dialled: a transport that goes
-// through a forward proxy (http.Transport.Proxy) checks the proxy's
-// address, not the target's, so transports that use the Dialer should not
-// use one.
+// The check sees the address dialled: through a forward proxy
+// (http.Transport.Proxy) that is the proxy's, so transports using the
+// Dialer should not use one.
 func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	p = p.orDefault()
 	d := &net.Dialer{}
@@ -190,8 +170,7 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	}
 	check := p.checkDialed
 	if ctl := d.ControlContext; ctl != nil {
-		// ControlContext takes precedence over Control in net.Dialer: the
-		// check goes first in it.
+		// ControlContext takes precedence over Control in net.Dialer.
 		d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
 			if err := check(address); err != nil {
 				return err
@@ -217,8 +196,6 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 func (p *Policy) checkDialed(address string) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
-		// Control is only given resolved addresses; anything else is not
-		// something this package can vouch for.
 		return fmt.Errorf("netguard: unexpected dial address %q: %w", address, err)
 	}
 	return p.Check(ap.Addr())
@@ -228,11 +205,10 @@ func (p *Policy) checkDialed(address string) error {
 // net/http's default.
 const maxRedirects = 10
 
-// CheckRedirect is an http.Client CheckRedirect that follows a redirect
-// only to the host the request was first sent to (and at most 10): a
-// trainer's endpoint that answers 307 to http://169.254.169.254/ must not
-// get osmo to ask there. The redirect's address is checked again at dial
-// time like any other. A refused redirect fails with a *RedirectError.
+// CheckRedirect is an http.Client CheckRedirect that follows at most 10
+// redirects, only to the host first asked: an endpoint answering 307 to
+// http://169.254.169.254/ must not get osmo to ask there. A refused
+// redirect fails with a *RedirectError.
 func CheckRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) == 0 {
 		return nil
@@ -274,8 +250,7 @@ func (e *RedirectError) Error() string {
 // again.
 func (e *RedirectError) Permanent() bool { return true }
 
-// Refused reports whether err is, or wraps, a refusal of this package's
-// (a *DeniedError or a *RedirectError): a failure that retrying cannot fix.
+// Refused reports whether err wraps a *DeniedError or a *RedirectError.
 func Refused(err error) bool {
 	if _, ok := errors.AsType[*DeniedError](err); ok {
 		return true
@@ -288,9 +263,8 @@ func Refused(err error) bool {
 // the IPv4 address in their last 32 bits.
 var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 
-// canonicalAddr is the address addr reaches, as the rules are written: an
-// IPv4-mapped or NAT64 address as its IPv4 address, without a zone
-// (netip.Prefix.Contains holds no zoned address).
+// canonicalAddr is the address addr reaches, as the rules are written:
+// IPv4 for a mapped or NAT64 one, without the zone Contains refuses.
 func canonicalAddr(addr netip.Addr) netip.Addr {
 	addr = addr.WithZone("").Unmap()
 	if nat64.Contains(addr) {
@@ -319,15 +293,10 @@ func ParsePrefixes(list string) ([]netip.Prefix, error) {
 		if item == "" {
 			continue
 		}
-		if !strings.Contains(item, "/") {
-			a, err := netip.ParseAddr(item)
-			if err != nil || a.Zone() != "" {
-				return nil, fmt.Errorf("%q is not a CIDR prefix (such as 10.0.0.0/8 or fd00::/8)", item)
-			}
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-			continue
-		}
 		p, err := netip.ParsePrefix(item)
+		if a, aerr := netip.ParseAddr(item); aerr == nil && a.Zone() == "" {
+			p, err = netip.PrefixFrom(a, a.BitLen()), nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a CIDR prefix (such as 10.0.0.0/8 or fd00::/8)", item)
 		}

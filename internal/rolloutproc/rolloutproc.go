@@ -41,11 +41,10 @@ const InstanceHeader = "x-osmosis-rollout-instance-id"
 // Redacted replaces every secret in the captured output.
 const Redacted = "[REDACTED]"
 
-// tailLines is how many output lines errors carry.
-const tailLines = 30
-
-// maxLine is the longest output line passed on; the rest is cut.
-const maxLine = 64 << 10
+const (
+	tailLines = 30       // output lines errors carry
+	maxLine   = 64 << 10 // longest line passed on; the rest is cut
+)
 
 // Spec describes a rollout server to start.
 type Spec struct {
@@ -86,20 +85,14 @@ type StartError struct {
 }
 
 func (e *StartError) Error() string {
-	var b strings.Builder
-	b.WriteString("rollout server: ")
-	b.WriteString(e.Reason)
+	msg := "rollout server: " + e.Reason
 	if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
+		msg += ": " + e.Err.Error()
 	}
 	if t := strings.TrimSpace(e.Tail); t != "" {
-		b.WriteString("; its output ends with:\n")
-		b.WriteString(t)
-	} else {
-		b.WriteString(" (it printed nothing)")
+		return msg + "; its output ends with:\n" + t
 	}
-	return b.String()
+	return msg + " (it printed nothing)"
 }
 
 func (e *StartError) Unwrap() error { return e.Err }
@@ -127,7 +120,7 @@ func (e *ExitError) Error() string {
 	return "rollout server " + how
 }
 
-// lineWriter passes output on a line at a time, secrets redacted, and keeps
+// lineWriter passes output on a line at a time, secrets redacted, keeping
 // the last lines for errors.
 type lineWriter struct {
 	w       io.Writer
@@ -139,12 +132,7 @@ type lineWriter struct {
 }
 
 func newLineWriter(w io.Writer, secrets []string) *lineWriter {
-	var keep []string
-	for _, s := range secrets {
-		if s != "" {
-			keep = append(keep, s)
-		}
-	}
+	keep := slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return s == "" })
 	// Longest first, so a secret containing another is replaced whole.
 	slices.SortFunc(keep, func(a, b string) int { return len(b) - len(a) })
 	return &lineWriter{w: w, secrets: keep}
@@ -158,16 +146,13 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	n := len(p)
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			room := maxLine - len(l.partial)
-			l.partial = append(l.partial, p[:min(len(p), max(room, 0))]...)
-			return n, nil
+		line, rest, full := bytes.Cut(p, []byte{'\n'})
+		room := max(maxLine-len(l.partial), 0)
+		l.partial = append(l.partial, line[:min(len(line), room)]...)
+		if full {
+			l.emit()
 		}
-		room := maxLine - len(l.partial)
-		l.partial = append(l.partial, p[:min(i, max(room, 0))]...)
-		l.emit()
-		p = p[i+1:]
+		p = rest
 	}
 	return n, nil
 }

@@ -4,14 +4,15 @@ package rolloutproc
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -45,33 +46,28 @@ type Server struct {
 	err error // set before done closes
 }
 
-// Start starts the server and returns once GET /health answers 200. When it
-// exits first, does not answer within ReadyTimeout, or ctx ends, the process
-// group is killed and a *StartError with the tail of its output is
-// returned. Once started, the server runs until Stop or ctx ends.
+// Start starts the server and returns once GET /health answers 200; when
+// it exits first, does not answer within ReadyTimeout, or ctx ends, the
+// group is killed and a *StartError returned. The server runs until Stop
+// or ctx ends.
 func Start(ctx context.Context, s Spec) (*Server, error) {
-	if s.Entrypoint == "" {
-		s.Entrypoint = DefaultEntrypoint
-	}
+	s.Entrypoint = cmp.Or(s.Entrypoint, DefaultEntrypoint)
 	if s.ReadyTimeout <= 0 {
 		s.ReadyTimeout = DefaultReadyTimeout
 	}
 	if s.StopGrace <= 0 {
 		s.StopGrace = DefaultStopGrace
 	}
-	log := s.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(s.Logger, slog.Default())
 	dir, err := filepath.Abs(s.Dir)
 	if err != nil {
 		return nil, &StartError{Reason: "rollout directory", Err: err}
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, &StartError{Reason: "rollout directory " + s.Dir, Err: errOr(err, errors.New("not a directory"))}
+		return nil, &StartError{Reason: "rollout directory " + s.Dir, Err: cmp.Or(err, errors.New("not a directory"))}
 	}
 	if fi, err := os.Stat(filepath.Join(dir, s.Entrypoint)); err != nil || fi.IsDir() {
-		return nil, &StartError{Reason: "entrypoint " + filepath.Join(s.Dir, s.Entrypoint), Err: errOr(err, errors.New("is a directory"))}
+		return nil, &StartError{Reason: "entrypoint " + filepath.Join(s.Dir, s.Entrypoint), Err: cmp.Or(err, errors.New("is a directory"))}
 	}
 	for k := range s.Env {
 		if reserved(k) {
@@ -90,7 +86,7 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 	}
 	srv := &Server{
 		url:      "http://127.0.0.1:" + strconv.Itoa(port),
-		instance: randomHex(16),
+		instance: rand.Text(),
 		grace:    s.StopGrace,
 		out:      out,
 		done:     make(chan struct{}),
@@ -152,13 +148,6 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 	return srv, nil
 }
 
-func errOr(err, def error) error {
-	if err != nil {
-		return err
-	}
-	return def
-}
-
 // command is the argv that runs the entrypoint, after `uv sync` when uv is
 // on PATH.
 func command(ctx context.Context, dir, entrypoint string, out *lineWriter, log *slog.Logger) ([]string, error) {
@@ -192,8 +181,7 @@ func reserved(k string) bool {
 }
 
 // childEnv is parent without VIRTUAL_ENV and the withheld variables, then
-// extra (in key order), then fixed. os/exec keeps the last of duplicate
-// keys.
+// extra (in key order), then fixed; os/exec keeps the last duplicate.
 func childEnv(parent, withhold []string, extra map[string]string, fixed ...string) []string {
 	env := make([]string, 0, len(parent)+len(extra)+len(fixed))
 	for _, kv := range parent {
@@ -201,12 +189,7 @@ func childEnv(parent, withhold []string, extra map[string]string, fixed ...strin
 			env = append(env, kv)
 		}
 	}
-	keys := make([]string, 0, len(extra))
-	for k := range extra {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		env = append(env, k+"="+extra[k])
 	}
 	return append(env, fixed...)
@@ -221,18 +204,12 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // wait reaps the process, killing what is left of its group first, and
 // records how it ended.
 func (s *Server) wait(cmd *exec.Cmd, pr *os.File, copied <-chan struct{}) {
 	waitErr := procgroup.WaitLeader(cmd, s.group.Reap)
-	// The group is gone; only a process that left it can still hold the
-	// pipe. Give it the grace period, then stop reading.
+	// Only a process that left the group can still hold the pipe: it has
+	// the grace period.
 	select {
 	case <-copied:
 	case <-time.After(s.grace):
@@ -294,7 +271,7 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) *StartErr
 }
 
 // probe reports whether /health answered 200 for this instance; an error
-// means it answered for another.
+// means another answered.
 func (s *Server) probe(ctx context.Context, client *http.Client) (bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"/health", nil)
 	if err != nil {
@@ -349,8 +326,7 @@ func (s *Server) Err() error {
 }
 
 // Stop sends SIGTERM to the process group and SIGKILL StopGrace later (or
-// at once when ctx ends first), and returns once the process was reaped.
-// Stopping a server that already exited returns at once.
+// when ctx ends), and returns once the process was reaped.
 func (s *Server) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		go func() {

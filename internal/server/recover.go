@@ -14,12 +14,7 @@ import (
 // never takes the process down.
 func RecoverUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				log.ErrorContext(ctx, "panic in handler", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
-				err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-			}
-		}()
+		defer recoverTo(ctx, log, info.FullMethod, &err)
 		return handler(ctx, req)
 	}
 }
@@ -27,12 +22,15 @@ func RecoverUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
 // RecoverStream is RecoverUnary for streams.
 func RecoverStream(log *slog.Logger) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				log.ErrorContext(ss.Context(), "panic in handler", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
-				err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-			}
-		}()
+		defer recoverTo(ss.Context(), log, info.FullMethod, &err)
 		return handler(srv, ss)
+	}
+}
+
+// recoverTo, deferred, turns a panic into an Internal error in *err.
+func recoverTo(ctx context.Context, log *slog.Logger, method string, err *error) {
+	if p := recover(); p != nil {
+		log.ErrorContext(ctx, "panic in handler", "method", method, "panic", p, "stack", string(debug.Stack()))
+		*err = status.Errorf(codes.Internal, "internal error in %s", method)
 	}
 }

@@ -62,8 +62,7 @@ func (s *GRPC) Close() error { return errors.Join(s.ln.Close(), s.local.Close())
 func (s *GRPC) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.Server.Serve(s.ln) }()
-	// Serve returns once the server stops, which the network listener's
-	// Serve reports.
+	// The network listener's Serve reports the stop.
 	go func() { _ = s.Server.Serve(s.local) }()
 	select {
 	case err := <-errc:
@@ -156,10 +155,8 @@ func (s *HTTP) Serve(ctx context.Context) error {
 }
 
 // ServeHTTP serves srv on ln until ctx ends, then shuts it down, waiting up
-// to grace for requests in progress before cutting their connections. It
-// returns only once the shutdown is over: http.Server.Serve returns as soon
-// as Shutdown begins, while handlers may still be running, and a caller that
-// reads what those handlers record must not read it before they finish.
+// to grace for requests in progress. Unlike http.Server.Serve it returns
+// once handlers finished, so a caller may read what they record.
 func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
 	return serveUntil(ctx, srv, func() error { return srv.Serve(ln) }, grace)
 }

@@ -10,9 +10,8 @@ import (
 	"google.golang.org/grpc/credentials"
 )
 
-// ServerCredentials are the transport credentials of a gRPC server: see
-// ServerConfig. A handshake refused (a client without a certificate, or
-// with one of another CA) is logged as a warning, naming the peer.
+// ServerCredentials are a gRPC server's, from ServerConfig; a refused
+// handshake is logged as a warning naming the peer.
 func (s *Source) ServerCredentials() credentials.TransportCredentials {
 	return serverCreds{TransportCredentials: credentials.NewTLS(s.ServerConfig()), log: s}
 }
@@ -36,10 +35,9 @@ func (c serverCreds) Clone() credentials.TransportCredentials {
 	return serverCreds{TransportCredentials: c.TransportCredentials.Clone(), log: c.log}
 }
 
-// ClientCredentials are the transport credentials of a gRPC client: each
-// connection is made with a fresh ClientConfig, so a rotated CA or client
-// certificate is used from the next connection on. The server's name is
-// the host of the target (a dns:///host:port target's host).
+// ClientCredentials are a gRPC client's: each connection gets a fresh
+// ClientConfig, so a rotated CA or certificate is used from the next one
+// on. The server's name is the target's host.
 func (s *Source) ClientCredentials() credentials.TransportCredentials {
 	return clientCreds{config: s.ClientConfig}
 }

@@ -4,11 +4,9 @@
 // and the next handshake uses the new ones without a restart.
 //
 // The files are checked on a handshake, at most once per check interval,
-// and not by a goroutine: nothing runs while no connection is made, and
-// nothing has to be stopped. A file that cannot be read or parsed at a
-// check (a rotation half done: the certificate replaced, its key not yet)
-// keeps the pair or CA that was loaded last in use and logs a warning; it
-// is read again at the next check.
+// not by a goroutine, so nothing has to be stopped. A file that does not
+// load at a check (a rotation half done) keeps what was loaded last in use
+// and logs a warning.
 //
 // Errors name a file by the flag that gives it (--tls-cert, --tls-key,
 // --tls-ca), which is how every osmo command takes them.
@@ -16,6 +14,7 @@ package tlsconfig
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -26,16 +25,14 @@ import (
 	"time"
 )
 
-// DefaultCheckInterval is how often, at most, the files are read again: a
-// handshake within it of the last check uses what was loaded then.
+// DefaultCheckInterval is how often, at most, the files are read again.
 const DefaultCheckInterval = time.Second
 
 // minVersion is the oldest TLS version a peer may speak.
 const minVersion = tls.VersionTLS12
 
-// Files are the PEM files of an identity (a certificate chain and its
-// private key) and of the CA certificates that verify peers. Cert and Key
-// go together; each of the pair and CA may be empty.
+// Files are the PEM files of an identity (a certificate chain and its key,
+// which go together) and of the CA that verifies peers; either may be empty.
 type Files struct {
 	Cert, Key, CA string
 }
@@ -52,17 +49,15 @@ type Source struct {
 	checked time.Time
 	pair    loadedPair
 	ca      loadedCA
-	// badPair, badCA are the contents that failed to load last, so a
-	// half-written file is warned about once, not on every check.
+	// badPair, badCA failed to load last: warned about once, not per check.
 	badPair, badCA []byte
 }
 
 type loadedPair struct {
 	certPEM, keyPEM []byte
 	cert            *tls.Certificate
-	// previous is the leaf (DER) served before the last reload, still
-	// trusted by SelfClientConfig: a handshake under way across a reload
-	// may see either.
+	// previous is the leaf (DER) served before the last reload, which
+	// SelfClientConfig still trusts for handshakes across the reload.
 	previous []byte
 }
 
@@ -71,8 +66,8 @@ type loadedCA struct {
 	pool *x509.CertPool
 }
 
-// New loads files; any file that is missing or does not parse is an error
-// here (after this, only a warning). log may be nil.
+// New loads files; one that does not load is an error here, and only a
+// warning later. log may be nil.
 func New(files Files, log *slog.Logger) (*Source, error) {
 	if (files.Cert == "") != (files.Key == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together: give both or neither")
@@ -80,9 +75,7 @@ func New(files Files, log *slog.Logger) (*Source, error) {
 	if files.Cert == "" && files.CA == "" {
 		return nil, errors.New("no TLS files: give --tls-cert and --tls-key, --tls-ca, or all three")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	s := &Source{files: files, log: log, interval: DefaultCheckInterval, now: time.Now}
 	if files.Cert != "" {
 		certPEM, keyPEM, err := s.readPair()
@@ -211,14 +204,12 @@ func (s *Source) reloadCA() {
 	s.log.Info("reloaded the TLS CA", "file", s.files.CA)
 }
 
-// ServerConfig is the configuration of a server: it serves the current
-// certificate and, with a CA, requires a client certificate signed by it
-// (mutual TLS). nextProtos are the ALPN protocols offered (gRPC adds h2
-// itself; an HTTP server names h2 and http/1.1). The Source must have a
-// certificate.
+// ServerConfig is a server's configuration: it serves the current
+// certificate and, with a CA, requires a client certificate signed by it.
+// nextProtos are the ALPN protocols offered (gRPC adds h2 itself). The
+// Source must have a certificate.
 func (s *Source) ServerConfig(nextProtos ...string) *tls.Config {
-	// GetConfigForClient, not GetCertificate alone: the client CAs are
-	// part of the configuration, and they rotate too.
+	// GetConfigForClient, not GetCertificate: the client CAs rotate too.
 	return &tls.Config{
 		MinVersion: minVersion,
 		NextProtos: nextProtos,
@@ -238,11 +229,10 @@ func (s *Source) ServerConfig(nextProtos ...string) *tls.Config {
 	}
 }
 
-// ClientConfig is the configuration of one client connection, from what
-// is current now: it verifies the server against the CA (the system's
-// roots without one) and presents the certificate when asked (none without
-// one). The caller sets ServerName. Make one per connection, so a rotated
-// CA is used by the next connection (see ClientCredentials).
+// ClientConfig is one client connection's configuration, from what is
+// current now: it verifies the server against the CA (else the system's
+// roots) and presents the certificate, if any, when asked. The caller sets
+// ServerName; make one per connection, so a rotated CA is used.
 func (s *Source) ClientConfig() *tls.Config {
 	_, ca := s.current()
 	return &tls.Config{
@@ -261,16 +251,14 @@ func (s *Source) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificat
 	return pair.cert, nil
 }
 
-// SelfClientConfig is the configuration of a client of a server of this
-// same Source in this process (osmo serve's loopback connections): it
-// trusts exactly the certificate the Source serves, whatever names or CA
-// it has, and presents it as its client certificate.
+// SelfClientConfig is for a client, in this process, of a server of this
+// Source (osmo serve's loopback connections): it trusts exactly the
+// certificate the Source serves and presents it as its own.
 func (s *Source) SelfClientConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: minVersion,
-		// The chain and name checks are replaced by VerifyPeerCertificate,
-		// which accepts only the Source's own leaf: a stronger check than a
-		// CA's for a peer that is known to be this process.
+		// VerifyPeerCertificate accepts only the Source's own leaf, a
+		// stronger check than a CA's for a peer known to be this process.
 		InsecureSkipVerify: true, //nolint:gosec // see VerifyPeerCertificate
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
 			pair, _ := s.current()

@@ -1,12 +1,13 @@
 package grader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,19 +33,17 @@ type ClientOptions struct {
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the backoff between attempts to
-	// open the stream (100ms, doubling up to 5s, each wait spread by ±20%).
+	// open the stream (100ms, doubling up to 5s, ±20%).
 	ReconnectMin, ReconnectMax time.Duration
-	// Propagator writes the trace context of Grade's ctx into the request's
-	// trace_context, so the grader's spans join the caller's trace (W3C
-	// trace context and baggage when nil).
+	// Propagator writes Grade's trace context into trace_context (W3C trace
+	// context and baggage when nil).
 	Propagator propagation.TextMapPropagator
 }
 
-// Client grades rollouts over one GradeStream to the grader service. Run
-// keeps the stream open; Grade sends a request and waits for its answer.
-// Requests stay pending until answered and are sent again on every new
-// stream, so a grader that is down or restarting delays answers but loses
-// none. A Client is safe for concurrent use.
+// Client grades rollouts over one GradeStream, which Run keeps open. A
+// request stays pending until answered and is sent again on every new
+// stream, so a grader that restarts delays answers but loses none. A Client
+// is safe for concurrent use.
 type Client struct {
 	stub     graderv1.GraderServiceClient
 	conn     grpc.ClientConnInterface
@@ -69,16 +68,11 @@ type call struct {
 	err     error
 	gone    bool // answered or abandoned: never send again
 	settled bool // done is closed
-	// sent: req went out on a stream (or a send of it failed half way).
-	// Sent again on another, it is a resend, not a first attempt.
-	sent bool
+	sent    bool // went out on a stream (maybe half way): a resend is no first attempt
 }
 
 // NewClient returns a Client over conn. Call Run to connect.
 func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
 	if opts.ReconnectMin <= 0 {
 		opts.ReconnectMin = DefaultReconnectMin
 	}
@@ -86,31 +80,23 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 		opts.ReconnectMax = DefaultReconnectMax
 	}
 	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
-	if opts.Propagator == nil {
-		opts.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
 	return &Client{
 		stub:    graderv1.NewGraderServiceClient(conn),
 		conn:    conn,
-		log:     opts.Logger,
+		log:     cmp.Or(opts.Logger, slog.Default()),
 		min:     opts.ReconnectMin,
 		max:     opts.ReconnectMax,
-		prop:    opts.Propagator,
+		prop:    cmp.Or[propagation.TextMapPropagator](opts.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
 		pending: map[string]*call{},
 		wake:    make(chan struct{}, 1),
 	}
 }
 
-// Grade sends req and blocks until the grader's answer for req.RolloutId
-// arrives or ctx ends. A Grade for a rollout that already has one pending
-// waits for that one's answer instead of sending another request. A
-// grader's failure is an answer with Error set; the returned error is for a
-// request that is invalid or could not be sent, or ctx. Answers arrive only
-// while Run is running.
-//
-// Unless req has a trace_context already, the trace context of ctx (its
-// span and baggage) is sent in it. The client sets request_id itself, and
-// clears first_attempt on a request it sends again on a new stream.
+// Grade sends req and waits, while Run runs, for the answer for its rollout
+// or for ctx; a Grade for a rollout already pending waits for that answer.
+// A grader's failure is an answer with Error set; the error is for an
+// invalid or unsendable request, or ctx. Grade sets request_id and, unless
+// req has one, trace_context from ctx.
 func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	if err := validateRolloutID(req); err != nil {
 		return nil, fmt.Errorf("grader.Client.Grade: %w", err)
@@ -120,8 +106,7 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 	cl := c.pending[rid]
 	if cl == nil {
 		c.seq++
-		// A copy: the caller may reuse req once Grade returns, while the
-		// request may still be resent.
+		// A copy: the caller may reuse req while it may still be resent.
 		sent := proto.Clone(req).(*graderv1.GradeRequest)
 		sent.RequestId = c.seq
 		if len(sent.GetTraceContext()) == 0 {
@@ -147,8 +132,7 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 	c.mu.Lock()
 	cl.waiters--
 	if cl.waiters == 0 && c.pending[rid] == cl {
-		// Nobody waits any more: stop resending it. The grader may still
-		// answer it; that answer is dropped.
+		// Nobody waits any more: stop resending it; a late answer is dropped.
 		delete(c.pending, rid)
 		cl.gone = true
 	}
@@ -189,15 +173,14 @@ func (c *Client) finish(cl *call, resp *graderv1.GradeResponse, err error) {
 	close(cl.done)
 }
 
-// Run keeps one GradeStream open until ctx ends, reopening it with
-// exponential backoff whenever it fails; it returns nil when ctx ends.
-// Only one Run may be active at a time.
+// Run keeps one GradeStream open, reopening it with backoff, and returns
+// nil when ctx ends. Only one Run may be active at a time.
 func (c *Client) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("grader.Client.Run: already running")
 	}
 	defer c.running.Store(false)
-	// Jittered so that clients do not reconnect in step.
+	// Jittered so clients do not reconnect in step.
 	b := retry.Doubling(c.min, c.max, 0.2)
 	for {
 		start := time.Now()
@@ -217,9 +200,8 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		// The channel has its own, much longer, reconnect backoff (up to
-		// 2 minutes); ours should decide how soon a restarted grader is
-		// reached, so wake the channel up for the next attempt.
+		// The channel's own reconnect backoff (up to 2 minutes) is reset so
+		// that ours decides how soon a restarted grader is reached.
 		if r, ok := c.conn.(interface{ ResetConnectBackoff() }); ok {
 			r.ResetConnectBackoff()
 		}
@@ -232,7 +214,7 @@ func (c *Client) pendingCount() int {
 	return len(c.pending)
 }
 
-// session runs one stream until it fails or ctx ends. It reports whether
+// session runs one stream until it fails or ctx ends, reporting whether
 // any answer arrived on it.
 func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -241,20 +223,19 @@ func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("grader.Client: open stream: %w", err)
 	}
-	// Everything still pending goes out again on the new stream, oldest
-	// first: the old stream's answers for it may never come.
+	// Everything pending goes out again, oldest first: the old stream's
+	// answers may never come.
 	c.mu.Lock()
 	c.unsent = c.unsent[:0]
 	for _, cl := range c.pending {
 		if cl.sent {
-			// The old stream may have carried it to a grader that graded
-			// and stored it: the grader is to look for that grading.
+			// A grader may have graded and stored it: it is to look.
 			cl.req.FirstAttempt = false
 		}
 		c.unsent = append(c.unsent, cl)
 	}
 	// Request ids number the calls in the order they were made.
-	sort.Slice(c.unsent, func(i, j int) bool { return c.unsent[i].req.GetRequestId() < c.unsent[j].req.GetRequestId() })
+	slices.SortFunc(c.unsent, func(a, b *call) int { return cmp.Compare(a.req.GetRequestId(), b.req.GetRequestId()) })
 	resent := len(c.unsent)
 	c.signal()
 	c.mu.Unlock()
@@ -283,9 +264,8 @@ func (c *Client) session(ctx context.Context) (answered bool, err error) {
 	}
 }
 
-// deliver hands resp to the call pending for its rollout, if it answers
-// that call's request: the answer to a request abandoned since may arrive
-// while a newer one for the same rollout id waits. An answer without a
+// deliver hands resp to the call pending for its rollout if it answers
+// that call's request, not an abandoned earlier one. An answer without a
 // request id (a grader that does not echo it) goes by rollout id alone.
 func (c *Client) deliver(resp *graderv1.GradeResponse) {
 	rid := resp.GetRolloutId()
@@ -328,10 +308,9 @@ func (c *Client) sendLoop(ctx context.Context, stream graderv1.GraderService_Gra
 		if err == nil {
 			continue
 		}
-		// Send reports io.EOF when the stream broke (Recv has the reason);
-		// any other error was raised here, about this request, such as
-		// one larger than the connection allows. Resending it would only
-		// break every new stream, so it fails alone.
+		// Send reports io.EOF when the stream broke; any other error is about
+		// this request (too large, say): resent, it would break every new
+		// stream, so it fails alone.
 		if !errors.Is(err, io.EOF) && ctx.Err() == nil {
 			if code := status.Code(err); code == codes.ResourceExhausted || code == codes.Internal {
 				c.mu.Lock()

@@ -1,10 +1,12 @@
 package grader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,36 +29,30 @@ const (
 type Config struct {
 	// Graders are the graders requests may name. Required: at least one.
 	Graders map[string]osmo.Grader
-	// Default is the grader for requests that name none; it must be a key of
-	// Graders. Empty means requests must name their grader.
+	// Default, a key of Graders, grades requests that name none; empty
+	// means requests must name their grader.
 	Default string
-	// Timeout bounds one grader run (150s, the Osmosis grader_timeout_s).
-	// Time spent waiting for a MaxConcurrent slot does not count.
+	// Timeout bounds one grader run, not counting the wait for a slot (150s,
+	// the Osmosis grader_timeout_s).
 	Timeout time.Duration
-	// MaxConcurrent gradings run at once across all requests (64); it also
-	// bounds the requests one GradeStream has in progress, so a client that
-	// sends faster than the graders answer is slowed by flow control.
+	// MaxConcurrent gradings run at once (64); it also bounds the requests
+	// one GradeStream has in progress, so flow control slows a client that
+	// sends faster than the graders answer.
 	MaxConcurrent int
-	// State is the NATS JetStream that keeps the gradings, in the bucket
-	// "osmo_gradings". Required. Every Service on the same NATS (replicas,
-	// or a Service started again) answers a resent sample from the
-	// grading any of them stored. The caller owns it: Close leaves it open.
+	// State is the NATS JetStream whose bucket "osmo_gradings" keeps the
+	// gradings every Service on it shares. Required; Close leaves it open.
 	State *natsstore.Store
-	// ResultTTL is how long a grading is remembered, and so how long a
-	// resent sample (same ids, same content) is answered without grading it
-	// again (1h). It is also the bucket's TTL, so the Services sharing a
-	// NATS should agree on it: the last one started sets it.
+	// ResultTTL is how long a grading answers resends of its samples (1h).
+	// It is the bucket's TTL too: the last Service started on a NATS sets it.
 	ResultTTL time.Duration
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
 	// Metrics, when set, receives the service's Prometheus collectors.
 	Metrics prometheus.Registerer
-	// TracerProvider, when set, traces every request: a "grade" span
-	// parented on the request's trace_context (or the call's own trace for
-	// Grade), and a "run_grader {name}" span around each grader run.
+	// TracerProvider, when set, traces every request ("grade") and grader
+	// run ("run_grader {name}").
 	TracerProvider trace.TracerProvider
-	// Propagator reads GradeRequest.trace_context (W3C trace context and
-	// baggage when nil).
+	// Propagator reads trace_context (W3C trace context and baggage when nil).
 	Propagator propagation.TextMapPropagator
 }
 
@@ -92,17 +88,8 @@ func (c *Config) setDefaults() error {
 	if c.ResultTTL == 0 {
 		c.ResultTTL = DefaultResultTTL
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return nil
 }
 
-func (c *Config) graderNames() []string {
-	names := make([]string, 0, len(c.Graders))
-	for n := range c.Graders {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (c *Config) graderNames() []string { return slices.Sorted(maps.Keys(c.Graders)) }

@@ -8,21 +8,15 @@
 // sample is ever given a silent 0.
 //
 // Grading is idempotent by (rollout_id, sample_id) and the sample's
-// fingerprint, a SHA-256 of what the grader sees of it (the grader name, the
-// row's label and metadata, the sample's fields): a sample is graded once,
-// and any later request for it with the same fingerprint is answered from
-// that grading with cached set, including when it failed. A request with the
-// same ids but another fingerprint (a new rollout reusing an id whose owner
-// forgot it, another rollout service's rollout) is graded anew, and that
-// grading replaces the stored one. Concurrent duplicates wait for the one
-// grading in progress. Gradings are kept in a NATS JetStream key-value
-// bucket (Config.State), written before they are answered, so every
-// replica of the service, and a service killed and started again, answers
-// resent samples without grading them again.
+// fingerprint, a SHA-256 of what the grader sees of it: a later request for
+// a sample with the same fingerprint is answered from its grading with
+// cached set, even a failed one; another fingerprint (a new rollout reusing
+// an id) is graded anew and replaces it. Concurrent duplicates wait for the
+// grading in progress. Gradings are stored in a NATS JetStream key-value
+// bucket before they are answered, so every replica, and a restarted
+// service, answers resent samples without grading them again.
 //
-// Client is the rollout service's end: one GradeStream, kept open and
-// reopened with backoff, over which any number of Grade calls are
-// multiplexed. Every request stays pending until its answer arrives and is
-// sent again on each new stream, so a grader restart loses nothing; the
-// service's idempotency makes the resend harmless.
+// Client is the rollout service's end: Grade calls multiplexed over one
+// GradeStream, each resent on every new stream until answered, so a grader
+// restart loses nothing.
 package grader

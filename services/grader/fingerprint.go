@@ -6,19 +6,13 @@ import (
 	"encoding/json"
 )
 
-// fingerprints returns, by sample id, the fingerprint of what the grader
-// name (resolved) would see of each sample of r: the row's label and
-// metadata as graderContext resolves them, and the sample as sent. A stored
-// grading answers a sample only when its fingerprint is the request's, so a
-// new rollout that reuses an old id (or a request naming an id it does not
-// own) is graded on its own content.
-//
-// It is SHA-256 over the JSON encoding of those (the rollout id is the
-// other half of the key, and trace context and timeout do not change a
-// reward): messages are the bytes the agent sent, so the same sample sent
-// again has the same fingerprint. A sample whose JSON says the same in
-// other bytes is graded once more, which costs a grading, never a wrong
-// reward.
+// fingerprints returns, by sample id, the SHA-256 of the JSON of what
+// grader name would see of each sample of r: the row's label and metadata
+// and the sample as sent. A stored grading answers only a sample with the
+// same fingerprint, so a new rollout reusing an old id is graded on its
+// own content. Messages are the bytes the agent sent, so a resend has the
+// same fingerprint; JSON that says the same in other bytes costs a
+// grading, never a wrong reward.
 func fingerprints(name string, r *request) (map[string]string, error) {
 	out := make(map[string]string, len(r.samples))
 	for _, s := range r.samples {

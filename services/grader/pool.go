@@ -10,12 +10,10 @@ import (
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
 )
 
-// Pool spreads gradings over several GradeStreams on one connection. With a
-// round_robin connection to a headless Service (dns:///grader...:9091), each
-// stream lands on a different grader replica, so graders beyond one per
-// rollout replica do useful work. A rollout always goes to the same stream
-// (by a hash of its id), so resends after a reconnect stay with the Client
-// that holds them, and the grader's idempotency sees them again.
+// Pool spreads gradings over several GradeStreams on one connection: with
+// round_robin to a headless Service, each lands on another grader replica.
+// A rollout always goes to the same stream (by a hash of its id), so its
+// resends stay with the Client that holds them.
 type Pool struct {
 	clients []*Client
 }

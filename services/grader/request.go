@@ -11,35 +11,28 @@ import (
 	"github.com/osmo-rl/osmo/internal/sample"
 )
 
-// badField is a bad-input error naming its field.
-func badField(field, format string, args ...any) error {
-	return fielderr.New(field, format, args...)
-}
-
 // maxRolloutIDBytes bounds rollout ids: an id is a key of the gradings
 // bucket, and so part of a NATS subject, which must fit the server's
 // control line (4 KiB by default) once base64-encoded. The rollout service
 // allows 256 characters, at most 1 KiB.
 const maxRolloutIDBytes = 1024
 
-// request is a GradeRequest with its samples and metadata read: from the
-// JSON the rollout service sends (samples_json, metadata_json), or, from
-// any other caller, converted from the API's messages.
+// request is a GradeRequest with its samples and metadata read, from the
+// JSON fields the rollout service sends or from the API's messages.
 type request struct {
 	*graderv1.GradeRequest
 	samples  []*sample.Sample
 	metadata json.RawMessage
 }
 
-// readRequest reads req's samples and metadata.
 func readRequest(req *graderv1.GradeRequest) (*request, error) {
 	r := &request{GradeRequest: req, metadata: req.GetMetadataJson()}
 	if b := req.GetSamplesJson(); len(b) > 0 {
 		if len(req.GetSamples()) > 0 {
-			return nil, badField("samples_json", "set together with samples: send one of them")
+			return nil, fielderr.New("samples_json", "set together with samples: send one of them")
 		}
 		if err := json.Unmarshal(b, &r.samples); err != nil {
-			return nil, badField("samples_json", "%v", err)
+			return nil, fielderr.New("samples_json", "%v", err)
 		}
 	}
 	if len(req.GetSamples()) > 0 {
@@ -47,17 +40,17 @@ func readRequest(req *graderv1.GradeRequest) (*request, error) {
 		for i, p := range req.GetSamples() {
 			r.samples[i] = &sample.Sample{}
 			if err := sample.FromProto(p, r.samples[i]); err != nil {
-				return nil, badField(fmt.Sprintf("samples[%d]", i), "%v", err)
+				return nil, fielderr.New(fmt.Sprintf("samples[%d]", i), "%v", err)
 			}
 		}
 	}
 	if req.GetMetadata() != nil {
 		if len(r.metadata) > 0 {
-			return nil, badField("metadata_json", "set together with metadata: send one of them")
+			return nil, fielderr.New("metadata_json", "set together with metadata: send one of them")
 		}
 		var err error
 		if r.metadata, err = sample.JSON(req.GetMetadata()); err != nil {
-			return nil, badField("metadata", "%v", err)
+			return nil, fielderr.New("metadata", "%v", err)
 		}
 	}
 	return r, validate(r)
@@ -66,43 +59,42 @@ func readRequest(req *graderv1.GradeRequest) (*request, error) {
 // validateRolloutID checks the id a request is known by.
 func validateRolloutID(req *graderv1.GradeRequest) error {
 	if req.GetRolloutId() == "" {
-		return badField("rollout_id", "required")
+		return fielderr.New("rollout_id", "required")
 	}
 	if !utf8.ValidString(req.GetRolloutId()) {
-		return badField("rollout_id", "not valid UTF-8")
+		return fielderr.New("rollout_id", "not valid UTF-8")
 	}
 	if n := len(req.GetRolloutId()); n > maxRolloutIDBytes {
-		return badField("rollout_id", "must be at most %d bytes, got %d", maxRolloutIDBytes, n)
+		return fielderr.New("rollout_id", "must be at most %d bytes, got %d", maxRolloutIDBytes, n)
 	}
 	return nil
 }
 
-// validate checks what grading and idempotency rely on: a rollout id, and
-// samples with distinct non-empty ids. Ids must be valid UTF-8 because the
-// stored gradings (JSON) would otherwise hold a different id than asked.
+// validate checks what grading and idempotency rely on. Ids must be valid
+// UTF-8, or the stored gradings (JSON) would hold another id than asked.
 func validate(r *request) error {
 	if err := validateRolloutID(r.GradeRequest); err != nil {
 		return err
 	}
 	if len(r.samples) == 0 {
-		return badField("samples", "required: at least one sample")
+		return fielderr.New("samples", "required: at least one sample")
 	}
 	seen := make(map[string]int, len(r.samples))
 	for i, s := range r.samples {
 		field := fmt.Sprintf("samples[%d].id", i)
 		id := s.ID
 		if id == "" {
-			return badField(field, "required")
+			return fielderr.New(field, "required")
 		}
 		if !utf8.ValidString(id) {
-			return badField(field, "not valid UTF-8")
+			return fielderr.New(field, "not valid UTF-8")
 		}
 		if j, dup := seen[id]; dup {
-			return badField(field, "%q repeats samples[%d].id", id, j)
+			return fielderr.New(field, "%q repeats samples[%d].id", id, j)
 		}
 		seen[id] = i
 		if rid := s.RolloutID; rid != "" && rid != r.GetRolloutId() {
-			return badField(fmt.Sprintf("samples[%d].rollout_id", i), "%q differs from rollout_id %q", rid, r.GetRolloutId())
+			return fielderr.New(fmt.Sprintf("samples[%d].rollout_id", i), "%q differs from rollout_id %q", rid, r.GetRolloutId())
 		}
 	}
 	return nil
@@ -116,13 +108,9 @@ func sampleIDs(r *request) []string {
 	return ids
 }
 
-// graderContext builds what a grader sees for the samples ids of r: each
-// decoded from its JSON here, where the grader reads it.
-//
-// The request's label and metadata are the row's; a sample without its own
-// takes them, and a request without a label takes the samples' label when
-// they all carry the same one, so graders can rely on gc.Label whichever
-// way a caller filled the request in.
+// graderContext builds what a grader sees for the samples ids of r. A sample
+// without its own label and metadata takes the row's (see rowLabel), so
+// graders can rely on gc.Label whichever way a caller filled the request in.
 func graderContext(r *request, ids []string) (*osmo.GraderContext, error) {
 	want := make(map[string]bool, len(ids))
 	for _, id := range ids {
@@ -132,7 +120,7 @@ func graderContext(r *request, ids []string) (*osmo.GraderContext, error) {
 	var metadata map[string]any
 	if len(r.metadata) > 0 {
 		if err := json.Unmarshal(r.metadata, &metadata); err != nil {
-			return nil, badField("metadata", "%v", err)
+			return nil, fielderr.New("metadata", "%v", err)
 		}
 	}
 	gc := &osmo.GraderContext{
@@ -145,7 +133,7 @@ func graderContext(r *request, ids []string) (*osmo.GraderContext, error) {
 		if want[rs.ID] {
 			s, err := rs.Grader(copyString(label), metadata)
 			if err != nil {
-				return nil, badField("samples", "sample %q: %v", rs.ID, err)
+				return nil, fielderr.New("samples", "sample %q: %v", rs.ID, err)
 			}
 			gc.Samples[s.ID] = s
 		}
@@ -176,6 +164,5 @@ func copyString(p *string) *string {
 	if p == nil {
 		return nil
 	}
-	s := *p
-	return &s
+	return new(*p)
 }

@@ -14,9 +14,8 @@ import (
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
-// errShutdown marks a grading cut short by Close: it is not the grader's
-// verdict, so it is neither stored nor answered, and the sample is graded
-// by whichever service the client reaches next.
+// errShutdown marks a grading cut short by Close: no verdict, so it is
+// neither stored nor answered, and the client's resend is graded elsewhere.
 var errShutdown = errors.New("grader service is shutting down")
 
 // panicError is a grader panic turned into an error.
@@ -27,19 +26,15 @@ type panicError struct {
 
 func (e *panicError) Error() string { return fmt.Sprintf("panicked: %v", e.value) }
 
-// run grades samples ids of req with g and returns the grading, a failed one
-// when the grader did not give every sample a finite reward or the remove
-// flag. Only a shutdown is an error.
+// run grades samples ids of req with g. A grader that does not give every
+// sample a finite reward or the remove flag makes a failed grading; only a
+// shutdown is an error.
 func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *request, ids []string, log *slog.Logger) (gr *grading, err error) {
 	gc, err := graderContext(req, ids)
 	if err != nil {
-		// A message, metadata or extra fields that are no JSON object:
-		// the grading fails as invalid input.
-		gr = &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now(), Category: outcome.Validation,
-			Error: fmt.Sprintf("grader %q: %v", name, err), Samples: make([]sampleResult, len(ids))}
-		for i, id := range ids {
-			gr.Samples[i] = sampleResult{ID: id}
-		}
+		// A message, metadata or extra fields that are no JSON object.
+		gr = &grading{RolloutID: req.GetRolloutId(), Grader: name, GradedAt: time.Now(), Category: outcome.Validation}
+		gr.fail(ids, err)
 		return gr, nil
 	}
 	sctx, span := s.startRun(s.ctx, tctx, name, len(ids))
@@ -61,9 +56,8 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *req
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
-		// The slot is released when the grader really returns, even after
-		// its deadline: MaxConcurrent bounds the graders actually running,
-		// including ones that ignore their context.
+		// Released when the grader really returns: MaxConcurrent bounds the
+		// graders running, including ones that ignore their context.
 		defer func() { <-s.slots }()
 		done <- callGrader(ctx, g, gc)
 	}()
@@ -102,11 +96,7 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *req
 		if errors.As(err, &p) {
 			log.ErrorContext(ctx, "grader panicked", "grader", name, "panic", p.value, "stack", string(p.stack))
 		}
-		gr.Error = fmt.Sprintf("grader %q: %v", name, err)
-		gr.Samples = make([]sampleResult, len(ids))
-		for i, id := range ids {
-			gr.Samples[i] = sampleResult{ID: id}
-		}
+		gr.fail(ids, err)
 		log.WarnContext(ctx, "grading failed", "grader", name, "samples", len(ids), "duration_ms", elapsed.Milliseconds(), "error", gr.Error)
 		return gr, nil
 	}
@@ -114,6 +104,15 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *req
 		log.DebugContext(ctx, "sample graded", "sample_id", r.ID, "reward", r.Reward, "remove_sample", r.Remove)
 	}
 	return gr, nil
+}
+
+// fail makes gr a failed grading of ids, without outcomes.
+func (gr *grading) fail(ids []string, err error) {
+	gr.Error = fmt.Sprintf("grader %q: %v", gr.Grader, err)
+	gr.Samples = make([]sampleResult, len(ids))
+	for i, id := range ids {
+		gr.Samples[i] = sampleResult{ID: id}
+	}
 }
 
 // callGrader runs g, turning a panic into an error: one bad grader must not
@@ -131,9 +130,8 @@ func callGrader(ctx context.Context, g osmo.Grader, gc *osmo.GraderContext) (err
 }
 
 // collect reads each sample's outcome out of gc into gr. A sample with
-// neither a reward nor the remove flag, or with a non-finite reward (which
-// SetSampleReward refuses, but a grader must not be trusted to have used
-// it), fails the whole grading: rewards must never default to 0.
+// neither a reward nor the remove flag, or a non-finite reward, fails the
+// whole grading: rewards must never default to 0.
 func collect(gc *osmo.GraderContext, ids []string, gr *grading) error {
 	var ungraded []string
 	gr.Samples = make([]sampleResult, 0, len(ids))

@@ -1,6 +1,7 @@
 package grader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	graderv1 "github.com/osmo-rl/osmo/gen/osmo/grader/v1"
+	"github.com/osmo-rl/osmo/internal/fielderr"
 	"github.com/osmo-rl/osmo/internal/outcome"
 	"github.com/osmo-rl/osmo/internal/retry"
 )
@@ -37,18 +40,16 @@ type Service struct {
 	flight  singleflight.Group
 	slots   chan struct{} // one per running grader
 	metrics *metrics
-	tracer  trace.Tracer // nil when not tracing
+	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 
-	// ctx ends at Close; gradings run under it, not under the request's
-	// context, so a grading outlives a client that disconnects and its
-	// result answers the client's resend.
+	// ctx ends at Close; gradings run under it, so one outlives a client
+	// that disconnects and answers its resend.
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup // gradings in progress
+	mu sync.Mutex     // orders Close after wg.Add
+	wg sync.WaitGroup // gradings in progress
 }
 
 var _ graderv1.GraderServiceServer = (*Service)(nil)
@@ -69,40 +70,25 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		store:   st,
 		slots:   make(chan struct{}, cfg.MaxConcurrent),
 		metrics: newMetrics(cfg.Metrics),
-		prop:    cfg.Propagator,
-	}
-	if cfg.TracerProvider != nil {
-		s.tracer = cfg.TracerProvider.Tracer(tracerName)
-	}
-	if s.prop == nil {
-		s.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		tracer:  cmp.Or[trace.TracerProvider](cfg.TracerProvider, noop.NewTracerProvider()).Tracer(tracerName),
+		prop:    cmp.Or[propagation.TextMapPropagator](cfg.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
 
 // Close stops the service: gradings in progress are abandoned (neither
-// stored nor answered, so the client's resend is graded wherever it goes
-// next), and later requests fail with Unavailable. Config.State stays
-// open: it is the caller's.
+// stored nor answered), later requests fail with Unavailable, and
+// Config.State stays open.
 func (s *Service) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
 	s.cancel()
+	s.mu.Unlock()
 	s.wg.Wait()
 	return nil
 }
 
-func (s *Service) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
+func (s *Service) isClosed() bool { return s.ctx.Err() != nil }
 
 // Grade implements graderv1.GraderServiceServer. Invalid requests fail with
 // InvalidArgument naming the field; a grader's failure is an answer with
@@ -122,17 +108,13 @@ func (s *Service) grade(ctx context.Context, req *graderv1.GradeRequest, keep bo
 }
 
 // GradeLocal grades req for a caller in this process (osmo serve's rollout
-// service), answering as GradeStream answers a client: an invalid request
-// is an answer with Error set (a validation failure), not an error. While
-// the gradings cannot be read (the shared state is unreachable), it tries
-// again, as a stream's client resends, 100 ms doubling to 2 s apart, until
-// ctx ends.
+// service), answering as GradeStream does: an invalid request is an answer
+// with Error set. While the gradings cannot be read it tries again, as a
+// stream's client resends, until ctx ends.
 //
-// A first attempt's grading is not stored: the bucket is there to answer
-// a resend of a request whose answer was lost on its way, and an answer
-// in process is not. Its caller grades each rollout once and never asks
-// again (a retry here is no first attempt, and is stored). That is a
-// NATS write per rollout that osmo serve does not make.
+// A first attempt's grading is not stored: the bucket answers resends of
+// answers lost on their way, and an answer in process is never lost. A
+// retry here is no first attempt, and is stored.
 func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*graderv1.GradeResponse, error) {
 	var last error
 	tries := 0
@@ -164,26 +146,23 @@ func (s *Service) GradeLocal(ctx context.Context, req *graderv1.GradeRequest) (*
 	return resp, err
 }
 
-// invalidAnswer is the answer to a request refused as invalid (st): an
-// answer with Error set, a validation failure, for callers that take
-// answers rather than errors.
+// invalidAnswer answers a request refused as invalid (st) with Error set.
 func invalidAnswer(req *graderv1.GradeRequest, st *status.Status) *graderv1.GradeResponse {
 	return &graderv1.GradeResponse{RolloutId: req.GetRolloutId(), RequestId: req.GetRequestId(), Grader: req.GetGrader(),
 		Error: "invalid request: " + st.Message(), ErrorCategory: string(outcome.Validation)}
 }
 
 // GradeStream implements graderv1.GraderServiceServer. Requests are graded
-// concurrently (at most Config.MaxConcurrent in progress per stream) and
-// answered as they complete. An invalid request is answered with Error set;
-// the stream goes on. The stream ends when the client closes its side (after
-// the answers in progress are sent), when it goes away, or with Unavailable
-// when the service is closed.
+// concurrently (at most Config.MaxConcurrent per stream) and answered as
+// they complete; an invalid one is answered with Error set. The stream ends
+// when the client closes its side (once answers in progress are sent) or
+// goes away, or with Unavailable when the service is closed.
 func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
 
 	// Recv runs on its own goroutine so a closing service can end the
-	// stream while the client is idle; it returns once the stream ends.
+	// stream while the client is idle.
 	reqs := make(chan *graderv1.GradeRequest)
 	recvErr := make(chan error, 1)
 	go func() {
@@ -228,18 +207,15 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 		go func() {
 			defer workers.Done()
 			defer func() { <-inflight }()
-			rctx := ctx
-			resp, err := s.answer(rctx, req, true)
+			resp, err := s.answer(ctx, req, true)
 			if err != nil {
 				st := status.Convert(err)
 				switch st.Code() {
 				case codes.InvalidArgument:
-					s.log.WarnContext(rctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
+					s.log.WarnContext(ctx, "invalid grade request", "rollout_id", req.GetRolloutId(), "error", st.Message())
 					resp = invalidAnswer(req, st)
 				case codes.Unavailable:
-					// Closing, or the gradings cannot be read: end the stream
-					// so the client reconnects (to another replica, maybe)
-					// and resends.
+					// End the stream so the client resends, maybe elsewhere.
 					cancel(err)
 					return
 				default:
@@ -250,7 +226,7 @@ func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) e
 			sendMu.Lock()
 			defer sendMu.Unlock()
 			if err := stream.Send(resp); err != nil {
-				s.log.DebugContext(rctx, "grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
+				s.log.DebugContext(ctx, "grade answer not sent; the client will resend", "rollout_id", resp.GetRolloutId(), "error", err)
 				cancel(err)
 			}
 		}()
@@ -266,43 +242,35 @@ func streamEnd(ctx context.Context) error {
 	return status.FromContextError(ctx.Err()).Err()
 }
 
-// answer grades req or answers it from earlier gradings. Errors are gRPC
-// statuses: InvalidArgument for bad requests, Unavailable when the service
-// is closed or the stored gradings cannot be read, and the context's
-// status when ctx ends first.
+// answer grades req or answers it from earlier gradings, with a gRPC
+// status error: InvalidArgument for bad requests, Unavailable when the
+// service is closed or the stored gradings cannot be read, and the
+// context's status when ctx ends first.
 //
-// A request whose stored gradings cannot be read (NATS unreachable) fails
-// rather than being graded: grading it blind could grade a sample twice
-// and answer a second, different reward for it (an LLM judge is neither
-// cheap nor deterministic), which is what the store is for. The client
-// resends on Unavailable until its deadline, so an outage of NATS costs
-// latency, not a duplicate grading.
-func (s *Service) answer(ctx context.Context, req *graderv1.GradeRequest, keep bool) (*graderv1.GradeResponse, error) {
-	r, err := readRequest(req)
-	ctx, span := s.startGrade(ctx, req, r)
-	defer span.End()
-	if err == nil {
-		var resp *graderv1.GradeResponse
-		resp, err = s.answerRead(ctx, r, keep)
+// Gradings that cannot be read (NATS unreachable) fail the request rather
+// than have it graded blind: an LLM judge is neither cheap nor
+// deterministic, and a second grading could answer another reward. The
+// client resends on Unavailable, so an outage costs latency only.
+func (s *Service) answer(ctx context.Context, greq *graderv1.GradeRequest, keep bool) (resp *graderv1.GradeResponse, err error) {
+	req, err := readRequest(greq)
+	ctx, span := s.startGrade(ctx, greq, req)
+	defer func() {
 		endGrade(span, resp, err)
-		return resp, err
+		span.End()
+	}()
+	if err != nil {
+		return nil, err
 	}
-	endGrade(span, nil, err)
-	return nil, err
-}
-
-// answerRead is answer of a request read and checked.
-func (s *Service) answerRead(ctx context.Context, req *request, keep bool) (*graderv1.GradeResponse, error) {
 	name := req.GetGrader()
 	if name == "" {
 		if s.cfg.Default == "" {
-			return nil, badField("grader", "required: this service has no default grader (known: %s)", strings.Join(s.cfg.graderNames(), ", "))
+			return nil, fielderr.New("grader", "required: this service has no default grader (known: %s)", strings.Join(s.cfg.graderNames(), ", "))
 		}
 		name = s.cfg.Default
 	}
 	g, ok := s.cfg.Graders[name]
 	if !ok {
-		return nil, badField("grader", "unknown grader %q (known: %s)", name, strings.Join(s.cfg.graderNames(), ", "))
+		return nil, fielderr.New("grader", "unknown grader %q (known: %s)", name, strings.Join(s.cfg.graderNames(), ", "))
 	}
 	if s.isClosed() {
 		return nil, status.Error(codes.Unavailable, errShutdown.Error())
@@ -310,25 +278,19 @@ func (s *Service) answerRead(ctx context.Context, req *request, keep bool) (*gra
 	rid := req.GetRolloutId()
 	log := s.log.With("rollout_id", rid)
 	ids := sampleIDs(req)
-	// Fingerprints match a grading to a later request, through the store,
-	// or to a request that waits for the pass: one that is not kept
-	// answers the request that led its pass only, and needs none.
+	// A grading that is not kept answers only the request that led its
+	// pass, so it needs no fingerprints to match later ones.
 	var fps map[string]string
 	if keep {
 		var err error
 		if fps, err = fingerprints(name, req); err != nil {
-			return nil, badField("samples", "%v", err)
+			return nil, fielderr.New("samples", "%v", err)
 		}
 	}
-	// Each pass looks the rollout's stored gradings up (a pass that just
-	// ended, here or on another replica, may have stored these samples),
-	// grades what is missing and stores it; a request either leads a pass
-	// or waits for the one of this rollout in progress, which may have
-	// covered other samples than these, or these samples with other
-	// content (another rollout reusing the id), and then looks again.
-	// Passes of one rollout never overlap, so the latest grading of a
-	// sample is the last stored. The store is read in the pass only: a
-	// read before it would be repeated there.
+	// A request leads a pass of its rollout (gradeMissing) or waits for the
+	// one in progress, which may have covered other samples, or these with
+	// other content, and then looks again. Passes of one rollout never
+	// overlap, so the latest grading of a sample is the last stored.
 	found := make(map[string]answer, len(ids))
 	for missing := ids; len(missing) > 0; {
 		want := missing
@@ -351,10 +313,7 @@ func (s *Service) answerRead(ctx context.Context, req *request, keep bool) (*gra
 		fr := res.Val.(*flightResult)
 		missing = nil
 		for _, id := range want {
-			o, ok := fr.answerFor(id, fps[id])
-			if !ok && led {
-				o, ok = fr.own(id)
-			}
+			o, ok := fr.answerFor(id, fps[id], led)
 			if !ok {
 				missing = append(missing, id)
 				continue
@@ -368,47 +327,38 @@ func (s *Service) answerRead(ctx context.Context, req *request, keep bool) (*gra
 			s.metrics.cached.Inc()
 		}
 	}
-	resp := respond(rid, ids, found)
+	resp = respond(rid, ids, found)
 	resp.RequestId = req.GetRequestId()
 	return resp, nil
 }
 
-// flightResult is what one grading pass of a rollout offers its waiters:
-// the gradings covering the samples it was asked for, as its leader sent
-// them. A waiter takes an outcome only for a sample it sent with the same
-// fingerprint.
+// flightResult is what one grading pass of a rollout offers its waiters,
+// who take an outcome only for a sample they sent with the same fingerprint.
 type flightResult struct {
 	gradings []*grading
 	fresh    *grading // graded in this pass; nil if all were stored already
 }
 
-// own is the answer for id from the grading this pass made, to the
-// request that led the pass: the samples it sent are those graded.
-func (f *flightResult) own(id string) (answer, bool) {
-	if f.fresh == nil {
-		return answer{}, false
-	}
-	r, ok := f.fresh.sample(id)
-	return answer{g: f.fresh, r: r}, ok
-}
-
-func (f *flightResult) answerFor(id, fp string) (answer, bool) {
+// answerFor is the answer for id with fingerprint fp. The request that led
+// the pass (led) takes the pass's fresh grading of the samples it sent,
+// after any stored one that answers fp (fresh is last in gradings).
+func (f *flightResult) answerFor(id, fp string, led bool) (answer, bool) {
 	for _, g := range f.gradings {
-		if r, ok := g.sample(id); ok && r.answers(fp) {
+		if r, ok := g.sample(id); ok && (r.answers(fp) || led && g == f.fresh) {
 			return answer{g: g, r: r}, true
 		}
 	}
 	return answer{}, false
 }
 
-// gradeMissing is one grading pass: it looks in the store (a pass
-// that just ended, here or on another replica, may have stored these
-// samples), grades what is still missing, and stores the grading before
-// anyone is answered (unless keep is false: see GradeLocal). tctx carries the trace of the request that leads the
-// pass; the pass runs under the service's context.
+// gradeMissing is one grading pass: it looks in the store (a pass that just
+// ended, here or on another replica, may have stored these samples), grades
+// what is still missing, and stores the grading before anyone is answered
+// (unless keep is false: see GradeLocal). tctx carries the leading
+// request's trace; the pass runs under the service's context.
 func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader, req *request, ids []string, fps map[string]string, keep bool, log *slog.Logger) (*flightResult, error) {
 	s.mu.Lock()
-	if s.closed {
+	if s.isClosed() {
 		s.mu.Unlock()
 		return nil, errShutdown
 	}
@@ -416,20 +366,16 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	s.mu.Unlock()
 	defer s.wg.Done()
 
-	// A first attempt has nothing stored to find (its sender says so),
-	// and each rollout the rollout service runs is one: the read is
-	// skipped, and with it a round trip to NATS per rollout.
-	var (
-		found   map[string]answer
-		missing = ids
-		changed int
-	)
+	// A first attempt has nothing stored to find (its sender says so): the
+	// read, a round trip to NATS per rollout, is skipped.
+	var stored gradingList
 	if !req.GetFirstAttempt() {
 		var err error
-		if found, missing, changed, err = s.store.lookup(tctx, req.GetRolloutId(), ids, fps, time.Now()); err != nil {
+		if stored, _, err = s.store.get(tctx, req.GetRolloutId()); err != nil {
 			return nil, err
 		}
 	}
+	found, missing, changed := stored.lookup(ids, fps, s.store.ttl, time.Now())
 	fr := &flightResult{}
 	for _, o := range found {
 		fr.gradings = append(fr.gradings, o.g)
@@ -450,11 +396,10 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 	for i := range gr.Samples {
 		gr.Samples[i].Fingerprint = fps[gr.Samples[i].ID]
 	}
-	stored := !keep || s.commit(tctx, gr, log)
+	committed := !keep || s.commit(tctx, gr, log)
 	s.metrics.observe(gr, time.Since(start))
-	if gr.Error == "" && stored {
-		// Logged only once the grading is stored: each "graded" record is
-		// a grading no replica and no restart will repeat.
+	if gr.Error == "" && committed {
+		// Logged once stored: no replica or restart will repeat it.
 		log.InfoContext(tctx, "graded", "grader", name, "samples", len(missing), "duration_ms", time.Since(start).Milliseconds())
 	}
 	fr.fresh = gr
@@ -467,10 +412,9 @@ func (s *Service) gradeMissing(tctx context.Context, name string, g osmo.Grader,
 const commitTimeout = 10 * time.Second
 
 // commit stores gr and reports whether it did. A grading that cannot be
-// stored (NATS unreachable) is still answered, since the grader's work is
-// done and its result is right: only a resend could grade these samples
-// again. The write gets a deadline of its own (tctx has none) and is not
-// cut short by Close, so a grading that finished is stored.
+// stored is still answered: its result is right, and only a resend could
+// grade these samples again. The write has a deadline of its own and is
+// not cut short by Close.
 func (s *Service) commit(tctx context.Context, gr *grading, log *slog.Logger) bool {
 	ctx, cancel := context.WithTimeout(tctx, commitTimeout)
 	defer cancel()

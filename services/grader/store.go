@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,8 +25,7 @@ const bucketName = "osmo_gradings"
 const minBucketTTL = 100 * time.Millisecond
 
 // grading is one run of a grader over samples of one rollout: an outcome per
-// sample, or one error for all of them. A rollout's key in the bucket holds
-// the list of its gradings (gradingList) as JSON.
+// sample, or one error for all of them.
 type grading struct {
 	RolloutID string    `json:"rollout_id"`
 	Grader    string    `json:"grader"`
@@ -36,19 +36,17 @@ type grading struct {
 	Samples  []sampleResult   `json:"samples"`
 }
 
-// sampleResult is one sample's outcome. Reward is nil when the sample was
-// removed or the grading failed.
+// sampleResult is one sample's outcome; Reward is nil when it was removed
+// or the grading failed.
 type sampleResult struct {
 	ID     string   `json:"id"`
 	Reward *float64 `json:"reward,omitempty"`
 	Remove bool     `json:"remove_sample,omitempty"`
-	// Fingerprint is that of the sample as graded (see fingerprints). The
-	// outcome answers only requests whose sample has the same one; an
-	// outcome without one answers nothing.
+	// Fingerprint is the sample's as graded: the outcome answers only a
+	// sample with the same one (and, without one, nothing).
 	Fingerprint string `json:"fingerprint,omitempty"`
 }
 
-// answers reports whether r is the outcome of a sample with fingerprint fp.
 func (r sampleResult) answers(fp string) bool {
 	return r.Fingerprint != "" && r.Fingerprint == fp
 }
@@ -62,16 +60,10 @@ func (g *grading) sample(id string) (sampleResult, bool) {
 	return sampleResult{}, false
 }
 
-// without returns g less the samples ids covers (g itself when it covers
-// none of them, nil when it covers nothing else). It copies rather than
-// edits, so answers already taken from g keep their grading.
+// without returns g less the samples in ids (g itself when none is, nil
+// when nothing is left). It copies, so answers taken from g keep theirs.
 func (g *grading) without(ids map[string]bool) *grading {
-	keep := make([]sampleResult, 0, len(g.Samples))
-	for _, r := range g.Samples {
-		if !ids[r.ID] {
-			keep = append(keep, r)
-		}
-	}
+	keep := slices.DeleteFunc(slices.Clone(g.Samples), func(r sampleResult) bool { return ids[r.ID] })
 	switch len(keep) {
 	case len(g.Samples):
 		return g
@@ -83,7 +75,6 @@ func (g *grading) without(ids map[string]bool) *grading {
 	return &c
 }
 
-// answer is what answers one sample: the grading that covered it.
 type answer struct {
 	g     *grading
 	r     sampleResult
@@ -97,11 +88,9 @@ func expired(g *grading, ttl time.Duration, now time.Time) bool {
 	return now.Sub(g.GradedAt) >= ttl
 }
 
-// with returns gs plus g, the latest grading of its samples: it replaces
-// what earlier gradings hold for them (a sample graded anew because its
-// content differs from the stored grading's), so the list keeps one outcome
-// per sample. Expired gradings are dropped on the way, which keeps a
-// rollout's value from growing for as long as it is written to.
+// with returns gs plus g, which replaces what earlier gradings hold for its
+// samples, so the list keeps one outcome per sample. Expired gradings are
+// dropped, so a rollout's value does not grow while it is written to.
 func (gs gradingList) with(g *grading, ttl time.Duration, now time.Time) gradingList {
 	ids := make(map[string]bool, len(g.Samples))
 	for _, r := range g.Samples {
@@ -119,10 +108,9 @@ func (gs gradingList) with(g *grading, ttl time.Duration, now time.Time) grading
 	return append(out, g)
 }
 
-// lookup finds the unexpired outcomes of ids that answer their fingerprint
-// in fps; missing lists, in order, the ids no live grading answers, and
-// changed counts those of them that a live grading holds with another
-// fingerprint (or none).
+// lookup finds the live outcomes of ids that answer their fingerprint in
+// fps; missing lists the others in order, changed counts those of them a
+// live grading holds with another fingerprint.
 func (gs gradingList) lookup(ids []string, fps map[string]string, ttl time.Duration, now time.Time) (found map[string]answer, missing []string, changed int) {
 	found = make(map[string]answer, len(ids))
 	for _, id := range ids {
@@ -150,23 +138,18 @@ func (gs gradingList) lookup(ids []string, fps map[string]string, ttl time.Durat
 	return found, missing, changed
 }
 
-// store keeps gradings in the JetStream key-value bucket bucketName, where
-// every replica of the grader service finds them: the key of a rollout
-// (natsstore.Key of its id) holds its gradingList. The bucket's TTL drops a
-// rollout once ResultTTL has passed since its last grading; reads also skip
-// the gradings older than ResultTTL in a rollout that is still kept.
+// store keeps each rollout's gradingList, as JSON, under natsstore.Key of
+// its id in the bucket. The bucket's TTL drops a rollout ResultTTL after
+// its last grading; reads skip older gradings of a rollout still kept.
 type store struct {
 	kv  jetstream.KeyValue
 	ttl time.Duration
 	log *slog.Logger
 }
 
-// openStore creates the bucket, or sets its TTL to ttl if it exists: the
-// replicas sharing a NATS should agree on ResultTTL, or the last one
-// started sets the bucket's.
+// openStore creates the bucket, or sets its TTL to ttl if it exists.
 func openStore(ctx context.Context, st *natsstore.Store, ttl time.Duration, log *slog.Logger) (*store, error) {
-	// A cluster that has just formed may not place the bucket's replicas
-	// at once: Setup asks again while it is not ready.
+	// Setup asks again while a cluster just formed cannot place the bucket.
 	var kv jetstream.KeyValue
 	if err := st.Setup(ctx, "gradings bucket", func(ctx context.Context) (err error) {
 		kv, err = st.KeyValue(ctx, jetstream.KeyValueConfig{
@@ -181,9 +164,8 @@ func openStore(ctx context.Context, st *natsstore.Store, ttl time.Duration, log 
 	return &store{kv: kv, ttl: ttl, log: log}, nil
 }
 
-// get reads rollout rid's gradings and the revision they were read at (0
-// when it has none). A value that does not decode is logged and read as
-// none: its samples are graded again, and the next write replaces it.
+// get reads rollout rid's gradings and their revision (0: none). A value
+// that does not decode is logged and read as none, to be replaced.
 func (s *store) get(ctx context.Context, rid string) (gradingList, uint64, error) {
 	e, err := s.kv.Get(ctx, natsstore.Key(rid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -200,25 +182,12 @@ func (s *store) get(ctx context.Context, rid string) (gradingList, uint64, error
 	return gs, e.Revision(), nil
 }
 
-// lookup is gradingList.lookup over rollout rid's stored gradings.
-func (s *store) lookup(ctx context.Context, rid string, ids []string, fps map[string]string, now time.Time) (found map[string]answer, missing []string, changed int, err error) {
-	gs, _, err := s.get(ctx, rid)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	found, missing, changed = gs.lookup(ids, fps, s.ttl, now)
-	return found, missing, changed, nil
-}
-
-// add stores g as the latest grading of its samples. It is a
-// compare-and-set loop: another replica that wrote the rollout's gradings
-// between the read and the write (grading other samples of it) makes the
-// write fail, and g is laid over what that replica wrote, so neither
-// grading is lost.
+// add stores g as the latest grading of its samples, in a compare-and-set
+// loop: when another replica wrote the rollout between the read and the
+// write, g is laid over what it wrote, so neither grading is lost.
 func (s *store) add(ctx context.Context, g *grading) error {
 	key := natsstore.Key(g.RolloutID)
-	// Most rollouts are graded once: their entry is created without a
-	// read first, and only one that exists is read and laid over.
+	// Most rollouts are graded once: create first, read only when it exists.
 	val, err := json.Marshal(gradingList(nil).with(g, s.ttl, time.Now()))
 	if err != nil {
 		return fmt.Errorf("gradings of rollout %q: encode: %w", g.RolloutID, err)

@@ -17,16 +17,9 @@ import (
 
 const tracerName = "github.com/osmo-rl/osmo/services/grader"
 
-// noSpan stands in for spans when tracing is off.
-var noSpan = trace.SpanFromContext(context.Background())
-
-// startGrade starts the "grade" span of one request. Its parent is the
-// request's trace_context when it has one (a GradeStream request: the
-// rollout's "grade" span), else the call's own span (Grade).
+// startGrade starts the "grade" span of one request, parented on its
+// trace_context when it has one, else on the call's own span.
 func (s *Service) startGrade(ctx context.Context, req *graderv1.GradeRequest, r *request) (context.Context, trace.Span) {
-	if s.tracer == nil {
-		return ctx, noSpan
-	}
 	kind := trace.SpanKindInternal
 	if tc := req.GetTraceContext(); len(tc) > 0 {
 		ctx = s.prop.Extract(ctx, propagation.MapCarrier(tc))
@@ -83,13 +76,9 @@ func gradeAttrs(g *graderv1.SampleGrade) []attribute.KeyValue {
 	return attrs
 }
 
-// startRun starts the span of one grader run under ctx (the service's
-// context, which the run's cancellation comes from), parented on the span
-// and baggage of tctx (the request that led the run).
+// startRun starts the span of one grader run under ctx (the service's),
+// parented on the span and baggage of tctx (the request that led the run).
 func (s *Service) startRun(ctx, tctx context.Context, name string, samples int) (context.Context, trace.Span) {
-	if s.tracer == nil {
-		return ctx, noSpan
-	}
 	if bag := baggage.FromContext(tctx); bag.Len() > 0 {
 		ctx = baggage.ContextWithBaggage(ctx, bag)
 	}
@@ -113,19 +102,15 @@ func endRun(span trace.Span, gr *grading, err error) {
 		span.SetStatus(otelcodes.Error, gr.Error)
 		return
 	}
-	if len(gr.Samples) == 1 {
-		r := gr.Samples[0]
-		span.SetAttributes(osmoattr.RemoveSample.Bool(r.Remove))
-		if r.Reward != nil {
-			span.SetAttributes(osmoattr.Reward.Float64(*r.Reward))
-		}
-		return
-	}
 	for _, r := range gr.Samples {
-		attrs := []attribute.KeyValue{osmoattr.SampleID.String(r.ID), osmoattr.RemoveSample.Bool(r.Remove)}
+		attrs := []attribute.KeyValue{osmoattr.RemoveSample.Bool(r.Remove)}
 		if r.Reward != nil {
 			attrs = append(attrs, osmoattr.Reward.Float64(*r.Reward))
 		}
-		span.AddEvent("sample_graded", trace.WithAttributes(attrs...))
+		if len(gr.Samples) == 1 {
+			span.SetAttributes(attrs...)
+		} else {
+			span.AddEvent("sample_graded", trace.WithAttributes(append(attrs, osmoattr.SampleID.String(r.ID))...))
+		}
 	}
 }

@@ -2,40 +2,37 @@
 // of an Osmosis workspace, rollouts/NAME/main.py, unchanged) as an osmo
 // workflow.
 //
-// A Host keeps Config.Procs server processes running (internal/rolloutproc
-// starts them as `osmosis eval run` does) and restarts one that dies, with
-// a bounded backoff. Its Workflow hands each rollout osmo accepts, on any
-// wire, to the least busy process as the v0.3 controller does: a POST
-// /rollout whose chat_completions_url is the rollout's osmo proxy endpoint
-// (so every LLM call is recorded and routed to the trainer's policy), whose
-// llm_api_key is that endpoint's key, whose controller_api_key is a secret
-// of the rollout's own, and whose callback URLs point at a loopback
-// listener the Host owns. The completion callback ends the agent's run; the
-// grader callback (the v0.3 "sample" or the G2 "samples") gives the
-// sample's messages, extra fields and the server's reward, which stands as
-// the sample's agent reward unless osmo grades it too.
+// A Host keeps Config.Procs server processes running (as `osmosis eval
+// run` starts them), restarting one that dies. Its Workflow hands each
+// rollout to the least busy process as the v0.3 controller does: a POST
+// /rollout whose chat_completions_url and llm_api_key are the rollout's
+// osmo proxy endpoint, whose controller_api_key is a secret of its own, and
+// whose callbacks go to a loopback listener of the Host. The completion
+// callback ends the agent's run; the grader callback gives the sample's
+// messages, extra fields and the server's reward, the sample's agent
+// reward unless osmo grades it too.
 //
-// A process that dies while holding rollouts ends each of them once, as an
-// agent error naming the crash; a rollout whose context ends is cancelled
-// on its server (POST /rollout/cancel).
+// A process that dies ends each rollout it held as an agent error; a
+// rollout whose context ends is cancelled on its server.
 package osmosisserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,7 +55,7 @@ const (
 )
 
 // healthyRun is how long a process must run for its restart backoff to
-// start again from MinRestartBackoff.
+// start over.
 const healthyRun = 30 * time.Second
 
 // Config configures a Host.
@@ -71,14 +68,9 @@ type Config struct {
 	// default the base name of Dir.
 	Name string
 	// Procs is how many server processes run; default 1.
-	Procs int
-	// Env is laid over the servers' environment ([env], then secrets).
-	Env map[string]string
-	// Secrets are redacted from the servers' output.
-	Secrets []string
-	// ArtifactRoot is _OSMOSIS_ROLLOUT_ARTIFACT_ROOT ("": a temporary
-	// directory per process).
-	ArtifactRoot string
+	Procs   int
+	Env     map[string]string // laid over the servers' environment
+	Secrets []string          // redacted from the servers' output
 	// Output receives the servers' output lines, prefixed with the
 	// process's slot; nil logs them through Logger at info level.
 	Output io.Writer
@@ -89,10 +81,7 @@ type Config struct {
 	// kept for the server's grader; default 30s, at most a quarter of the
 	// budget.
 	GraderTimeout time.Duration
-	// CallbackAddr is where the callback listener listens; default
-	// 127.0.0.1:0.
-	CallbackAddr string
-	Logger       *slog.Logger
+	Logger        *slog.Logger
 }
 
 // Host runs the server processes and the callback listener.
@@ -125,9 +114,7 @@ func New(cfg Config) (*Host, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("osmosisserver: the rollout directory is required")
 	}
-	if cfg.Entrypoint == "" {
-		cfg.Entrypoint = rolloutproc.DefaultEntrypoint
-	}
+	cfg.Entrypoint = cmp.Or(cfg.Entrypoint, rolloutproc.DefaultEntrypoint)
 	if cfg.Name == "" {
 		abs, err := filepath.Abs(cfg.Dir)
 		if err != nil {
@@ -147,13 +134,7 @@ func New(cfg Config) (*Host, error) {
 	if cfg.GraderTimeout <= 0 {
 		cfg.GraderTimeout = DefaultGraderTimeout
 	}
-	if cfg.CallbackAddr == "" {
-		cfg.CallbackAddr = "127.0.0.1:0"
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(cfg.Logger, slog.Default())
 	h := &Host{
 		cfg:     cfg,
 		log:     log.With("osmosis_rollout", cfg.Name),
@@ -182,13 +163,12 @@ func (h *Host) Name() string { return h.cfg.Name }
 func (h *Host) CallbackURL() string { return "http://" + h.ln.Addr().String() }
 
 // Start opens the callback listener and starts every server process,
-// returning once each answered /health. A process that fails its first
-// start fails Start (everything started is stopped), as does ctx ending
-// first; later deaths are restarted. ctx bounds the start only: the
-// processes run until Stop, so a server shutting down can drain its
-// rollouts before it stops them.
+// returning once each answered /health. A failed first start, or ctx
+// ending first, fails Start and stops everything; later deaths are
+// restarted. ctx bounds the start only: the processes run until Stop, so a
+// server shutting down can drain its rollouts first.
 func (h *Host) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", h.cfg.CallbackAddr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("osmosisserver: callback listener: %w", err)
 	}
@@ -248,27 +228,19 @@ func (h *Host) Stop(ctx context.Context) error {
 
 // PIDs are the running server processes' ids, by slot (0 for one being
 // restarted).
-func (h *Host) PIDs() []int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]int, len(h.slots))
-	for i, sl := range h.slots {
-		if sl.srv != nil {
-			out[i] = sl.srv.PID()
-		}
-	}
-	return out
-}
+func (h *Host) PIDs() []int { return bySlot(h, (*rolloutproc.Server).PID) }
 
 // URLs are the running server processes' base URLs, by slot ("" for one
 // being restarted).
-func (h *Host) URLs() []string {
+func (h *Host) URLs() []string { return bySlot(h, (*rolloutproc.Server).URL) }
+
+func bySlot[T any](h *Host, f func(*rolloutproc.Server) T) []T {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]string, len(h.slots))
+	out := make([]T, len(h.slots))
 	for i, sl := range h.slots {
 		if sl.srv != nil {
-			out[i] = sl.srv.URL()
+			out[i] = f(sl.srv)
 		}
 	}
 	return out
@@ -294,8 +266,7 @@ func (h *Host) notify() {
 // supervise keeps sl's process running until ctx ends. The first start's
 // result goes to first.
 func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
-	// The restart schedule is the shared doubling backoff, without jitter
-	// (a single process restarting has no herd to spread).
+	// Without jitter: one process restarting has no herd to spread.
 	restarts := retry.Doubling(MinRestartBackoff, MaxRestartBackoff, 0)
 	backoff := restarts.NextBackOff()
 	log := h.log.With("slot", sl.n)
@@ -307,7 +278,6 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 			// osmo's own bearer is never the rollout's business.
 			Withhold:     []string{"OSMO_API_KEY"},
 			Secrets:      h.cfg.Secrets,
-			ArtifactRoot: h.cfg.ArtifactRoot,
 			Output:       h.output(sl.n),
 			ReadyTimeout: h.cfg.ReadyTimeout,
 			StopGrace:    h.cfg.StopGrace,
@@ -334,7 +304,7 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 		h.notify()
 		h.mu.Unlock()
 		if attempt == 0 {
-			// Only now: Start returns once every slot holds its server.
+			// Start returns once every slot holds its server.
 			first <- nil
 		}
 		<-srv.Done()
@@ -390,8 +360,8 @@ func (f lineFunc) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// acquire picks the least busy running process and counts the rollout on
-// it; it waits while none runs. release undoes it.
+// acquire picks the least busy running process (waiting while none runs)
+// and counts the rollout on it; release undoes it.
 func (h *Host) acquire(ctx context.Context, avoid *rolloutproc.Server) (*slot, *rolloutproc.Server, error) {
 	for {
 		h.mu.Lock()
@@ -420,8 +390,7 @@ func (h *Host) acquire(ctx context.Context, avoid *rolloutproc.Server) (*slot, *
 	}
 }
 
-// exited reports whether srv's process is gone (its slot is about to
-// restart it).
+// exited reports whether srv's process is gone (about to be restarted).
 func exited(srv *rolloutproc.Server) bool {
 	select {
 	case <-srv.Done():
@@ -437,18 +406,17 @@ func (h *Host) release(sl *slot) {
 	h.mu.Unlock()
 }
 
-// pending is a rollout waiting for its callbacks.
+// pending is a rollout waiting for the first callback of each kind.
 type pending struct {
-	rolloutID string
-	secret    string
-	// completion and grader receive the first callback of each kind.
+	rolloutID  string
+	secret     string
 	completion chan callbackBody
 	grader     chan callbackBody
 	once       [2]sync.Once
 }
 
-// callbackBody is either callback: the completion's fields, and the grader
-// callback's v0.3 sample or G2 samples.
+// callbackBody is either callback: the grader's carries the v0.3 sample or
+// the G2 samples.
 type callbackBody struct {
 	Status      string                  `json:"status"`
 	RolloutID   string                  `json:"rollout_id"`
@@ -458,7 +426,6 @@ type callbackBody struct {
 	Samples     map[string]serverSample `json:"samples"`
 }
 
-// serverSample is a sample as the server reports it.
 type serverSample struct {
 	ID           string            `json:"id"`
 	Messages     []json.RawMessage `json:"messages"`
@@ -468,8 +435,7 @@ type serverSample struct {
 	Metrics      json.RawMessage   `json:"metrics"`
 }
 
-// maxCallbackBytes bounds a callback body: a sample carries a whole
-// conversation.
+// maxCallbackBytes bounds a callback body, which holds a whole conversation.
 const maxCallbackBytes = 64 << 20
 
 // callback serves POST /callbacks/{token}/completion and .../grader.
@@ -526,13 +492,6 @@ func writeDetail(w http.ResponseWriter, code int, detail string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// runner is the AgentWorkflow.
 type runner struct{ h *Host }
 
 func (r *runner) Name() string { return r.h.cfg.Name }
@@ -541,40 +500,19 @@ func (r *runner) Name() string { return r.h.cfg.Name }
 func (*runner) ReadsLabel() bool { return true }
 
 // sample is the rollout's one sample: what the server reported, or (nil
-// messages) the conversation osmo's proxy recorded.
+// messages) what osmo's proxy recorded. It is read once Run returned.
 type sample struct {
-	mu       sync.Mutex
 	messages []json.RawMessage
 	extra    map[string]any
 	reward   *float64
 	finish   string
 }
 
-func (s *sample) SampleMessages() ([]json.RawMessage, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.messages, nil
-}
+func (s *sample) SampleMessages() ([]json.RawMessage, error) { return s.messages, nil }
+func (s *sample) SampleExtraFields() map[string]any          { return s.extra }
+func (s *sample) SampleFinishReason() string                 { return s.finish }
+func (s *sample) SampleAgentReward() *float64                { return s.reward }
 
-func (s *sample) SampleExtraFields() map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.extra
-}
-
-func (s *sample) SampleFinishReason() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.finish
-}
-
-func (s *sample) SampleAgentReward() *float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reward
-}
-
-// Run implements osmo.AgentWorkflow.
 func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) error {
 	h := r.h
 	id := wc.Rollout.ID
@@ -586,10 +524,10 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	if ep.BaseURL == "" {
 		return errors.New("osmosisserver: the rollout has no LLM endpoint")
 	}
-	token := randomHex(16)
+	token := rand.Text()
 	p := &pending{
 		rolloutID:  id,
-		secret:     randomHex(24),
+		secret:     rand.Text(),
 		completion: make(chan callbackBody, 1),
 		grader:     make(chan callbackBody, 1),
 	}
@@ -639,82 +577,74 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	log = log.With("rollout_server_pid", srv.PID())
 	wc.Rollout.LogEvent("osmosis_rollout_posted", map[string]any{"pid": srv.PID(), "slot": sl.n})
 
-	died := func() error {
-		return fmt.Errorf("osmosisserver: the rollout server (pid %d) died while running the rollout: %v", srv.PID(), srv.Err())
-	}
-	var done callbackBody
-	select {
-	case done = <-p.completion:
-	case <-srv.Done():
+	// wait waits for ch's callback (got), for timeout, for the server's
+	// death (a callback that came just before it still counts), or for ctx.
+	wait := func(ch <-chan callbackBody, timeout <-chan time.Time) (b callbackBody, got bool, err error) {
 		select {
-		case done = <-p.completion:
-		default:
-			return died()
+		case b = <-ch:
+			return b, true, nil
+		case <-srv.Done():
+			select {
+			case b = <-ch:
+				return b, true, nil
+			default:
+				return b, false, fmt.Errorf("osmosisserver: the rollout server (pid %d) died while running the rollout: %v", srv.PID(), srv.Err())
+			}
+		case <-timeout:
+			return b, false, nil
+		case <-ctx.Done():
+			h.cancel(srv, id, log)
+			return b, false, fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
 		}
-	case <-ctx.Done():
-		h.cancel(srv, id, log)
-		return fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
+	}
+	done, _, err := wait(p.completion, nil)
+	if err != nil {
+		return err
 	}
 	if err := callbackError("rollout server", done); err != nil {
 		return err
 	}
-	if !graded {
-		smp.mu.Lock()
-		smp.finish = "stop"
-		smp.mu.Unlock()
-		return nil
-	}
-	// A server without a grader never posts the callback: it is waited for
-	// the grader's budget and a little more, but not past the rollout's
-	// deadline, so such a rollout still ends as a success.
-	patience := graderBudget + 5*time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		patience = max(min(patience, time.Until(dl)-500*time.Millisecond), 0)
-	}
-	wait := time.NewTimer(patience)
-	defer wait.Stop()
 	var gb callbackBody
-	select {
-	case gb = <-p.grader:
-	case <-srv.Done():
-		select {
-		case gb = <-p.grader:
-		default:
-			return died()
+	got := false
+	if graded {
+		// A server without a grader never posts the callback: it is waited
+		// for the grader's budget and a little more, but not past the
+		// rollout's deadline, so such a rollout still ends as a success.
+		patience := graderBudget + 5*time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			patience = max(min(patience, time.Until(dl)-500*time.Millisecond), 0)
 		}
-	case <-wait.C:
-		// A rollout without a grader posts no grader callback: the
-		// proxy's record stands for the sample, with no reward.
-		log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", patience)
-		smp.mu.Lock()
-		smp.finish = "stop"
-		smp.mu.Unlock()
-		return nil
-	case <-ctx.Done():
-		h.cancel(srv, id, log)
-		return fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
+		t := time.NewTimer(patience)
+		defer t.Stop()
+		if gb, got, err = wait(p.grader, t.C); err != nil {
+			return err
+		}
+		if !got {
+			// The proxy's record stands for the sample, with no reward.
+			log.Warn("osmosis rollout server sent no grader callback in time; the sample has no reward", "waited", patience)
+		} else if err := callbackError("rollout server's grader", gb); err != nil {
+			return err
+		}
 	}
-	if err := callbackError("rollout server's grader", gb); err != nil {
-		return err
-	}
-	got, ok := pickSample(gb, log)
-	smp.mu.Lock()
-	defer smp.mu.Unlock()
 	smp.finish = "stop"
+	if !got {
+		return nil
+	}
+	sample, ok := pickSample(gb, log)
 	if !ok {
 		return nil
 	}
-	if len(got.Messages) > 0 {
-		smp.messages = got.Messages
+	if len(sample.Messages) > 0 {
+		smp.messages = sample.Messages
 	}
-	smp.extra = got.ExtraFields
-	if got.Reward != nil {
-		if math.IsNaN(*got.Reward) || math.IsInf(*got.Reward, 0) {
-			return fmt.Errorf("osmosisserver: the rollout server's reward is not finite: %v", *got.Reward)
+	smp.extra = sample.ExtraFields
+	if sample.Reward != nil {
+		if math.IsNaN(*sample.Reward) || math.IsInf(*sample.Reward, 0) {
+			return fmt.Errorf("osmosisserver: the rollout server's reward is not finite: %v", *sample.Reward)
 		}
-		smp.reward = got.Reward
+		smp.reward = sample.Reward
 	}
-	if got.RemoveSample {
+	if sample.RemoveSample {
 		log.Info("the rollout server's grader removed the sample; osmo keeps it without a reward")
 		smp.reward = nil
 	}
@@ -743,9 +673,8 @@ func nonNilMessages(m []osmo.Message) []osmo.Message {
 }
 
 // pickSample is the sample of a grader callback: the v0.3 "sample", else
-// the G2 "samples" map's only entry. A server that reports several samples
-// has its first by id taken (osmo registers one sample per hosted
-// rollout: the proxy records the calls under it), and the rest are logged.
+// the first by id of the G2 "samples" (osmo registers one sample per
+// hosted rollout; the rest are logged).
 func pickSample(b callbackBody, log *slog.Logger) (serverSample, bool) {
 	if b.Sample != nil {
 		return *b.Sample, true
@@ -753,19 +682,14 @@ func pickSample(b callbackBody, log *slog.Logger) (serverSample, bool) {
 	if len(b.Samples) == 0 {
 		return serverSample{}, false
 	}
-	ids := make([]string, 0, len(b.Samples))
-	for id := range b.Samples {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(b.Samples))
 	if len(ids) > 1 {
 		log.Warn("the rollout server reported several samples; osmo keeps the first", "kept", ids[0], "dropped", ids[1:])
 	}
 	return b.Samples[ids[0]], true
 }
 
-// callbackError is a failed or cancelled callback as the rollout's error,
-// its category carried over.
+// callbackError is a failed or cancelled callback as the rollout's error.
 func callbackError(who string, b callbackBody) error {
 	if b.Status == "success" {
 		return nil
@@ -781,7 +705,7 @@ func callbackError(who string, b callbackBody) error {
 	if b.Status == "cancelled" {
 		return fmt.Errorf("osmosisserver: the %s cancelled the rollout: %s", who, msg)
 	}
-	err := fmt.Errorf("osmosisserver: the %s reported %s: %s", who, orWord(category, "failure"), msg)
+	err := fmt.Errorf("osmosisserver: the %s reported %s: %s", who, cmp.Or(category, "failure"), msg)
 	switch category {
 	case "validation_error":
 		return fmt.Errorf("%w: %w", osmo.ErrInvalidInput, err)
@@ -793,16 +717,9 @@ func callbackError(who string, b callbackBody) error {
 	return err
 }
 
-func orWord(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-// post sends POST /rollout to the least busy process until one accepts
-// it: a 429 waits Retry-After (on any process), a process that does not
-// answer (dying) is left for another. A 422 is the rollout's input.
+// post sends POST /rollout to the least busy process until one accepts it:
+// a 429 waits Retry-After, a process that does not answer (dying) is left
+// for another, and a 422 is the rollout's input.
 func (h *Host) post(ctx context.Context, id string, payload []byte, log *slog.Logger) (*slot, *rolloutproc.Server, error) {
 	var avoid *rolloutproc.Server
 	for attempt := 0; ; attempt++ {
@@ -858,8 +775,7 @@ func (h *Host) postOnce(ctx context.Context, url string, payload []byte) (int, h
 	return resp.StatusCode, resp.Header, data, nil
 }
 
-// cancel asks the server to cancel the rollout, without waiting: the
-// rollout's context already ended.
+// cancel asks the server to cancel the rollout, without waiting.
 func (h *Host) cancel(srv *rolloutproc.Server, id string, log *slog.Logger) {
 	payload, _ := json.Marshal(map[string]any{"ids": []string{id}})
 	go func() {
