@@ -46,3 +46,15 @@ func TestDemoExitsPromptly(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoWithServedAPIKey: OSMO_API_KEY, set for a served osmo, does not
+// lock the demo's own controller out of its in-process stack.
+func TestDemoWithServedAPIKey(t *testing.T) {
+	t.Setenv("OSMO_API_KEY", "a-served-key")
+	var out lastWrite
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cli.Run(ctx, []string{"demo", "-n", "1"}, &out, &out); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.buf.String())
+	}
+}
