@@ -58,22 +58,23 @@ func endGrade(span trace.Span, resp *graderv1.GradeResponse, err error) {
 		return
 	}
 	span.SetAttributes(osmoattr.GraderName.String(resp.GetGrader()))
-	grades := resp.GetGrades()
-	if len(grades) == 1 {
-		span.SetAttributes(gradeAttrs(grades[0])...)
-		return
-	}
-	for _, g := range grades {
-		span.AddEvent("sample_graded", trace.WithAttributes(append(gradeAttrs(g), osmoattr.SampleID.String(g.GetSampleId()))...))
+	for _, g := range resp.GetGrades() {
+		recordSample(span, len(resp.GetGrades()), g.GetSampleId(), g.GetRemoveSample(), g.Reward, osmoattr.GradeCached.Bool(g.GetCached()))
 	}
 }
 
-func gradeAttrs(g *graderv1.SampleGrade) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{osmoattr.GradeCached.Bool(g.GetCached()), osmoattr.RemoveSample.Bool(g.GetRemoveSample())}
-	if g.Reward != nil {
-		attrs = append(attrs, osmoattr.Reward.Float64(g.GetReward()))
+// recordSample puts one of n samples' outcome on span: as attributes when
+// it is the only one, else as a "sample_graded" event naming it.
+func recordSample(span trace.Span, n int, id string, remove bool, reward *float64, attrs ...attribute.KeyValue) {
+	attrs = append(attrs, osmoattr.RemoveSample.Bool(remove))
+	if reward != nil {
+		attrs = append(attrs, osmoattr.Reward.Float64(*reward))
 	}
-	return attrs
+	if n == 1 {
+		span.SetAttributes(attrs...)
+		return
+	}
+	span.AddEvent("sample_graded", trace.WithAttributes(append(attrs, osmoattr.SampleID.String(id))...))
 }
 
 // startRun starts the span of one grader run under ctx (the service's),
@@ -103,14 +104,6 @@ func endRun(span trace.Span, gr *grading, err error) {
 		return
 	}
 	for _, r := range gr.Samples {
-		attrs := []attribute.KeyValue{osmoattr.RemoveSample.Bool(r.Remove)}
-		if r.Reward != nil {
-			attrs = append(attrs, osmoattr.Reward.Float64(*r.Reward))
-		}
-		if len(gr.Samples) == 1 {
-			span.SetAttributes(attrs...)
-		} else {
-			span.AddEvent("sample_graded", trace.WithAttributes(append(attrs, osmoattr.SampleID.String(r.ID))...))
-		}
+		recordSample(span, len(gr.Samples), r.ID, r.Remove, r.Reward)
 	}
 }

@@ -728,15 +728,15 @@ func (h *Host) post(ctx context.Context, id string, payload []byte, log *slog.Lo
 			return nil, nil, fmt.Errorf("osmosisserver: %w", err)
 		}
 		code, header, data, err := h.postOnce(ctx, srv.URL()+"/rollout", payload)
-		switch {
-		case err == nil && code == http.StatusAccepted:
+		if err == nil && code == http.StatusAccepted {
 			log.Debug("osmosis rollout server accepted the rollout", "pid", srv.PID())
 			return sl, srv, nil
+		}
+		h.release(sl)
+		switch {
 		case err == nil && code == http.StatusUnprocessableEntity:
-			h.release(sl)
 			return nil, nil, fmt.Errorf("osmosisserver: the rollout server refused the rollout: %w: %s", osmo.ErrInvalidInput, snippet(data))
 		case err == nil && code == http.StatusTooManyRequests:
-			h.release(sl)
 			wait := retryAfter(header.Get("Retry-After"))
 			log.Info("osmosis rollout server at capacity; waiting", "pid", srv.PID(), "retry_after", wait)
 			if !sleep(ctx, wait) {
@@ -744,17 +744,14 @@ func (h *Host) post(ctx context.Context, id string, payload []byte, log *slog.Lo
 			}
 		case err != nil && ctx.Err() == nil && attempt < 5:
 			// The process is likely dying; its slot restarts it.
-			h.release(sl)
 			log.Warn("osmosis rollout server did not take the rollout; trying another", "pid", srv.PID(), "error", err)
 			avoid = srv
 			if !sleep(ctx, 100*time.Millisecond*time.Duration(attempt+1)) {
 				return nil, nil, fmt.Errorf("osmosisserver: %w", context.Cause(ctx))
 			}
 		case err != nil:
-			h.release(sl)
 			return nil, nil, fmt.Errorf("osmosisserver: POST /rollout to the rollout server (pid %d): %w", srv.PID(), err)
 		default:
-			h.release(sl)
 			return nil, nil, fmt.Errorf("osmosisserver: POST /rollout: the rollout server (pid %d) answered %d, not 202: %s", srv.PID(), code, snippet(data))
 		}
 	}

@@ -33,20 +33,12 @@ var serials atomic.Int64
 // NewCA makes a CA named name.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serials.Add(1)),
+	der, key := create(t, &x509.Certificate{
 		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Minute),
-		NotAfter:              time.Now().Add(time.Hour),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -67,14 +59,10 @@ func (ca *CA) Issue(t testing.TB, cn string, names ...string) Pair {
 	if len(names) == 0 {
 		names = []string{"127.0.0.1", "localhost"}
 	}
-	key := newKey(t)
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serials.Add(1)),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Minute),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		Subject:     pkix.Name{CommonName: cn},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {
@@ -83,10 +71,7 @@ func (ca *CA) Issue(t testing.TB, cn string, names ...string) Pair {
 			tmpl.DNSNames = append(tmpl.DNSNames, n)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := create(t, tmpl, ca)
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
@@ -125,11 +110,23 @@ func WriteFile(t testing.TB, path string, b []byte) {
 	}
 }
 
-func newKey(t testing.TB) *ecdsa.PrivateKey {
+// create signs tmpl, for a new key, with ca (nil: the key itself), valid
+// for an hour.
+func create(t testing.TB, tmpl *x509.Certificate, ca *CA) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return key
+	tmpl.SerialNumber = big.NewInt(serials.Add(1))
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
+	parent, signer := tmpl, key
+	if ca != nil {
+		parent, signer = ca.cert, ca.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, key
 }
