@@ -168,23 +168,16 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	if d.Resolver == nil {
 		d.Resolver = p.resolver
 	}
-	check := p.checkDialed
-	if ctl := d.ControlContext; ctl != nil {
-		// ControlContext takes precedence over Control in net.Dialer.
-		d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
-			if err := check(address); err != nil {
-				return err
-			}
-			return ctl(ctx, network, address, c)
-		}
-		return d
-	}
-	ctl := d.Control
-	d.Control = func(network, address string, c syscall.RawConn) error {
-		if err := check(address); err != nil {
+	ctlCtx, ctl := d.ControlContext, d.Control
+	d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
+		if err := p.checkDialed(address); err != nil {
 			return err
 		}
-		if ctl != nil {
+		// As net.Dialer does, ControlContext takes precedence over Control.
+		switch {
+		case ctlCtx != nil:
+			return ctlCtx(ctx, network, address, c)
+		case ctl != nil:
 			return ctl(network, address, c)
 		}
 		return nil

@@ -91,9 +91,7 @@ type HTTP struct {
 }
 
 // NewHTTP listens on addr for h.
-func NewHTTP(addr string, h http.Handler) (*HTTP, error) {
-	return newHTTP(addr, h, nil)
-}
+func NewHTTP(addr string, h http.Handler) (*HTTP, error) { return newHTTP(addr, h, nil) }
 
 // NewHTTPS listens on addr for h and serves TLS with cfg. cfg must offer
 // h2 and http/1.1 by ALPN (in NextProtos, or in those of the

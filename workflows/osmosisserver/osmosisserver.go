@@ -412,7 +412,6 @@ type pending struct {
 	secret     string
 	completion chan callbackBody
 	grader     chan callbackBody
-	once       [2]sync.Once
 }
 
 // callbackBody is either callback: the grader's carries the v0.3 sample or
@@ -477,11 +476,14 @@ func (h *Host) callback(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusUnprocessableEntity, fmt.Sprintf("status %q is not terminal", body.Status))
 		return
 	}
-	ch, i := p.completion, 0
+	ch := p.completion
 	if parts[2] == "grader" {
-		ch, i = p.grader, 1
+		ch = p.grader
 	}
-	p.once[i].Do(func() { ch <- body })
+	select {
+	case ch <- body:
+	default: // not the first callback of its kind
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write([]byte("{}"))
 }
