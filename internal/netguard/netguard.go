@@ -170,7 +170,12 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 	}
 	ctlCtx, ctl := d.ControlContext, d.Control
 	d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
-		if err := p.checkDialed(address); err != nil {
+		// Control is given the resolved "ip:port" about to be dialled.
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("netguard: unexpected dial address %q: %w", address, err)
+		}
+		if err := p.Check(ap.Addr()); err != nil {
 			return err
 		}
 		// As net.Dialer does, ControlContext takes precedence over Control.
@@ -183,15 +188,6 @@ func (p *Policy) Dialer(base *net.Dialer) *net.Dialer {
 		return nil
 	}
 	return d
-}
-
-// checkDialed checks the "ip:port" a dialer is about to connect to.
-func (p *Policy) checkDialed(address string) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("netguard: unexpected dial address %q: %w", address, err)
-	}
-	return p.Check(ap.Addr())
 }
 
 // maxRedirects is how many redirects CheckRedirect follows, as many as

@@ -138,8 +138,6 @@ func newLineWriter(w io.Writer, secrets []string) *lineWriter {
 	return &lineWriter{w: w, secrets: keep}
 }
 
-func (l *lineWriter) copyFrom(r io.Reader) { _, _ = io.Copy(l, r) }
-
 // Write splits p into lines; a line longer than maxLine is cut.
 func (l *lineWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()

@@ -70,7 +70,7 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 		return nil, &StartError{Reason: "entrypoint " + filepath.Join(s.Dir, s.Entrypoint), Err: cmp.Or(err, errors.New("is a directory"))}
 	}
 	for k := range s.Env {
-		if reserved(k) {
+		if strings.HasPrefix(k, "_OSMOSIS_") || k == "PYTHONUNBUFFERED" {
 			return nil, &StartError{Reason: "environment", Err: fmt.Errorf("%s is set by the supervisor and may not come from the config", k)}
 		}
 	}
@@ -128,7 +128,7 @@ func Start(ctx context.Context, s Spec) (*Server, error) {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		out.copyFrom(pr)
+		_, _ = io.Copy(out, pr)
 	}()
 	go srv.wait(cmd, pr, copied)
 	go func() {
@@ -173,11 +173,6 @@ func command(ctx context.Context, dir, entrypoint string, out *lineWriter, log *
 		return nil, err
 	}
 	return []string{uv, "run", "--no-sync", "--project", dir, entrypoint}, nil
-}
-
-// reserved names the variables the supervisor sets.
-func reserved(k string) bool {
-	return strings.HasPrefix(k, "_OSMOSIS_") || k == "PYTHONUNBUFFERED"
 }
 
 // childEnv is parent without VIRTUAL_ENV and the withheld variables, then

@@ -100,14 +100,6 @@ func validate(r *request) error {
 	return nil
 }
 
-func sampleIDs(r *request) []string {
-	ids := make([]string, len(r.samples))
-	for i, s := range r.samples {
-		ids[i] = s.ID
-	}
-	return ids
-}
-
 // graderContext builds what a grader sees for the samples ids of r. A sample
 // without its own label and metadata takes the row's (see rowLabel), so
 // graders can rely on gc.Label whichever way a caller filled the request in.

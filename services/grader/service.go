@@ -277,7 +277,10 @@ func (s *Service) answer(ctx context.Context, greq *graderv1.GradeRequest, keep 
 	}
 	rid := req.GetRolloutId()
 	log := s.log.With("rollout_id", rid)
-	ids := sampleIDs(req)
+	ids := make([]string, len(req.samples))
+	for i, s := range req.samples {
+		ids[i] = s.ID
+	}
 	// A grading that is not kept answers only the request that led its
 	// pass, so it needs no fingerprints to match later ones.
 	var fps map[string]string

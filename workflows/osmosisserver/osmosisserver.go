@@ -546,7 +546,7 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	cbBase := h.CallbackURL() + "/callbacks/" + token
 	body := map[string]any{
 		"rollout_id":              id,
-		"initial_messages":        nonNilMessages(wc.Prompt),
+		"initial_messages":        wc.Prompt,
 		"chat_completions_url":    ep.BaseURL,
 		"completion_callback_url": cbBase + "/completion",
 		"label":                   wc.Label,
@@ -564,6 +564,9 @@ func (r *runner) Run(ctx context.Context, wc *osmo.WorkflowContext[struct{}]) er
 	}
 	if ep.APIKey == "" {
 		delete(body, "llm_api_key") // an empty llm_api_key is invalid
+	}
+	if wc.Prompt == nil {
+		body["initial_messages"] = []osmo.Message{} // a list, never null
 	}
 	payload, err := json.Marshal(body)
 	if err != nil {
@@ -665,13 +668,6 @@ func (h *Host) budgets(ctx context.Context) (agent, grader time.Duration) {
 	grader = min(h.cfg.GraderTimeout, left/4)
 	agent = left - grader - time.Second
 	return max(agent, time.Second), max(grader, time.Second)
-}
-
-func nonNilMessages(m []osmo.Message) []osmo.Message {
-	if m == nil {
-		return []osmo.Message{}
-	}
-	return m
 }
 
 // pickSample is the sample of a grader callback: the v0.3 "sample", else
