@@ -43,12 +43,10 @@ const (
 )
 
 // SchemaMessages converts OpenAI chat messages (a workflow's prompt) to Eino
-// messages. It understands role, content (a string, null, or a list of text
-// and image_url parts; images only in user messages), name, tool_calls,
-// tool_call_id and reasoning_content; other keys are ignored. A message it
-// cannot convert is an error wrapping osmo.ErrInvalidInput and a
-// *MessageError naming the message and the field, so a bad dataset row fails
-// its rollout as a validation error.
+// messages: role, content (a string, null, or text and image_url parts;
+// images only from users), name, tool_calls, tool_call_id and
+// reasoning_content. A message it cannot convert is an error wrapping
+// osmo.ErrInvalidInput and a *MessageError, so the rollout fails as invalid.
 func SchemaMessages(msgs []osmo.Message) ([]*schema.Message, error) {
 	out := make([]*schema.Message, 0, len(msgs))
 	for i, m := range msgs {

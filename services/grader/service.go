@@ -242,14 +242,10 @@ func streamEnd(ctx context.Context) error {
 	return status.FromContextError(ctx.Err()).Err()
 }
 
-// answer grades req or answers it from earlier gradings, with a gRPC
-// status error: InvalidArgument for bad requests, Unavailable when the
-// service is closed or the stored gradings cannot be read, and the
-// context's status when ctx ends first.
-//
-// Gradings that cannot be read (NATS unreachable) fail the request rather
-// than have it graded blind: an LLM judge is neither cheap nor
-// deterministic, and a second grading could answer another reward. The
+// answer grades req or answers it from earlier gradings. Errors are gRPC
+// statuses: InvalidArgument, Unavailable (closed, or the gradings cannot be
+// read), or ctx's. Unreadable gradings fail the request rather than have it
+// graded blind: an LLM judge is neither cheap nor deterministic, and the
 // client resends on Unavailable, so an outage costs latency only.
 func (s *Service) answer(ctx context.Context, greq *graderv1.GradeRequest, keep bool) (resp *graderv1.GradeResponse, err error) {
 	req, err := readRequest(greq)
