@@ -126,7 +126,7 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 
 	select {
 	case <-cl.done:
-		return cl.result()
+		return cl.resp, cl.err // one of them is set
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
@@ -139,17 +139,10 @@ func (c *Client) Grade(ctx context.Context, req *graderv1.GradeRequest) (*grader
 	c.mu.Unlock()
 	select {
 	case <-cl.done:
-		return cl.result()
+		return cl.resp, cl.err // one of them is set
 	default:
 	}
 	return nil, fmt.Errorf("grader.Client.Grade %s: %w", rid, ctx.Err())
-}
-
-func (cl *call) result() (*graderv1.GradeResponse, error) {
-	if cl.err != nil {
-		return nil, cl.err
-	}
-	return cl.resp, nil
 }
 
 // signal wakes the sender; c.mu must be held.

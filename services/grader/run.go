@@ -92,8 +92,7 @@ func (s *Service) run(tctx context.Context, name string, g osmo.Grader, req *req
 		gr.Category = outcome.Agent
 	}
 	if err != nil {
-		var p *panicError
-		if errors.As(err, &p) {
+		if p, ok := errors.AsType[*panicError](err); ok {
 			log.ErrorContext(ctx, "grader panicked", "grader", name, "panic", p.value, "stack", string(p.stack))
 		}
 		gr.fail(ids, err)
