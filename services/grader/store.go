@@ -188,20 +188,9 @@ func (s *store) get(ctx context.Context, rid string) (gradingList, uint64, error
 func (s *store) add(ctx context.Context, g *grading) error {
 	key := natsstore.Key(g.RolloutID)
 	// Most rollouts are graded once: create first, read only when it exists.
-	val, err := json.Marshal(gradingList(nil).with(g, s.ttl, time.Now()))
-	if err != nil {
-		return fmt.Errorf("gradings of rollout %q: encode: %w", g.RolloutID, err)
-	}
-	if _, err := s.kv.Create(ctx, key, val); err == nil {
-		return nil
-	} else if !errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("gradings of rollout %q: kv create: %w", g.RolloutID, err)
-	}
+	var gs gradingList
+	var rev uint64
 	for {
-		gs, rev, err := s.get(ctx, g.RolloutID)
-		if err != nil {
-			return err
-		}
 		val, err := json.Marshal(gs.with(g, s.ttl, time.Now()))
 		if err != nil {
 			return fmt.Errorf("gradings of rollout %q: encode: %w", g.RolloutID, err)
@@ -222,6 +211,9 @@ func (s *store) add(ctx context.Context, g *grading) error {
 			return fmt.Errorf("gradings of rollout %q: kv create: %w", g.RolloutID, err)
 		default:
 			return fmt.Errorf("gradings of rollout %q: kv update: %w", g.RolloutID, err)
+		}
+		if gs, rev, err = s.get(ctx, g.RolloutID); err != nil {
+			return err
 		}
 	}
 }
