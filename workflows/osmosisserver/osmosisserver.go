@@ -292,37 +292,33 @@ func (h *Host) supervise(ctx context.Context, sl *slot, first chan<- error) {
 				return
 			}
 			log.Error("osmosis rollout server failed to restart; trying again", "error", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
+		} else {
+			began := time.Now()
+			h.mu.Lock()
+			sl.srv = srv
+			h.notify()
+			h.mu.Unlock()
+			if attempt == 0 {
+				// Start returns once every slot holds its server.
+				first <- nil
+			}
+			<-srv.Done()
+			h.mu.Lock()
+			sl.srv = nil
+			h.notify()
+			h.mu.Unlock()
+			if ctx.Err() != nil {
 				return
 			}
-			backoff = restarts.NextBackOff()
-			continue
+			if time.Since(began) >= healthyRun {
+				restarts.Reset()
+				backoff = restarts.NextBackOff()
+			}
+			h.mu.Lock()
+			sl.restarts++
+			h.mu.Unlock()
+			log.Error("osmosis rollout server died; restarting it", "pid", srv.PID(), "error", srv.Err(), "backoff", backoff)
 		}
-		began := time.Now()
-		h.mu.Lock()
-		sl.srv = srv
-		h.notify()
-		h.mu.Unlock()
-		if attempt == 0 {
-			// Start returns once every slot holds its server.
-			first <- nil
-		}
-		<-srv.Done()
-		h.mu.Lock()
-		sl.srv = nil
-		h.notify()
-		h.mu.Unlock()
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(began) >= healthyRun {
-			restarts.Reset()
-			backoff = restarts.NextBackOff()
-		}
-		h.mu.Lock()
-		sl.restarts++
-		h.mu.Unlock()
-		log.Error("osmosis rollout server died; restarting it", "pid", srv.PID(), "error", srv.Err(), "backoff", backoff)
 		if !sleep(ctx, backoff) {
 			return
 		}
