@@ -330,22 +330,14 @@ func outputParts(parts []schema.MessageOutputPart) ([]any, *MessageError) {
 
 //lint:ignore SA1019 models built on older eino still fill MultiContent, so the adapter reads it too.
 func legacyParts(parts []schema.ChatMessagePart) ([]any, *MessageError) {
-	out := make([]any, 0, len(parts))
+	in := make([]schema.MessageInputPart, len(parts))
 	for j, p := range parts {
-		field := fmt.Sprintf("content[%d]", j)
-		switch p.Type {
-		case schema.ChatMessagePartTypeText:
-			out = append(out, textPart(p.Text))
-		case schema.ChatMessagePartTypeImageURL:
-			if p.ImageURL == nil || p.ImageURL.URL == "" {
-				return nil, fieldErr(field+".image_url.url", "missing for an image_url part")
-			}
-			out = append(out, imagePart(p.ImageURL.URL, p.ImageURL.Detail))
-		default:
-			return nil, fieldErr(field+".type", "unsupported content part type %q (want text or image_url)", p.Type)
+		in[j] = schema.MessageInputPart{Type: p.Type, Text: p.Text}
+		if p.ImageURL != nil {
+			in[j].Image = &schema.MessageInputImage{MessagePartCommon: schema.MessagePartCommon{URL: &p.ImageURL.URL}, Detail: p.ImageURL.Detail}
 		}
 	}
-	return out, nil
+	return inputParts(in)
 }
 
 // imageURL is what the OpenAI client sends for an image part: its URL, or
