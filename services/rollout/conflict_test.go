@@ -25,7 +25,7 @@ import (
 	"github.com/osmo-rl/osmo/workflows/calculator"
 )
 
-// countingKV counts the lifecycle writes, those that lost a
+// countingKV counts the lifecycle writes made, those that lost a
 // compare-and-set, those that owed the final stage (the first stored with
 // it), and those that carried a final callback's body.
 type countingKV struct {
@@ -37,7 +37,6 @@ type countingKV struct {
 }
 
 func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
-	kv.writes.Add(1)
 	var lc lifecycle
 	final := json.Unmarshal(value, &lc) == nil && lc.Final != nil
 	if final {
@@ -49,7 +48,12 @@ func (kv *countingKV) Update(ctx context.Context, key string, value []byte, last
 		}
 	}
 	rev, err := kv.KeyValue.Update(ctx, key, value, last)
-	if err != nil && isWrongSequence(err) {
+	switch {
+	case err == nil:
+		// Writes made, not tried: a try that timed out on a busy machine
+		// and was made again is one write.
+		kv.writes.Add(1)
+	case isWrongSequence(err):
 		kv.lost.Add(1)
 	}
 	if err == nil && final {
