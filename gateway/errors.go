@@ -15,47 +15,22 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// statusClientClosedRequest is the nginx convention for a client that went
-// away before the answer, used for codes.Canceled.
-const statusClientClosedRequest = 499
-
 // retryAfterSeconds is sent with every 429, as the Osmosis servers do when
 // they are at capacity.
 const retryAfterSeconds = "5"
 
-// httpStatusFromCode is the one place gRPC codes become HTTP statuses. It
-// follows the Osmosis servers where they differ from grpc-gateway's table:
-// bad input is 422 (FastAPI's validation status), and codes without a
-// client-side meaning are 500.
+// httpStatusFromCode is the one place gRPC codes become HTTP statuses:
+// grpc-gateway's table, but where the Osmosis servers differ: bad input is
+// 422 (FastAPI's validation status), and codes without a client-side
+// meaning are 500.
 func httpStatusFromCode(code codes.Code) int {
 	switch code {
-	case codes.OK:
-		return http.StatusOK
 	case codes.InvalidArgument:
 		return http.StatusUnprocessableEntity
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists:
-		return http.StatusConflict
-	case codes.FailedPrecondition:
-		return http.StatusBadRequest
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Canceled:
-		return statusClientClosedRequest
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	default:
+	case codes.Aborted, codes.OutOfRange:
 		return http.StatusInternalServerError
 	}
+	return runtime.HTTPStatusFromCode(code)
 }
 
 // writeRPCError is the grpc-gateway error handler: every failed REST call

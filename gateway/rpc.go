@@ -81,14 +81,10 @@ func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcR
 		graderv1connect.GraderServiceName,
 		grpc_health_v1.Health_ServiceDesc.ServiceName,
 	)
-	for _, h := range []func() (string, http.Handler){
-		func() (string, http.Handler) { return grpcreflect.NewHandlerV1(reflector, opts...) },
-		func() (string, http.Handler) { return grpcreflect.NewHandlerV1Alpha(reflector, opts...) },
-	} {
-		prefix, handler := h()
-		routes = append(routes, rpcRoute{prefix: prefix, handler: handler})
-	}
-	return routes, nil
+	prefix, handler := grpcreflect.NewHandlerV1(reflector, opts...)
+	routes = append(routes, rpcRoute{prefix, handler})
+	prefix, handler = grpcreflect.NewHandlerV1Alpha(reflector, opts...)
+	return append(routes, rpcRoute{prefix, handler}), nil
 }
 
 // message is a request or response of any method: the generated message of

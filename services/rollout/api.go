@@ -191,14 +191,7 @@ func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRollou
 func lifecycleStatus(lc *lifecycle) *rolloutv1.RolloutStatus {
 	out := &rolloutv1.RolloutStatus{RolloutId: lc.ID, Status: outcome.StatusWord(lc.State), Reward: lc.Reward}
 	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
-		o := lc.Outcome.outcome()
-		if !o.OK() {
-			msg := o.Message
-			out.ErrMessage = &msg
-			if cat := o.Category.Wire(); cat != "" {
-				out.ErrCategory = &cat
-			}
-		}
+		out.ErrMessage, out.ErrCategory = errorFields(lc.Outcome.outcome())
 	}
 	return out
 }
@@ -352,13 +345,9 @@ func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*roll
 		CompletedRollouts: int32(s.completed.Load()),
 	}
 	if s.cfg.AgentLoop == nil {
-		limit := cap(s.sem)
-		if s.wfSem != nil {
-			limit = cap(s.wfSem)
-		}
 		resp.Status = "ok"
 		resp.Concurrency = &rolloutv1.Concurrency{
-			MaxConcurrent: int32(limit),
+			MaxConcurrent: int32(cap(s.sem)),
 			Queued:        int32(s.queuedNow(ctx)),
 			Running:       int32(s.running.Load()),
 		}

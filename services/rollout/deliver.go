@@ -13,7 +13,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -404,22 +403,26 @@ func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log
 	return err
 }
 
-// post delivers one callback under its policy, retrying in place, in a
-// span of its own under ctx, and returns the attempts made. Only refused
-// starts are reported this way (they have no lifecycle to keep them in the
-// outbox); a rollout's callbacks go through send.
-func (s *Service) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
-	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
-		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status))
-	defer span.End()
-	attempts, err := s.sender.post(context.WithValue(ctx, attemptRouteKey{}, d.route), d, log)
-	span.SetAttributes(osmoattr.Attempts.Int(attempts))
-	if err != nil {
-		fail(span, "callback_failed", err.Error())
-		log.ErrorContext(ctx, d.event+" failed", "error", err, "attempts", attempts)
-		s.metrics.callbackFails.Inc()
+// postRetried delivers a refused start's callback under its policy,
+// retrying in place until the delivery deadline: a refused start has no
+// lifecycle to keep its callbacks in the outbox.
+func (s *Service) postRetried(ctx context.Context, id string, d delivery) {
+	p := d.policy
+	first := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := s.attempt(ctx, id, d, attempt, s.log)
+		if err == nil || errors.Is(err, errPermanent) || ctx.Err() != nil {
+			return
+		}
+		wait := p.delay(attempt)
+		if time.Since(first)+wait >= p.Deadline {
+			s.metrics.callbackFails.Inc()
+			s.log.Error(d.event+" failed", "rollout_id", id,
+				"error", fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, err))
+			return
+		}
+		sleepCtx(ctx, wait)
 	}
-	return attempts, err
 }
 
 // attemptRouteKey carries a delivery's route to the span of each attempt.
@@ -494,73 +497,6 @@ type sender struct {
 	client   *http.Client
 	slots    chan struct{}
 	attempts *prometheus.CounterVec
-}
-
-// post delivers d and returns the attempts made. A failed attempt is an
-// event on the span in ctx (each attempt is a client span of its own when
-// the client is traced). When ctx ends the delivery stops where it is.
-func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
-	attempts := c.attempts
-	payload := d.payload
-	if payload == nil {
-		var err error
-		if payload, err = marshalBody(d.body); err != nil {
-			return 0, fmt.Errorf("encode callback: %w", err)
-		}
-	}
-	p := d.policy
-	var (
-		attempt  int
-		last     error // the last attempt's failure
-		reported bool  // last was reported as retried
-	)
-	failed := func(err error, retry bool) {
-		log.WarnContext(ctx, "callback attempt failed", "url", d.url, "attempt", attempt, "retry", retry, "error", err)
-		if span := trace.SpanFromContext(ctx); span.IsRecording() {
-			span.AddEvent("attempt_failed", trace.WithAttributes(
-				osmoattr.Attempt.Int(attempt),
-				attribute.Bool("osmo.retry", retry),
-				semconv.ExceptionMessage(err.Error()),
-			))
-		}
-	}
-	opts := []backoff.RetryOption{
-		backoff.WithBackOff(p.backOff()),
-		// A retry whose wait would end past the deadline is not made.
-		backoff.WithMaxElapsedTime(p.Deadline),
-		backoff.WithNotify(func(err error, _ time.Duration) {
-			failed(err, true)
-			reported = true
-			attempts.WithLabelValues("retry").Inc()
-		}),
-	}
-	if p.Deadline <= 0 {
-		opts = append(opts, backoff.WithMaxTries(1))
-	}
-	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		attempt++
-		reported = false
-		last = c.postOnce(ctx, p, d.url, d.bearer, payload)
-		if errors.Is(last, errPermanent) {
-			return struct{}{}, backoff.Permanent(last)
-		}
-		return struct{}{}, last
-	}, opts...)
-	if err == nil {
-		attempts.WithLabelValues("ok").Inc()
-		return attempt, nil
-	}
-	if !reported {
-		failed(last, false)
-	}
-	attempts.WithLabelValues("failed").Inc()
-	switch {
-	case errors.Is(last, errPermanent):
-		return attempt, fmt.Errorf("callback to %s: %w", d.url, last)
-	case ctx.Err() != nil:
-		return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), last)
-	}
-	return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, last)
 }
 
 // drainLimit is how much of a trainer's answer to a delivered callback is

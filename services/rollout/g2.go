@@ -52,7 +52,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	}
 	ctx, cancel := s.admission(ctx)
 	defer cancel()
-	rec := s.g2Record(req, id)
+	rec := s.g2Record(req, id, req.LlmApiKey != nil || req.GetRolloutId() == "")
 	existing, err := s.admit(ctx, rec, phaseQueued, true)
 	if existing != nil && (err == nil || errors.Is(err, errIDInUse)) {
 		s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
@@ -71,12 +71,13 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	return &rolloutv1.StartRolloutResponse{}, nil
 }
 
-// g2Record is the record of a valid POST /rollout request for rollout id:
-// what admission writes, and what a restart rebuilds from the state log.
-func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *record {
+// g2Record is the record of a valid POST /rollout request for rollout id,
+// spoken as v0.3 or not: what admission writes, and what a restart
+// rebuilds from the state log.
+func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bool) *record {
 	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
 	var w wire = g2
-	if req.LlmApiKey != nil || req.GetRolloutId() == "" {
+	if v03 {
 		w = &v03Wire{g2}
 	}
 	rec := s.newRecord(id, id, w)
@@ -159,18 +160,25 @@ type g2Completion struct {
 	ErrCategory *string `json:"err_category"`
 }
 
-// completionBody reports o: err_category in the wires' four values, null
-// for a cancellation, which the status says.
+// completionBody reports o.
 func completionBody(id string, o outcome.Outcome) g2Completion {
 	c := g2Completion{Status: o.Status(), RolloutID: id}
-	if !o.OK() {
-		msg := o.Message
-		c.ErrMessage = &msg
-		if cat := o.Category.Wire(); cat != "" {
-			c.ErrCategory = &cat
-		}
-	}
+	c.ErrMessage, c.ErrCategory = errorFields(o)
 	return c
+}
+
+// errorFields are err_message and err_category of a failure (nil for a
+// success): the category in the wires' four values, nil for a
+// cancellation, which the status says.
+func errorFields(o outcome.Outcome) (msg, category *string) {
+	if o.OK() {
+		return nil, nil
+	}
+	m := o.Message
+	if c := o.Category.Wire(); c != "" {
+		return &m, &c
+	}
+	return &m, nil
 }
 
 // g2GraderCallback is the grader callback body of both generations:

@@ -76,7 +76,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		ran, direct = resumed.Ran, false
 	} else {
 		var err error
-		if ran, _, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
+		if ran, _, err = s.oweStage(ctx, rec.id, stageRan, s.newStage(rec, run, rec.wire.ran(rec, run), log)); err != nil {
 			s.abandon(rec, err, log)
 			return
 		}
@@ -149,22 +149,12 @@ func (s *Service) lostMessage(lc *lifecycle, when string) string {
 	return fmt.Sprintf("interrupted: replica %s lost %s", lc.Owner, when)
 }
 
-// owe writes a stage's callbacks and its outcome into the rollout's
-// lifecycle before any is posted, and returns the stage as stored: its
-// Sending says whether this replica is to send it now (always the first
-// stage; the final one once the first is done). A stage that owes nothing
-// is done at once. viaOutbox says the stage is to be handed to the outbox
-// rather than posted (see below).
-func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (_ *owedStage, viaOutbox bool, _ error) {
-	return s.oweStage(ctx, rec.id, stage, s.newStage(rec, o, ds, log))
-}
-
 // newStage is a stage to owe: its callbacks with their bodies encoded,
 // and what the lifecycle says of the rollout once it is owed.
 func (s *Service) newStage(rec *record, o outcome.Outcome, ds []delivery, log *slog.Logger) *stageToOwe {
 	st := &owedStage{Outcome: saveOutcome(o), Callbacks: make([]savedCallback, len(ds)), Done: make([]bool, len(ds))}
 	for i, d := range ds {
-		payload, err := marshalBody(d.body)
+		payload, err := json.Marshal(d.body)
 		if err != nil {
 			// Not expected: every body is built from JSON-able parts.
 			log.Error("encode callback", "event", d.event, "error", err)
@@ -185,7 +175,12 @@ type stageToOwe struct {
 	reward *float64
 }
 
-// oweStage writes a stage built by newStage (see owe).
+// oweStage writes a stage built by newStage into the rollout's lifecycle
+// before any of its callbacks is posted, and returns the stage as stored:
+// its Sending says whether this replica is to send it now (always the
+// first stage; the final one once the first is done). A stage that owes
+// nothing is done at once. viaOutbox says the stage is to be handed to
+// the outbox rather than posted (see below).
 func (s *Service) oweStage(ctx context.Context, id, stage string, t *stageToOwe) (_ *owedStage, viaOutbox bool, _ error) {
 	var written *owedStage // the stage, when an earlier try wrote it
 	lc, err := s.persist(ctx, id, func(lc *lifecycle) error {
@@ -410,21 +405,17 @@ func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 	return out
 }
 
-// marshalBody encodes a callback body once.
-func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
-
-// appendJSON encodes lc into b. Not inline, the request and the
-// callbacks' payloads are left out (a private state's are kept in
-// process: localBodies).
-func (lc *lifecycle) appendJSON(b []byte, inline bool) ([]byte, error) {
+// encode is lc as stored. Not inline, the request and the callbacks'
+// payloads are left out (a private state's are kept in process:
+// localBodies).
+func (lc *lifecycle) encode(inline bool) ([]byte, error) {
 	if !inline {
 		cp := *lc
 		cp.Request = nil
 		cp.Ran, cp.Final = lc.Ran.withoutPayloads(), lc.Final.withoutPayloads()
 		lc = &cp
 	}
-	out, err := json.Marshal(lc)
-	return append(b[:0], out...), err
+	return json.Marshal(lc)
 }
 
 // withoutPayloads is a copy of st whose callbacks carry no payload.

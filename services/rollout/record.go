@@ -396,12 +396,8 @@ func (r *record) status() *rolloutv1.RolloutStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := &rolloutv1.RolloutStatus{RolloutId: r.id, Status: outcome.StatusWord(r.state), Reward: r.reward}
-	if r.final && !r.out.OK() {
-		msg := r.out.Message
-		out.ErrMessage = &msg
-		if cat := r.out.Category.Wire(); cat != "" {
-			out.ErrCategory = &cat
-		}
+	if r.final {
+		out.ErrMessage, out.ErrCategory = errorFields(r.out)
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 
 	"google.golang.org/grpc/status"
@@ -44,7 +45,12 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 	var ds []delivery
 	for _, d := range append(w.ran(nil, o), w.finished(&record{}, o, o)...) {
 		if validateHTTPURL(s.cfg.Outbound, "url", d.url, true) == nil {
-			d.bearer = bearer
+			var err error
+			if d.payload, err = json.Marshal(d.body); err != nil {
+				s.log.ErrorContext(ctx, "encode callback", "event", d.event, "error", err)
+				continue
+			}
+			d.bearer = s.seal.text(bearer) // as attempt takes it
 			ds = append(ds, d)
 		}
 	}
@@ -73,7 +79,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		defer func() { <-s.rejectSem }()
 		defer unbind()
 		for _, d := range ds {
-			_, _ = s.post(dctx, d, log)
+			s.postRetried(dctx, id, d)
 		}
 	})
 }

@@ -39,19 +39,9 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 				return nil, err
 			}
 		}
-		rec = s.g2Record(req, lc.ID)
 		// The wire is the lifecycle's: the request that told them apart
 		// may be gone.
-		switch w := rec.wire.(type) {
-		case *g2Wire:
-			if lc.Wire == wireV03 {
-				rec.wire = &v03Wire{w}
-			}
-		case *v03Wire:
-			if lc.Wire == wireG2 {
-				rec.wire = w.g2Wire
-			}
-		}
+		rec = s.g2Record(req, lc.ID, lc.Wire == wireV03)
 	default:
 		return nil, fmt.Errorf("unknown wire %q", lc.Wire)
 	}

@@ -67,10 +67,9 @@ type Service struct {
 	// running counts the rollouts whose workflow runs here.
 	running   atomic.Int64
 	completed atomic.Int64
-	// sem is the server's concurrency limit, wfSem the workflow's own (nil
-	// when it has none).
-	sem   chan struct{}
-	wfSem chan struct{}
+	// sem holds a slot per running workflow: the server's limit, or the
+	// workflow's own when it is lower.
+	sem chan struct{}
 
 	// The embedded LLM proxy every rollout's calls go through, and the
 	// client workflows reach it with.
@@ -144,7 +143,6 @@ func New(cfg Config) (*Service, error) {
 		log:         cfg.Logger.With("service", "rollout"),
 		logs:        logs,
 		metrics:     newMetrics(cfg.Metrics),
-		sem:         make(chan struct{}, cfg.MaxConcurrent),
 		routes:      llmproxy.NewRouteTable(),
 		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
 		admitWithin: admissionTimeout,
@@ -168,9 +166,11 @@ func New(cfg Config) (*Service, error) {
 	s.store = newStore()
 	s.leases.msgs = map[jetstream.Msg]struct{}{}
 	s.replica = replicaName(cfg.ReplicaName)
-	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
-		s.wfSem = make(chan struct{}, n)
+	limit := cfg.MaxConcurrent
+	if n := wf.MaxConcurrent(); n > 0 {
+		limit = min(limit, n)
 	}
+	s.sem = make(chan struct{}, limit)
 	upstream := &http.Transport{
 		Proxy:               nil,
 		DialContext:         cfg.Outbound.Dialer(nil).DialContext,
@@ -292,7 +292,8 @@ func New(cfg Config) (*Service, error) {
 // notStreamed reports whether an LLM call's answer can be served whole: a
 // body that does not ask for a stream gets one JSON answer, so the proxy's
 // handler can run in the caller's goroutine instead of one of its own (a
-// goroutine stack per rollout in flight saved).
+// goroutine stack per rollout in flight saved). A body that holds
+// "stream" anywhere is taken to ask for one.
 func notStreamed(req *http.Request) bool {
 	if req.GetBody == nil {
 		return false
@@ -302,45 +303,8 @@ func notStreamed(req *http.Request) bool {
 		return false
 	}
 	defer rc.Close()
-	// A body made of bytes (every client here posts one) is scanned where
-	// it is, through its WriteTo, not copied.
-	var scan streamScan
-	if _, err := io.Copy(&scan, rc); err != nil {
-		return false
-	}
-	return !scan.found
-}
-
-// streamToken is the key of a body that asks for a stream.
-const streamToken = `"stream"`
-
-// streamScan is an io.Writer that looks for streamToken in what is
-// written to it, across the writes.
-type streamScan struct {
-	found bool
-	// carry is what the writes so far ended with, shorter than the token.
-	carry [len(streamToken) - 1]byte
-	n     int
-}
-
-func (s *streamScan) Write(p []byte) (int, error) {
-	if s.found {
-		return len(p), nil
-	}
-	// A token begun in what was carried ends in p's first bytes.
-	var joined [2 * len(s.carry)]byte
-	j := copy(joined[:], s.carry[:s.n])
-	j += copy(joined[j:], p[:min(len(s.carry), len(p))])
-	if bytes.Contains(joined[:j], []byte(streamToken)) || bytes.Contains(p, []byte(streamToken)) {
-		s.found = true
-		return len(p), nil
-	}
-	if len(p) >= len(s.carry) {
-		s.n = copy(s.carry[:], p[len(p)-len(s.carry):])
-	} else {
-		s.n = copy(s.carry[:], joined[max(0, j-len(s.carry)):j])
-	}
-	return len(p), nil
+	body, err := io.ReadAll(rc)
+	return err == nil && !bytes.Contains(body, []byte(`"stream"`))
 }
 
 // tracedClient is a copy of c whose requests are client spans named by

@@ -250,41 +250,6 @@ type shared struct {
 	local *privateQueue
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
-	// buffers are lifecycle encodings' buffers kept between writes: each
-	// stage write encodes the whole lifecycle, callbacks' payloads
-	// included (kilobytes), and the NATS client has copied it by the time
-	// the write returns. A few are kept, not all: a sync.Pool would keep
-	// every buffer of a burst (10,000 rollouts concluding at once) alive
-	// through the next collection, raising the peak it is there to lower.
-	buffers chan []byte
-}
-
-// stateBuffers is how many lifecycle buffers a replica keeps, and
-// stateBufferMax the largest it keeps (a record of many samples is not).
-const (
-	stateBuffers   = 64
-	stateBufferMax = 64 << 10
-)
-
-// buffer returns a kept lifecycle buffer, or nil.
-func (sh *shared) buffer() []byte {
-	select {
-	case b := <-sh.buffers:
-		return b
-	default:
-		return nil
-	}
-}
-
-// release keeps b for a later write, if there is room.
-func (sh *shared) release(b []byte) {
-	if cap(b) > stateBufferMax {
-		return
-	}
-	select {
-	case sh.buffers <- b[:0]:
-	default:
-	}
 }
 
 // queueDepth is the queue's depth as read at read, and the starts this
@@ -358,7 +323,7 @@ const maxAckPending = 1 << 20
 // deadline of its own); New retries the whole (natsstore.Store.Setup)
 // while the cluster settles, so every step is safe to repeat.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
-	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
+	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
 	if st.Private() {
 		sh.bodies = &localBodies{}
 		sh.local = newPrivateQueue()
@@ -539,13 +504,12 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 		// this lifecycle is stored whole, its request in it, and relies on
 		// nothing held. Its next write keeps its own bodies.
 		kept := sh.bodies.keepNew(lc)
-		b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil || !kept)
+		b, err := lc.encode(sh.bodies == nil || !kept)
 		if err != nil {
 			return nil, 0, err
 		}
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
-		sh.release(b)
 		if err == nil {
 			sh.known.put(lc.ID, lc.clone(), rev)
 			return nil, rev, nil
@@ -621,11 +585,10 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 	// Held before the write: a reader of what it stores finds them.
 	sh.bodies.keep(lc)
-	b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil)
+	b, err := lc.encode(sh.bodies == nil)
 	if err != nil {
 		return err
 	}
-	defer sh.release(b)
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))

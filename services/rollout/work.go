@@ -239,7 +239,7 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 	// The rollout's span starts here, under the admitting request's trace;
 	// the lifecycle then carries the span, for whoever delivers its
 	// callbacks.
-	s.traceRollout(s.extract(lc), rec)
+	s.traceRollout(s.traceCtx(context.Background(), lc), rec)
 	var carrier map[string]string
 	if s.tracer != nil {
 		carrier = map[string]string{}
@@ -334,7 +334,7 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 	rec.work = msg
 	s.leases.hold(msg)
 	s.store.add(rec)
-	s.traceRollout(s.extract(lc), rec)
+	s.traceRollout(s.traceCtx(context.Background(), lc), rec)
 	how := recoveredRedelivered
 	run := outcome.Failed(outcome.Agent, "%s", s.lostMessage(stored, "while the rollout was running"))
 	if stored.Ran != nil {
@@ -347,14 +347,6 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 	log.Warn("concluding a rollout whose replica was lost", "lost", lost, "phase", stored.Phase, "resumed_as", how)
 	rec.settle(run)
 	s.conclude(rec, run, stored, log)
-}
-
-// extract is the trace context the rollout was admitted under.
-func (s *Service) extract(lc *lifecycle) context.Context {
-	if s.tracer == nil || len(lc.Trace) == 0 {
-		return context.Background()
-	}
-	return s.cfg.Propagator.Extract(context.Background(), propagation.MapCarrier(lc.Trace))
 }
 
 // deliverOutbox serves the outbox: callbacks whose first attempt failed,
@@ -453,7 +445,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	_ = msg.DoubleAck(context.WithoutCancel(ctx))
 }
 
-// traceCtx is ctx carrying the rollout's trace.
+// traceCtx is ctx carrying the trace the rollout was admitted under.
 func (s *Service) traceCtx(ctx context.Context, lc *lifecycle) context.Context {
 	if s.tracer == nil || len(lc.Trace) == 0 {
 		return ctx
@@ -519,56 +511,27 @@ func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logge
 	}
 }
 
-// acquire takes the workflow's concurrency slot (if it has a limit of its
-// own) and the server's, in that order, or fails when ctx ends. release
-// gives both back.
+// acquire takes a concurrency slot, or fails when ctx ends. release
+// gives it back, once however often it is called.
 func (s *Service) acquire(ctx context.Context) (release func(), err error) {
-	if s.wfSem != nil {
-		select {
-		case s.wfSem <- struct{}{}:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 	select {
 	case s.sem <- struct{}{}:
+		return s.releaser(), nil
 	case <-ctx.Done():
-		if s.wfSem != nil {
-			<-s.wfSem
-		}
 		return nil, ctx.Err()
 	}
-	return s.releaser(), nil
 }
 
-// tryAcquire takes both slots if they are free now.
+// tryAcquire takes a slot if one is free now.
 func (s *Service) tryAcquire() (release func(), ok bool) {
-	if s.wfSem != nil {
-		select {
-		case s.wfSem <- struct{}{}:
-		default:
-			return nil, false
-		}
-	}
 	select {
 	case s.sem <- struct{}{}:
+		return s.releaser(), true
 	default:
-		if s.wfSem != nil {
-			<-s.wfSem
-		}
 		return nil, false
 	}
-	return s.releaser(), true
 }
 
 func (s *Service) releaser() func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			<-s.sem
-			if s.wfSem != nil {
-				<-s.wfSem
-			}
-		})
-	}
+	return sync.OnceFunc(func() { <-s.sem })
 }
