@@ -2,15 +2,10 @@ package rollout
 
 import "sync"
 
-// activity counts the goroutines a drain waits for: rollouts, their
-// callbacks, outbox redeliveries, the callbacks of refused starts.
-//
-// Unlike a sync.WaitGroup, its count may rise from zero while it is waited
-// for: an outbox redelivery or a refused start's callbacks can begin while
-// the drain waits, and with a WaitGroup that is a misuse the runtime may
-// panic on. Wait returns at a moment the count is zero; what starts after
-// that is cut short by the end of the delivery context, as any delivery
-// still under way then is.
+// activity counts the goroutines a drain waits for. Unlike a
+// sync.WaitGroup's, its count may rise from zero while it is waited for (an
+// outbox redelivery starting during the drain); Wait returns at a moment it
+// is zero, and what starts after is cut short with the delivery context.
 type activity struct {
 	mu    sync.Mutex
 	n     int

@@ -25,12 +25,9 @@ func (s *Service) queuedNow(ctx context.Context) int64 {
 	return n
 }
 
-// This file holds the RPCs that read or steer rollouts of any wire; the
-// ones that start a rollout are each wire's (g1.go, g2.go).
-
-// GetRollout returns a rollout's record, whichever replica holds it:
-// this one's live record, the stored finished one, the live record of the
-// replica running it, or else what its lifecycle says.
+// GetRollout returns a rollout's record: this replica's live one, the
+// stored finished one, the live one of the replica running it, or else
+// what its lifecycle says.
 func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
 	id := req.GetRolloutId()
 	if id == "" {
@@ -57,16 +54,14 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 			return out, nil
 		}
 	}
-	// The owner answers from its live record while the rollout runs, and
-	// also just after it finished: the lifecycle says finished once the
-	// last callback is done, a moment before the owner stores the record.
+	// The owner answers while the rollout runs, and just after it
+	// finished, before it stored the record.
 	if lc.Owner != "" && lc.Owner != s.replica && (lc.Phase != phaseFinished || time.Since(lc.Finished) < recordSettle) {
 		out, err := s.askOwner(ctx, lc.Owner, id)
 		if err == nil {
 			return out, nil
 		}
 		if errors.Is(err, errGone) && lc.Outcome != nil {
-			// The owner let go of it: its record is stored by now.
 			if out, err := s.finishedRecord(ctx, id); err == nil {
 				out.CallbackError = lc.CallbackError
 				return out, nil
@@ -77,8 +72,7 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 }
 
 // recordSettle is how long after a rollout finished its owner may still be
-// storing its record: another replica asked for it meanwhile asks the owner
-// rather than answer from the lifecycle, which holds no samples.
+// storing its record.
 const recordSettle = 10 * time.Second
 
 // finishedRecord reads a finished rollout's stored record.
@@ -120,7 +114,7 @@ func (s *Service) answerGets(msg *nats.Msg) {
 
 // WatchRollouts streams finished rollouts, from every replica, in the
 // order their records were stored; after_sequence replays those stored
-// after it (those the record TTL and --record-max-bytes kept).
+// after it that are still kept.
 func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
 	if req.GetAfterSequence() < -1 {
 		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
@@ -167,8 +161,7 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 	}
 }
 
-// GetRolloutStatus implements GET /rollout/{id}/status, for any rollout of
-// the cluster.
+// GetRolloutStatus implements GET /rollout/{id}/status.
 func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
 	id := req.GetRolloutId()
 	if id == "" {
@@ -196,10 +189,9 @@ func lifecycleStatus(lc *lifecycle) *rolloutv1.RolloutStatus {
 	return out
 }
 
-// CancelRollouts implements POST /rollout/cancel, for any rollout of the
-// cluster: the cancel is written into the rollout's lifecycle (a queued
-// one then never starts, wherever it is taken) and sent to the replica
-// running it, which aborts its workflow and in-flight LLM calls.
+// CancelRollouts implements POST /rollout/cancel: the cancel is written
+// into the rollout's lifecycle (a queued one then never starts) and sent to
+// the replica running it, which aborts its workflow and LLM calls.
 func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRolloutsRequest) (*rolloutv1.CancelRolloutsResponse, error) {
 	if err := validateCancel(req); err != nil {
 		return nil, err
@@ -234,9 +226,8 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 	return out, nil
 }
 
-// dispose lists one rollout's disposition in out: every asked-for id,
-// but by prefix or all only what the call stopped (a rollout already over,
-// still delivering its callbacks, is not).
+// dispose lists one rollout's disposition in out: every asked-for id, but
+// by prefix or all only what the call stopped.
 func (s *Service) dispose(ctx context.Context, out *rolloutv1.CancelRolloutsResponse, id, d string, byID bool) {
 	if d == dispositionNotFound && !byID {
 		return
@@ -298,8 +289,7 @@ func (s *Service) cancelHeld(rec *record) {
 	}
 }
 
-// answerCancels serves the cancels sent to whichever replica runs a
-// rollout.
+// answerCancels serves the cancels sent to the replica running a rollout.
 func (s *Service) answerCancels(msg *nats.Msg) {
 	if rec := s.store.get(string(msg.Data)); rec != nil {
 		s.cancelHeld(rec)
@@ -334,9 +324,8 @@ func (s *Service) unfinished(ctx context.Context, prefix string) ([]string, erro
 	}
 }
 
-// Health answers the Osmosis health body: G1's for a server running an
-// agent loop, the G3 body (status "ok" and the concurrency) for one running
-// a workflow.
+// Health answers the Osmosis health body: G1's for an agent loop, G3's
+// (status "ok" and the concurrency) for a workflow.
 func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	resp := &rolloutv1.HealthResponse{
 		Status:            "healthy",
@@ -355,8 +344,8 @@ func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*roll
 	return resp, nil
 }
 
-// PlatformHealth is Health behind the API key (checked by the interceptor);
-// without a configured key the route does not exist.
+// PlatformHealth is Health behind the API key; without one the route does
+// not exist.
 func (s *Service) PlatformHealth(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	if s.cfg.APIKey == "" {
 		return nil, status.Error(codes.NotFound, "Not Found")

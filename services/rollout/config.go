@@ -29,13 +29,9 @@ type ClientSettings struct {
 }
 
 // DefaultClientSettings are the Osmosis defaults, but for the idle
-// connections kept per host: as many as the default pool opens (the SDK
-// keeps 20 of its 100). With fewer, every call over that many in flight
-// ends by closing its connection and the next opens one: a TCP handshake
-// and teardown per LLM call and per callback at the policy server and the
-// trainer, and about a tenth of osmo serve's CPU per rollout at 64 in
-// flight (docs/performance.md). A pool raised for a burst
-// (MaxConnections) keeps no more than these once the burst is over.
+// connections kept per host: as many as the pool opens (the SDK keeps 20
+// of 100), or every call over that many in flight closes its connection and
+// the next opens one.
 func DefaultClientSettings() ClientSettings {
 	return ClientSettings{
 		Timeout:                 300 * time.Second,
@@ -54,11 +50,8 @@ func DefaultClientSettings() ClientSettings {
 // once. G2 and v0.3 callbacks wait BaseDelay doubling up to MaxDelay
 // between attempts, each bounded by Timeout (0.5s, 8s, 10s: the Osmosis
 // SDK's); the G1 completion takes the ClientSettings' delays and timeout.
-//
 // At most MaxInFlight callback requests are open at once (64), all
-// trainers together: thousands of results finishing together reach the
-// trainer at a pace it can answer, and an attempt's Timeout runs from when
-// it is sent, not while it waits its turn.
+// trainers together.
 type CallbackSettings struct {
 	BaseDelay   time.Duration
 	MaxDelay    time.Duration

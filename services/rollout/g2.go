@@ -18,16 +18,12 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// g2Wire is POST /rollout as the Osmosis SDK v0.2 speaks it (G2, seeds
-// 000-003, with the G3 additions): the LLM calls go to
-// {chat_completions_url}/chat/completions under controller_api_key, the
-// completion callback follows the run and the grader callback the grading.
-//
-// Nothing in a request says whether a v0.2 or a v0.3 controller sent it,
-// so every body is one both read: the grader callback carries the v0.2
-// samples map and v0.3's single sample, and only statuses and categories
-// in both vocabularies are sent. v0.3's additions to admission are in
-// v03.go.
+// g2Wire is POST /rollout as the Osmosis SDK v0.2 speaks it (G2, with the
+// G3 additions): the LLM calls go to {chat_completions_url} under
+// controller_api_key, the completion callback follows the run and the
+// grader callback the grading. Every body is one a v0.3 controller reads
+// too: the grader callback carries v0.2's samples map and v0.3's single
+// sample, and only statuses and categories in both vocabularies are sent.
 type g2Wire struct {
 	req    *rolloutv1.StartRolloutRequest
 	id     string
@@ -35,11 +31,9 @@ type g2Wire struct {
 }
 
 // StartRollout implements POST /rollout for G2 and v0.3 controllers. A
-// request is v0.3's when it has llm_api_key or leaves rollout_id out (G2
-// requires it); the rest is served the same way. At capacity it answers
-// ResourceExhausted (429 with Retry-After); an id the server holds is
-// accepted again without starting anything (a trainer retrying a POST
-// whose answer it lost).
+// request is v0.3's when it has llm_api_key or leaves rollout_id out. At
+// capacity it answers ResourceExhausted (429 with Retry-After); an id the
+// server holds is accepted again without starting anything.
 func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutRequest) (*rolloutv1.StartRolloutResponse, error) {
 	id := req.GetRolloutId()
 	if id == "" {
@@ -95,8 +89,7 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bo
 	rec.upstream = llmproxy.Route{
 		BaseURL: strings.TrimRight(req.GetChatCompletionsUrl(), "/"),
 		APIKey:  llmKey(req),
-		// Agents not written for osmo name models of their own; every call
-		// must still reach the policy.
+		// Agents not written for osmo name models of their own.
 		PinModel: true,
 	}
 	rec.budget, rec.budgetName, rec.fromAdmission = s.cfg.RolloutTimeout, "agent_timeout_sec", true
@@ -120,8 +113,7 @@ func (w *g2Wire) forget() { w.req = nil }
 
 func (w *g2Wire) saved() (proto.Message, proto.Message) { return w.req, nil }
 
-// statusWord is the completion callback's status: success, failure or
-// cancelled (the trainer asked for it: only a v0.3 controller cancels).
+// statusWord is the completion callback's status.
 func (*g2Wire) statusWord(o outcome.Outcome) string { return o.Status() }
 
 // ran owes the completion callback: the run's outcome.
@@ -129,8 +121,7 @@ func (w *g2Wire) ran(rec *record, run outcome.Outcome) []delivery {
 	return []delivery{w.callback("completion_callback", w.req.GetCompletionCallbackUrl(), completionBody(w.id, run), run.Status())}
 }
 
-// finished owes the grader callback, when the trainer asked for one: the
-// samples with their rewards, or the failure.
+// finished owes the grader callback, when the trainer asked for one.
 func (w *g2Wire) finished(rec *record, _, final outcome.Outcome) []delivery {
 	if w.req.GraderCallbackUrl == nil {
 		return nil
@@ -189,14 +180,11 @@ type g2GraderCallback struct {
 	Sample  *wireSample            `json:"sample"`
 }
 
-// graderBody reports the final outcome with the samples. Its status is
-// success or failure: neither generation's grader status has
-// "cancelled", so a cancelled rollout's grader callback is a failure
-// saying so. Rewards are sent only for a success, as v0.3 requires (a
-// reward anywhere else would be trained on), and sample, v0.3's single
-// one, is the first the workflow registered, null unless the rollout
-// succeeded. A rollout with several samples thus reaches a v0.3
-// controller as its first; the samples map carries them all.
+// graderBody reports the final outcome with the samples. Neither
+// generation's grader status has "cancelled": a cancelled rollout's is a
+// failure saying so. Rewards are sent only for a success, as v0.3 requires
+// (a reward anywhere else would be trained on), and sample, v0.3's single
+// one, is the first registered, null unless the rollout succeeded.
 func graderBody(id string, o outcome.Outcome, samples []*sample.Sample) *g2GraderCallback {
 	body := &g2GraderCallback{g2Completion: completionBody(id, o), Samples: map[string]*wireSample{}}
 	if o.State == rolloutv1.State_STATE_CANCELLED {
@@ -212,9 +200,8 @@ func graderBody(id string, o outcome.Outcome, samples []*sample.Sample) *g2Grade
 	return body
 }
 
-// wireSample is one sample of the grader callback: the fields of both
-// generations' RolloutSample, and llm_calls, the per-call records (token
-// ids, logprobs, usage) of the G3 wire.
+// wireSample is one sample of the grader callback: both generations'
+// RolloutSample, and the G3 per-call records (llm_calls).
 type wireSample struct {
 	ID           string              `json:"id"`
 	Messages     []json.RawMessage   `json:"messages"`
@@ -235,25 +222,20 @@ func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 		Label:        sm.Label,
 		RemoveSample: sm.RemoveSample,
 		Metrics:      cmp.Or(sm.Metrics, &osmo.SampleMetrics{}),
-		// {} rather than null when unset, as the wires have it.
-		ExtraFields: sm.ExtraFields,
+		ExtraFields:  sm.ExtraFields,
 	}
 	if out.Messages == nil {
 		out.Messages = []json.RawMessage{}
 	}
-	if out.ExtraFields == nil {
+	if out.ExtraFields == nil { // {}, not null, as the wires have it
 		out.ExtraFields = json.RawMessage(`{}`)
 	}
 	if ok && !sm.RemoveSample {
-		// The grader's reward, else the agent's own (a workflow that grades
-		// itself, served without an osmo grader), as meanReward makes the
-		// rollout's.
+		// The grader's reward, else the agent's own, as in meanReward.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	// Each call as recorded: its request messages after those it shares
-	// with the sample's previous call, which shared_request_messages
-	// counts. Neither wire defines llm_calls, so none needs the history
-	// copied into every call, and the body stays linear in the turns.
+	// Each call as recorded, compacted (see compact): neither wire defines
+	// llm_calls, and the body stays linear in the turns.
 	if len(sm.LLMCalls) > 0 {
 		out.LLMCalls = make([]wireCall, len(sm.LLMCalls))
 		for i, c := range sm.LLMCalls {
@@ -264,9 +246,8 @@ func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 	return out
 }
 
-// wireCall is one record of a sample's llm_calls: the recorded call, and
-// the names the G3 per-call record gives its usage and the model it was
-// sent upstream as.
+// wireCall is one of a sample's llm_calls: the recorded call, with the G3
+// names of its usage and model.
 type wireCall struct {
 	*osmo.LLMCall
 	PromptTokens     int    `json:"prompt_tokens"`

@@ -139,6 +139,7 @@ func (q *privateQueue) done(id string) {
 		delete(q.queued, id)
 	}
 }
+
 // takePrivate starts the rollouts of a private state's queue, each when a
 // slot frees, in the order queued, until ctx ends. It takes a slot only
 // once a rollout waits, so an idle queue holds none.

@@ -16,26 +16,17 @@ import (
 const maxRejectedDeliveries = 64
 
 // reportRejected tells the controller of a start refused as bad input
-// through the callbacks too, as a failure with err_category
-// validation_error: a trainer that only watches its callbacks must not wait
-// forever for a rollout that never started. The caller answers the request
-// (422) at once; the callbacks follow in the background, under the G2
-// callback retry policy, one per usable URL (an http(s) URL with a host),
-// with the
-// request's controller_api_key as the bearer when it has a usable one. id
-// is the rollout id the request names (in its body or its completion URL),
-// possibly empty.
+// through the callbacks too, as a validation_error failure: a trainer that
+// only watches its callbacks must not wait forever. The caller answers 422
+// at once; the callbacks follow in the background under the G2 policy, to
+// each usable URL, with the request's controller_api_key when usable. id
+// is the rollout id the request names, possibly empty.
 //
-// Nothing is posted for a caller without the server's API key (the
-// interceptor refuses it before this runs; the check here keeps it so when
-// the service is called directly), nor for a refused start that names a
-// rollout the shared state holds: that rollout posts its own callbacks,
-// once.
+// Nothing is posted for a caller without the server's API key, nor for a
+// start naming a rollout the shared state holds (it posts its own).
 func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, id string, cause error) {
 	msg := status.Convert(cause).Message()
-	// The failure a rollout would report, sent only to the usable URLs.
-	// A key that was itself the refused field (blank, or not a header
-	// value) is not sent: the transport would refuse it on every retry.
+	// A key that was itself the refused field is not sent.
 	bearer := req.GetControllerApiKey()
 	if strings.TrimSpace(bearer) == "" || validateHeaderValue("controller_api_key", bearer) != nil {
 		bearer = ""
@@ -71,8 +62,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		return
 	}
 	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)
-	// The request's trace, not its cancellation: the callbacks outlive the
-	// answer.
+	// The callbacks outlive the answer.
 	dctx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	unbind := context.AfterFunc(s.deliverCtx, func() { stop(context.Cause(s.deliverCtx)) })
 	s.wg.Go(func() {

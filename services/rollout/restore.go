@@ -9,10 +9,8 @@ import (
 )
 
 // restore rebuilds a rollout's record from its lifecycle, as its wire's
-// handler built it at admission: the replica that runs or concludes a
-// rollout is seldom the one that admitted it. A lifecycle past its final
-// stage has no request any more; its record is then only what the
-// callbacks and status need.
+// handler built it at admission. Past its final stage the request is gone;
+// the record is then only what the callbacks and status need.
 func (s *Service) restore(lc *lifecycle) (*record, error) {
 	var rec *record
 	switch lc.Wire {

@@ -44,16 +44,15 @@ type Service struct {
 	rolloutv1.UnimplementedRolloutServiceServer
 
 	cfg Config
-	// workflow is what every rollout runs, whatever wire started it: the
-	// configured Workflow, or the AgentLoop made one.
+	// workflow is what every rollout runs: Workflow, or AgentLoop made one.
 	workflow *osmo.Workflow
 	auth     *server.BearerAuth
 	// seal encrypts the trainers' secrets the shared state keeps.
 	seal seal
 	log  *slog.Logger
 	// store holds the rollouts this replica runs or concludes; sh is the
-	// state every replica shares, and ownState says the Service opened
-	// (and closes) its store. replica names this process in it.
+	// state every replica shares (ownState: opened and closed here), in
+	// which replica names this process.
 	store    *store
 	sh       *shared
 	ownState bool
@@ -71,25 +70,20 @@ type Service struct {
 	// workflow's own when it is lower.
 	sem chan struct{}
 
-	// The embedded LLM proxy every rollout's calls go through, and the
-	// client workflows reach it with.
+	// The embedded LLM proxy and the client workflows reach it with.
 	routes    *llmproxy.RouteTable
 	proxySrv  *http.Server
 	proxyLn   net.Listener
 	proxyURL  string
 	llmClient *http.Client
-	// sender posts the callbacks; each wire's retry policy sets the
-	// per-attempt timeouts.
-	sender *sender
-	// outbound are the client transports New made (to the policy and the
-	// trainers): Serve closes their idle connections as it returns, or a
-	// server on the other end waits for them (net/http's Shutdown gives a
-	// connection that never sent a request 5 s).
+	sender    *sender
+	// outbound are the client transports New made: Serve closes their idle
+	// connections as it returns, or a server on the other end waits for
+	// them.
 	outbound []*http.Transport
 	g1Policy callbackPolicy
 	g2Policy callbackPolicy
-	// rejectSem bounds the refused starts reported through callbacks at
-	// once (reportRejected).
+	// rejectSem bounds the refused starts reported at once.
 	rejectSem chan struct{}
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
@@ -178,11 +172,8 @@ func New(cfg Config) (*Service, error) {
 		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 		MaxIdleConns:        cfg.Client.MaxConnections,
 		IdleConnTimeout:     90 * time.Second,
-		// Every rollout in its LLM call holds a connection, so its
-		// buffers are paid per rollout in flight (net/http's 4 KiB
-		// each way: 80 MiB at 10,000). 1 KiB holds any response
-		// head; a body larger than the buffer is read and written
-		// around it, straight from and to the proxy's own buffers.
+		// Every rollout in its LLM call holds a connection, so its buffers
+		// are paid per rollout in flight; 1 KiB holds any response head.
 		ReadBufferSize:  upstreamBufferSize,
 		WriteBufferSize: upstreamBufferSize,
 	}
@@ -196,10 +187,8 @@ func New(cfg Config) (*Service, error) {
 			MaxDelay:   cfg.Client.RetryMaxDelay,
 		},
 		Timeout: cfg.Client.Timeout,
-		// Upstream calls go straight to the policy (no forward proxy), so
-		// the guarded dialer sees the address each one actually reaches.
-		// The proxy makes each attempt with RoundTrip, which follows no
-		// redirect.
+		// Straight to the policy (no forward proxy or redirect), so the
+		// guarded dialer sees the address each call reaches.
 		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
@@ -218,31 +207,23 @@ func New(cfg Config) (*Service, error) {
 	s.proxyLn = ln
 	s.proxyURL = "http://" + ln.Addr().String()
 	s.proxySrv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
-	// Workflows in this process reach the proxy's handler in memory: a
-	// rollout in flight costs no descriptor of its own (exec agents, in
-	// other processes, use the listener). No client timeout: the proxy
-	// enforces per-attempt timeouts and the rollout context the rest.
+	// Workflows in this process reach the proxy's handler in memory (exec
+	// agents use the listener). No client timeout: the proxy times each
+	// attempt, the rollout's context the rest.
 	s.llmClient = &http.Client{Transport: inproc.Transport{Handler: proxy, Whole: notStreamed}}
 	callbackClient := cfg.HTTPClient
 	if callbackClient == nil {
-		// As the proxy's: direct connections, each address checked, and
-		// no redirect to another host (where the dial check would be the
-		// only thing between a trainer's 307 and the metadata service).
+		// As the proxy's: direct connections, each address checked, and no
+		// redirect to another host.
 		callbacks := &http.Transport{
 			Proxy:               nil,
 			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			IdleConnTimeout:     90 * time.Second,
-			// A trainer's answer is a few bytes, drained unread:
-			// asking for it gzipped would cost each attempt a header
-			// and a decompressor for nothing.
+			// A trainer's answer is drained unread.
 			DisableCompression: true,
-			// A callback that fits the buffer goes out in one write:
-			// with net/http's 4 KiB, a grader callback of two LLM
-			// calls (5 KiB) took two, the second through a
-			// ReadFrom detour. Connections are at most
-			// MaxConnections per trainer host, not one per rollout.
+			// A grader callback fits in one write.
 			WriteBufferSize: callbackBufferSize,
 		}
 		s.outbound = append(s.outbound, callbacks)
@@ -250,8 +231,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer(tracerName)
-		// Each LLM call and each callback attempt is a client span whose
-		// trace context (and the ids' baggage) goes out in its headers.
+		// Each LLM call and callback attempt is a client span.
 		s.llmClient = tracedClient(s.llmClient, tp, cfg, func(*http.Request) string {
 			return "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions"
 		})
@@ -268,8 +248,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.ownState = true
 	}
-	// A cluster whose nodes are starting or restarting answers late: the
-	// store asks again for a while before giving up.
+	// A cluster whose nodes are (re)starting answers late: Setup retries.
 	if err = st.Setup(context.Background(), "rollout streams and buckets", func(ctx context.Context) (err error) {
 		s.sh, err = openShared(ctx, st, cfg)
 		return err
@@ -289,11 +268,10 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// notStreamed reports whether an LLM call's answer can be served whole: a
-// body that does not ask for a stream gets one JSON answer, so the proxy's
-// handler can run in the caller's goroutine instead of one of its own (a
-// goroutine stack per rollout in flight saved). A body that holds
-// "stream" anywhere is taken to ask for one.
+// notStreamed reports whether an LLM call's answer is served whole, so the
+// proxy's handler can run in the caller's goroutine (a goroutine stack per
+// rollout in flight saved). A body that holds "stream" anywhere is taken
+// to ask for a stream.
 func notStreamed(req *http.Request) bool {
 	if req.GetBody == nil {
 		return false
@@ -348,12 +326,9 @@ func replicaName(name string) string {
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
 func (s *Service) ProxyURL() string { return s.proxyURL }
 
-// Serve takes rollouts from the shared queue and callbacks from the
-// outbox, and runs the embedded proxy, until ctx ends; then it drains:
-// it takes no new work, running rollouts get DrainTimeout to finish, are
-// then cancelled (and still report it), their callbacks get DrainTimeout
-// again, and what is still undelivered is left to the outbox, for another
-// replica or the next start. Serve returns when all is let go of.
+// Serve takes rollouts from the queue and callbacks from the outbox, and
+// runs the embedded proxy, until ctx ends; then it drains (see drain) and
+// returns when all is let go of.
 func (s *Service) Serve(ctx context.Context) error {
 	nc := s.sh.store.NC
 	subs := make([]*nats.Subscription, 0, 2)
@@ -380,9 +355,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	renewCtx, stopRenewing := context.WithCancel(context.Background())
 	defer stopRenewing()
 	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
-	// The loops that start rollouts stop before the drain waits for the
-	// rollouts: a rollout started during the drain would run, and be
-	// cut short, while the server goes away.
+	// The loops that start rollouts stop before the drain waits.
 	var starting, loops sync.WaitGroup
 	starting.Add(2)
 	go func() {
@@ -424,8 +397,8 @@ var errShutdown = errors.New("the server shut down")
 
 // drain waits DrainTimeout for the rollouts to finish, cancels those still
 // running (they still report it), waits DrainTimeout again for their
-// callbacks, and then stops the deliveries still trying: what they did not
-// deliver stays in the outbox.
+// callbacks, then stops the deliveries: what is undelivered stays in the
+// outbox, for another replica or the next start.
 func (s *Service) drain() {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()

@@ -23,8 +23,7 @@ func badField(field, format string, args ...any) error {
 	return fielderr.New(field, format, args...)
 }
 
-// firstError is the first of errs that is not nil: a request's checks in
-// the order its problems are reported.
+// firstError is the first of errs that is not nil.
 func firstError(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
@@ -67,8 +66,7 @@ func optional(set bool, check func() error) error {
 }
 
 // validateHeaderValue checks a key that goes out as an Authorization
-// header, on the callbacks and to the policy: one that cannot be a header
-// value would fail every delivery, after the rollout ran.
+// header: one that cannot be would fail every delivery.
 func validateHeaderValue(field, v string) error {
 	if !httpguts.ValidHeaderFieldValue(v) {
 		return badField(field, "must be usable as an HTTP header value: no control characters such as CR or LF")
@@ -90,9 +88,8 @@ func validateID(field, v string) error {
 }
 
 // validateHTTPURL checks a URL a trainer names for osmo to call: http(s),
-// with a host that is not an IP literal outbound denies. Every wire's URLs
-// come through here; a host name is judged when it is dialled
-// (Config.Outbound), the check that holds whatever the name resolves to.
+// with a host that is not an IP literal outbound denies (a host name is
+// judged when dialled).
 func validateHTTPURL(outbound *netguard.Policy, field, raw string, required bool) error {
 	if raw == "" {
 		if required {
@@ -110,14 +107,12 @@ func validateHTTPURL(outbound *netguard.Policy, field, raw string, required bool
 	return nil
 }
 
-// maxTimeoutSec bounds the G2 and v0.3 budgets, which must be finite: a
-// day is longer than any rollout.
+// maxTimeoutSec bounds the G2 and v0.3 budgets: a day.
 const maxTimeoutSec = 24 * 60 * 60
 
-// validateStart checks a POST /rollout request against PROTOCOL.md's G2
-// and v0.3 rules (with the G3 rule that a rollout id is one safe path
-// segment); id is the request's rollout_id, or the one its completion URL
-// names when it has none.
+// validateStart checks a POST /rollout request against PROTOCOL.md's G2,
+// G3 and v0.3 rules; id is its rollout_id, or the one its completion URL
+// names.
 func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int, outbound *netguard.Policy) error {
 	labelKind := "" // what a label must not be
 	switch req.GetLabel().GetKind().(type) {
