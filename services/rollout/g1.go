@@ -28,8 +28,7 @@ import (
 // the rollout id in the body, and one completion, after grading, goes to
 // {server_url}/v1/rollout/completed.
 type g1Wire struct {
-	req    *rolloutv1.InitRolloutRequest
-	policy callbackPolicy
+	req *rolloutv1.InitRolloutRequest
 	// resp is the init's answer, which a duplicate init gets too.
 	resp *rolloutv1.InitRolloutResponse
 }
@@ -145,7 +144,7 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 
 // g1Record is the record of a valid init under idempotency key key.
 func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*record, *g1Wire) {
-	w := &g1Wire{req: req, policy: s.g1Policy}
+	w := &g1Wire{req: req}
 	rec := s.newRecord(req.GetRolloutId(), key, w)
 	g1req := sdkRequest(req)
 	rec.label = g1Label(req)
@@ -238,8 +237,6 @@ func (*g1Wire) statusWord(o outcome.Outcome) string {
 	return g1Error
 }
 
-func (w *g1Wire) retry() callbackPolicy { return w.policy }
-
 // forget keeps the init's answer: a duplicate init is answered with it.
 func (w *g1Wire) forget() { w.req = nil }
 
@@ -283,7 +280,6 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		bearer: w.req.GetApiKey(),
 		body:   body,
 		status: body.Status,
-		policy: w.policy,
 	}}
 }
 

@@ -25,9 +25,8 @@ import (
 // too: the grader callback carries v0.2's samples map and v0.3's single
 // sample, and only statuses and categories in both vocabularies are sent.
 type g2Wire struct {
-	req    *rolloutv1.StartRolloutRequest
-	id     string
-	policy callbackPolicy
+	req *rolloutv1.StartRolloutRequest
+	id  string
 }
 
 // StartRollout implements POST /rollout for G2 and v0.3 controllers. A
@@ -69,7 +68,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 // spoken as v0.3 or not: what admission writes, and what a restart
 // rebuilds from the state log.
 func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bool) *record {
-	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
+	g2 := &g2Wire{req: req, id: id}
 	var w wire = g2
 	if v03 {
 		w = &v03Wire{g2}
@@ -107,8 +106,6 @@ func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Se
 
 func (*g2Wire) name() string { return wireG2 }
 
-func (w *g2Wire) retry() callbackPolicy { return w.policy }
-
 func (w *g2Wire) forget() { w.req = nil }
 
 func (w *g2Wire) saved() (proto.Message, proto.Message) { return w.req, nil }
@@ -138,7 +135,6 @@ func (w *g2Wire) callback(event, url string, body any, status string) delivery {
 		bearer: w.req.GetControllerApiKey(),
 		body:   body,
 		status: status,
-		policy: w.policy,
 	}
 }
 

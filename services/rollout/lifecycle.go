@@ -79,7 +79,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	ranTried := make(chan struct{})
 	pending := &pendingFinal{}
 	go func() {
-		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, pending, log)
+		ok := s.send(ctx, rec, rec.id, rec.created, s.policyOf(rec.wire.name()), stageRan, ran, direct, pending, log)
 		close(ranTried)
 		sent <- ok
 	}()
@@ -117,7 +117,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 			finDirect = !viaOutbox
 		}
 	}
-	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, nil, log)
+	ok := s.send(ctx, rec, rec.id, rec.created, s.policyOf(rec.wire.name()), stageFinal, fin, finDirect, nil, log)
 	ok = <-sent && ok
 	if ok {
 		s.awaitDelivered(rec)

@@ -32,7 +32,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		bearer = ""
 	}
 	o := outcome.Failed(outcome.Validation, "%s", msg)
-	w := &g2Wire{req: req, id: id, policy: s.g2Policy}
+	w := &g2Wire{req: req, id: id}
 	var ds []delivery
 	for _, d := range append(w.ran(nil, o), w.finished(&record{}, o, o)...) {
 		if validateHTTPURL(s.cfg.Outbound, "url", d.url, true) == nil {
@@ -41,7 +41,7 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 				s.log.ErrorContext(ctx, "encode callback", "event", d.event, "error", err)
 				continue
 			}
-			d.bearer = s.seal.text(bearer) // as attempt takes it
+			d.bearer, d.policy = s.seal.text(bearer), s.g2Policy // as attempt takes them
 			ds = append(ds, d)
 		}
 	}

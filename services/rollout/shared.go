@@ -196,7 +196,7 @@ func (o savedOutcome) outcome() outcome.Outcome {
 }
 
 // savedCallback is a delivery as the lifecycle keeps it; its policy is the
-// wire's (wire.retry).
+// wire's (policyOf).
 type savedCallback struct {
 	Event  string `json:"event"`
 	Route  string `json:"route"`

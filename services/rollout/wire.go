@@ -23,8 +23,6 @@ type wire interface {
 	// finished lists the callbacks due once the outcome is final (final
 	// differs from run when grading failed).
 	finished(rec *record, run, final outcome.Outcome) []delivery
-	// retry is the rule its callbacks are retried by.
-	retry() callbackPolicy
 	// forget drops the request once the record is finished.
 	forget()
 	// saved is what the lifecycle keeps to rebuild the rollout: its
