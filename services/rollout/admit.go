@@ -30,11 +30,6 @@ const (
 	admissionTimeout = 15 * time.Second
 )
 
-// admission bounds the answer to a start (see admissionTimeout).
-func (s *Service) admission(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.admitWithin)
-}
-
 // retryAfter is what a trainer is told to wait when the server is full.
 const retryAfter = 5 * time.Second
 
@@ -49,7 +44,7 @@ func (s *Service) newRecord(id, key string, w wire) *record {
 		token:    newToken(),
 		state:    rolloutv1.State_STATE_QUEUED,
 		created:  time.Now(),
-		log:      s.logs.open(id),
+		log:      openEventLog(s.logDir, id),
 	}
 	rec.initContexts(s.rolloutsCtx)
 	return rec

@@ -13,32 +13,29 @@ import (
 	"time"
 )
 
-// eventLogs writes one JSONL file of events per rollout under
-// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout; see
-// logFileName for ids that cannot be file names as they are).
-type eventLogs struct {
-	dir string // "" disables logging
-}
+// The event logs are one JSONL file per rollout under
+// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout).
 
-// newEventLogs opens the event log directory under root. Its files hold
-// whole conversations: readable by their owner only.
-func newEventLogs(root string, start time.Time) (*eventLogs, error) {
+// makeLogDir makes the event log directory under root ("" when root is).
+// Its files hold whole conversations: readable by their owner only.
+func makeLogDir(root string, start time.Time) (string, error) {
 	if root == "" {
-		return &eventLogs{}, nil
+		return "", nil
 	}
 	dir := filepath.Join(root, fmt.Sprint(start.Unix()))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("rollout: event log dir: %w", err)
+		return "", fmt.Errorf("rollout: event log dir: %w", err)
 	}
-	return &eventLogs{dir: dir}, nil
+	return dir, nil
 }
 
-// open returns the log of one rollout; a disabled log discards events.
-func (l *eventLogs) open(rolloutID string) *eventLog {
-	if l.dir == "" {
+// openEventLog returns the log of one rollout in dir; without a dir it
+// discards events.
+func openEventLog(dir, rolloutID string) *eventLog {
+	if dir == "" {
 		return &eventLog{rolloutID: rolloutID}
 	}
-	return &eventLog{rolloutID: rolloutID, path: filepath.Join(l.dir, logFileName(rolloutID))}
+	return &eventLog{rolloutID: rolloutID, path: filepath.Join(dir, logFileName(rolloutID))}
 }
 
 const (

@@ -46,7 +46,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	if req.IdempotencyKey != nil {
 		key = req.GetIdempotencyKey()
 	}
-	ctx, cancel := s.admission(ctx)
+	ctx, cancel := context.WithTimeout(ctx, s.admitWithin)
 	defer cancel()
 	rec, w := s.g1Record(req, key)
 	existing, err := s.admit(ctx, rec, phaseAdmitting, false)

@@ -43,7 +43,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		s.reportRejected(ctx, req, id, err)
 		return nil, err
 	}
-	ctx, cancel := s.admission(ctx)
+	ctx, cancel := context.WithTimeout(ctx, s.admitWithin)
 	defer cancel()
 	rec := s.g2Record(req, id, req.LlmApiKey != nil || req.GetRolloutId() == "")
 	existing, err := s.admit(ctx, rec, phaseQueued, true)

@@ -59,7 +59,7 @@ type Service struct {
 	replica  string
 	leases   leases
 	waiters  waiters
-	logs     *eventLogs
+	logDir   string
 	metrics  *metrics
 	tracer   trace.Tracer // nil when not tracing
 
@@ -123,7 +123,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rollout.New: %w", err)
 	}
-	logs, err := newEventLogs(cfg.LogDir, time.Now())
+	logDir, err := makeLogDir(cfg.LogDir, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func New(cfg Config) (*Service, error) {
 		auth:        server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
 		seal:        sl,
 		log:         cfg.Logger.With("service", "rollout"),
-		logs:        logs,
+		logDir:      logDir,
 		metrics:     newMetrics(cfg.Metrics),
 		routes:      llmproxy.NewRouteTable(),
 		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
@@ -166,7 +166,6 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.sem = make(chan struct{}, limit)
 	upstream := &http.Transport{
-		Proxy:               nil,
 		DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 		MaxConnsPerHost:     cfg.Client.MaxConnections,
 		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
@@ -216,7 +215,6 @@ func New(cfg Config) (*Service, error) {
 		// As the proxy's: direct connections, each address checked, and no
 		// redirect to another host.
 		callbacks := &http.Transport{
-			Proxy:               nil,
 			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
