@@ -13,8 +13,7 @@ type activity struct {
 	zero  *sync.Cond // signalled when it does; made on first use
 }
 
-// Add adds delta to the count.
-func (a *activity) Add(delta int) {
+func (a *activity) add(delta int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.n += delta
@@ -29,14 +28,11 @@ func (a *activity) Add(delta int) {
 	}
 }
 
-// Done takes one off the count.
-func (a *activity) Done() { a.Add(-1) }
-
 // Go runs f in a goroutine counted until f returns.
 func (a *activity) Go(f func()) {
-	a.Add(1)
+	a.add(1)
 	go func() {
-		defer a.Done()
+		defer a.add(-1)
 		f()
 	}()
 }

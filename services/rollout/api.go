@@ -219,23 +219,18 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 				pending = append(pending, id)
 				continue
 			}
-			s.dispose(ctx, out, id, d, byID)
+			// Every asked-for id is listed, but by prefix or all only what
+			// the call stopped.
+			if d != dispositionNotFound {
+				out.Dispositions[id] = d
+				s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
+			} else if byID {
+				out.Dispositions[id] = d
+			}
 		}
 		ids = append([]string(nil), pending...)
 	}
 	return out, nil
-}
-
-// dispose lists one rollout's disposition in out: every asked-for id, but
-// by prefix or all only what the call stopped.
-func (s *Service) dispose(ctx context.Context, out *rolloutv1.CancelRolloutsResponse, id, d string, byID bool) {
-	if d == dispositionNotFound && !byID {
-		return
-	}
-	out.Dispositions[id] = d
-	if d != dispositionNotFound {
-		s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
-	}
 }
 
 // cancel cancels one rollout and says what it stopped; with queuedOnly,

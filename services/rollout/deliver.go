@@ -117,10 +117,7 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 	lc, err := s.persist(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
 		tries++
 		next, viaOutbox = nil, false
-		st := lc.Ran
-		if stage == stageFinal {
-			st = lc.Final
-		}
+		st := lc.stage(stage)
 		if st == nil || i >= len(st.Done) {
 			return errUnchanged
 		}

@@ -173,7 +173,7 @@ func (s *Service) oweStage(ctx context.Context, id, stage string, t *stageToOwe)
 		// The first stage is this replica's to send either way; a final
 		// one already Sending may be being posted, so it goes through the
 		// outbox, which keeps one hand-over.
-		if prev := map[string]*owedStage{stageRan: lc.Ran, stageFinal: lc.Final}[stage]; prev != nil {
+		if prev := lc.stage(stage); prev != nil {
 			cp := *prev
 			cp.Sending = stage == stageRan || prev.Sending
 			written, viaOutbox = &cp, stage == stageFinal && prev.Sending

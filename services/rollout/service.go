@@ -355,18 +355,23 @@ func (s *Service) Serve(ctx context.Context) error {
 	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
 	// The loops that start rollouts stop before the drain waits.
 	var starting, loops sync.WaitGroup
-	starting.Add(2)
-	go func() {
-		defer starting.Done()
+	starting.Go(func() {
 		if s.sh.local != nil {
 			s.takePrivate(takeCtx, s.sh.local)
 			return
 		}
 		s.takeWork(takeCtx)
-	}()
-	go func() { defer starting.Done(); s.concludeCancelled(takeCtx) }()
-	loops.Add(1)
-	go func() { defer loops.Done(); s.deliverOutbox(takeCtx) }()
+	})
+	// Rollouts cancelled while queued are concluded at once, without a
+	// slot; the outbox's attempts under way go on under the delivery
+	// context.
+	limit := s.cfg.Callbacks.MaxInFlight
+	starting.Go(func() {
+		s.serveConsumer(takeCtx, s.sh.control, limit, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
+	})
+	loops.Go(func() {
+		s.serveConsumer(takeCtx, s.sh.outbox, limit, func(msg jetstream.Msg) { s.redeliver(s.deliverCtx, msg) })
+	})
 	var serveErr error
 	select {
 	case <-ctx.Done():

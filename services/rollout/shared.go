@@ -138,6 +138,14 @@ type namedStage struct {
 	st   *owedStage
 }
 
+// stage is lc's stage of that name (nil when not owed).
+func (lc *lifecycle) stage(name string) *owedStage {
+	if name == stageRan {
+		return lc.Ran
+	}
+	return lc.Final
+}
+
 // stages are lc's stages, in order.
 func (lc *lifecycle) stages() [2]namedStage {
 	return [2]namedStage{{stageRan, lc.Ran}, {stageFinal, lc.Final}}

@@ -54,13 +54,6 @@ func (s *Service) takeWork(ctx context.Context) {
 	}
 }
 
-// concludeCancelled serves the control queue until ctx ends: rollouts
-// cancelled while queued, concluded at once (they need no slot), at most
-// Callbacks.MaxInFlight at a time.
-func (s *Service) concludeCancelled(ctx context.Context) {
-	s.serveConsumer(ctx, s.sh.control, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
-}
-
 // serveConsumer handles each message of c in a goroutine of its own, at
 // most limit at once, until ctx ends. Each message is held from its
 // arrival, so one waiting for its turn is not given to another replica.
@@ -322,12 +315,6 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 	s.conclude(rec, run, stored, log)
 }
 
-// deliverOutbox serves the outbox, at most Callbacks.MaxInFlight at once,
-// until ctx ends (attempts under way go on under the delivery context).
-func (s *Service) deliverOutbox(ctx context.Context) {
-	s.serveConsumer(ctx, s.sh.outbox, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.redeliver(s.deliverCtx, msg) })
-}
-
 // redeliver makes one attempt at a callback from the outbox: done with, it
 // is marked and acknowledged; failed transiently, it goes back with the
 // wire's backoff until the delivery deadline; stopped by the shutdown, it
@@ -351,10 +338,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	st := lc.Ran
-	if m.Stage == stageFinal {
-		st = lc.Final
-	}
+	st := lc.stage(m.Stage)
 	if st == nil || m.Index >= len(st.Done) || m.Index >= len(st.Callbacks) || st.Done[m.Index] {
 		log.Debug("outbox: the callback is done with", "phase", lc.Phase)
 		// The mark may have let the final stage go with a replica that died
