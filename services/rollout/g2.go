@@ -24,9 +24,15 @@ import (
 // grader callback the grading. Every body is one a v0.3 controller reads
 // too: the grader callback carries v0.2's samples map and v0.3's single
 // sample, and only statuses and categories in both vocabularies are sent.
+//
+// v03 says the request is v0.3's, today's SDK: the G2 body plus
+// llm_api_key, the LLM calls' bearer (controller_api_key stays the
+// callbacks'), and rollout_id optional because the controller's URLs name
+// the rollout. Its callbacks are G2's.
 type g2Wire struct {
 	req *rolloutv1.StartRolloutRequest
 	id  string
+	v03 bool
 }
 
 // StartRollout implements POST /rollout for G2 and v0.3 controllers. A
@@ -68,12 +74,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 // spoken as v0.3 or not: what admission writes, and what a restart
 // rebuilds from the state log.
 func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bool) *record {
-	g2 := &g2Wire{req: req, id: id}
-	var w wire = g2
-	if v03 {
-		w = &v03Wire{g2}
-	}
-	rec := s.newRecord(id, id, w)
+	rec := s.newRecord(id, id, &g2Wire{req: req, id: id, v03: v03})
 	rec.label = labelText(req.GetLabel())
 	rec.in = &host.Input{
 		RolloutID: id,
@@ -104,7 +105,12 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bo
 
 func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
 
-func (*g2Wire) name() string { return wireG2 }
+func (w *g2Wire) name() string {
+	if w.v03 {
+		return wireV03
+	}
+	return wireG2
+}
 
 func (w *g2Wire) forget() { w.req = nil }
 
