@@ -19,12 +19,12 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -75,15 +75,11 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("gateway.New: Config.MaxBodyBytes must not be negative, got %d", cfg.MaxBodyBytes)
 	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	graderConn := cfg.Grader
 	if graderConn == nil {
-		graderConn = unavailableConn{service: "grader"}
+		graderConn = unavailableConn{}
 	}
 
 	rolloutConn := cfg.Rollout
@@ -233,11 +229,3 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets the streaming REST responses reach Flush.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// connectReadMaxBytes is the body limit as connect.WithReadMaxBytes takes it.
-func connectReadMaxBytes(limit int64) int {
-	if limit > math.MaxInt {
-		return math.MaxInt
-	}
-	return int(limit)
-}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 
@@ -30,7 +31,7 @@ import (
 // grpc.health.v1.Health/Check, each forwarding by the method's descriptor.
 func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcRoute, error) {
 	opts := []connect.HandlerOption{
-		connect.WithReadMaxBytes(connectReadMaxBytes(g.maxBody)),
+		connect.WithReadMaxBytes(int(min(g.maxBody, math.MaxInt))),
 		connect.WithInterceptors(logInterceptor{log: g.log}),
 	}
 	var routes []rpcRoute
@@ -240,11 +241,9 @@ func connectError(err error) error {
 	return cerr
 }
 
-// unavailableConn stands in for a service that is not deployed behind the
-// gateway: every call fails with Unavailable.
-type unavailableConn struct {
-	service string
-}
+// unavailableConn stands in for the grader service when it is not deployed
+// behind the gateway: every call fails with Unavailable.
+type unavailableConn struct{}
 
 func (c unavailableConn) Invoke(context.Context, string, any, any, ...grpc.CallOption) error {
 	return c.err()
@@ -255,7 +254,7 @@ func (c unavailableConn) NewStream(context.Context, *grpc.StreamDesc, string, ..
 }
 
 func (c unavailableConn) err() error {
-	return status.Errorf(codes.Unavailable, "%s service is not configured on this gateway", c.service)
+	return status.Error(codes.Unavailable, "grader service is not configured on this gateway")
 }
 
 // logInterceptor logs failed Connect, gRPC and gRPC-Web calls.

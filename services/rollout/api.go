@@ -19,12 +19,6 @@ import (
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
-// queuedNow is the shared queue's depth, 0 when it cannot be read.
-func (s *Service) queuedNow(ctx context.Context) int64 {
-	n, _ := s.sh.queued(ctx)
-	return n
-}
-
 // GetRollout returns a rollout's record: this replica's live one, the
 // stored finished one, the live one of the replica running it, or else
 // what its lifecycle says.
@@ -322,17 +316,18 @@ func (s *Service) unfinished(ctx context.Context, prefix string) ([]string, erro
 // Health answers the Osmosis health body: G1's for an agent loop, G3's
 // (status "ok" and the concurrency) for a workflow.
 func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
+	queued, _ := s.sh.queued(ctx) // 0 when it cannot be read
 	resp := &rolloutv1.HealthResponse{
 		Status:            "healthy",
 		AgentLoop:         s.workflow.Name(),
-		ActiveRollouts:    int32(int64(s.store.counts()) + s.queuedNow(ctx)),
+		ActiveRollouts:    int32(int64(s.store.counts()) + queued),
 		CompletedRollouts: int32(s.completed.Load()),
 	}
 	if s.cfg.AgentLoop == nil {
 		resp.Status = "ok"
 		resp.Concurrency = &rolloutv1.Concurrency{
 			MaxConcurrent: int32(cap(s.sem)),
-			Queued:        int32(s.queuedNow(ctx)),
+			Queued:        int32(queued),
 			Running:       int32(s.running.Load()),
 		}
 	}

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -190,12 +191,8 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.Client.RetryMaxDelay, d.RetryMaxDelay)
 	orDefault(&c.Client.MaxConnections, d.MaxConnections)
 	orDefault(&c.Client.MaxKeepaliveConnections, d.MaxKeepaliveConnections)
-	if c.ProxyAddr == "" {
-		c.ProxyAddr = "127.0.0.1:0"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.ProxyAddr = cmp.Or(c.ProxyAddr, "127.0.0.1:0")
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
