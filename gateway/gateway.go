@@ -162,7 +162,7 @@ func (g *gateway) serveREST(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, g.maxBody)}
-	g.rest.ServeHTTP(&statusWriter{ResponseWriter: w, success: http.StatusOK}, r)
+	g.rest.ServeHTTP(w, r)
 }
 
 func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
@@ -175,14 +175,11 @@ func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 }
 
 // acceptInitRollout makes InitRollout and StartRollout answer 202 Accepted,
-// as the Osmosis protocols require; statusWriter sends it.
+// as the Osmosis protocols require. It runs before their answer is
+// marshaled, which cannot fail: an init's tools were checked when made.
 func acceptInitRollout(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
 	method, ok := runtime.RPCMethod(ctx)
 	if !ok || (method != rolloutv1.RolloutService_InitRollout_FullMethodName && method != rolloutv1.RolloutService_StartRollout_FullMethodName) {
-		return nil
-	}
-	if sw, ok := w.(*statusWriter); ok {
-		sw.success = http.StatusAccepted
 		return nil
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -204,28 +201,3 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// statusWriter sends the success status with the first body byte, so a
-// response that fails to marshal still gets the error handler's status.
-type statusWriter struct {
-	http.ResponseWriter
-	success     int
-	wroteHeader bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if code >= http.StatusOK {
-		w.wroteHeader = true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(w.success)
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets the streaming REST responses reach Flush.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
