@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -352,20 +351,20 @@ func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log
 	if err != nil {
 		err = fmt.Errorf("%w: the bearer: %w", errPermanent, err)
 	} else {
-		err = s.sender.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d.policy, d.url, bearer, d.payload)
+		err = s.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d, bearer)
 	}
 	switch {
 	case err == nil:
-		s.sender.attempts.WithLabelValues("ok").Inc()
+		s.metrics.callbacks.WithLabelValues("ok").Inc()
 		log.DebugContext(ctx, "callback delivered", "rollout_id", id, "event", d.event, "attempt", n)
 		return nil
 	case errors.Is(err, errPermanent):
-		s.sender.attempts.WithLabelValues("failed").Inc()
+		s.metrics.callbacks.WithLabelValues("failed").Inc()
 		s.metrics.callbackFails.Inc()
 		err = fmt.Errorf("callback to %s: %w", d.url, err)
 		log.ErrorContext(ctx, d.event+" refused", "rollout_id", id, "error", err, "attempt", n)
 	default:
-		s.sender.attempts.WithLabelValues("retry").Inc()
+		s.metrics.callbacks.WithLabelValues("retry").Inc()
 		log.WarnContext(ctx, "callback attempt failed", "rollout_id", id, "event", d.event, "url", d.url, "attempt", n, "error", err)
 	}
 	fail(span, "callback_failed", err.Error())
@@ -451,42 +450,31 @@ func (p callbackPolicy) delay(attempt int) time.Duration {
 // errPermanent marks a callback failure that retrying cannot fix.
 var errPermanent = errors.New("not retried")
 
-// sender posts callbacks with client, at most cap(slots) at once (every
-// trainer together), so a burst reaches a trainer at a pace it can answer;
-// an attempt's timeout runs from when it is sent, not while it waits its
-// turn. attempts counts each attempt by outcome (ok, retry, failed).
-type sender struct {
-	client   *http.Client
-	slots    chan struct{}
-	attempts *prometheus.CounterVec
-}
-
 // drainLimit is how much of a trainer's answer to a delivered callback is
 // read so that its connection can be used again; a longer one closes it.
 const drainLimit = 64 << 10
 
-func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer string, payload []byte) error {
+// postOnce posts d once, in a callback slot, its timeout running from when
+// it is sent.
+func (s *Service) postOnce(ctx context.Context, d delivery, bearer string) error {
 	select {
-	case c.slots <- struct{}{}:
-		defer func() { <-c.slots }()
+	case s.callbackSlots <- struct{}{}:
+		defer func() { <-s.callbackSlots }()
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	if p.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.Timeout)
-		defer cancel()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	p := d.policy
+	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(d.payload))
 	if err != nil {
 		return fmt.Errorf("%w: build request: %v", errPermanent, err)
 	}
-	req.Header = make(http.Header, 4)
-	req.Header["Content-Type"] = []string{"application/json"}
+	req.Header.Set("Content-Type", "application/json")
 	if bearer != "" {
-		req.Header["Authorization"] = []string{"Bearer " + bearer}
+		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	resp, err := c.client.Do(req)
+	resp, err := s.callbackClient.Do(req)
 	if netguard.Refused(err) {
 		// The outbound policy refuses this address (or the endpoint
 		// redirects elsewhere): it will again, however long we retry.

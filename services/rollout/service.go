@@ -76,7 +76,11 @@ type Service struct {
 	proxyLn   net.Listener
 	proxyURL  string
 	llmClient *http.Client
-	sender    *sender
+	// callbackClient posts the callbacks, at most cap(callbackSlots) at once
+	// (every trainer together), so a burst reaches a trainer at a pace it
+	// can answer.
+	callbackClient *http.Client
+	callbackSlots  chan struct{}
 	// outbound are the client transports New made: Serve closes their idle
 	// connections as it returns, or a server on the other end waits for
 	// them.
@@ -235,7 +239,7 @@ func New(cfg Config) (*Service, error) {
 		})
 		callbackClient = tracedClient(callbackClient, tp, cfg, attemptSpanName)
 	}
-	s.sender = &sender{client: callbackClient, slots: make(chan struct{}, cfg.Callbacks.MaxInFlight), attempts: s.metrics.callbacks}
+	s.callbackClient, s.callbackSlots = callbackClient, make(chan struct{}, cfg.Callbacks.MaxInFlight)
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
 	st := cfg.State
