@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/fielderr"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
@@ -25,7 +26,7 @@ import (
 func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
 	id := req.GetRolloutId()
 	if id == "" {
-		return nil, badField("rollout_id", "required")
+		return nil, fielderr.New("rollout_id", "required")
 	}
 	if rec := s.store.get(id); rec != nil {
 		out, err := rec.proto()
@@ -111,7 +112,7 @@ func (s *Service) answerGets(msg *nats.Msg) {
 // after it that are still kept.
 func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
 	if req.GetAfterSequence() < -1 {
-		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
+		return fielderr.New("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
 	}
 	ctx := stream.Context()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"$KV." + bucketRecords + ".>"}, DeliverPolicy: jetstream.DeliverNewPolicy}
@@ -159,7 +160,7 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
 	id := req.GetRolloutId()
 	if id == "" {
-		return nil, badField("rollout_id", "required")
+		return nil, fielderr.New("rollout_id", "required")
 	}
 	if rec := s.store.get(id); rec != nil {
 		return rec.status(), nil
