@@ -163,41 +163,29 @@ func (s *Service) takePrivate(ctx context.Context, q *privateQueue) {
 }
 
 // startPrivate starts id, taken from the private queue in a slot (release
-// gives it back), as take starts one from the JetStream queue. A start the
-// state could not write goes back to the queue's end, a second later.
+// gives it back), as take starts one from the JetStream queue.
 func (s *Service) startPrivate(takeCtx context.Context, q *privateQueue, id string, release func()) {
 	ctx, cancel := context.WithTimeout(s.deliverCtx, 10*time.Second)
 	defer cancel()
 	again := false
-	defer func() {
-		q.done(id)
-		if !again {
-			return
-		}
-		t := time.NewTimer(time.Second)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			q.push(id, false)
-		case <-takeCtx.Done():
-			// The queue is not taken from any more (a drain).
-		}
-	}()
 	lc, err := s.sh.queuedLifecycle(ctx, id, true)
 	switch {
-	case errors.Is(err, errGone):
-		release()
-		return
-	case err != nil:
+	case err != nil && !errors.Is(err, errGone):
 		s.log.Warn("shared state: could not read a queued rollout; it goes back", "rollout_id", id, "error", err)
 		release()
 		again = true
-		return
+	case err != nil || lc.Phase != phaseQueued || s.store.get(id) != nil:
+		release() // gone, concluded (a cancel), or here already
+	default:
+		again = s.begin(ctx, lc, nil, "", release)
 	}
-	if lc.Phase != phaseQueued || s.store.get(id) != nil {
-		// Concluded (a cancel), or here already.
-		release()
-		return
+	q.done(id)
+	// A start the state could not write goes back to the queue's end a
+	// second later, unless the queue is drained meanwhile.
+	if again {
+		sleepCtx(takeCtx, time.Second)
+		if takeCtx.Err() == nil {
+			q.push(id, false)
+		}
 	}
-	again = s.begin(ctx, lc, nil, "", release)
 }
