@@ -88,17 +88,18 @@ func (h *localBodies) keepLocked(lc *lifecycle) {
 	if len(lc.Request) > 0 {
 		entry().request = lc.Request
 	}
-	for _, s := range lc.stages() {
-		if s.st == nil {
+	for _, name := range stageNames {
+		st := lc.stage(name)
+		if st == nil {
 			continue
 		}
-		for i, c := range s.st.Callbacks {
+		for i, c := range st.Callbacks {
 			if len(c.Payload) == 0 {
 				continue
 			}
-			held := entry().stage(s.name)
-			if len(*held) < len(s.st.Callbacks) {
-				*held = append(*held, make([]json.RawMessage, len(s.st.Callbacks)-len(*held))...)
+			held := entry().stage(name)
+			if len(*held) < len(st.Callbacks) {
+				*held = append(*held, make([]json.RawMessage, len(st.Callbacks)-len(*held))...)
 			}
 			(*held)[i] = c.Payload
 		}
@@ -125,14 +126,15 @@ func (h *localBodies) fill(lc *lifecycle) {
 	if lc.Final == nil && len(lc.Request) == 0 {
 		lc.Request = p.request
 	}
-	for _, s := range lc.stages() {
-		if s.st == nil {
+	for _, name := range stageNames {
+		st := lc.stage(name)
+		if st == nil {
 			continue
 		}
-		held := *p.stage(s.name)
-		for i := range s.st.Callbacks {
-			if i < len(held) && i < len(s.st.Done) && !s.st.Done[i] && len(s.st.Callbacks[i].Payload) == 0 {
-				s.st.Callbacks[i].Payload = held[i]
+		held := *p.stage(name)
+		for i := range st.Callbacks {
+			if i < len(held) && i < len(st.Done) && !st.Done[i] && len(st.Callbacks[i].Payload) == 0 {
+				st.Callbacks[i].Payload = held[i]
 			}
 		}
 	}

@@ -280,25 +280,26 @@ const repairEvery = 5 * time.Second
 // not hold: a hand-over whose message was lost (a process killed before its
 // embedded server wrote it, a NATS node that died before replicating it).
 func (s *Service) repair(lc *lifecycle, log *slog.Logger) {
-	for _, st := range lc.stages() {
-		if st.st == nil || !st.st.Sending {
+	for _, name := range stageNames {
+		st := lc.stage(name)
+		if st == nil || !st.Sending {
 			continue
 		}
-		for i, done := range st.st.Done {
+		for i, done := range st.Done {
 			if done {
 				continue
 			}
-			held, err := s.sh.inOutbox(s.deliverCtx, lc.ID, st.name, i)
+			held, err := s.sh.inOutbox(s.deliverCtx, lc.ID, name, i)
 			if err != nil {
-				log.Warn("shared state: could not look for a callback in the outbox", "stage", st.name, "index", i, "error", err)
+				log.Warn("shared state: could not look for a callback in the outbox", "stage", name, "index", i, "error", err)
 				break
 			}
 			if held {
-				log.Debug("outbox: holds the callback", "stage", st.name, "index", i)
+				log.Debug("outbox: holds the callback", "stage", name, "index", i)
 				break
 			}
-			log.Warn("shared state: a callback owed is not in the outbox; handing it over again", "stage", st.name, "index", i)
-			m := outboxMsg{ID: lc.ID, Stage: st.name, Index: i, Due: time.Now(), again: true}
+			log.Warn("shared state: a callback owed is not in the outbox; handing it over again", "stage", name, "index", i)
+			m := outboxMsg{ID: lc.ID, Stage: name, Index: i, Due: time.Now(), again: true}
 			if err := s.sh.handOver(s.deliverCtx, lc.Created, m); err != nil {
 				log.Error("shared state: could not hand a callback over again", "error", err)
 			}

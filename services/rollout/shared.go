@@ -74,11 +74,21 @@ const (
 	phaseFinished = "finished"
 )
 
-// Stages whose callbacks a lifecycle owes.
+// Stages whose callbacks a lifecycle owes, in order.
 const (
 	stageRan   = "ran"
 	stageFinal = "final"
 )
+
+var stageNames = [2]string{stageRan, stageFinal}
+
+// stage is lc's stage of that name (nil when not owed).
+func (lc *lifecycle) stage(name string) *owedStage {
+	if name == stageRan {
+		return lc.Ran
+	}
+	return lc.Final
+}
 
 // lifecycle is a rollout as every replica sees it, JSON in osmo_rollouts.
 type lifecycle struct {
@@ -132,25 +142,6 @@ type owedStage struct {
 	Sending bool `json:"sending,omitempty"`
 }
 
-// namedStage is a stage of a lifecycle (nil when not owed) and its name.
-type namedStage struct {
-	name string
-	st   *owedStage
-}
-
-// stage is lc's stage of that name (nil when not owed).
-func (lc *lifecycle) stage(name string) *owedStage {
-	if name == stageRan {
-		return lc.Ran
-	}
-	return lc.Final
-}
-
-// stages are lc's stages, in order.
-func (lc *lifecycle) stages() [2]namedStage {
-	return [2]namedStage{{stageRan, lc.Ran}, {stageFinal, lc.Final}}
-}
-
 func (st *owedStage) done() bool {
 	if st == nil {
 		return false
@@ -164,19 +155,11 @@ func (st *owedStage) done() bool {
 }
 
 // clone is a copy of lc that a change may alter without altering lc: what
-// changes alter in place (Done marks, Sending) is copied, what they only
-// replace is shared.
+// changes alter in place (a stage's Done marks, Sending) is copied, what
+// they only replace (the request, the outcome, the reward) is shared.
 func (lc *lifecycle) clone() *lifecycle {
 	cp := *lc
 	cp.Ran, cp.Final = lc.Ran.clone(), lc.Final.clone()
-	if lc.Outcome != nil {
-		o := *lc.Outcome
-		cp.Outcome = &o
-	}
-	if lc.Reward != nil {
-		r := *lc.Reward
-		cp.Reward = &r
-	}
 	return &cp
 }
 
