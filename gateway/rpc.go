@@ -54,25 +54,14 @@ func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcR
 		routes = append(routes, rpcRoute{prefix: "/" + string(svc.desc.FullName()) + "/", handler: mux})
 	}
 
-	// Health/Check asks the grader about itself, the rollout service about
-	// everything else; Health's other methods are 404 (Unimplemented).
-	check, err := forwarder(grpc_health_v1.File_grpc_health_v1_health_proto.Services().Get(0).Methods().ByName("Check"), rollout, opts)
+	// Health's methods but Check are 404 (Unimplemented).
+	check, err := forwarder(grpc_health_v1.File_grpc_health_v1_health_proto.Services().Get(0).Methods().ByName("Check"), healthConn{rollout, grader}, opts)
 	if err != nil {
 		return nil, err
 	}
-	check.pick = func(req proto.Message) grpc.ClientConnInterface {
-		if req.(*grpc_health_v1.HealthCheckRequest).GetService() == graderv1connect.GraderServiceName {
-			return grader
-		}
-		return rollout
-	}
-	routes = append(routes, rpcRoute{prefix: "/" + grpc_health_v1.Health_ServiceDesc.ServiceName + "/", handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != check.procedure {
-			http.NotFound(w, r)
-			return
-		}
-		check.ServeHTTP(w, r)
-	})})
+	health := http.NewServeMux()
+	health.Handle(check.procedure, check)
+	routes = append(routes, rpcRoute{prefix: "/" + grpc_health_v1.Health_ServiceDesc.ServiceName + "/", handler: health})
 
 	reflector := grpcreflect.NewStaticReflector(
 		rolloutv1connect.RolloutServiceName,
@@ -95,18 +84,23 @@ type message struct {
 type forwarding struct {
 	http.Handler
 	procedure string
-	// pick chooses the connection for a request (nil: conn).
-	pick func(proto.Message) grpc.ClientConnInterface
-	conn grpc.ClientConnInterface
-	in   protoreflect.MessageType
-	out  protoreflect.MessageType
+	conn      grpc.ClientConnInterface
+	in        protoreflect.MessageType
+	out       protoreflect.MessageType
 }
 
-func (f *forwarding) connFor(req proto.Message) grpc.ClientConnInterface {
-	if f.pick != nil {
-		return f.pick(req)
+// healthConn asks the grader about the grader service's health, the
+// rollout service about everything else.
+type healthConn struct {
+	grpc.ClientConnInterface // the rollout service
+	grader                   grpc.ClientConnInterface
+}
+
+func (c healthConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if args.(*grpc_health_v1.HealthCheckRequest).GetService() == graderv1connect.GraderServiceName {
+		return c.grader.Invoke(ctx, method, args, reply, opts...)
 	}
-	return f.conn
+	return c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 }
 
 // forwarder is the Connect handler that calls method on conn.
@@ -136,7 +130,7 @@ func forwarder(method protoreflect.MethodDescriptor, conn grpc.ClientConnInterfa
 
 func (f *forwarding) unary(ctx context.Context, req *connect.Request[message]) (*connect.Response[message], error) {
 	reply := f.out.New().Interface()
-	if err := f.connFor(req.Msg.Message).Invoke(outgoingContext(ctx), f.procedure, req.Msg.Message, reply); err != nil {
+	if err := f.conn.Invoke(outgoingContext(ctx), f.procedure, req.Msg.Message, reply); err != nil {
 		return nil, connectError(err)
 	}
 	return connect.NewResponse(&message{reply}), nil
@@ -145,7 +139,7 @@ func (f *forwarding) unary(ctx context.Context, req *connect.Request[message]) (
 func (f *forwarding) serverStream(ctx context.Context, req *connect.Request[message], stream *connect.ServerStream[message]) error {
 	ctx, cancel := context.WithCancel(outgoingContext(ctx))
 	defer cancel()
-	upstream, err := f.connFor(req.Msg.Message).NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, f.procedure)
+	upstream, err := f.conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, f.procedure)
 	if err != nil {
 		return connectError(err)
 	}
