@@ -98,12 +98,10 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		// trainer slow to answer holds it up for at most Config.FinalWait.
 		ds := rec.wire.finished(rec, run, final)
 		pending.set(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
-		timer := time.NewTimer(s.cfg.FinalWait)
 		select {
 		case <-ranTried:
-		case <-timer.C:
+		case <-time.After(s.cfg.FinalWait):
 		}
-		timer.Stop()
 		if !pending.stop() {
 			var (
 				err       error

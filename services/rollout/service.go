@@ -410,28 +410,24 @@ func (s *Service) drain() {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	wait := func() bool {
-		t := time.NewTimer(s.cfg.DrainTimeout)
-		defer t.Stop()
 		select {
 		case <-done:
 			return true
-		case <-t.C:
+		case <-time.After(s.cfg.DrainTimeout):
 			return false
 		}
 	}
-	if wait() {
-		s.stopDelivery(errShutdown)
-		return
+	if !wait() {
+		s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
+		s.cancelRollouts()
+		if !wait() {
+			s.log.Error("drain timeout: leaving the callbacks still being delivered to the outbox", "active", s.store.counts())
+			s.stopDelivery(errShutdown)
+			<-done
+			return
+		}
 	}
-	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
-	s.cancelRollouts()
-	if wait() {
-		s.stopDelivery(errShutdown)
-		return
-	}
-	s.log.Error("drain timeout: leaving the callbacks still being delivered to the outbox", "active", s.store.counts())
 	s.stopDelivery(errShutdown)
-	<-done
 }
 
 // UnaryInterceptor enforces the API key on unary RPCs.

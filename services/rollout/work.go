@@ -109,11 +109,9 @@ const (
 const fetchBatch = 32
 
 func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-time.After(d):
 	}
 }
 
