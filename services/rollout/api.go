@@ -43,9 +43,7 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 		return nil, unavailable(err)
 	}
 	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
-		if out, err := s.finishedRecord(ctx, id); err == nil {
-			// Callbacks the outbox gave up on after the record was stored.
-			out.CallbackError = lc.CallbackError
+		if out, err := s.finishedRecord(ctx, lc); err == nil {
 			return out, nil
 		}
 	}
@@ -57,8 +55,7 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 			return out, nil
 		}
 		if errors.Is(err, errGone) && lc.Outcome != nil {
-			if out, err := s.finishedRecord(ctx, id); err == nil {
-				out.CallbackError = lc.CallbackError
+			if out, err := s.finishedRecord(ctx, lc); err == nil {
 				return out, nil
 			}
 		}
@@ -70,9 +67,11 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 // storing its record.
 const recordSettle = 10 * time.Second
 
-// finishedRecord reads a finished rollout's stored record.
-func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rollout, error) {
-	e, err := s.sh.records.Get(ctx, natsstore.Key(id))
+// finishedRecord reads a finished rollout's stored record, with the
+// callback errors of its lifecycle (the outbox may have given up on some
+// after the record was stored).
+func (s *Service) finishedRecord(ctx context.Context, lc *lifecycle) (*rolloutv1.Rollout, error) {
+	e, err := s.sh.records.Get(ctx, natsstore.Key(lc.ID))
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +80,7 @@ func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rol
 		return nil, err
 	}
 	out.Sequence = int64(e.Revision())
+	out.CallbackError = lc.CallbackError
 	return out, nil
 }
 

@@ -41,7 +41,8 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 				s.log.ErrorContext(ctx, "encode callback", "event", d.event, "error", err)
 				continue
 			}
-			d.bearer, d.policy = s.seal.text(bearer), s.g2Policy // as attempt takes them
+			d.bearer = s.seal.text(bearer) // as attempt takes it
+			d.policy = s.g2Policy
 			ds = append(ds, d)
 		}
 	}

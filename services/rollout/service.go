@@ -239,7 +239,8 @@ func New(cfg Config) (*Service, error) {
 		})
 		callbackClient = tracedClient(callbackClient, tp, cfg, attemptSpanName)
 	}
-	s.callbackClient, s.callbackSlots = callbackClient, make(chan struct{}, cfg.Callbacks.MaxInFlight)
+	s.callbackClient = callbackClient
+	s.callbackSlots = make(chan struct{}, cfg.Callbacks.MaxInFlight)
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
 	st := cfg.State
