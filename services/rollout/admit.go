@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,7 +16,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // admitTimeout bounds admission's writes to the shared state;
@@ -78,11 +75,7 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 		}
 	}
 	if s.tracer != nil {
-		// The call's span started before the id was known, unless the
-		// gateway put it into the baggage.
-		if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
-			trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
-		}
+		tagRolloutID(ctx, rec.id)
 		lc.Trace = map[string]string{}
 		if phase == phaseRunning {
 			// The rollout's span, as begin writes it.

@@ -26,11 +26,7 @@ func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	if s.tracer == nil {
 		return
 	}
-	// The call's span started before the id was known, unless the gateway
-	// put it into the baggage.
-	if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
-		trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
-	}
+	tagRolloutID(ctx, rec.id)
 	// An agent loop's one sample is named before it runs.
 	sampleID := osmo.Hosting().LoopSampleID(s.workflow)
 	ctx = osmoattr.ContextWithIDs(ctx, rec.id, sampleID)
@@ -42,6 +38,15 @@ func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	))
 	if sampleID != "" {
 		rec.span.SetAttributes(osmoattr.SampleID.String(sampleID))
+	}
+}
+
+// tagRolloutID puts the rollout id on the span of the call in ctx, which
+// started before the id was known, unless the gateway put it into the
+// baggage.
+func tagRolloutID(ctx context.Context, id string) {
+	if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != id {
+		trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(id))
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -438,10 +440,7 @@ func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logge
 		case <-t.C:
 		}
 		l.mu.Lock()
-		held := make([]jetstream.Msg, 0, len(l.msgs))
-		for m := range l.msgs {
-			held = append(held, m)
-		}
+		held := slices.Collect(maps.Keys(l.msgs))
 		l.mu.Unlock()
 		failed := 0
 		for _, m := range held {
