@@ -15,51 +15,25 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// statusClientClosedRequest is the nginx convention for a client that went
-// away before the answer, used for codes.Canceled.
-const statusClientClosedRequest = 499
-
 // retryAfterSeconds is sent with every 429, as the Osmosis servers do when
 // they are at capacity.
 const retryAfterSeconds = "5"
 
-// httpStatusFromCode is the one place gRPC codes become HTTP statuses. It
-// follows the Osmosis servers where they differ from grpc-gateway's table:
-// bad input is 422 (FastAPI's validation status), and codes without a
-// client-side meaning are 500.
+// httpStatusFromCode is the one place gRPC codes become HTTP statuses:
+// grpc-gateway's table, but where the Osmosis servers differ: bad input is
+// 422 (FastAPI's validation status), and codes without a client-side
+// meaning are 500.
 func httpStatusFromCode(code codes.Code) int {
 	switch code {
-	case codes.OK:
-		return http.StatusOK
 	case codes.InvalidArgument:
 		return http.StatusUnprocessableEntity
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists:
-		return http.StatusConflict
-	case codes.FailedPrecondition:
-		return http.StatusBadRequest
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Canceled:
-		return statusClientClosedRequest
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	default:
+	case codes.Aborted, codes.OutOfRange:
 		return http.StatusInternalServerError
 	}
+	return runtime.HTTPStatusFromCode(code)
 }
 
-// writeRPCError is the grpc-gateway error handler: every failed REST call
-// (a bad body, an error status from a service) ends here.
+// writeRPCError is the grpc-gateway error handler of every failed REST call.
 func (g *gateway) writeRPCError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	if body, ok := r.Body.(*limitedBody); ok && body.exceeded {
 		g.writeBodyTooLarge(w, r)
@@ -70,8 +44,7 @@ func (g *gateway) writeRPCError(ctx context.Context, _ *runtime.ServeMux, _ runt
 	var st *status.Status
 	code := 0
 	if errors.As(err, &httpErr) {
-		// grpc-gateway's own request errors (a malformed path escape) carry
-		// their HTTP status.
+		// grpc-gateway's own request errors carry their HTTP status.
 		st = status.Convert(httpErr.Err)
 		code = httpErr.HTTPStatus
 	} else {
@@ -109,8 +82,7 @@ func (g *gateway) writeBodyTooLarge(w http.ResponseWriter, r *http.Request) {
 	g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request body too large",
 		append(requestAttrs(r.Header), slog.String("path", r.URL.Path), slog.Int64("limit_bytes", g.maxBody))...)
 	// The rest of the body is not read: an HTTP/1 client must open a new
-	// connection. (HTTP/2 resets just the stream; Connection: close there
-	// would end every other stream on the connection.)
+	// connection (HTTP/2 resets just the stream).
 	if r.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
@@ -123,18 +95,13 @@ func writeDetail(w http.ResponseWriter, code int, detail string) {
 	enc := json.NewEncoder(&buf)
 	// Keep <, > and & readable, as Python's json.dumps does.
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(struct {
+	_ = enc.Encode(struct { // a string always encodes
 		Detail string `json:"detail"`
-	}{detail}); err != nil {
-		// A string always encodes; this is unreachable.
-		http.Error(w, detail, code)
-		return
-	}
+	}{detail})
 	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 
 	h := w.Header()
-	// A streaming response may have announced trailers or chunking before it
-	// failed; the error body is a plain response.
+	// A streaming response that failed may have announced trailers.
 	h.Del("Trailer")
 	h.Del("Transfer-Encoding")
 	h.Set("Content-Type", "application/json")
@@ -143,8 +110,8 @@ func writeDetail(w http.ResponseWriter, code int, detail string) {
 	_, _ = w.Write(body)
 }
 
-// levelForStatus logs failures that point at the services or the gateway
-// (5xx) as warnings and the caller's own mistakes at debug level.
+// levelForStatus logs server failures (5xx) as warnings, the caller's
+// mistakes at debug level.
 func levelForStatus(httpStatus int) slog.Level {
 	if httpStatus >= http.StatusInternalServerError {
 		return slog.LevelWarn

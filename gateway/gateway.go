@@ -8,27 +8,23 @@
 //     gRPC server reflection and grpc.health.v1.Health/Check;
 //   - GET /openapi.json, the OpenAPI document of the REST surface.
 //
-// The gateway keeps no state: every call is forwarded to the services over the
-// grpc.ClientConnInterface values in Config. gRPC needs HTTP/2; to accept it
-// without TLS, serve the handler with an http.Server whose Protocols enable
-// both HTTP/1 and unencrypted HTTP/2.
+// The gateway keeps no state: every call is forwarded to the services over
+// the connections in Config. To accept gRPC without TLS, serve the handler
+// with an http.Server whose Protocols enable unencrypted HTTP/2.
 //
-// REST JSON uses the proto field names (snake_case, the Osmosis wire names)
-// and emits every field: scalars and lists with their zero values, unset
-// messages as null. Unset proto3 optional fields are omitted, because
-// protojson treats them as oneof members, which EmitUnpopulated skips; the
-// G3 status body (GET /rollout/{id}/status) is the exception, sending them
-// as null, since its wire shape lists every key.
+// REST JSON uses the proto field names (the Osmosis wire names) and emits
+// every field but unset proto3 optional ones; the G3 status body sends
+// those as null, since its wire shape lists every key.
 package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -62,10 +58,9 @@ type Config struct {
 	// Logger receives one record per failed call (slog.Default() if nil).
 	Logger *slog.Logger
 	// TracerProvider, when set, traces every request: an HTTP server span
-	// that continues the caller's trace (a trainer's traceparent), with the
-	// rollout id of an InitRollout on it and in the baggage of the call to
-	// the rollout service. Instrument the connections in Rollout and Grader
-	// (a gRPC client stats handler) for the calls' own spans.
+	// that continues the caller's trace, with the rollout id of a start on
+	// it and in the baggage of the call. Instrument the connections in
+	// Rollout and Grader for the calls' own spans.
 	TracerProvider trace.TracerProvider
 	// Propagator reads the caller's trace context (W3C trace context and
 	// baggage when nil).
@@ -80,15 +75,11 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("gateway.New: Config.MaxBodyBytes must not be negative, got %d", cfg.MaxBodyBytes)
 	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	graderConn := cfg.Grader
 	if graderConn == nil {
-		graderConn = unavailableConn{service: "grader"}
+		graderConn = unavailableConn{}
 	}
 
 	rolloutConn := cfg.Rollout
@@ -111,8 +102,8 @@ func New(cfg Config) (http.Handler, error) {
 	return traced(g, cfg.TracerProvider, cfg.Propagator), nil
 }
 
-// gateway routes a request to the Connect handlers (by service path prefix),
-// the OpenAPI document, or the REST mux, in that order.
+// gateway routes a request to the Connect handlers (by path prefix), the
+// OpenAPI document, or the REST mux.
 type gateway struct {
 	maxBody int64
 	log     *slog.Logger
@@ -121,8 +112,7 @@ type gateway struct {
 	openapi []byte
 }
 
-// rpcRoute is a Connect handler and the path prefix it owns
-// ("/package.Service/").
+// rpcRoute is a Connect handler and the path prefix it owns.
 type rpcRoute struct {
 	prefix  string
 	handler http.Handler
@@ -149,14 +139,12 @@ func (g *gateway) newREST(rollout, grader grpc.ClientConnInterface) (*runtime.Se
 		runtime.WithErrorHandler(g.writeRPCError),
 		runtime.WithRoutingErrorHandler(g.writeRoutingError),
 		runtime.WithIncomingHeaderMatcher(incomingHeader),
-		// Service metadata stays internal: no Grpc-Metadata-* response
-		// headers or trailers.
+		// Service metadata stays internal.
 		runtime.WithOutgoingHeaderMatcher(dropHeader),
 		runtime.WithOutgoingTrailerMatcher(dropHeader),
 		runtime.WithForwardResponseOption(acceptInitRollout),
 	)
-	// The Register*HandlerClient functions use the context only for
-	// connections they dial themselves, which these do not.
+	// The context is only for connections they would dial themselves.
 	ctx := context.Background()
 	if err := rolloutv1.RegisterRolloutServiceHandlerClient(ctx, mux, restRolloutClient{rolloutv1.NewRolloutServiceClient(rollout)}); err != nil {
 		return nil, fmt.Errorf("gateway.New: rollout REST routes: %w", err)
@@ -167,16 +155,14 @@ func (g *gateway) newREST(rollout, grader grpc.ClientConnInterface) (*runtime.Se
 	return mux, nil
 }
 
-// serveREST bounds the body and hands the request to grpc-gateway. The
-// success status is deferred (see statusWriter) so acceptInitRollout can
-// turn it into 202.
+// serveREST bounds the body and hands the request to grpc-gateway.
 func (g *gateway) serveREST(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength > g.maxBody {
 		g.writeBodyTooLarge(w, r)
 		return
 	}
 	r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, g.maxBody)}
-	g.rest.ServeHTTP(&statusWriter{ResponseWriter: w, success: http.StatusOK}, r)
+	g.rest.ServeHTTP(w, r)
 }
 
 func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
@@ -185,21 +171,15 @@ func (g *gateway) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusMethodNotAllowed, http.StatusText(http.StatusMethodNotAllowed))
 		return
 	}
-	// ServeContent picks application/json from the name and handles HEAD
-	// and conditional requests.
 	http.ServeContent(w, r, "openapi.json", time.Time{}, bytes.NewReader(g.openapi))
 }
 
-// acceptInitRollout makes InitRollout (G1) and StartRollout (G3) answer 202
-// Accepted, as the Osmosis protocols require. It runs before the response
-// is marshaled, so it only chooses the status; statusWriter sends it.
+// acceptInitRollout makes InitRollout and StartRollout answer 202 Accepted,
+// as the Osmosis protocols require. It runs before their answer is
+// marshaled, which cannot fail: an init's tools were checked when made.
 func acceptInitRollout(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
 	method, ok := runtime.RPCMethod(ctx)
 	if !ok || (method != rolloutv1.RolloutService_InitRollout_FullMethodName && method != rolloutv1.RolloutService_StartRollout_FullMethodName) {
-		return nil
-	}
-	if sw, ok := w.(*statusWriter); ok {
-		sw.success = http.StatusAccepted
 		return nil
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -207,8 +187,7 @@ func acceptInitRollout(ctx context.Context, w http.ResponseWriter, _ proto.Messa
 }
 
 // limitedBody records that the body went over the limit, so the error
-// handler can answer 413 even though grpc-gateway flattens the decode error
-// into an InvalidArgument status.
+// handler can answer 413 (grpc-gateway makes it InvalidArgument).
 type limitedBody struct {
 	io.ReadCloser
 	exceeded bool
@@ -221,40 +200,4 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		b.exceeded = true
 	}
 	return n, err
-}
-
-// statusWriter sends the success status chosen by a forward-response option
-// with the first body byte instead of at once: if the response then fails to
-// marshal, the error handler can still answer with its own status.
-type statusWriter struct {
-	http.ResponseWriter
-	success     int
-	wroteHeader bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if code >= http.StatusOK {
-		w.wroteHeader = true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(w.success)
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController reach Flush on the real writer, which
-// the streaming REST responses need.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// connectReadMaxBytes converts the body limit for connect.WithReadMaxBytes,
-// which takes an int.
-func connectReadMaxBytes(limit int64) int {
-	if limit > math.MaxInt {
-		return math.MaxInt
-	}
-	return int(limit)
 }

@@ -10,8 +10,8 @@ import (
 )
 
 // isForwarded reports whether a request header (lower-case name) is passed
-// to the services as gRPC metadata. The list is explicit so that cookies,
-// proxy headers and the like never reach them.
+// to the services as gRPC metadata: an explicit list, so cookies and proxy
+// headers never reach them.
 func isForwarded(name string) bool {
 	switch name {
 	case "authorization",
@@ -24,9 +24,8 @@ func isForwarded(name string) bool {
 	}
 }
 
-// incomingHeader is the grpc-gateway header matcher. grpc-gateway forwards
-// Authorization by itself whatever the matcher says, so matching it here
-// would send it twice.
+// incomingHeader is the grpc-gateway header matcher; grpc-gateway forwards
+// Authorization by itself.
 func incomingHeader(key string) (string, bool) {
 	name := strings.ToLower(key)
 	if name == "authorization" {
@@ -60,8 +59,7 @@ func forwardedMetadata(h http.Header) metadata.MD {
 			continue
 		}
 		for _, v := range values {
-			// gRPC metadata values are printable ASCII; anything else would
-			// fail the whole call, so such a value is dropped.
+			// Anything but printable ASCII would fail the whole call.
 			if isMetadataText(v) {
 				md.Append(name, v)
 			}

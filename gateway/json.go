@@ -23,8 +23,8 @@ import (
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 )
 
-// jsonMarshaler is grpc-gateway's protojson marshaler with Osmosis wire
-// settings and request decoding whose errors name the offending field.
+// jsonMarshaler is grpc-gateway's protojson marshaler with the Osmosis wire
+// settings, whose decoding errors name the offending field.
 type jsonMarshaler struct {
 	*runtime.JSONPb
 }
@@ -32,7 +32,6 @@ type jsonMarshaler struct {
 func newJSONMarshaler() *jsonMarshaler {
 	return &jsonMarshaler{JSONPb: &runtime.JSONPb{
 		MarshalOptions: protojson.MarshalOptions{
-			// The proto names are the Osmosis wire names.
 			UseProtoNames:   true,
 			EmitUnpopulated: true,
 		},
@@ -44,15 +43,12 @@ func newJSONMarshaler() *jsonMarshaler {
 }
 
 // nullOptionals names the response messages whose unset optional fields
-// are sent as null instead of being left out, because their wire shape lists
-// every key: the G3 status body is {rollout_id, status, reward, err_message}
-// whatever the state.
+// are sent as null, their wire shape listing every key.
 var nullOptionals = map[protoreflect.FullName]bool{
 	(&rolloutv1.RolloutStatus{}).ProtoReflect().Descriptor().FullName(): true,
 }
 
-// Marshal encodes v as protojson with the wire settings; for the messages
-// in nullOptionals, unset optional fields are written as null.
+// Marshal encodes v as protojson with the wire settings.
 func (m *jsonMarshaler) Marshal(v any) ([]byte, error) {
 	data, err := m.JSONPb.Marshal(v)
 	if err != nil {
@@ -99,8 +95,8 @@ func withNullOptionals(msg protoreflect.Message, data []byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// NewDecoder reads the whole body (bounded by the gateway's MaxBytesReader)
-// so that a failure can be explained against the raw JSON.
+// NewDecoder reads the whole body, so a failure can be explained against
+// the raw JSON.
 func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 	return runtime.DecoderFunc(func(v any) error {
 		data, err := io.ReadAll(r)
@@ -112,16 +108,14 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			return fmt.Errorf("request body: %w", err)
 		}
 		if len(bytes.TrimSpace(data)) == 0 {
-			// grpc-gateway treats io.EOF as "no body": the request message
-			// stays empty and the service validates it.
+			// io.EOF: no body; the service validates the empty message.
 			return io.EOF
 		}
 		return m.Unmarshal(data, v)
 	})
 }
 
-// Unmarshal decodes data into v; for a message, a failure is described by
-// explainJSON.
+// Unmarshal decodes data into v, a message's failure explained.
 func (m *jsonMarshaler) Unmarshal(data []byte, v any) error {
 	msg, ok := v.(proto.Message)
 	if !ok {
@@ -134,14 +128,12 @@ func (m *jsonMarshaler) Unmarshal(data []byte, v any) error {
 }
 
 // explainJSON turns a protojson failure into an error naming the field at
-// fault, such as "messages[2]: must be a JSON object, got string".
-// protojson's own errors give a line and column and the camelCase name, if
-// any. The raw JSON is walked alongside the message descriptor to find the
-// first value whose JSON kind (or range) the field cannot take; when the
-// walk finds nothing, protojson's reason is kept.
+// fault by its path, such as "messages[2]: must be a JSON object, got
+// string" (protojson gives a line and column and the camelCase name). The
+// raw JSON is walked alongside the descriptor to find the first value the
+// field cannot take; when none is found, protojson's reason is kept.
 func explainJSON(data []byte, md protoreflect.MessageDescriptor, protoErr error) error {
 	if !json.Valid(data) {
-		// Valid does not say where; decoding does.
 		err := json.Unmarshal(data, new(any))
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -192,8 +184,8 @@ func jsonKind(raw []byte) string {
 	}
 }
 
-// bodyPath names the whole body in messages; fields below it are named by
-// their path alone ("messages[2].content").
+// bodyPath names the whole body in messages; fields are named by their
+// path alone.
 const bodyPath = "request body"
 
 func join(path, name string) string {
@@ -234,13 +226,12 @@ func checkMessage(md protoreflect.MessageDescriptor, raw []byte, path string) st
 	return ""
 }
 
-// checkField checks the JSON value of one field, repeated and map fields
-// element by element.
+// checkField checks the JSON value of one field, lists and maps element by
+// element.
 func checkField(fd protoreflect.FieldDescriptor, raw []byte, path string) string {
 	kind := jsonKind(raw)
 	if kind == "null" {
-		// null leaves any field unset (a Value field becomes JSON null).
-		return ""
+		return "" // null leaves any field unset
 	}
 	switch {
 	case fd.IsList():
@@ -285,8 +276,8 @@ func checkField(fd protoreflect.FieldDescriptor, raw []byte, path string) string
 	}
 }
 
-// checkValue checks one value of fd's type: the field itself, or an element
-// of a list or map, where null is not an "unset" but a wrong value.
+// checkValue checks one value of fd's type: the field, or an element of a
+// list or map, where null is a wrong value.
 func checkValue(fd protoreflect.FieldDescriptor, raw []byte, path string) string {
 	if jsonKind(raw) == "null" {
 		if isNullable(fd) {
@@ -374,18 +365,16 @@ func checkWellKnown(md protoreflect.MessageDescriptor, want wellKnown, raw []byt
 	if kind := jsonKind(raw); want.kinds != nil && !slices.Contains(want.kinds, kind) {
 		return fmt.Sprintf("%s: must be %s, got %s", path, want.describe, kind)
 	}
-	// The kind is right; the content may still be wrong (a malformed
-	// timestamp, a number out of range inside a Struct). Decoding the value
-	// alone says so.
+	// The kind is right; decoding the value alone finds what else is wrong.
 	if err := protojson.Unmarshal(raw, dynamicpb.NewMessage(md)); err != nil {
 		return fmt.Sprintf("%s: %s", path, protojsonReason(err))
 	}
 	return ""
 }
 
-// checkScalar checks a JSON value against a scalar field's type, following
-// protojson: 64-bit and 32-bit integers may be numbers or decimal strings,
-// floats may be numbers or "NaN"/"Infinity"/"-Infinity" or decimal strings.
+// checkScalar checks a JSON value against a scalar field's type as protojson
+// takes it: integers and floats as numbers or strings, floats also as
+// "NaN", "Infinity" and "-Infinity".
 func checkScalar(fd protoreflect.FieldDescriptor, raw []byte, path string) string {
 	kind := jsonKind(raw)
 	mismatch := func() string {
@@ -400,8 +389,6 @@ func checkScalar(fd protoreflect.FieldDescriptor, raw []byte, path string) strin
 		if kind != "string" {
 			return mismatch()
 		}
-		// encoding/json would quietly replace invalid bytes; protojson
-		// rejects them.
 		if !utf8.Valid(raw) {
 			return fmt.Sprintf("%s: must be valid UTF-8", path)
 		}
@@ -454,15 +441,14 @@ func checkIntegerField(raw []byte, kind string, bits int, signed bool, path stri
 	return checkInteger(text, bits, signed, path)
 }
 
-// isNumberText reports whether s reads as a number at all (possibly one too
-// large for a float64).
+// isNumberText reports whether s reads as a number, however large.
 func isNumberText(s string) bool {
 	_, err := strconv.ParseFloat(s, 64)
 	return err == nil || errors.Is(err, strconv.ErrRange)
 }
 
-// checkInteger checks that a number's text is an integer that fits the
-// field. protojson takes integral values in any JSON number form (1e3, 1.0).
+// checkInteger checks that a number's text is an integer (in any JSON
+// number form, 1e3 or 1.0) that fits the field.
 func checkInteger(text string, bits int, signed bool, path string) string {
 	typeName := fmt.Sprintf("int%d", bits)
 	var err error
@@ -547,8 +533,7 @@ func unquote(raw []byte) (string, error) {
 	return s, err
 }
 
-// isBase64 accepts what protojson accepts for bytes: standard or URL-safe
-// alphabet, padded or not.
+// isBase64 accepts what protojson accepts for bytes.
 func isBase64(s string) bool {
 	for _, enc := range []*base64.Encoding{
 		base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 
@@ -25,14 +26,12 @@ import (
 	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
 )
 
-// newRPCRoutes builds a Connect handler for every method of the rollout
-// and grader services and for grpc.health.v1.Health/Check; each also speaks
-// gRPC and gRPC-Web, so the gateway port takes all three. Every handler
-// makes the same gRPC call to the service, chosen by the method's
-// descriptor, not by code of its own.
+// newRPCRoutes builds a Connect handler (gRPC and gRPC-Web too) for every
+// method of the rollout and grader services and for
+// grpc.health.v1.Health/Check, each forwarding by the method's descriptor.
 func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcRoute, error) {
 	opts := []connect.HandlerOption{
-		connect.WithReadMaxBytes(connectReadMaxBytes(g.maxBody)),
+		connect.WithReadMaxBytes(int(min(g.maxBody, math.MaxInt))),
 		connect.WithInterceptors(logInterceptor{log: g.log}),
 	}
 	var routes []rpcRoute
@@ -55,46 +54,28 @@ func (g *gateway) newRPCRoutes(rollout, grader grpc.ClientConnInterface) ([]rpcR
 		routes = append(routes, rpcRoute{prefix: "/" + string(svc.desc.FullName()) + "/", handler: mux})
 	}
 
-	// Health/Check asks the grader about the grader service and the rollout
-	// service about everything else; a gRPC client reads the 404 of
-	// Health's other methods as Unimplemented.
-	check, err := forwarder(grpc_health_v1.File_grpc_health_v1_health_proto.Services().Get(0).Methods().ByName("Check"), rollout, opts)
+	// Health's methods but Check are 404 (Unimplemented).
+	check, err := forwarder(grpc_health_v1.File_grpc_health_v1_health_proto.Services().Get(0).Methods().ByName("Check"), healthConn{rollout, grader}, opts)
 	if err != nil {
 		return nil, err
 	}
-	check.pick = func(req proto.Message) grpc.ClientConnInterface {
-		if req.(*grpc_health_v1.HealthCheckRequest).GetService() == graderv1connect.GraderServiceName {
-			return grader
-		}
-		return rollout
-	}
-	routes = append(routes, rpcRoute{prefix: "/" + grpc_health_v1.Health_ServiceDesc.ServiceName + "/", handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != check.procedure {
-			http.NotFound(w, r)
-			return
-		}
-		check.ServeHTTP(w, r)
-	})})
+	health := http.NewServeMux()
+	health.Handle(check.procedure, check)
+	routes = append(routes, rpcRoute{prefix: "/" + grpc_health_v1.Health_ServiceDesc.ServiceName + "/", handler: health})
 
 	reflector := grpcreflect.NewStaticReflector(
 		rolloutv1connect.RolloutServiceName,
 		graderv1connect.GraderServiceName,
 		grpc_health_v1.Health_ServiceDesc.ServiceName,
 	)
-	for _, h := range []func() (string, http.Handler){
-		func() (string, http.Handler) { return grpcreflect.NewHandlerV1(reflector, opts...) },
-		func() (string, http.Handler) { return grpcreflect.NewHandlerV1Alpha(reflector, opts...) },
-	} {
-		prefix, handler := h()
-		routes = append(routes, rpcRoute{prefix: prefix, handler: handler})
-	}
-	return routes, nil
+	prefix, handler := grpcreflect.NewHandlerV1(reflector, opts...)
+	routes = append(routes, rpcRoute{prefix, handler})
+	prefix, handler = grpcreflect.NewHandlerV1Alpha(reflector, opts...)
+	return append(routes, rpcRoute{prefix, handler}), nil
 }
 
-// message is a request or response of any method: the generated message of
-// the method's input or output, made by newMessage before connect decodes
-// into it. Through the embedded proto.Message it is a proto.Message itself,
-// which connect's codecs take.
+// message is a request or response of any method, made before connect
+// decodes into it; it is a proto.Message, which connect's codecs take.
 type message struct {
 	proto.Message
 }
@@ -103,22 +84,26 @@ type message struct {
 type forwarding struct {
 	http.Handler
 	procedure string
-	// pick chooses the connection for a request (nil: conn).
-	pick func(proto.Message) grpc.ClientConnInterface
-	conn grpc.ClientConnInterface
-	in   protoreflect.MessageType
-	out  protoreflect.MessageType
+	conn      grpc.ClientConnInterface
+	in        protoreflect.MessageType
+	out       protoreflect.MessageType
 }
 
-func (f *forwarding) connFor(req proto.Message) grpc.ClientConnInterface {
-	if f.pick != nil {
-		return f.pick(req)
+// healthConn asks the grader about the grader service's health, the
+// rollout service about everything else.
+type healthConn struct {
+	grpc.ClientConnInterface // the rollout service
+	grader                   grpc.ClientConnInterface
+}
+
+func (c healthConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if args.(*grpc_health_v1.HealthCheckRequest).GetService() == graderv1connect.GraderServiceName {
+		return c.grader.Invoke(ctx, method, args, reply, opts...)
 	}
-	return f.conn
+	return c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 }
 
-// forwarder is the Connect handler of method that calls it on conn with the
-// request's allowed headers and answers with its reply and status.
+// forwarder is the Connect handler that calls method on conn.
 func forwarder(method protoreflect.MethodDescriptor, conn grpc.ClientConnInterface, opts []connect.HandlerOption) (*forwarding, error) {
 	f := &forwarding{procedure: "/" + string(method.Parent().FullName()) + "/" + string(method.Name()), conn: conn}
 	var err error
@@ -145,17 +130,16 @@ func forwarder(method protoreflect.MethodDescriptor, conn grpc.ClientConnInterfa
 
 func (f *forwarding) unary(ctx context.Context, req *connect.Request[message]) (*connect.Response[message], error) {
 	reply := f.out.New().Interface()
-	if err := f.connFor(req.Msg.Message).Invoke(outgoingContext(ctx), f.procedure, req.Msg.Message, reply); err != nil {
+	if err := f.conn.Invoke(outgoingContext(ctx), f.procedure, req.Msg.Message, reply); err != nil {
 		return nil, connectError(err)
 	}
 	return connect.NewResponse(&message{reply}), nil
 }
 
 func (f *forwarding) serverStream(ctx context.Context, req *connect.Request[message], stream *connect.ServerStream[message]) error {
-	// Cancelling on return releases the upstream stream if the client left.
 	ctx, cancel := context.WithCancel(outgoingContext(ctx))
 	defer cancel()
-	upstream, err := f.connFor(req.Msg.Message).NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, f.procedure)
+	upstream, err := f.conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, f.procedure)
 	if err != nil {
 		return connectError(err)
 	}
@@ -168,10 +152,8 @@ func (f *forwarding) serverStream(ctx context.Context, req *connect.Request[mess
 	return f.reply(upstream, stream.Send, nil)
 }
 
-// bidiStream pumps requests to the service in a goroutine and replies back
-// in this one. The call ends when the service ends its side: a client that
-// is still sending then sees the service's status, and the pump unblocks
-// when connect closes the request body after this returns.
+// bidiStream pumps requests to the service in a goroutine and replies in
+// this one, until the service ends its side.
 func (f *forwarding) bidiStream(ctx context.Context, stream *connect.BidiStream[message, message]) error {
 	ctx, cancel := context.WithCancel(outgoingContext(ctx))
 	defer cancel()
@@ -179,12 +161,10 @@ func (f *forwarding) bidiStream(ctx context.Context, stream *connect.BidiStream[
 	if err != nil {
 		return connectError(err)
 	}
-	// Buffered: the pump never blocks on reporting, even if nobody reads.
 	pumpErr := make(chan error, 1)
 	go func() {
 		err := pumpRequests(stream, upstream)
 		if err != nil {
-			// Stop the service too: its half of the call cannot complete.
 			cancel()
 		}
 		pumpErr <- err
@@ -193,8 +173,7 @@ func (f *forwarding) bidiStream(ctx context.Context, stream *connect.BidiStream[
 }
 
 // reply sends the service's replies to the client until the service ends
-// the call. When the client's side failed first (pumpErr), that is the real
-// cause: the service only saw the cancellation.
+// the call; a failure of the client's side (pumpErr) is the real cause.
 func (f *forwarding) reply(upstream grpc.ClientStream, send func(*message) error, pumpErr <-chan error) error {
 	for {
 		reply := f.out.New().Interface()
@@ -219,13 +198,11 @@ func (f *forwarding) reply(upstream grpc.ClientStream, send func(*message) error
 }
 
 // pumpRequests copies client requests to the service until the client
-// closes its side (then it half-closes the service's) or something fails.
+// closes its side or something fails.
 func pumpRequests(stream *connect.BidiStream[message, message], upstream grpc.ClientStream) error {
 	for {
 		req, err := stream.Receive()
 		if errors.Is(err, io.EOF) {
-			// CloseSend never fails in grpc-go; the service's answer
-			// arrives through RecvMsg.
 			_ = upstream.CloseSend()
 			return nil
 		}
@@ -233,8 +210,7 @@ func pumpRequests(stream *connect.BidiStream[message, message], upstream grpc.Cl
 			return err
 		}
 		if err := upstream.SendMsg(req.Message); err != nil {
-			// io.EOF means the service already ended the call; RecvMsg
-			// reports its status.
+			// The service ended the call; RecvMsg reports its status.
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
@@ -243,8 +219,8 @@ func pumpRequests(stream *connect.BidiStream[message, message], upstream grpc.Cl
 	}
 }
 
-// connectError converts a gRPC error into a Connect error with the same code,
-// message and details. Connect codes are numerically the gRPC codes.
+// connectError converts a gRPC error into a Connect error (the codes are
+// the same numbers) with its details.
 func connectError(err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
@@ -259,11 +235,9 @@ func connectError(err error) error {
 	return cerr
 }
 
-// unavailableConn stands in for a service that is not deployed behind the
-// gateway: every call fails with Unavailable.
-type unavailableConn struct {
-	service string
-}
+// unavailableConn stands in for the grader service when it is not deployed
+// behind the gateway: every call fails with Unavailable.
+type unavailableConn struct{}
 
 func (c unavailableConn) Invoke(context.Context, string, any, any, ...grpc.CallOption) error {
 	return c.err()
@@ -274,7 +248,7 @@ func (c unavailableConn) NewStream(context.Context, *grpc.StreamDesc, string, ..
 }
 
 func (c unavailableConn) err() error {
-	return status.Errorf(codes.Unavailable, "%s service is not configured on this gateway", c.service)
+	return status.Error(codes.Unavailable, "grader service is not configured on this gateway")
 }
 
 // logInterceptor logs failed Connect, gRPC and gRPC-Web calls.

@@ -16,15 +16,10 @@ import (
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
-// traced wraps h in an HTTP server span per request. The caller's trace
-// context is honoured: a trainer that sends a traceparent gets the whole
-// rollout inside its own trace.
-//
-// The span's name and its http.route attribute are both the request's route
-// template (routeOf). otelhttp takes http.route from the request's Pattern,
-// which a ServeMux in front of the gateway sets to its own pattern ("/" for
-// a gateway mounted at the root): the Pattern is replaced by the route here,
-// or cleared for a path the gateway does not serve.
+// traced wraps h in an HTTP server span per request, continuing the
+// caller's trace. otelhttp takes http.route from the request's Pattern,
+// which a ServeMux in front may have set to its own: it is replaced by the
+// route (routeOf).
 func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPropagator) http.Handler {
 	if prop == nil {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -32,7 +27,6 @@ func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPro
 	inner := otelhttp.NewHandler(h, "osmo-gateway",
 		otelhttp.WithTracerProvider(tp),
 		otelhttp.WithPropagators(prop),
-		// Prometheus has the metrics; no global meter provider.
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
 		otelhttp.WithSpanNameFormatter(spanName))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -44,11 +38,9 @@ func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPro
 	})
 }
 
-// spanName names a request's span after its route, never after ids in its
-// path: "POST /v1/rollout/init", "GET /v1/rollouts/{rollout_id}",
-// "POST /rollout", "GET /rollout/{rollout_id}/status", the
-// procedure of an RPC ("/osmo.rollout.v1.RolloutService/InitRollout"), or
-// just the method for paths the gateway does not serve.
+// spanName names a request's span after its route, never after ids in
+// its path: "GET /v1/rollouts/{rollout_id}", an RPC's procedure, or just
+// the method for paths the gateway does not serve.
 func spanName(_ string, r *http.Request) string {
 	route := routeOf(r)
 	switch {
@@ -60,11 +52,9 @@ func spanName(_ string, r *http.Request) string {
 	return r.Method
 }
 
-// routeOf is the route template of the request's path (the http.route of
-// its span): a REST route as the API declares it ("/v1/rollouts/{rollout_id}"),
-// the path of an RPC procedure, or "" for a path the gateway does not serve.
-// It reads the escaped path, as the REST mux matches: an id holding an
-// escaped '/' is one segment.
+// routeOf is the route template of the request's path, or "" for a path
+// the gateway does not serve. It reads the escaped path, as the REST mux
+// matches.
 func routeOf(r *http.Request) string {
 	p := r.URL.EscapedPath()
 	switch {
@@ -98,11 +88,9 @@ func isProcedure(p string) bool {
 	return ok && isSegment(service) && isSegment(method)
 }
 
-// rolloutIDConn learns the rollout id from the requests that start a
-// rollout (G1 InitRollout, G2 StartRollout), where the gateway first sees it: it tags the request's span (the HTTP server span,
-// started before the body was read) and puts the id into the baggage, so
-// the call's client span and every span the rollout service starts for it
-// carry osmo.rollout.id (telemetry.BaggageAttributes).
+// rolloutIDConn tags the request's span with the id of a rollout being
+// started and puts it into the baggage, so every span of the call carries
+// osmo.rollout.id.
 type rolloutIDConn struct {
 	grpc.ClientConnInterface
 }

@@ -12,14 +12,10 @@ import (
 
 // restRolloutClient is the rollout client the REST mux uses. Its
 // WatchRollouts waits for the first rollout (or the end of the stream)
-// before returning, so that a watch failing at once (bad credentials, a bad
-// after_sequence) answers like every other REST call: the status from
-// httpStatusFromCode and a {"detail"} body. grpc-gateway would otherwise
-// commit its own status and write the error as an in-stream
-// {"error": {...}} line, which is still how failures after the first
-// rollout are reported. grpc-gateway waits for the response headers anyway,
-// which a gRPC server sends with its first message unless it sends them
-// earlier, so this rarely delays the response.
+// before returning, so that a watch failing at once answers like every
+// other REST call, not with an in-stream {"error": ...} line (which is how
+// later failures are reported). grpc-gateway waits for the response
+// headers anyway, which come with the first message.
 type restRolloutClient struct {
 	rolloutv1.RolloutServiceClient
 }

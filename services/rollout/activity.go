@@ -2,15 +2,10 @@ package rollout
 
 import "sync"
 
-// activity counts the goroutines a drain waits for: rollouts, their
-// callbacks, outbox redeliveries, the callbacks of refused starts.
-//
-// Unlike a sync.WaitGroup, its count may rise from zero while it is waited
-// for: an outbox redelivery or a refused start's callbacks can begin while
-// the drain waits, and with a WaitGroup that is a misuse the runtime may
-// panic on. Wait returns at a moment the count is zero; what starts after
-// that is cut short by the end of the delivery context, as any delivery
-// still under way then is.
+// activity counts the goroutines a drain waits for. Unlike a
+// sync.WaitGroup's, its count may rise from zero while it is waited for (an
+// outbox redelivery starting during the drain); Wait returns at a moment it
+// is zero, and what starts after is cut short with the delivery context.
 type activity struct {
 	mu    sync.Mutex
 	n     int
@@ -18,8 +13,7 @@ type activity struct {
 	zero  *sync.Cond // signalled when it does; made on first use
 }
 
-// Add adds delta to the count.
-func (a *activity) Add(delta int) {
+func (a *activity) add(delta int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.n += delta
@@ -34,14 +28,11 @@ func (a *activity) Add(delta int) {
 	}
 }
 
-// Done takes one off the count.
-func (a *activity) Done() { a.Add(-1) }
-
 // Go runs f in a goroutine counted until f returns.
 func (a *activity) Go(f func()) {
-	a.Add(1)
+	a.add(1)
 	go func() {
-		defer a.Done()
+		defer a.add(-1)
 		f()
 	}()
 }

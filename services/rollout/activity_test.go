@@ -53,9 +53,9 @@ func TestActivityMayRiseWhileWaited(t *testing.T) {
 func TestActivityBelowZeroPanics(t *testing.T) {
 	defer func() {
 		if recover() == nil {
-			t.Error("Done on a zero count did not panic")
+			t.Error("taking one off a zero count did not panic")
 		}
 	}()
 	var a activity
-	a.Done()
+	a.add(-1)
 }

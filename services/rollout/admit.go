@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,30 +16,22 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
-	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
-// admitTimeout bounds what admission asks of the shared state to write a
-// rollout; admissionTimeout bounds a start's whole answer (admitting it,
-// queueing it, a G1 init's tools and a duplicate's wait for the first).
-// While the shared state does not answer (a NATS leader being elected, a
-// node lost), a start is refused with Unavailable within that time, which
-// trainers retry, rather than held for the sum of every step's own bound.
+// admitTimeout bounds admission's writes to the shared state;
+// admissionTimeout a start's whole answer. While the state does not answer,
+// a start is refused with Unavailable (which trainers retry) within that
+// time, not held for the sum of every step's own bound.
 const (
 	admitTimeout     = 5 * time.Second
 	admissionTimeout = 15 * time.Second
 )
 
-// admission bounds the answer to a start (see admissionTimeout).
-func (s *Service) admission(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.admitWithin)
-}
-
 // retryAfter is what a trainer is told to wait when the server is full.
 const retryAfter = 5 * time.Second
 
-// newRecord is a queued record of id for w, with its contexts; the wire's
-// handler fills in the rest before admitting it.
+// newRecord is a queued record of id for w; the wire's handler fills in
+// the rest.
 func (s *Service) newRecord(id, key string, w wire) *record {
 	rec := &record{
 		id:       id,
@@ -51,7 +41,7 @@ func (s *Service) newRecord(id, key string, w wire) *record {
 		token:    newToken(),
 		state:    rolloutv1.State_STATE_QUEUED,
 		created:  time.Now(),
-		log:      s.logs.open(id),
+		log:      openEventLog(s.logDir, id),
 	}
 	rec.initContexts(s.rolloutsCtx)
 	return rec
@@ -67,14 +57,10 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 	lc := &lifecycle{ID: rec.id, Key: rec.key, Wire: rec.wire.name(), Workflow: rec.workflow, Created: rec.created,
 		Phase: phase, State: rolloutv1.State_STATE_QUEUED}
 	if phase == phaseRunning {
-		// Started here at once (see admit): what begin writes when it
-		// takes a rollout from the queue, and the record holds the request.
+		// Started here at once (see admit), as begin writes it.
 		lc.Owner, lc.State, lc.Started = s.replica, rolloutv1.State_STATE_RUNNING, time.Now()
 	} else if s.sh.store.Embedded() {
-		// The only replica (the embedded server takes no other): the one
-		// that runs the rollout. With a shared NATS another replica may
-		// take it, and the request would stay in this one's known
-		// lifecycles until they let it go.
+		// The only replica, which runs the rollout.
 		lc.admitted = req
 	}
 	var err error
@@ -89,11 +75,7 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 		}
 	}
 	if s.tracer != nil {
-		// The call's span started before anyone knew the id, unless the
-		// gateway put it into the baggage.
-		if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
-			trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
-		}
+		tagRolloutID(ctx, rec.id)
 		lc.Trace = map[string]string{}
 		if phase == phaseRunning {
 			// The rollout's span, as begin writes it.
@@ -105,18 +87,11 @@ func (s *Service) lifecycle(ctx context.Context, rec *record, phase string) (*li
 }
 
 // admit writes rec's lifecycle into the shared state in phase, unless its
-// id has one already: then that one is returned and nothing is written.
-// With bounded, a full queue (all replicas' together) refuses rec
-// (ResourceExhausted, with the delay to retry after) unless its id is one
-// the state holds, whose duplicate start costs nothing.
-//
-// A rollout to be queued may instead start here at once (startsHere):
-// then it is written running, rec holds its slot (rec.slot), and enqueue
-// runs it.
+// id has one already, which is returned. With bounded, a full queue refuses
+// rec (ResourceExhausted) unless the state holds its id. A rollout to be
+// queued may instead start here at once (startsHere): it is written
+// running, rec holds its slot, and enqueue runs it.
 func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
-	// An admission the shared state cannot answer soon is refused (503,
-	// which trainers retry) rather than held: with NATS unreachable, each
-	// request would otherwise wait out every call's timeout in turn.
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	if phase == phaseQueued && s.startsHere(rec) {
@@ -125,26 +100,24 @@ func (s *Service) admit(ctx context.Context, rec *record, phase string, bounded 
 	}
 	existing, err := s.create(ctx, rec, phase, bounded)
 	if rec.placed && (err != nil || existing != nil) {
-		// Not queued after all: its place in a private queue is free.
 		s.sh.local.unreserve()
 		rec.placed = false
 	}
 	if rec.slot != nil && (err != nil || existing != nil) {
-		// Not started after all. Its span, never ended, is not exported.
+		// Not started after all; its span, never ended, is not exported.
 		s.store.remove(rec)
 		rec.slot()
 		rec.slot = nil
 	}
 	if rec.slot == nil {
-		// Not started here: a replica's take rebuilds it from its
-		// lifecycle.
+		// A replica's take rebuilds it from its lifecycle.
 		rec.release()
 	}
 	return existing, err
 }
 
-// create writes rec's lifecycle in phase for admit (which see), the
-// queue's bound checked first when bounded and it is to be queued.
+// create writes rec's lifecycle for admit, checking the queue's bound first
+// when bounded.
 func (s *Service) create(ctx context.Context, rec *record, phase string, bounded bool) (*lifecycle, error) {
 	if bounded && phase == phaseQueued {
 		if room, n, err := s.sh.admitQueued(ctx, int64(s.cfg.MaxQueued)); err != nil {
@@ -174,9 +147,8 @@ func (s *Service) create(ctx context.Context, rec *record, phase string, bounded
 			return existing, errIDInUse
 		}
 		if existing.Phase == phaseQueued {
-			// Its first start may have failed to queue it: queue it again
-			// (a message still in the queue makes this one a duplicate the
-			// stream drops, or a stale one its taker ignores).
+			// Its first start may have failed to queue it: queued again
+			// (the stream drops a duplicate, its taker a stale one).
 			if err := s.sh.enqueue(ctx, existing, rec.placed); err != nil {
 				return nil, unavailable(err)
 			}
@@ -187,15 +159,11 @@ func (s *Service) create(ctx context.Context, rec *record, phase string, bounded
 	return nil, nil
 }
 
-// startsHere says whether rec, admitted to be queued, starts here at
-// once instead, taking a free slot (rec.slot) and its place in this
-// replica's records. The queue, and the write that says which replica
-// took a rollout from it, are how replicas share work and conclude a lost
-// one's; a private state has no other replica, and outlives no process.
-// So its one replica runs what it admits without them (two writes and a
-// round trip through the queue fewer), while a slot is free and nothing
-// waits in the queue (what waits is taken first: no rollout overtakes
-// one queued before it).
+// startsHere says whether rec, admitted to be queued, starts here at once
+// instead, taking a free slot (rec.slot) and its place in the store. Only
+// a private state does this, having no other replica to share work with
+// (two writes and a trip through the queue saved), and only while nothing
+// waits in the queue, so no rollout overtakes one queued before it.
 func (s *Service) startsHere(rec *record) bool {
 	if s.sh.local == nil || !s.sh.local.empty() {
 		return false
@@ -204,8 +172,7 @@ func (s *Service) startsHere(rec *record) bool {
 	if !ok {
 		return false
 	}
-	// Not while the id has a record here: a duplicate start of a rollout
-	// under way, which create finds.
+	// Not for a duplicate of a rollout under way, which create finds.
 	if !s.store.addNew(rec) {
 		release()
 		return false
@@ -214,14 +181,11 @@ func (s *Service) startsHere(rec *record) bool {
 	return true
 }
 
-// enqueue puts an admitted rollout on the shared queue: once there, any
-// replica may run it. One the queue could not take is refused
-// (Unavailable) but its lifecycle stays: the publish may have been stored
-// and only its answer lost, and the trainer's retry of the start queues
-// it again (requeue) rather than starting a second one.
+// enqueue puts an admitted rollout on the queue, or runs one that starts
+// here. One the queue could not take is refused (Unavailable) but its
+// lifecycle stays: the publish may have been stored, and the trainer's
+// retry queues it again rather than starting a second one.
 func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields map[string]any) error {
-	// A rollout started here at once (startsHere) holds its slot, and is
-	// not queued: it runs as take runs what it takes from the queue.
 	release := rec.slot
 	rec.slot = nil
 	if release == nil {
@@ -247,8 +211,7 @@ func (s *Service) enqueue(ctx context.Context, rec *record, event string, fields
 	return nil
 }
 
-// unavailable is the answer when the shared state cannot be reached: the
-// trainer retries (HTTP 503).
+// unavailable is the answer when the shared state cannot be reached (503).
 func unavailable(err error) error {
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		return err

@@ -15,26 +15,18 @@ import (
 	"google.golang.org/grpc/status"
 
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/fielderr"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/outcome"
 )
 
-// queuedNow is the shared queue's depth, 0 when it cannot be read.
-func (s *Service) queuedNow(ctx context.Context) int64 {
-	n, _ := s.sh.queued(ctx)
-	return n
-}
-
-// This file holds the RPCs that read or steer rollouts of any wire; the
-// ones that start a rollout are each wire's (g1.go, g2.go).
-
-// GetRollout returns a rollout's record, whichever replica holds it:
-// this one's live record, the stored finished one, the live record of the
-// replica running it, or else what its lifecycle says.
+// GetRollout returns a rollout's record: this replica's live one, the
+// stored finished one, the live one of the replica running it, or else
+// what its lifecycle says.
 func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutRequest) (*rolloutv1.Rollout, error) {
 	id := req.GetRolloutId()
 	if id == "" {
-		return nil, badField("rollout_id", "required")
+		return nil, fielderr.New("rollout_id", "required")
 	}
 	if rec := s.store.get(id); rec != nil {
 		out, err := rec.proto()
@@ -51,24 +43,19 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 		return nil, unavailable(err)
 	}
 	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
-		if out, err := s.finishedRecord(ctx, id); err == nil {
-			// Callbacks the outbox gave up on after the record was stored.
-			out.CallbackError = lc.CallbackError
+		if out, err := s.finishedRecord(ctx, lc); err == nil {
 			return out, nil
 		}
 	}
-	// The owner answers from its live record while the rollout runs, and
-	// also just after it finished: the lifecycle says finished once the
-	// last callback is done, a moment before the owner stores the record.
+	// The owner answers while the rollout runs, and just after it
+	// finished, before it stored the record.
 	if lc.Owner != "" && lc.Owner != s.replica && (lc.Phase != phaseFinished || time.Since(lc.Finished) < recordSettle) {
 		out, err := s.askOwner(ctx, lc.Owner, id)
 		if err == nil {
 			return out, nil
 		}
 		if errors.Is(err, errGone) && lc.Outcome != nil {
-			// The owner let go of it: its record is stored by now.
-			if out, err := s.finishedRecord(ctx, id); err == nil {
-				out.CallbackError = lc.CallbackError
+			if out, err := s.finishedRecord(ctx, lc); err == nil {
 				return out, nil
 			}
 		}
@@ -77,13 +64,14 @@ func (s *Service) GetRollout(ctx context.Context, req *rolloutv1.GetRolloutReque
 }
 
 // recordSettle is how long after a rollout finished its owner may still be
-// storing its record: another replica asked for it meanwhile asks the owner
-// rather than answer from the lifecycle, which holds no samples.
+// storing its record.
 const recordSettle = 10 * time.Second
 
-// finishedRecord reads a finished rollout's stored record.
-func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rollout, error) {
-	e, err := s.sh.records.Get(ctx, natsstore.Key(id))
+// finishedRecord reads a finished rollout's stored record, with the
+// callback errors of its lifecycle (the outbox may have given up on some
+// after the record was stored).
+func (s *Service) finishedRecord(ctx context.Context, lc *lifecycle) (*rolloutv1.Rollout, error) {
+	e, err := s.sh.records.Get(ctx, natsstore.Key(lc.ID))
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +80,7 @@ func (s *Service) finishedRecord(ctx context.Context, id string) (*rolloutv1.Rol
 		return nil, err
 	}
 	out.Sequence = int64(e.Revision())
+	out.CallbackError = lc.CallbackError
 	return out, nil
 }
 
@@ -120,10 +109,10 @@ func (s *Service) answerGets(msg *nats.Msg) {
 
 // WatchRollouts streams finished rollouts, from every replica, in the
 // order their records were stored; after_sequence replays those stored
-// after it (those the record TTL and --record-max-bytes kept).
+// after it that are still kept.
 func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc.ServerStreamingServer[rolloutv1.Rollout]) error {
 	if req.GetAfterSequence() < -1 {
-		return badField("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
+		return fielderr.New("after_sequence", "must be -1 or more, got %d", req.GetAfterSequence())
 	}
 	ctx := stream.Context()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"$KV." + bucketRecords + ".>"}, DeliverPolicy: jetstream.DeliverNewPolicy}
@@ -167,12 +156,11 @@ func (s *Service) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream grpc
 	}
 }
 
-// GetRolloutStatus implements GET /rollout/{id}/status, for any rollout of
-// the cluster.
+// GetRolloutStatus implements GET /rollout/{id}/status.
 func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRolloutStatusRequest) (*rolloutv1.RolloutStatus, error) {
 	id := req.GetRolloutId()
 	if id == "" {
-		return nil, badField("rollout_id", "required")
+		return nil, fielderr.New("rollout_id", "required")
 	}
 	if rec := s.store.get(id); rec != nil {
 		return rec.status(), nil
@@ -191,22 +179,14 @@ func (s *Service) GetRolloutStatus(ctx context.Context, req *rolloutv1.GetRollou
 func lifecycleStatus(lc *lifecycle) *rolloutv1.RolloutStatus {
 	out := &rolloutv1.RolloutStatus{RolloutId: lc.ID, Status: outcome.StatusWord(lc.State), Reward: lc.Reward}
 	if lc.Outcome != nil && lc.State != rolloutv1.State_STATE_GRADING {
-		o := lc.Outcome.outcome()
-		if !o.OK() {
-			msg := o.Message
-			out.ErrMessage = &msg
-			if cat := o.Category.Wire(); cat != "" {
-				out.ErrCategory = &cat
-			}
-		}
+		out.ErrMessage, out.ErrCategory = errorFields(lc.Outcome.outcome())
 	}
 	return out
 }
 
-// CancelRollouts implements POST /rollout/cancel, for any rollout of the
-// cluster: the cancel is written into the rollout's lifecycle (a queued
-// one then never starts, wherever it is taken) and sent to the replica
-// running it, which aborts its workflow and in-flight LLM calls.
+// CancelRollouts implements POST /rollout/cancel: the cancel is written
+// into the rollout's lifecycle (a queued one then never starts) and sent to
+// the replica running it, which aborts its workflow and LLM calls.
 func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRolloutsRequest) (*rolloutv1.CancelRolloutsResponse, error) {
 	if err := validateCancel(req); err != nil {
 		return nil, err
@@ -234,24 +214,18 @@ func (s *Service) CancelRollouts(ctx context.Context, req *rolloutv1.CancelRollo
 				pending = append(pending, id)
 				continue
 			}
-			s.dispose(ctx, out, id, d, byID)
+			// Every asked-for id is listed, but by prefix or all only what
+			// the call stopped.
+			if d != dispositionNotFound {
+				out.Dispositions[id] = d
+				s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
+			} else if byID {
+				out.Dispositions[id] = d
+			}
 		}
 		ids = append([]string(nil), pending...)
 	}
 	return out, nil
-}
-
-// dispose lists one rollout's disposition in out: every asked-for id,
-// but by prefix or all only what the call stopped (a rollout already over,
-// still delivering its callbacks, is not).
-func (s *Service) dispose(ctx context.Context, out *rolloutv1.CancelRolloutsResponse, id, d string, byID bool) {
-	if d == dispositionNotFound && !byID {
-		return
-	}
-	out.Dispositions[id] = d
-	if d != dispositionNotFound {
-		s.log.InfoContext(ctx, "rollout cancelled", "rollout_id", id, "disposition", d)
-	}
 }
 
 // cancel cancels one rollout and says what it stopped; with queuedOnly,
@@ -305,8 +279,7 @@ func (s *Service) cancelHeld(rec *record) {
 	}
 }
 
-// answerCancels serves the cancels sent to whichever replica runs a
-// rollout.
+// answerCancels serves the cancels sent to the replica running a rollout.
 func (s *Service) answerCancels(msg *nats.Msg) {
 	if rec := s.store.get(string(msg.Data)); rec != nil {
 		s.cancelHeld(rec)
@@ -341,33 +314,29 @@ func (s *Service) unfinished(ctx context.Context, prefix string) ([]string, erro
 	}
 }
 
-// Health answers the Osmosis health body: G1's for a server running an
-// agent loop, the G3 body (status "ok" and the concurrency) for one running
-// a workflow.
+// Health answers the Osmosis health body: G1's for an agent loop, G3's
+// (status "ok" and the concurrency) for a workflow.
 func (s *Service) Health(ctx context.Context, _ *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
+	queued, _ := s.sh.queued(ctx) // 0 when it cannot be read
 	resp := &rolloutv1.HealthResponse{
 		Status:            "healthy",
 		AgentLoop:         s.workflow.Name(),
-		ActiveRollouts:    int32(int64(s.store.counts()) + s.queuedNow(ctx)),
+		ActiveRollouts:    int32(int64(s.store.counts()) + queued),
 		CompletedRollouts: int32(s.completed.Load()),
 	}
 	if s.cfg.AgentLoop == nil {
-		limit := cap(s.sem)
-		if s.wfSem != nil {
-			limit = cap(s.wfSem)
-		}
 		resp.Status = "ok"
 		resp.Concurrency = &rolloutv1.Concurrency{
-			MaxConcurrent: int32(limit),
-			Queued:        int32(s.queuedNow(ctx)),
+			MaxConcurrent: int32(cap(s.sem)),
+			Queued:        int32(queued),
 			Running:       int32(s.running.Load()),
 		}
 	}
 	return resp, nil
 }
 
-// PlatformHealth is Health behind the API key (checked by the interceptor);
-// without a configured key the route does not exist.
+// PlatformHealth is Health behind the API key; without one the route does
+// not exist.
 func (s *Service) PlatformHealth(ctx context.Context, req *rolloutv1.HealthRequest) (*rolloutv1.HealthResponse, error) {
 	if s.cfg.APIKey == "" {
 		return nil, status.Error(codes.NotFound, "Not Found")

@@ -8,13 +8,10 @@ import (
 	"github.com/osmo-rl/osmo"
 )
 
-// compact makes c, a call as the proxy recorded it (every request message
-// its own), count the leading request messages it shares with prev, the
-// whole request messages of its sample's previous call, and keep only
-// the rest: an agent sends its whole conversation with every call, and a
-// sample's calls would otherwise hold its history once per turn. It
-// returns c's whole request messages, which the sample's next call is
-// compacted against.
+// compact makes c, a call as the proxy recorded it, count the leading
+// request messages it shares with prev (its sample's previous call's whole
+// request) and keep only the rest: an agent sends its whole conversation
+// with every call. It returns c's whole request messages.
 func compact(c *osmo.LLMCall, prev []json.RawMessage) []json.RawMessage {
 	msgs := c.RequestMessages
 	k := 0
@@ -23,8 +20,7 @@ func compact(c *osmo.LLMCall, prev []json.RawMessage) []json.RawMessage {
 	}
 	// A copy of the rest: the list's array would hold the shared ones too.
 	c.SharedRequestMessages, c.RequestMessages = k, slices.Clone(msgs[k:])
-	// prev is the record's own list (record.convs), so it is extended in
-	// place.
+	// prev is the record's own list, extended in place.
 	return append(prev[:k], c.RequestMessages...)
 }
 

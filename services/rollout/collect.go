@@ -14,9 +14,9 @@ import (
 )
 
 // collect asks every sample source the workflow registered for its sample
-// and keeps them on rec, in registration order, each with the LLM calls the
-// proxy recorded for it. A source that fails (or has no messages) still
-// leaves its sample; the errors are returned together.
+// and keeps them on rec, in order, each with its recorded LLM calls. A
+// source that fails still leaves its sample; the errors are returned
+// together.
 func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	var errs []error
 	var samples []*sample.Sample
@@ -57,8 +57,7 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 			}
 		}
 		sm.FinishReason = got.finish
-		if r := got.reward; r != nil && !math.IsNaN(*r) && !math.IsInf(*r, 0) {
-			// JSON has no other numbers: a reward that is not one is none.
+		if r := got.reward; r != nil && !math.IsNaN(*r) && !math.IsInf(*r, 0) { // JSON has no others
 			sm.AgentReward = r
 		}
 		samples = append(samples, sm)
@@ -69,8 +68,7 @@ func (s *Service) collect(rec *record, r *osmo.Rollout) error {
 	return errors.Join(errs...)
 }
 
-// checkObjects checks that every message is a JSON object, as the API
-// shows them.
+// checkObjects checks that every message is a JSON object.
 func checkObjects(msgs []json.RawMessage) error {
 	for i, m := range msgs {
 		if t := bytes.TrimLeft(m, " \t\r\n"); len(t) == 0 || t[0] != '{' || !json.Valid(m) {
@@ -88,8 +86,8 @@ type sourced struct {
 	reward *float64
 }
 
-// readSource asks a source for its sample, turning a panic into an error:
-// sources are user code.
+// readSource asks a source (user code) for its sample, a panic made an
+// error.
 func readSource(src osmo.SampleSource) (out sourced, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -132,8 +130,8 @@ func mergeExtra(base json.RawMessage, extra map[string]any) (json.RawMessage, er
 	return json.Marshal(out)
 }
 
-// recordedConversation is the conversation the proxy saw for a sample: the
-// last successful call's request messages and its answer.
+// recordedConversation is the last successful call's request messages and
+// its answer.
 func recordedConversation(calls []*osmo.LLMCall) []json.RawMessage {
 	whole := wholeRequests(calls)
 	for i := len(calls) - 1; i >= 0; i-- {
@@ -145,8 +143,7 @@ func recordedConversation(calls []*osmo.LLMCall) []json.RawMessage {
 }
 
 // sampleMetrics sums a sample's calls. Its tool calls are those its agent
-// recorded (Rollout.RecordToolCall), or else the ones the policy asked
-// for; its latency is the workflow's run so far.
+// recorded, or else those the policy asked for.
 func sampleMetrics(calls []*osmo.LLMCall, tools toolStats, recorded bool, started time.Time) *osmo.SampleMetrics {
 	m := callMetrics(calls, started, time.Now())
 	if recorded {

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -29,13 +30,9 @@ type ClientSettings struct {
 }
 
 // DefaultClientSettings are the Osmosis defaults, but for the idle
-// connections kept per host: as many as the default pool opens (the SDK
-// keeps 20 of its 100). With fewer, every call over that many in flight
-// ends by closing its connection and the next opens one: a TCP handshake
-// and teardown per LLM call and per callback at the policy server and the
-// trainer, and about a tenth of osmo serve's CPU per rollout at 64 in
-// flight (docs/performance.md). A pool raised for a burst
-// (MaxConnections) keeps no more than these once the burst is over.
+// connections kept per host: as many as the pool opens (the SDK keeps 20
+// of 100), or every call over that many in flight closes its connection and
+// the next opens one.
 func DefaultClientSettings() ClientSettings {
 	return ClientSettings{
 		Timeout:                 300 * time.Second,
@@ -47,18 +44,11 @@ func DefaultClientSettings() ClientSettings {
 	}
 }
 
-// CallbackSettings is how callbacks are delivered. Every wire's are tried
-// until Deadline after the first attempt (15m): transient failures (a
-// transport error, and the statuses its wire retries: G1 a 5xx, G2 and
-// v0.3 429, 500, 502, 503 and 504) are retried, any other answer fails at
-// once. G2 and v0.3 callbacks wait BaseDelay doubling up to MaxDelay
-// between attempts, each bounded by Timeout (0.5s, 8s, 10s: the Osmosis
-// SDK's); the G1 completion takes the ClientSettings' delays and timeout.
-//
-// At most MaxInFlight callback requests are open at once (64), all
-// trainers together: thousands of results finishing together reach the
-// trainer at a pace it can answer, and an attempt's Timeout runs from when
-// it is sent, not while it waits its turn.
+// CallbackSettings is how callbacks are delivered: transient failures are
+// retried until Deadline after the first attempt (15m), G2 and v0.3
+// callbacks BaseDelay doubling up to MaxDelay apart, each bounded by
+// Timeout (0.5s, 8s, 10s: the Osmosis SDK's; the G1 completion takes the
+// ClientSettings'). At most MaxInFlight are open at once (64).
 type CallbackSettings struct {
 	BaseDelay   time.Duration
 	MaxDelay    time.Duration
@@ -83,21 +73,16 @@ const DefaultDeliveryDeadline = 15 * time.Minute
 
 // Config configures a Service. Zero values take the documented defaults.
 type Config struct {
-	// Workflow runs every rollout, whatever wire started it (G1's
-	// /v1/rollout/init, G2's and v0.3's POST /rollout).
+	// Workflow runs every rollout, whatever wire started it.
 	Workflow *osmo.Workflow
 	// AgentLoop, instead of Workflow, runs every rollout as
 	// osmo.AgentLoopWorkflow makes it one; /health then answers G1's body.
-	// Exactly one of Workflow and AgentLoop is required.
 	AgentLoop osmo.RolloutAgentLoop
-	// MaxQueued rollouts may wait for a slot; beyond that StartRollout
-	// answers ResourceExhausted (HTTP 429 with Retry-After). G1 inits, whose
-	// protocol has no 429, queue without this bound. Default: MaxConcurrent.
+	// MaxQueued rollouts may wait for a slot (MaxConcurrent); beyond that
+	// StartRollout answers 429 (G1 inits, which have no 429, are unbound).
 	MaxQueued int
-	// Callbacks is the callback delivery policy.
 	Callbacks CallbackSettings
-	// Grader grades finished samples; nil disables grading (the agent's own
-	// reward, if any, is final).
+	// Grader grades finished samples; nil disables grading.
 	Grader Grader
 	// GraderName is the grader spec asked of the grader service ("" = its default).
 	GraderName string
@@ -108,76 +93,63 @@ type Config struct {
 	MaxConcurrent int
 	// RecordTTL keeps finished rollouts for lookups and idempotency (1h).
 	RecordTTL time.Duration
-	// MaxRecordBytes bounds what finished records hold (256 MiB): past it
-	// the oldest are dropped, as those older than RecordTTL are.
+	// MaxRecordBytes bounds what finished records hold (256 MiB), the
+	// oldest dropped first.
 	MaxRecordBytes int64
 	// CleanupInterval is how often expired records are pruned (60s).
 	CleanupInterval time.Duration
-	// RolloutTimeout bounds one workflow run (600s): a G1 rollout's from
-	// when it starts running, a G2 or v0.3 rollout's from its acceptance
-	// unless agent_timeout_sec says otherwise.
+	// RolloutTimeout bounds one workflow run (600s), a G2 or v0.3
+	// rollout's from its acceptance, unless agent_timeout_sec says otherwise.
 	RolloutTimeout time.Duration
-	// GradeTimeout bounds waiting for the grader, resends included, unless
-	// grader_timeout_sec says otherwise (150s).
+	// GradeTimeout bounds grading unless grader_timeout_sec says otherwise
+	// (150s).
 	GradeTimeout time.Duration
 	// DrainTimeout is how long shutdown waits for running rollouts before
-	// cancelling them (10s), and then again for their callbacks to be
-	// delivered before it gives up on them (10s).
+	// cancelling them, and again for their callbacks (10s).
 	DrainTimeout time.Duration
 	// MaxMetadataBytes limits the encoded metadata of an init (1 MiB).
 	MaxMetadataBytes int
-	// Client holds the trainer-facing HTTP settings; the zero value means
-	// DefaultClientSettings (retry counts of 0 are otherwise taken as given).
+	// Client holds the trainer-facing HTTP settings (zero:
+	// DefaultClientSettings).
 	Client ClientSettings
 
 	// Model, when set, replaces the placeholder model on upstream calls.
 	Model string
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string
-	// State is the NATS JetStream holding the state every replica shares
-	// (shared.go): admissions, the queue, each rollout's lifecycle, the
-	// outbox, the finished records. Nil: an embedded server in memory,
-	// owned and stopped by the Service.
+	// State is the NATS JetStream holding the state every replica shares;
+	// nil is an embedded server in memory, owned by the Service.
 	State *natsstore.Store
-	// LostAfter is how long a replica that stopped renewing its hold on a
-	// rollout (it was SIGKILLed, its node is gone) keeps it before another
-	// replica concludes it (30s).
+	// LostAfter is how long a lost replica's rollouts wait before another
+	// replica concludes them (30s).
 	LostAfter time.Duration
 	// FinalWait is how long a graded rollout waits for its first stage's
-	// callbacks to be tried before it owes its final stage in a write of
-	// its own (1s), rather than with the first stage's mark: a trainer slow
-	// to answer holds a graded result out of the shared state this long.
+	// callbacks to be tried before it owes its final stage in a write of its
+	// own, rather than with the first stage's mark (1s).
 	FinalWait time.Duration
-	// ReplicaName names this replica in the shared state and in the
-	// message of a rollout interrupted by its loss (the host name).
+	// ReplicaName names this replica in the shared state (the host name).
 	ReplicaName string
 	// LogDir enables per-rollout JSONL event logs (the --log flag).
 	LogDir string
 	// Logger receives structured logs (slog.Default()).
 	Logger *slog.Logger
-	// HTTPClient overrides the client used for callbacks. It is used as
-	// given: Outbound does not reach its connections or redirects.
+	// HTTPClient overrides the client used for callbacks, as given (Outbound
+	// does not apply to it).
 	HTTPClient *http.Client
-	// Outbound is which addresses the service may connect to on a
-	// trainer's behalf: the policy URL of every wire (and so the routes of
-	// exec agents, which go through the embedded proxy) and the callbacks.
-	// Each connection's address is checked when it is made, and URLs whose
-	// host is a denied IP literal are refused at admission. Nil is
-	// netguard.Default(): link-local (cloud metadata), unspecified and
-	// multicast addresses denied, loopback and private ones allowed.
+	// Outbound is which addresses the service may connect to on a trainer's
+	// behalf (the policy and the callbacks), checked at each dial and, for
+	// IP literals, at admission; nil is netguard.Default().
 	Outbound *netguard.Policy
-	// Metrics, when set, receives the service's Prometheus collectors and
-	// the embedded LLM proxy's (osmo_llmproxy_*).
+	// Metrics, when set, receives the service's and the embedded LLM
+	// proxy's Prometheus collectors.
 	Metrics prometheus.Registerer
 
-	// TracerProvider, when set, traces every rollout: a "rollout" span from
-	// init to the completion's delivery, parented on the InitRollout call's
-	// span, with the agent run, each tool call, grading and the callback
-	// (and its HTTP attempts) inside; the agent's LLM calls carry the trace
-	// to the embedded proxy. Nil means no tracing and no cost.
+	// TracerProvider, when set, traces every rollout: a "rollout" span under
+	// the call that started it, with the agent run, grading and callbacks
+	// inside. Nil means no tracing and no cost.
 	TracerProvider trace.TracerProvider
 	// ProxyTracerProvider traces the embedded LLM proxy (TracerProvider when
-	// nil), so its spans can belong to a service of their own.
+	// nil).
 	ProxyTracerProvider trace.TracerProvider
 	// Propagator carries the trace between the services (W3C trace context
 	// and baggage when nil).
@@ -219,12 +191,8 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.Client.RetryMaxDelay, d.RetryMaxDelay)
 	orDefault(&c.Client.MaxConnections, d.MaxConnections)
 	orDefault(&c.Client.MaxKeepaliveConnections, d.MaxKeepaliveConnections)
-	if c.ProxyAddr == "" {
-		c.ProxyAddr = "127.0.0.1:0"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.ProxyAddr = cmp.Or(c.ProxyAddr, "127.0.0.1:0")
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -24,38 +22,31 @@ import (
 
 // delivery is one callback a wire owes the trainer.
 type delivery struct {
-	// event names it in the rollout's event log ("completion",
-	// "completion_callback", "grader_callback"); its span is
-	// "deliver_"+event.
-	event string
-	// route names its HTTP attempts' spans ("POST "+route): the URL's
-	// fixed part, never the URL itself.
+	// event names it in the event log and its span ("deliver_"+event);
+	// route names its HTTP attempts' spans: the URL's fixed part.
+	event  string
 	route  string
 	url    string
 	bearer string
-	// body is encoded to payload when the delivery is due; a delivery
-	// read back from the state log has its payload only.
+	// body is encoded to payload when the delivery is owed.
 	body    any
 	payload []byte
-	// status is the status word the body carries, for the span and log.
+	// status is the status word the body carries.
 	status string
 	policy callbackPolicy
 }
 
 // send delivers a stage's callbacks not yet done, in order, when this
-// replica is the one to (st.Sending): each is tried once here (direct),
-// and one that fails transiently is handed to the outbox, whose
-// redeliveries any replica serves, as are the ones after it (they wait for
-// it there). A callback done with is marked in the lifecycle; the mark
-// that completes the first stage starts the final one. It reports false
-// when a callback could be neither delivered nor handed over (the shared
-// state unreachable): the rollout's work must then stay held, for a
-// replica to conclude it again.
+// replica is to (st.Sending): each is tried once here when direct, and one
+// that fails transiently goes to the outbox with the ones after it. A
+// callback done with is marked in the lifecycle; the mark that completes
+// the first stage starts the final one. It reports false when a callback
+// could be neither delivered nor handed over: the rollout's work then stays
+// held, for a replica to conclude it again.
 //
 // rec is the rollout's record when this replica holds it (nil in the
-// outbox): its event log and callback error record each callback. final,
-// when not nil, is the final stage waiting for the first stage's marks
-// (see pendingFinal).
+// outbox); final is the final stage waiting for the first stage's marks
+// (see pendingFinal), or nil.
 func (s *Service) send(ctx context.Context, rec *record, id string, created time.Time, p callbackPolicy, stage string, st *owedStage, direct bool, final *pendingFinal, log *slog.Logger) bool {
 	if st == nil || !st.Sending {
 		return true
@@ -86,9 +77,7 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 					ok = false
 				}
 				// The owner (rec) posts the final stage itself; from the
-				// outbox it is handed over, as a replica concluding the
-				// rollout after a loss would hand it over too, and the
-				// outbox keeps one of the two.
+				// outbox it is handed over, and the outbox keeps one.
 				ok = s.send(ctx, rec, id, created, p, stageFinal, next, rec != nil && !viaOutbox, nil, log) && ok
 				continue
 			}
@@ -107,19 +96,15 @@ func (s *Service) send(ctx context.Context, rec *record, id string, created time
 }
 
 // markDone marks a stage's callback done with (cbErr says how it failed,
-// nil when delivered) and returns the final stage when this mark is the
-// one that lets it be sent. The mark is retried while the shared state
-// does not answer (a NATS node lost, a leader being elected): the trainer
-// has the callback, and a mark given up on sends it again. A mark given up
-// on returns no final stage.
+// nil when delivered) and returns the final stage when this mark lets it be
+// sent. The mark is retried while the shared state does not answer: a mark
+// given up on sends the callback again, and returns no final stage.
 //
-// A retry may find the mark written already: by this replica's own
-// earlier try whose answer was lost, which may have let the final stage
-// go. That final stage is returned with viaOutbox set: it is to be handed
-// to the outbox, which keeps one hand-over of it, rather than posted.
-//
-// A mark of the first stage takes the final stage waiting for it, if any,
-// and owes it in the same write (see pendingFinal).
+// A retry may find the mark written by its own earlier try, whose answer
+// was lost and which may have let the final stage go: that stage is
+// returned with viaOutbox set, to be handed to the outbox (which keeps one
+// hand-over) rather than posted. A mark of the first stage owes the final
+// stage waiting for it, if any, in the same write (see pendingFinal).
 func (s *Service) markDone(ctx context.Context, id, stage string, i int, event string, cbErr error, final *pendingFinal) (next *owedStage, viaOutbox bool, err error) {
 	var fin *stageToOwe
 	if stage == stageRan {
@@ -131,10 +116,7 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 	lc, err := s.persist(context.WithoutCancel(ctx), id, func(lc *lifecycle) error {
 		tries++
 		next, viaOutbox = nil, false
-		st := lc.Ran
-		if stage == stageFinal {
-			st = lc.Final
-		}
+		st := lc.stage(stage)
 		if st == nil || i >= len(st.Done) {
 			return errUnchanged
 		}
@@ -145,14 +127,10 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 			return errUnchanged
 		}
 		if fin != nil && lc.Final == nil && lc.Owner == s.replica {
-			// Owed before the mark, as its owner would owe it: the mark
-			// below then starts sending it if it completes the first stage.
 			fin.applyTo(lc, stageFinal)
 		}
 		st.Done[i] = true
-		// A callback done with is never posted again: its body and bearer
-		// leave the state, which keeps the lifecycle for the record TTL
-		// and rewrites it whole on every change until then.
+		// Never posted again: its body and bearer leave the state.
 		st.Callbacks[i].Payload, st.Callbacks[i].Bearer = nil, ""
 		if cbErr != nil {
 			if lc.CallbackError != "" {
@@ -168,10 +146,8 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 		return nil
 	})
 	if fin != nil {
-		// Owed if the lifecycle as last written or read has a final stage
-		// while this replica still owns it: nobody else owes it meanwhile
-		// (its conclusion waits for this answer, a replica that took the
-		// rollout over owns it).
+		// Owed if the lifecycle last written or read has a final stage while
+		// this replica still owns it.
 		final.written((err == nil || errors.Is(err, errUnchanged)) && lc != nil && lc.Final != nil && lc.Owner == s.replica)
 	}
 	switch {
@@ -194,17 +170,12 @@ func (s *Service) markDone(ctx context.Context, id, stage string, i int, event s
 }
 
 // pendingFinal is a rollout's final stage, once graded, waiting for the
-// mark of its first stage's callback: when that callback is delivered after
-// the rollout was graded, as it mostly is (grading goes on while it is
-// posted), one write marks it done and owes the final stage, to be sent at
-// once, instead of a write for each. The rollout's conclusion sets the
-// stage and, once the first stage was tried or Config.FinalWait passed, stops
-// waiting; it owes the stage itself unless a mark took it.
-//
-// What is set builds the stage: its callbacks' bodies (the grader
-// callback carries every sample) are encoded by whoever writes it, when
-// it does, not held encoded while the first stage's callback is posted
-// (10,000 rollouts concluding at once raised the peak RSS by a tenth).
+// mark of its first stage's callback, which mostly comes after grading:
+// one write then marks it and owes the final stage, instead of a write for
+// each. The conclusion sets the stage and, once the first stage was tried
+// or Config.FinalWait passed, stops waiting; it owes the stage itself unless a
+// mark took it. What is set builds the stage, so the bodies (the grader
+// callback carries every sample) are not held encoded while it waits.
 type pendingFinal struct {
 	mu    sync.Mutex
 	stage func() *stageToOwe
@@ -263,11 +234,9 @@ func (f *pendingFinal) stop() bool {
 }
 
 // awaitDelivered waits, when some of a rollout's callbacks went to the
-// outbox, until the outbox is done with them (or the shutdown stops the
-// wait), so that a finished rollout's record says how its callbacks went
-// and a watcher hears of it once they are delivered, as when none failed.
-// The replica that holds the rollout keeps holding it meanwhile. It hears
-// of a delivery made here at once, of one made elsewhere within a second.
+// outbox, until the outbox is done with them (or shutdown), so that the
+// finished record says how they went, as when none failed. It hears of a
+// delivery made here at once, of one made elsewhere within a second.
 func (s *Service) awaitDelivered(rec *record) {
 	if !rec.handed.Load() {
 		return
@@ -307,31 +276,30 @@ func (s *Service) awaitDelivered(rec *record) {
 // outbox still holds them.
 const repairEvery = 5 * time.Second
 
-// repair hands over again each callback owed and being sent that the
-// outbox does not hold: a hand-over whose message was lost (a process
-// killed before its embedded server wrote it out, a NATS node that died
-// before it reached its peers) while the dedup window still remembers it.
-// One the outbox holds is left to it.
+// repair hands over again each callback being sent that the outbox does
+// not hold: a hand-over whose message was lost (a process killed before its
+// embedded server wrote it, a NATS node that died before replicating it).
 func (s *Service) repair(lc *lifecycle, log *slog.Logger) {
-	for _, st := range lc.stages() {
-		if st.st == nil || !st.st.Sending {
+	for _, name := range stageNames {
+		st := lc.stage(name)
+		if st == nil || !st.Sending {
 			continue
 		}
-		for i, done := range st.st.Done {
+		for i, done := range st.Done {
 			if done {
 				continue
 			}
-			held, err := s.sh.inOutbox(s.deliverCtx, lc.ID, st.name, i)
+			held, err := s.sh.inOutbox(s.deliverCtx, lc.ID, name, i)
 			if err != nil {
-				log.Warn("shared state: could not look for a callback in the outbox", "stage", st.name, "index", i, "error", err)
+				log.Warn("shared state: could not look for a callback in the outbox", "stage", name, "index", i, "error", err)
 				break
 			}
 			if held {
-				log.Debug("outbox: holds the callback", "stage", st.name, "index", i)
+				log.Debug("outbox: holds the callback", "stage", name, "index", i)
 				break
 			}
-			log.Warn("shared state: a callback owed is not in the outbox; handing it over again", "stage", st.name, "index", i)
-			m := outboxMsg{ID: lc.ID, Stage: st.name, Index: i, Due: time.Now(), again: true}
+			log.Warn("shared state: a callback owed is not in the outbox; handing it over again", "stage", name, "index", i)
+			m := outboxMsg{ID: lc.ID, Stage: name, Index: i, Due: time.Now(), again: true}
 			if err := s.sh.handOver(s.deliverCtx, lc.Created, m); err != nil {
 				log.Error("shared state: could not hand a callback over again", "error", err)
 			}
@@ -384,42 +352,46 @@ func (s *Service) attempt(ctx context.Context, id string, d delivery, n int, log
 	if err != nil {
 		err = fmt.Errorf("%w: the bearer: %w", errPermanent, err)
 	} else {
-		err = s.sender.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d.policy, d.url, bearer, d.payload)
+		err = s.postOnce(context.WithValue(ctx, attemptRouteKey{}, d.route), d, bearer)
 	}
 	switch {
 	case err == nil:
-		s.sender.attempts.WithLabelValues("ok").Inc()
+		s.metrics.callbacks.WithLabelValues("ok").Inc()
 		log.DebugContext(ctx, "callback delivered", "rollout_id", id, "event", d.event, "attempt", n)
 		return nil
 	case errors.Is(err, errPermanent):
-		s.sender.attempts.WithLabelValues("failed").Inc()
+		s.metrics.callbacks.WithLabelValues("failed").Inc()
 		s.metrics.callbackFails.Inc()
 		err = fmt.Errorf("callback to %s: %w", d.url, err)
 		log.ErrorContext(ctx, d.event+" refused", "rollout_id", id, "error", err, "attempt", n)
 	default:
-		s.sender.attempts.WithLabelValues("retry").Inc()
+		s.metrics.callbacks.WithLabelValues("retry").Inc()
 		log.WarnContext(ctx, "callback attempt failed", "rollout_id", id, "event", d.event, "url", d.url, "attempt", n, "error", err)
 	}
 	fail(span, "callback_failed", err.Error())
 	return err
 }
 
-// post delivers one callback under its policy, retrying in place, in a
-// span of its own under ctx, and returns the attempts made. Only refused
-// starts are reported this way (they have no lifecycle to keep them in the
-// outbox); a rollout's callbacks go through send.
-func (s *Service) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
-	ctx, span := s.startSpan(ctx, "deliver_"+d.event, trace.SpanKindInternal,
-		semconv.URLFull(d.url), osmoattr.RolloutStatus.String(d.status))
-	defer span.End()
-	attempts, err := s.sender.post(context.WithValue(ctx, attemptRouteKey{}, d.route), d, log)
-	span.SetAttributes(osmoattr.Attempts.Int(attempts))
-	if err != nil {
-		fail(span, "callback_failed", err.Error())
-		log.ErrorContext(ctx, d.event+" failed", "error", err, "attempts", attempts)
-		s.metrics.callbackFails.Inc()
+// postRetried delivers a refused start's callback under its policy,
+// retrying in place until the delivery deadline: a refused start has no
+// lifecycle to keep its callbacks in the outbox.
+func (s *Service) postRetried(ctx context.Context, id string, d delivery) {
+	p := d.policy
+	first := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := s.attempt(ctx, id, d, attempt, s.log)
+		if err == nil || errors.Is(err, errPermanent) || ctx.Err() != nil {
+			return
+		}
+		wait := p.delay(attempt)
+		if time.Since(first)+wait >= p.Deadline {
+			s.metrics.callbackFails.Inc()
+			s.log.Error(d.event+" failed", "rollout_id", id,
+				"error", fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, err))
+			return
+		}
+		sleepCtx(ctx, wait)
 	}
-	return attempts, err
 }
 
 // attemptRouteKey carries a delivery's route to the span of each attempt.
@@ -435,11 +407,9 @@ func attemptSpanName(r *http.Request) string {
 
 // callbackPolicy is a wire's retry rule for its callbacks: Delivered says
 // which answers count, Retryable which are worth another attempt (the rest
-// fail at once); a transport error is always retried. An attempt is
-// bounded by Timeout. Attempts go on, BaseDelay doubling up to MaxDelay
-// apart, until Deadline after the first: a trainer that
-// restarts, or a network that drops for minutes, loses nothing, and one
-// that refuses a callback for good is not asked again.
+// fail at once); a transport error is always retried. Each attempt is
+// bounded by Timeout; attempts go on, BaseDelay doubling up to MaxDelay
+// apart, until Deadline after the first.
 type callbackPolicy struct {
 	BaseDelay time.Duration
 	MaxDelay  time.Duration
@@ -466,16 +436,14 @@ func g2Retryable(code int) bool {
 	return false
 }
 
-// backOff is the policy's schedule of waits: BaseDelay doubling up to
-// MaxDelay, exactly as the wire documents it (G2 and v0.3: 0.5 s doubling
-// to 8 s), without jitter. Deliveries that fail together are spread
-// anyway: at most Callbacks.MaxInFlight attempts are open at once.
+// backOff is the policy's schedule of waits, without jitter, as the wire
+// documents it: deliveries that fail together are spread anyway by
+// Callbacks.MaxInFlight.
 func (p callbackPolicy) backOff() *backoff.ExponentialBackOff {
 	return retry.Doubling(p.BaseDelay, p.MaxDelay, 0)
 }
 
-// delay is the wait before retry attempt (from 1) of a callback retried
-// through the outbox, one attempt per delivery of its message.
+// delay is the wait before retry attempt (from 1).
 func (p callbackPolicy) delay(attempt int) time.Duration {
 	return retry.Nth(p.backOff(), attempt)
 }
@@ -483,113 +451,31 @@ func (p callbackPolicy) delay(attempt int) time.Duration {
 // errPermanent marks a callback failure that retrying cannot fix.
 var errPermanent = errors.New("not retried")
 
-// sender posts callbacks with client, at most cap(slots) requests at once
-// (every trainer together): a burst of results, thousands of rollouts
-// cancelled or released together, reaches the trainer at a pace it can
-// answer rather than all at once, and an attempt's timeout runs from when
-// it is sent, not while it waits its turn, so waiting never turns into a
-// retry of a callback the trainer may have taken. attempts counts each
-// attempt by outcome (ok, retry, failed).
-type sender struct {
-	client   *http.Client
-	slots    chan struct{}
-	attempts *prometheus.CounterVec
-}
-
-// post delivers d and returns the attempts made. A failed attempt is an
-// event on the span in ctx (each attempt is a client span of its own when
-// the client is traced). When ctx ends the delivery stops where it is.
-func (c *sender) post(ctx context.Context, d delivery, log *slog.Logger) (int, error) {
-	attempts := c.attempts
-	payload := d.payload
-	if payload == nil {
-		var err error
-		if payload, err = marshalBody(d.body); err != nil {
-			return 0, fmt.Errorf("encode callback: %w", err)
-		}
-	}
-	p := d.policy
-	var (
-		attempt  int
-		last     error // the last attempt's failure
-		reported bool  // last was reported as retried
-	)
-	failed := func(err error, retry bool) {
-		log.WarnContext(ctx, "callback attempt failed", "url", d.url, "attempt", attempt, "retry", retry, "error", err)
-		if span := trace.SpanFromContext(ctx); span.IsRecording() {
-			span.AddEvent("attempt_failed", trace.WithAttributes(
-				osmoattr.Attempt.Int(attempt),
-				attribute.Bool("osmo.retry", retry),
-				semconv.ExceptionMessage(err.Error()),
-			))
-		}
-	}
-	opts := []backoff.RetryOption{
-		backoff.WithBackOff(p.backOff()),
-		// A retry whose wait would end past the deadline is not made.
-		backoff.WithMaxElapsedTime(p.Deadline),
-		backoff.WithNotify(func(err error, _ time.Duration) {
-			failed(err, true)
-			reported = true
-			attempts.WithLabelValues("retry").Inc()
-		}),
-	}
-	if p.Deadline <= 0 {
-		opts = append(opts, backoff.WithMaxTries(1))
-	}
-	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		attempt++
-		reported = false
-		last = c.postOnce(ctx, p, d.url, d.bearer, payload)
-		if errors.Is(last, errPermanent) {
-			return struct{}{}, backoff.Permanent(last)
-		}
-		return struct{}{}, last
-	}, opts...)
-	if err == nil {
-		attempts.WithLabelValues("ok").Inc()
-		return attempt, nil
-	}
-	if !reported {
-		failed(last, false)
-	}
-	attempts.WithLabelValues("failed").Inc()
-	switch {
-	case errors.Is(last, errPermanent):
-		return attempt, fmt.Errorf("callback to %s: %w", d.url, last)
-	case ctx.Err() != nil:
-		return attempt, fmt.Errorf("callback to %s: stopped after %d attempts (%v): %w", d.url, attempt, context.Cause(ctx), last)
-	}
-	return attempt, fmt.Errorf("callback to %s: gave up after %d attempts over the delivery deadline (%s): %w", d.url, attempt, p.Deadline, last)
-}
-
 // drainLimit is how much of a trainer's answer to a delivered callback is
 // read so that its connection can be used again; a longer one closes it.
 const drainLimit = 64 << 10
 
-func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer string, payload []byte) error {
+// postOnce posts d once, in a callback slot, its timeout running from when
+// it is sent.
+func (s *Service) postOnce(ctx context.Context, d delivery, bearer string) error {
 	select {
-	case c.slots <- struct{}{}:
-		defer func() { <-c.slots }()
+	case s.callbackSlots <- struct{}{}:
+		defer func() { <-s.callbackSlots }()
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	if p.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.Timeout)
-		defer cancel()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	p := d.policy
+	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(d.payload))
 	if err != nil {
 		return fmt.Errorf("%w: build request: %v", errPermanent, err)
 	}
-	// The header's map made to its size, its keys canonical already.
-	req.Header = make(http.Header, 4)
-	req.Header["Content-Type"] = []string{"application/json"}
+	req.Header.Set("Content-Type", "application/json")
 	if bearer != "" {
-		req.Header["Authorization"] = []string{"Bearer " + bearer}
+		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	resp, err := c.client.Do(req)
+	resp, err := s.callbackClient.Do(req)
 	if netguard.Refused(err) {
 		// The outbound policy refuses this address (or the endpoint
 		// redirects elsewhere): it will again, however long we retry.
@@ -600,9 +486,7 @@ func (c *sender) postOnce(ctx context.Context, p callbackPolicy, url, bearer str
 	}
 	defer resp.Body.Close()
 	if p.Delivered(resp.StatusCode) {
-		// The answer to a delivery says nothing more: drained (through
-		// io.Discard's pooled buffer), not kept, so the connection is
-		// used again.
+		// Drained, so the connection is used again.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 		return nil
 	}

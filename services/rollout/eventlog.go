@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,32 +13,29 @@ import (
 	"time"
 )
 
-// eventLogs writes one JSONL file of events per rollout under
-// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout; see
-// logFileName for ids that cannot be file names as they are).
-type eventLogs struct {
-	dir string // "" disables logging
-}
+// The event logs are one JSONL file per rollout under
+// DIR/<unix-time-of-start>/rollout-<id>.jsonl (the Osmosis --log layout).
 
-// newEventLogs opens the event log directory under root. Its files hold
-// whole conversations: readable by their owner only.
-func newEventLogs(root string, start time.Time) (*eventLogs, error) {
+// makeLogDir makes the event log directory under root ("" when root is).
+// Its files hold whole conversations: readable by their owner only.
+func makeLogDir(root string, start time.Time) (string, error) {
 	if root == "" {
-		return &eventLogs{}, nil
+		return "", nil
 	}
 	dir := filepath.Join(root, fmt.Sprint(start.Unix()))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("rollout: event log dir: %w", err)
+		return "", fmt.Errorf("rollout: event log dir: %w", err)
 	}
-	return &eventLogs{dir: dir}, nil
+	return dir, nil
 }
 
-// open returns the log of one rollout; a disabled log discards events.
-func (l *eventLogs) open(rolloutID string) *eventLog {
-	if l.dir == "" {
+// openEventLog returns the log of one rollout in dir; without a dir it
+// discards events.
+func openEventLog(dir, rolloutID string) *eventLog {
+	if dir == "" {
 		return &eventLog{rolloutID: rolloutID}
 	}
-	return &eventLog{rolloutID: rolloutID, path: filepath.Join(l.dir, logFileName(rolloutID))}
+	return &eventLog{rolloutID: rolloutID, path: filepath.Join(dir, logFileName(rolloutID))}
 }
 
 const (
@@ -57,35 +55,22 @@ const (
 // id, however long or whatever it holds, gets a name the file system takes.
 func logFileName(id string) string {
 	const prefix, suffix = "rollout-", ".jsonl"
-	if len(prefix)+len(id)+len(suffix) <= maxFileName && isSafeFileName(id) {
+	name := sanitizeFileName(id)
+	if len(prefix)+len(id)+len(suffix) <= maxFileName && name == id {
 		return prefix + id + suffix
 	}
 	sum := sha256.Sum256([]byte(id))
-	name := sanitizeFileName(id)
 	if len(name) > maxHashedPrefix {
 		name = name[:maxHashedPrefix]
 	}
 	return prefix + name + "~" + hex.EncodeToString(sum[:])[:hashHex] + suffix
 }
 
-func safeFileRune(r rune) bool {
-	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
-}
-
-func isSafeFileName(id string) bool {
-	for _, r := range id {
-		if !safeFileRune(r) {
-			return false
-		}
-	}
-	return true
-}
-
-// sanitizeFileName replaces every character a file name may not safely hold
-// (and every byte of invalid UTF-8) with '_'; the result is ASCII.
+// sanitizeFileName replaces every character but letters, digits, '-', '_'
+// and '.' (and every byte of invalid UTF-8) with '_'; the result is ASCII.
 func sanitizeFileName(id string) string {
 	return strings.Map(func(r rune) rune {
-		if safeFileRune(r) {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' {
 			return r
 		}
 		return '_'
@@ -108,9 +93,7 @@ func (l *eventLog) write(event string, data map[string]any) {
 		return
 	}
 	rec := make(map[string]any, len(data)+3)
-	for k, v := range data {
-		rec[k] = v
-	}
+	maps.Copy(rec, data)
 	rec["event"] = event
 	rec["rollout_id"] = l.rolloutID
 	rec["ts"] = time.Now().UTC().Format(time.RFC3339Nano)

@@ -27,7 +27,7 @@ func TestLogFileName(t *testing.T) {
 			t.Errorf("logFileName(%q) = %q", id, name)
 		}
 		for _, r := range name {
-			if !safeFileRune(r) && r != '~' {
+			if r != '~' && sanitizeFileName(string(r)) != string(r) {
 				t.Errorf("logFileName(%q) = %q holds %q", id, name, r)
 			}
 		}

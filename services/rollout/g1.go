@@ -23,22 +23,20 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// g1Wire is the Osmosis remote rollout (G1): POST
-// /v1/rollout/init answers with the tools, the LLM calls go to
-// {server_url}/v1/chat/completions with the rollout id in the body, and
-// one completion, after grading, goes to {server_url}/v1/rollout/completed.
+// g1Wire is the Osmosis remote rollout (G1): POST /v1/rollout/init answers
+// with the tools, the LLM calls go to {server_url}/v1/chat/completions with
+// the rollout id in the body, and one completion, after grading, goes to
+// {server_url}/v1/rollout/completed.
 type g1Wire struct {
-	req    *rolloutv1.InitRolloutRequest
-	policy callbackPolicy
+	req *rolloutv1.InitRolloutRequest
 	// resp is the init's answer, which a duplicate init gets too.
 	resp *rolloutv1.InitRolloutResponse
 }
 
-// InitRollout implements the G1 init. It is idempotent cluster-wide on the
-// rollout id: a duplicate (with the same idempotency key) waits for the
-// first init, wherever it runs, and returns its answer; one under another
-// key conflicts; and a failed one (its tools could not be computed) is
-// forgotten so that a retry starts afresh.
+// InitRollout implements the G1 init, idempotent cluster-wide on the
+// rollout id: a duplicate (same idempotency key) gets the first init's
+// answer; one under another key conflicts; a failed one is forgotten so a
+// retry starts afresh.
 func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
 	if err := validateInit(req, s.cfg.MaxMetadataBytes, s.cfg.Outbound); err != nil {
 		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
@@ -48,7 +46,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 	if req.IdempotencyKey != nil {
 		key = req.GetIdempotencyKey()
 	}
-	ctx, cancel := s.admission(ctx)
+	ctx, cancel := context.WithTimeout(ctx, s.admitWithin)
 	defer cancel()
 	rec, w := s.g1Record(req, key)
 	existing, err := s.admit(ctx, rec, phaseAdmitting, false)
@@ -64,7 +62,7 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 		}
 		resp, err := s.awaitInit(ctx, existing)
 		if errors.Is(err, errGone) {
-			// The first init failed and cleared its lifecycle; this one may retry.
+			// The first init failed and cleared its lifecycle.
 			return s.InitRollout(ctx, req)
 		}
 		return resp, err
@@ -111,14 +109,14 @@ func (s *Service) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutReq
 // computed) before a duplicate takes its replica for lost.
 const staleInit = 10 * time.Second
 
-// awaitInit is the answer of a duplicate init: the first init's, once its
-// tools are known (errGone when it failed), within the admission's time.
+// awaitInit is a duplicate init's answer: the first init's, once its tools
+// are known (errGone when it failed).
 func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.InitRolloutResponse, error) {
 	var rev uint64
 	for lc.Phase == phaseAdmitting {
 		if time.Since(lc.Created) > staleInit && rev != 0 {
-			// The replica computing its tools is gone (they take
-			// milliseconds): clear the init, so this one starts it afresh.
+			// The replica computing its tools is gone: this one starts
+			// afresh.
 			err := s.sh.rollouts.Delete(ctx, natsstore.Key(lc.ID), jetstream.LastRevision(rev))
 			if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
 				return nil, errGone
@@ -144,10 +142,9 @@ func (s *Service) awaitInit(ctx context.Context, lc *lifecycle) (*rolloutv1.Init
 	return resp, nil
 }
 
-// g1Record is the record of a valid init under idempotency key key: what
-// admission writes, and what a restart rebuilds from the state log.
+// g1Record is the record of a valid init under idempotency key key.
 func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*record, *g1Wire) {
-	w := &g1Wire{req: req, policy: s.g1Policy}
+	w := &g1Wire{req: req}
 	rec := s.newRecord(req.GetRolloutId(), key, w)
 	g1req := sdkRequest(req)
 	rec.label = g1Label(req)
@@ -164,8 +161,8 @@ func (s *Service) g1Record(req *rolloutv1.InitRolloutRequest, key string) (*reco
 	return rec, w
 }
 
-// sdkRequest is the init as the SDK's RolloutRequest. The budgets left
-// out take their defaults (validation refused those not positive).
+// sdkRequest is the init as the SDK's RolloutRequest, budgets left out
+// taking their defaults.
 func sdkRequest(req *rolloutv1.InitRolloutRequest) *osmo.RolloutRequest {
 	return &osmo.RolloutRequest{
 		RolloutID:        req.GetRolloutId(),
@@ -187,8 +184,7 @@ func metadataMap(s *structpb.Struct) map[string]any {
 	return s.AsMap()
 }
 
-// structJSON is a JSON object of a request (validated: it encodes) as the
-// JSON the rollout carries; nil for none.
+// structJSON is a validated JSON object of a request as JSON; nil for none.
 func structJSON(s *structpb.Struct) json.RawMessage {
 	b, _ := sample.JSON(s)
 	return b
@@ -241,8 +237,6 @@ func (*g1Wire) statusWord(o outcome.Outcome) string {
 	return g1Error
 }
 
-func (w *g1Wire) retry() callbackPolicy { return w.policy }
-
 // forget keeps the init's answer: a duplicate init is answered with it.
 func (w *g1Wire) forget() { w.req = nil }
 
@@ -261,8 +255,7 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 	}
 	sm := rec.primary()
 	if run.OK() && sm != nil {
-		// A run that succeeded keeps its conversation and extra fields, even
-		// when grading then failed.
+		// Kept even when grading then failed.
 		if sm.Messages != nil {
 			body.FinalMessages = sm.Messages
 		}
@@ -278,7 +271,6 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		}
 		body.Reward = rec.reward
 	}
-	// The rollout's metrics carry G1's names already.
 	body.Metrics = rec.metricsLocked(time.Now())
 	rec.mu.Unlock()
 	return []delivery{{
@@ -288,12 +280,11 @@ func (w *g1Wire) finished(rec *record, run, final outcome.Outcome) []delivery {
 		bearer: w.req.GetApiKey(),
 		body:   body,
 		status: body.Status,
-		policy: w.policy,
 	}}
 }
 
-// g1Completion is the body of POST {server_url}/v1/rollout/completed.
-// Fields that are None in the Osmosis server are omitted.
+// g1Completion is the body of POST {server_url}/v1/rollout/completed;
+// fields the Osmosis server leaves None are omitted.
 type g1Completion struct {
 	RolloutID     string              `json:"rollout_id"`
 	Status        string              `json:"status"`

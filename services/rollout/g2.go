@@ -18,28 +18,27 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// g2Wire is POST /rollout as the Osmosis SDK v0.2 speaks it (G2, seeds
-// 000-003, with the G3 additions): the LLM calls go to
-// {chat_completions_url}/chat/completions under controller_api_key, the
-// completion callback follows the run and the grader callback the grading.
+// g2Wire is POST /rollout as the Osmosis SDK v0.2 speaks it (G2, with the
+// G3 additions): the LLM calls go to {chat_completions_url} under
+// controller_api_key, the completion callback follows the run and the
+// grader callback the grading. Every body is one a v0.3 controller reads
+// too: the grader callback carries v0.2's samples map and v0.3's single
+// sample, and only statuses and categories in both vocabularies are sent.
 //
-// Nothing in a request says whether a v0.2 or a v0.3 controller sent it,
-// so every body is one both read: the grader callback carries the v0.2
-// samples map and v0.3's single sample, and only statuses and categories
-// in both vocabularies are sent. v0.3's additions to admission are in
-// v03.go.
+// v03 says the request is v0.3's, today's SDK: the G2 body plus
+// llm_api_key, the LLM calls' bearer (controller_api_key stays the
+// callbacks'), and rollout_id optional because the controller's URLs name
+// the rollout. Its callbacks are G2's.
 type g2Wire struct {
-	req    *rolloutv1.StartRolloutRequest
-	id     string
-	policy callbackPolicy
+	req *rolloutv1.StartRolloutRequest
+	id  string
+	v03 bool
 }
 
 // StartRollout implements POST /rollout for G2 and v0.3 controllers. A
-// request is v0.3's when it has llm_api_key or leaves rollout_id out (G2
-// requires it); the rest is served the same way. At capacity it answers
-// ResourceExhausted (429 with Retry-After); an id the server holds is
-// accepted again without starting anything (a trainer retrying a POST
-// whose answer it lost).
+// request is v0.3's when it has llm_api_key or leaves rollout_id out. At
+// capacity it answers ResourceExhausted (429 with Retry-After); an id the
+// server holds is accepted again without starting anything.
 func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutRequest) (*rolloutv1.StartRolloutResponse, error) {
 	id := req.GetRolloutId()
 	if id == "" {
@@ -50,9 +49,9 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 		s.reportRejected(ctx, req, id, err)
 		return nil, err
 	}
-	ctx, cancel := s.admission(ctx)
+	ctx, cancel := context.WithTimeout(ctx, s.admitWithin)
 	defer cancel()
-	rec := s.g2Record(req, id)
+	rec := s.g2Record(req, id, req.LlmApiKey != nil || req.GetRolloutId() == "")
 	existing, err := s.admit(ctx, rec, phaseQueued, true)
 	if existing != nil && (err == nil || errors.Is(err, errIDInUse)) {
 		s.log.InfoContext(ctx, "duplicate start ignored", "rollout_id", id)
@@ -71,15 +70,11 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	return &rolloutv1.StartRolloutResponse{}, nil
 }
 
-// g2Record is the record of a valid POST /rollout request for rollout id:
-// what admission writes, and what a restart rebuilds from the state log.
-func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *record {
-	g2 := &g2Wire{req: req, id: id, policy: s.g2Policy}
-	var w wire = g2
-	if req.LlmApiKey != nil || req.GetRolloutId() == "" {
-		w = &v03Wire{g2}
-	}
-	rec := s.newRecord(id, id, w)
+// g2Record is the record of a valid POST /rollout request for rollout id,
+// spoken as v0.3 or not: what admission writes, and what a restart
+// rebuilds from the state log.
+func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string, v03 bool) *record {
+	rec := s.newRecord(id, id, &g2Wire{req: req, id: id, v03: v03})
 	rec.label = labelText(req.GetLabel())
 	rec.in = &host.Input{
 		RolloutID: id,
@@ -94,8 +89,7 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 	rec.upstream = llmproxy.Route{
 		BaseURL: strings.TrimRight(req.GetChatCompletionsUrl(), "/"),
 		APIKey:  llmKey(req),
-		// Agents not written for osmo name models of their own; every call
-		// must still reach the policy.
+		// Agents not written for osmo name models of their own.
 		PinModel: true,
 	}
 	rec.budget, rec.budgetName, rec.fromAdmission = s.cfg.RolloutTimeout, "agent_timeout_sec", true
@@ -111,16 +105,18 @@ func (s *Service) g2Record(req *rolloutv1.StartRolloutRequest, id string) *recor
 
 func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
 
-func (*g2Wire) name() string { return wireG2 }
-
-func (w *g2Wire) retry() callbackPolicy { return w.policy }
+func (w *g2Wire) name() string {
+	if w.v03 {
+		return wireV03
+	}
+	return wireG2
+}
 
 func (w *g2Wire) forget() { w.req = nil }
 
 func (w *g2Wire) saved() (proto.Message, proto.Message) { return w.req, nil }
 
-// statusWord is the completion callback's status: success, failure or
-// cancelled (the trainer asked for it: only a v0.3 controller cancels).
+// statusWord is the completion callback's status.
 func (*g2Wire) statusWord(o outcome.Outcome) string { return o.Status() }
 
 // ran owes the completion callback: the run's outcome.
@@ -128,8 +124,7 @@ func (w *g2Wire) ran(rec *record, run outcome.Outcome) []delivery {
 	return []delivery{w.callback("completion_callback", w.req.GetCompletionCallbackUrl(), completionBody(w.id, run), run.Status())}
 }
 
-// finished owes the grader callback, when the trainer asked for one: the
-// samples with their rewards, or the failure.
+// finished owes the grader callback, when the trainer asked for one.
 func (w *g2Wire) finished(rec *record, _, final outcome.Outcome) []delivery {
 	if w.req.GraderCallbackUrl == nil {
 		return nil
@@ -146,7 +141,6 @@ func (w *g2Wire) callback(event, url string, body any, status string) delivery {
 		bearer: w.req.GetControllerApiKey(),
 		body:   body,
 		status: status,
-		policy: w.policy,
 	}
 }
 
@@ -159,18 +153,25 @@ type g2Completion struct {
 	ErrCategory *string `json:"err_category"`
 }
 
-// completionBody reports o: err_category in the wires' four values, null
-// for a cancellation, which the status says.
+// completionBody reports o.
 func completionBody(id string, o outcome.Outcome) g2Completion {
 	c := g2Completion{Status: o.Status(), RolloutID: id}
-	if !o.OK() {
-		msg := o.Message
-		c.ErrMessage = &msg
-		if cat := o.Category.Wire(); cat != "" {
-			c.ErrCategory = &cat
-		}
-	}
+	c.ErrMessage, c.ErrCategory = errorFields(o)
 	return c
+}
+
+// errorFields are err_message and err_category of a failure (nil for a
+// success): the category in the wires' four values, nil for a
+// cancellation, which the status says.
+func errorFields(o outcome.Outcome) (msg, category *string) {
+	if o.OK() {
+		return nil, nil
+	}
+	m := o.Message
+	if c := o.Category.Wire(); c != "" {
+		return &m, &c
+	}
+	return &m, nil
 }
 
 // g2GraderCallback is the grader callback body of both generations:
@@ -181,14 +182,11 @@ type g2GraderCallback struct {
 	Sample  *wireSample            `json:"sample"`
 }
 
-// graderBody reports the final outcome with the samples. Its status is
-// success or failure: neither generation's grader status has
-// "cancelled", so a cancelled rollout's grader callback is a failure
-// saying so. Rewards are sent only for a success, as v0.3 requires (a
-// reward anywhere else would be trained on), and sample, v0.3's single
-// one, is the first the workflow registered, null unless the rollout
-// succeeded. A rollout with several samples thus reaches a v0.3
-// controller as its first; the samples map carries them all.
+// graderBody reports the final outcome with the samples. Neither
+// generation's grader status has "cancelled": a cancelled rollout's is a
+// failure saying so. Rewards are sent only for a success, as v0.3 requires
+// (a reward anywhere else would be trained on), and sample, v0.3's single
+// one, is the first registered, null unless the rollout succeeded.
 func graderBody(id string, o outcome.Outcome, samples []*sample.Sample) *g2GraderCallback {
 	body := &g2GraderCallback{g2Completion: completionBody(id, o), Samples: map[string]*wireSample{}}
 	if o.State == rolloutv1.State_STATE_CANCELLED {
@@ -204,9 +202,8 @@ func graderBody(id string, o outcome.Outcome, samples []*sample.Sample) *g2Grade
 	return body
 }
 
-// wireSample is one sample of the grader callback: the fields of both
-// generations' RolloutSample, and llm_calls, the per-call records (token
-// ids, logprobs, usage) of the G3 wire.
+// wireSample is one sample of the grader callback: both generations'
+// RolloutSample, and the G3 per-call records (llm_calls).
 type wireSample struct {
 	ID           string              `json:"id"`
 	Messages     []json.RawMessage   `json:"messages"`
@@ -227,25 +224,20 @@ func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 		Label:        sm.Label,
 		RemoveSample: sm.RemoveSample,
 		Metrics:      cmp.Or(sm.Metrics, &osmo.SampleMetrics{}),
-		// {} rather than null when unset, as the wires have it.
-		ExtraFields: sm.ExtraFields,
+		ExtraFields:  sm.ExtraFields,
 	}
 	if out.Messages == nil {
 		out.Messages = []json.RawMessage{}
 	}
-	if out.ExtraFields == nil {
+	if out.ExtraFields == nil { // {}, not null, as the wires have it
 		out.ExtraFields = json.RawMessage(`{}`)
 	}
 	if ok && !sm.RemoveSample {
-		// The grader's reward, else the agent's own (a workflow that grades
-		// itself, served without an osmo grader), as meanReward makes the
-		// rollout's.
+		// The grader's reward, else the agent's own, as in meanReward.
 		out.Reward = cmp.Or(sm.Reward, sm.AgentReward)
 	}
-	// Each call as recorded: its request messages after those it shares
-	// with the sample's previous call, which shared_request_messages
-	// counts. Neither wire defines llm_calls, so none needs the history
-	// copied into every call, and the body stays linear in the turns.
+	// Each call as recorded, compacted (see compact): neither wire defines
+	// llm_calls, and the body stays linear in the turns.
 	if len(sm.LLMCalls) > 0 {
 		out.LLMCalls = make([]wireCall, len(sm.LLMCalls))
 		for i, c := range sm.LLMCalls {
@@ -256,9 +248,8 @@ func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 	return out
 }
 
-// wireCall is one record of a sample's llm_calls: the recorded call, and
-// the names the G3 per-call record gives its usage and the model it was
-// sent upstream as.
+// wireCall is one of a sample's llm_calls: the recorded call, with the G3
+// names of its usage and model.
 type wireCall struct {
 	*osmo.LLMCall
 	PromptTokens     int    `json:"prompt_tokens"`

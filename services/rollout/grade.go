@@ -18,15 +18,12 @@ import (
 	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
-// grade sends the rollout's samples to the grader (the caller checked that
-// grading applies) and sets their rewards; it returns the rollout's final
-// outcome. Grading runs under its own budget and survives shutdown: the
-// samples are finished work.
+// grade sends the rollout's samples to the grader and sets their rewards;
+// it returns the final outcome. Grading has its own budget and survives
+// shutdown: the samples are finished work.
 func (s *Service) grade(rec *record, log *slog.Logger) outcome.Outcome {
 	ctx, cancel := context.WithTimeout(rec.traced(rec.gradeCtx), rec.gradeBudget)
 	defer cancel()
-	// A client span: the grader service continues the trace from the
-	// trace_context the grader client puts into the request.
 	ctx, span := s.startSpan(ctx, "grade", trace.SpanKindClient, osmoattr.GraderName.String(s.cfg.GraderName))
 	defer span.End()
 	start := time.Now()
@@ -41,9 +38,8 @@ func (s *Service) grade(rec *record, log *slog.Logger) outcome.Outcome {
 		MetadataJson: rec.metadata,
 		Grader:       s.cfg.GraderName,
 		Timeout:      durationpb.New(rec.gradeBudget),
-		// A rollout is graded once, by the replica that ran it (one
-		// concluded elsewhere is not graded again): nothing of it can be
-		// stored yet. The grader client clears this on a resend.
+		// Graded once, by the replica that ran it: nothing can be stored
+		// yet. The grader client clears this on a resend.
 		FirstAttempt: true,
 	})
 	var o outcome.Outcome
@@ -100,9 +96,8 @@ func (s *Service) grade(rec *record, log *slog.Logger) outcome.Outcome {
 }
 
 // applyGrades sets the grader's rewards on the samples, or reports what is
-// wrong with its answer and sets none: every sample needs a grade with a
-// finite reward or remove_sample, and a reward present must be finite
-// (JSON cannot carry anything else).
+// wrong with its answer and sets none: every sample needs a finite reward
+// or remove_sample.
 func (r *record) applyGrades(resp *graderv1.GradeResponse) string {
 	grades := map[string]*graderv1.SampleGrade{}
 	for _, g := range resp.GetGrades() {

@@ -20,35 +20,29 @@ import (
 	"github.com/osmo-rl/osmo/internal/retry"
 )
 
-// process takes a rollout this replica took from the queue through the
-// rest of its life, the same for every wire: run the workflow in the slot
-// the queue gave it and collect its samples, then conclude. It runs in the
-// rollout's own goroutine.
+// process runs a rollout taken from the queue in the slot it was given,
+// then concludes it, the same for every wire, in the rollout's goroutine.
 func (s *Service) process(rec *record, release func()) {
 	log := s.log.With("rollout_id", rec.id, "wire", rec.wire.name())
 	s.run(rec, log, release, func(run outcome.Outcome) { s.conclude(rec, run, nil, log) })
 }
 
-// conclude is the rest of a rollout's life once its run ended, run being
-// how: owe the callbacks the wire owes once the run ended and send them,
-// grade (while they are sent), owe and send what it owes once the outcome
-// is final, and finish.
+// conclude is the rest of a rollout's life once its run ended (run says
+// how): owe and send the callbacks due once it ran, grade meanwhile, owe
+// and send those due once the outcome is final, and finish. A stage is owed
+// in the lifecycle before its first callback is posted.
 //
-// The same pipeline concludes a rollout whose replica was lost (resumed
-// is its lifecycle as the lost replica left it, rec holding only its
-// request): each stage the lifecycle reached is taken as it is, its
-// callbacks sent again where not known to be done, and the first stage it
-// did not reach reports the interruption, run telling which. A stage is
-// owed in the lifecycle before its first callback is posted, so whoever
-// concludes a rollout next finds it there.
+// It also concludes a rollout whose replica was lost (resumed is its
+// lifecycle as left): each stage reached is taken as it is, its callbacks
+// sent again where not done, and the first stage not reached reports the
+// interruption.
 func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle, log *slog.Logger) {
 	defer func() {
 		if err := rec.log.close(); err != nil {
 			log.Warn("event log", "error", err)
 		}
 	}()
-	// The callbacks are owed even when the rollout was cancelled or the
-	// server is shutting down; their spans are the rollout's.
+	// Owed even when cancelled or shutting down.
 	ctx := rec.traced(s.deliverCtx)
 	final := run
 	grading := resumed == nil && run.OK() && s.cfg.Grader != nil && rec.gradable
@@ -67,28 +61,25 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		rec.settle(final)
 	}
 
-	// A stage owed before the rollout was resumed may have callbacks in
-	// the outbox already: those not done are handed over again (the
-	// outbox drops what it holds) rather than posted here a second time.
+	// A stage owed before the rollout was resumed may be in the outbox
+	// already: it is handed over again (the outbox drops duplicates).
 	direct := true
 	var ran *owedStage
 	if resumed != nil && resumed.Ran != nil {
 		ran, direct = resumed.Ran, false
 	} else {
 		var err error
-		if ran, _, err = s.owe(ctx, rec, stageRan, run, rec.wire.ran(rec, run), log); err != nil {
+		if ran, _, err = s.oweStage(ctx, rec.id, stageRan, s.newStage(rec, run, rec.wire.ran(rec, run), log)); err != nil {
 			s.abandon(rec, err, log)
 			return
 		}
 	}
-	// Grading goes on while the first callbacks are sent: a graded result
-	// is in the shared state as soon as it is, even while the trainer is
-	// not answering, and the final callbacks still follow the first.
+	// Grading goes on while the first callbacks are sent.
 	sent := make(chan bool, 1)
 	ranTried := make(chan struct{})
 	pending := &pendingFinal{}
 	go func() {
-		ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageRan, ran, direct, pending, log)
+		ok := s.send(ctx, rec, rec.id, rec.created, s.policyOf(rec.wire.name()), stageRan, ran, direct, pending, log)
 		close(ranTried)
 		sent <- ok
 	}()
@@ -102,23 +93,15 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 		fin, final, finDirect = resumed.Final, resumed.Final.Outcome.outcome(), false
 		rec.settleFrom(resumed)
 	} else {
-		// The final stage holds the bodies of its callbacks (the grader
-		// callback's carries every sample), and each write of the
-		// lifecycle rewrites them until they are delivered. It cannot be
-		// sent before the first stage is done with, so it is owed with
-		// the first stage's mark when that comes after it is ready (the
-		// mark's sender then sends it), or after that mark when it comes
-		// soon: written once, not twice, and in one write with the mark
-		// when it can. A trainer slow to answer holds it up for at most
-		// Config.FinalWait, so a graded result is soon in the shared state.
+		// The final stage (its bodies carry every sample) is owed with the
+		// first stage's mark when that comes soon (see pendingFinal); a
+		// trainer slow to answer holds it up for at most Config.FinalWait.
 		ds := rec.wire.finished(rec, run, final)
 		pending.set(func() *stageToOwe { return s.newStage(rec, final, ds, log) })
-		timer := time.NewTimer(s.cfg.FinalWait)
 		select {
 		case <-ranTried:
-		case <-timer.C:
+		case <-time.After(s.cfg.FinalWait):
 		}
-		timer.Stop()
 		if !pending.stop() {
 			var (
 				err       error
@@ -132,7 +115,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 			finDirect = !viaOutbox
 		}
 	}
-	ok := s.send(ctx, rec, rec.id, rec.created, rec.wire.retry(), stageFinal, fin, finDirect, nil, log)
+	ok := s.send(ctx, rec, rec.id, rec.created, s.policyOf(rec.wire.name()), stageFinal, fin, finDirect, nil, log)
 	ok = <-sent && ok
 	if ok {
 		s.awaitDelivered(rec)
@@ -140,8 +123,7 @@ func (s *Service) conclude(rec *record, run outcome.Outcome, resumed *lifecycle,
 	s.finish(rec, final, ok, log)
 }
 
-// lostMessage says a rollout was interrupted by the loss of the replica
-// that ran it: a restart of this process when the state is its own.
+// lostMessage says a rollout was interrupted by the loss of its replica.
 func (s *Service) lostMessage(lc *lifecycle, when string) string {
 	if s.sh.store.Embedded() {
 		return "interrupted by a restart of the rollout service " + when
@@ -149,24 +131,12 @@ func (s *Service) lostMessage(lc *lifecycle, when string) string {
 	return fmt.Sprintf("interrupted: replica %s lost %s", lc.Owner, when)
 }
 
-// owe writes a stage's callbacks and its outcome into the rollout's
-// lifecycle before any is posted, and returns the stage as stored: its
-// Sending says whether this replica is to send it now (always the first
-// stage; the final one once the first is done). A stage that owes nothing
-// is done at once. viaOutbox says the stage is to be handed to the outbox
-// rather than posted (see below).
-func (s *Service) owe(ctx context.Context, rec *record, stage string, o outcome.Outcome, ds []delivery, log *slog.Logger) (_ *owedStage, viaOutbox bool, _ error) {
-	return s.oweStage(ctx, rec.id, stage, s.newStage(rec, o, ds, log))
-}
-
-// newStage is a stage to owe: its callbacks with their bodies encoded,
-// and what the lifecycle says of the rollout once it is owed.
+// newStage is a stage to owe, its bodies encoded.
 func (s *Service) newStage(rec *record, o outcome.Outcome, ds []delivery, log *slog.Logger) *stageToOwe {
 	st := &owedStage{Outcome: saveOutcome(o), Callbacks: make([]savedCallback, len(ds)), Done: make([]bool, len(ds))}
 	for i, d := range ds {
-		payload, err := marshalBody(d.body)
+		payload, err := json.Marshal(d.body)
 		if err != nil {
-			// Not expected: every body is built from JSON-able parts.
 			log.Error("encode callback", "event", d.event, "error", err)
 			payload = []byte(`{}`)
 		}
@@ -177,15 +147,19 @@ func (s *Service) newStage(rec *record, o outcome.Outcome, ds []delivery, log *s
 	return &stageToOwe{st: st, state: rec.state, reward: rec.reward}
 }
 
-// stageToOwe is a stage's callbacks and outcome, and the rollout's state
-// and reward as they stand when it is owed.
+// stageToOwe is a stage, and the rollout's state and reward when owed.
 type stageToOwe struct {
 	st     *owedStage
 	state  rolloutv1.State
 	reward *float64
 }
 
-// oweStage writes a stage built by newStage (see owe).
+// oweStage writes a stage built by newStage into the rollout's lifecycle
+// before any of its callbacks is posted, and returns the stage as stored:
+// its Sending says whether this replica is to send it now (always the
+// first stage; the final one once the first is done). A stage that owes
+// nothing is done at once. viaOutbox says the stage is to be handed to
+// the outbox rather than posted (see below).
 func (s *Service) oweStage(ctx context.Context, id, stage string, t *stageToOwe) (_ *owedStage, viaOutbox bool, _ error) {
 	var written *owedStage // the stage, when an earlier try wrote it
 	lc, err := s.persist(ctx, id, func(lc *lifecycle) error {
@@ -193,16 +167,11 @@ func (s *Service) oweStage(ctx context.Context, id, stage string, t *stageToOwe)
 		if lc.Owner != s.replica {
 			return errNotOwner
 		}
-		// A try whose answer was lost may have written the stage already;
-		// the mark of the first stage may even have started sending the
-		// final one since.
-		//
-		// The first stage is this replica's to send either way. The final
-		// one is to be sent if the write said so (Sending: the first stage
-		// was done by then) or a mark of the first stage has said so since,
-		// and then its sender may already be posting it: it goes through
-		// the outbox, which keeps one hand-over and skips what is done.
-		if prev := map[string]*owedStage{stageRan: lc.Ran, stageFinal: lc.Final}[stage]; prev != nil {
+		// A try whose answer was lost may have written the stage already.
+		// The first stage is this replica's to send either way; a final
+		// one already Sending may be being posted, so it goes through the
+		// outbox, which keeps one hand-over.
+		if prev := lc.stage(stage); prev != nil {
 			cp := *prev
 			cp.Sending = stage == stageRan || prev.Sending
 			written, viaOutbox = &cp, stage == stageFinal && prev.Sending
@@ -239,19 +208,14 @@ func (t *stageToOwe) applyTo(lc *lifecycle, stage string) {
 		cp.Sending = lc.Ran.done()
 		lc.Final, lc.Phase = &cp, phaseFinal
 		lc.Outcome, lc.Reward = &cp.Outcome, t.reward
-		// Past the request: what a retry or a recovery needs is in the
-		// stages now.
 		lc.Request, lc.admitted = nil, nil
 	}
 	settleFinished(lc)
 }
 
 // persist is update, retried while the shared state does not answer, for
-// up to twice LostAfter (retry.SharedState's waits): a NATS node that
-// restarts, or a cluster that loses its quorum for seconds, costs the
-// rollout nothing. errNotOwner, errGone and errUnchanged are answers, not
-// failures, and are returned at once, as is the error of an update
-// made when ctx ended.
+// up to twice LostAfter. errNotOwner, errGone and errUnchanged are answers,
+// returned at once, as is the error of an update made when ctx ended.
 func (s *Service) persist(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
 	var last error
 	lc, err := backoff.Retry(ctx, func() (*lifecycle, error) {
@@ -277,10 +241,9 @@ func (s *Service) persist(ctx context.Context, id string, change func(lc *lifecy
 // for lost); this one's result is dropped.
 var errNotOwner = errors.New("the rollout was concluded by another replica, which took this one for lost")
 
-// abandon drops a rollout whose lifecycle this replica could not write:
-// another replica concluded it, or the shared state is unreachable. Its
-// work stays unacknowledged, so a replica concludes it from its
-// lifecycle once the state is back.
+// abandon drops a rollout whose lifecycle this replica could not write;
+// unless another replica concluded it, its work stays unacknowledged for a
+// replica to conclude once the state is back.
 func (s *Service) abandon(rec *record, err error, log *slog.Logger) {
 	if errors.Is(err, errNotOwner) {
 		log.Error("rollout concluded elsewhere; dropping this replica's result", "error", err)
@@ -317,15 +280,13 @@ func (s *Service) record(rec *record, log *slog.Logger) {
 			return
 		}
 	}
-	// Too large for one message, or the state is unreachable: GetRollout
-	// then answers from the lifecycle (state, outcome, reward).
+	// GetRollout then answers from the lifecycle.
 	log.Warn("shared state: the finished record was not stored", "bytes", len(b), "error", err)
 }
 
-// finish counts a rollout whose outcome is final and whose callbacks were
-// sent (or handed to the outbox), lets go of its record and of its work:
-// acknowledged when sent says every callback was delivered or is in the
-// outbox, else left for a replica to conclude again from the lifecycle.
+// finish counts a concluded rollout and lets go of its record and its
+// work: acknowledged when sent says every callback was delivered or is in
+// the outbox, else left for a replica to conclude again.
 func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Logger) {
 	rec.mu.Lock()
 	reward := rec.reward
@@ -339,23 +300,19 @@ func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Lo
 	}
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
 	endRolloutSpan(rec, word, o)
-	// After the span: freezing lets go of the calls it counts.
 	s.record(rec, log)
 	s.releaseWork(rec, sent)
 	s.store.remove(rec)
 	rec.freeze()
 }
 
-// releaseWork lets go of the rollout's work message: acknowledged when it
-// is done with, or left to redelivery (another replica concludes it).
+// releaseWork lets go of the rollout's work message, acknowledged when done.
 func (s *Service) releaseWork(rec *record, done bool) {
 	msg := s.detachWork(rec)
 	if msg == nil {
 		return
 	}
 	if done {
-		// Not waited for: an acknowledgement lost on the way only brings
-		// the message back, to a replica that finds the rollout finished.
 		if err := msg.Ack(); err != nil {
 			s.log.Warn("shared state: could not acknowledge a rollout's work; it will be concluded again from its lifecycle (its callbacks are done, so nothing is sent twice)",
 				"rollout_id", rec.id, "error", err)
@@ -363,9 +320,8 @@ func (s *Service) releaseWork(rec *record, done bool) {
 	}
 }
 
-// detachWork takes the rollout's work message out of its record and out
-// of the leases, and returns it for its holder to answer (nil when the
-// record holds none).
+// detachWork takes the rollout's work message (nil if none) out of its
+// record and the leases.
 func (s *Service) detachWork(rec *record) jetstream.Msg {
 	rec.mu.Lock()
 	msg := rec.work
@@ -388,9 +344,8 @@ func (r *record) settleFrom(lc *lifecycle) {
 	r.reward = lc.Reward
 }
 
-// renderLifecycle is what GetRollout answers for a rollout known only by
-// its lifecycle: queued, held by another replica that does not answer, or
-// finished without a stored record.
+// renderLifecycle is GetRollout's answer for a rollout known only by its
+// lifecycle.
 func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 	out := &rolloutv1.Rollout{
 		RolloutId:     lc.ID,
@@ -410,21 +365,17 @@ func renderLifecycle(lc *lifecycle) *rolloutv1.Rollout {
 	return out
 }
 
-// marshalBody encodes a callback body once.
-func marshalBody(body any) ([]byte, error) { return json.Marshal(body) }
-
-// appendJSON encodes lc into b. Not inline, the request and the
-// callbacks' payloads are left out (a private state's are kept in
-// process: localBodies).
-func (lc *lifecycle) appendJSON(b []byte, inline bool) ([]byte, error) {
+// encode is lc as stored. Not inline, the request and the callbacks'
+// payloads are left out (a private state's are kept in process:
+// localBodies).
+func (lc *lifecycle) encode(inline bool) ([]byte, error) {
 	if !inline {
 		cp := *lc
 		cp.Request = nil
 		cp.Ran, cp.Final = lc.Ran.withoutPayloads(), lc.Final.withoutPayloads()
 		lc = &cp
 	}
-	out, err := json.Marshal(lc)
-	return append(b[:0], out...), err
+	return json.Marshal(lc)
 }
 
 // withoutPayloads is a copy of st whose callbacks carry no payload.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/osmo-rl/osmo"
 )
@@ -37,72 +38,69 @@ type metrics struct {
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg) // registers nothing when reg is nil
 	m := &metrics{
-		started: prometheus.NewCounter(prometheus.CounterOpts{
+		started: f.NewCounter(prometheus.CounterOpts{
 			Name: "osmo_rollouts_started_total", Help: "Rollouts accepted (duplicate inits are not counted).",
 		}),
-		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+		finished: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_rollouts_finished_total",
 			Help: "Rollouts finished, by status in the words of the wire that started them (G1: COMPLETED, ERROR; G2 and v0.3: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled; empty on success).",
 		}, []string{"status", "error_category"}),
-		running: prometheus.NewGauge(prometheus.GaugeOpts{
+		running: f.NewGauge(prometheus.GaugeOpts{
 			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",
 		}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		duration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_rollout_duration_seconds", Help: "From init to the completion being delivered, by status.",
 			Buckets: latencyBuckets,
 		}, []string{"status"}),
-		gradeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		gradeDuration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_rollout_grade_duration_seconds", Help: "Time a finished rollout waited for the grader (resends included), by outcome.",
 			Buckets: latencyBuckets,
 		}, []string{"outcome"}),
-		rewards: prometheus.NewHistogram(prometheus.HistogramOpts{
+		rewards: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "osmo_rollout_reward", Help: "Rewards delivered to the trainer.",
 			Buckets: []float64{-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1},
 		}),
-		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+		callbacks: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_callback_attempts_total", Help: "Completion and grader callback attempts, by outcome (ok, retry, failed).",
 		}, []string{"outcome"}),
-		callbackFails: prometheus.NewCounter(prometheus.CounterOpts{
+		callbackFails: f.NewCounter(prometheus.CounterOpts{
 			Name: "osmo_callback_failures_total", Help: "Callbacks that could not be delivered after every retry.",
 		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+		rejected: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_rollouts_rejected_total", Help: "Rollout starts refused, by reason: invalid (the request failed validation), capacity (POST /rollout answered 429 at capacity).",
 		}, []string{"reason"}),
-		llmDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		llmDuration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "osmo_llm_call_duration_seconds", Help: "LLM calls through the proxy, by HTTP status answered.",
 			Buckets: latencyBuckets,
 		}, []string{"code"}),
-		llmTTFT: prometheus.NewHistogram(prometheus.HistogramOpts{
+		llmTTFT: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "osmo_llm_time_to_first_token_seconds", Help: "Streaming LLM calls: time to the first content chunk.",
 			Buckets: latencyBuckets,
 		}),
-		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+		tokens: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_llm_tokens_total", Help: "Tokens reported by the policy, by direction (input, output).",
 		}, []string{"direction"}),
+		recovered: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_rollouts_recovered_total",
+			Help: "Rollouts of a lost replica (or of this process before a restart) concluded by this one, by how: redelivered (their final result was owed and is delivered again), interrupted (they were running or grading: a failure saying so is delivered).",
+		}, []string{"how"}),
+		stateWrites: f.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_state_writes_total",
+			Help: "Writes this replica made to the shared state (lifecycle creates and updates, queue and outbox messages, finished records).",
+		}),
+		stateBytes: f.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_state_write_bytes_total",
+			Help: "Bytes of the values this replica wrote to the shared state.",
+		}),
 	}
-	m.recovered = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "osmo_rollouts_recovered_total",
-		Help: "Rollouts of a lost replica (or of this process before a restart) concluded by this one, by how: redelivered (their final result was owed and is delivered again), interrupted (they were running or grading: a failure saying so is delivered).",
-	}, []string{"how"})
-	m.stateWrites = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "osmo_state_writes_total",
-		Help: "Writes this replica made to the shared state (lifecycle creates and updates, queue and outbox messages, finished records).",
-	})
-	m.stateBytes = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "osmo_state_write_bytes_total",
-		Help: "Bytes of the values this replica wrote to the shared state.",
-	})
 	for _, how := range []string{recoveredRedelivered, recoveredInterrupted} {
 		m.recovered.WithLabelValues(how)
 	}
 	// Both reasons show from the start, at zero, for alerts on their rate.
 	for _, reason := range []string{rejectInvalid, rejectCapacity} {
 		m.rejected.WithLabelValues(reason)
-	}
-	if reg != nil {
-		reg.MustRegister(m.started, m.finished, m.running, m.duration, m.gradeDuration,
-			m.rewards, m.callbacks, m.callbackFails, m.rejected, m.llmDuration, m.llmTTFT, m.tokens, m.recovered, m.stateWrites, m.stateBytes)
 	}
 	return m
 }
@@ -113,14 +111,17 @@ func (m *metrics) watchShared(reg prometheus.Registerer, sh *shared) {
 	if reg == nil {
 		return
 	}
-	records := func() jetstream.KeyValueStatus {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		st, err := sh.records.Status(ctx)
-		if err != nil {
-			return nil
+	// records reads a figure of the records bucket when scraped.
+	records := func(of func(jetstream.KeyValueStatus) uint64) func() float64 {
+		return func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			st, err := sh.records.Status(ctx)
+			if err != nil {
+				return 0
+			}
+			return float64(of(st))
 		}
-		return st
 	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -133,20 +134,10 @@ func (m *metrics) watchShared(reg prometheus.Registerer, sh *shared) {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "osmo_rollout_records", Help: "Finished rollout records held in the shared state (for lookups and watchers).",
-		}, func() float64 {
-			if st := records(); st != nil {
-				return float64(st.Values())
-			}
-			return 0
-		}),
+		}, records(jetstream.KeyValueStatus.Values)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "osmo_rollout_records_bytes", Help: "Bytes the finished rollout records hold in the shared state, bounded by --record-max-bytes.",
-		}, func() float64 {
-			if st := records(); st != nil {
-				return float64(st.Bytes())
-			}
-			return 0
-		}),
+		}, records(jetstream.KeyValueStatus.Bytes)),
 	)
 }
 

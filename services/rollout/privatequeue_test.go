@@ -62,8 +62,8 @@ func TestPrivateQueue(t *testing.T) {
 	}
 	q.done("b")
 	q.done("c")
-	if len(q.members) != 0 {
-		t.Errorf("members left: %v", q.members)
+	if len(q.queued) != 0 {
+		t.Errorf("members left: %v", q.queued)
 	}
 }
 

@@ -23,51 +23,41 @@ import (
 // record is one rollout, whatever wire started it. The fields above mu are
 // set at admission, before the record is shared; the rest is guarded by mu.
 type record struct {
-	id string
-	// workflow is the name of what runs.
+	id       string
 	workflow string
 	// key makes admission idempotent: G1's idempotency_key, else the id.
 	key string
-	// wire is the protocol that started the rollout, holding its request:
-	// it says what the callbacks are.
+	// wire is the protocol that started the rollout, holding its request.
 	wire wire
-	// in is what the workflow runs on: the prompt, the metadata and, for
-	// G1, the request and the tools offered for it.
-	in *host.Input
-	// label is the row's ground truth (only the grader sees it) and
-	// metadata the row's metadata as the trainer sent it.
+	in   *host.Input
+	// label is the row's ground truth (only the grader sees it).
 	label    *string
 	metadata json.RawMessage
 	// extra is passed through to every sample's extra_fields.
 	extra json.RawMessage
 	// gradable: the row has what grading needs (the wire's rule).
 	gradable bool
-	// upstream is where the rollout's LLM calls go (base URL, key, the
-	// wire's request rewrites); the route adds the model and the client
-	// token.
+	// upstream is where the LLM calls go; token is the bearer the
+	// rollout's clients present to the embedded proxy (the trainer's keys
+	// never leave the server).
 	upstream llmproxy.Route
-	// token is the bearer the rollout's clients present to the embedded
-	// proxy: the trainer's keys never leave the server.
-	token string
+	token    string
 	// budget bounds the workflow (and, when fromAdmission, the time queued
 	// too); budgetName says where it came from in messages.
 	budget        time.Duration
 	budgetName    string
 	fromAdmission bool
-	// gradeBudget bounds grading, resends included.
-	gradeBudget time.Duration
-	created     time.Time
-	log         *eventLog
-	// slot, from admission to enqueue, is the slot of a rollout admitted
-	// to start here at once (startsHere), which enqueue runs.
-	slot func()
-	// placed, from admission to enqueue, says a private queue reserved a
-	// place for the rollout (shared.admitQueued), which enqueue takes.
+	gradeBudget   time.Duration
+	created       time.Time
+	log           *eventLog
+	// From admission to enqueue: slot is the slot of a rollout that starts
+	// here at once (startsHere); placed says a private queue reserved it a
+	// place (shared.admitQueued).
+	slot   func()
 	placed bool
 
 	// runCtx bounds the queue wait and the workflow; gradeCtx the grading.
-	// A cancel ends both; shutdown only runCtx (grading finished work
-	// survives it).
+	// A cancel ends both; shutdown only runCtx.
 	runCtx      context.Context
 	runCancel   context.CancelCauseFunc
 	gradeCtx    context.Context
@@ -82,21 +72,19 @@ type record struct {
 	started  time.Time
 	finished time.Time
 	calls    []*osmo.LLMCall
-	// convs holds each sample's last call's request messages (the calls'
-	// own bytes), which the sample's next call is compacted against.
+	// convs holds each sample's last call's whole request messages (see
+	// compact).
 	convs     map[string][]json.RawMessage
 	tools     map[string]toolStats // by sample id
 	samples   []*sample.Sample
 	cancelled bool
-	// out is set when the outcome is known (at the latest when grading
-	// ended); final says it is.
+	// out is the outcome once final says it is known.
 	out         outcome.Outcome
 	final       bool
 	reward      *float64
 	callbackErr string
 	seq         int64
-	// frozen: the record was stored finished and let go of its parts; a
-	// late call of an abandoned workflow is not kept.
+	// frozen: the record was stored finished and let go of its parts.
 	frozen bool
 	// work is the queue's message for the rollout, held while this replica
 	// runs or concludes it.
@@ -114,8 +102,8 @@ type toolStats struct {
 // errCancelled is the cause of a rollout cancelled through CancelRollouts.
 var errCancelled = errors.New("cancelled by request")
 
-// initContexts gives the record its run and grade contexts; parent is the
-// service's rollouts context (cancelled at shutdown).
+// initContexts gives the record its run and grade contexts under parent,
+// which shutdown cancels.
 func (r *record) initContexts(parent context.Context) {
 	r.runCtx, r.runCancel = context.WithCancelCause(parent)
 	r.gradeCtx, r.gradeCancel = context.WithCancelCause(context.WithoutCancel(parent))
@@ -130,8 +118,7 @@ const (
 
 // cancel cancels the rollout on request and reports what it stopped:
 // cancelled_queued, cancelled_running, or not_found when its outcome is
-// already final (it is only delivering callbacks) or it was cancelled
-// before.
+// already final or it was cancelled before.
 func (r *record) cancel() string {
 	r.mu.Lock()
 	st := r.state
@@ -171,9 +158,7 @@ func (r *record) setState(s rolloutv1.State) {
 	r.state = s
 }
 
-// settle records the rollout's final outcome: its state and what status
-// and GetRollout report; finished (what watchers wait for) comes with the
-// last callback.
+// settle records the rollout's final outcome.
 func (r *record) settle(o outcome.Outcome) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -184,9 +169,8 @@ func (r *record) settle(o outcome.Outcome) {
 	}
 }
 
-// meanReward is a rollout's reward: the mean over its samples that were
-// not removed of each one's reward (the grader's, else the agent's own);
-// nil when none has one.
+// meanReward is a rollout's reward: the mean of its kept samples' rewards
+// (the grader's, else the agent's own); nil when none has one.
 func meanReward(samples []*sample.Sample) *float64 {
 	var sum float64
 	n := 0
@@ -213,7 +197,7 @@ func meanReward(samples []*sample.Sample) *float64 {
 func (r *record) addCall(c *osmo.LLMCall) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.frozen { // a call of an abandoned workflow, late
+	if r.frozen { // a late call of an abandoned workflow
 		return
 	}
 	if r.convs == nil {
@@ -251,9 +235,7 @@ func (r *record) setSeq(seq int64) {
 }
 
 // snapshot copies the samples for callers that read them without the lock.
-// The copies are shallow: once collected, a sample's parts (its messages,
-// its calls) are never changed, only its own fields are, by grading (its
-// reward, remove_sample), which the copies do not see.
+// Shallow copies: once collected, only a sample's own fields change.
 func (r *record) snapshot() []*sample.Sample {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -265,9 +247,8 @@ func (r *record) snapshot() []*sample.Sample {
 	return out
 }
 
-// primary is the rollout's first registered sample (a copy), the one the
-// single-sample bodies carry (G1's completion, v0.3's grader callback);
-// nil when there is none.
+// primary is a copy of the rollout's first sample, the one single-sample
+// bodies carry; nil when there is none.
 func (r *record) primary() *sample.Sample {
 	if samples := r.snapshot(); len(samples) > 0 {
 		return samples[0]
@@ -306,10 +287,9 @@ func callMetrics(calls []*osmo.LLMCall, started, end time.Time) *osmo.SampleMetr
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// rolloutRecord is a rollout as GetRollout and watchers see it, and as a
-// finished one is stored: the API's Rollout, with samples as the JSON
-// they were collected as. Its JSON names are Rollout's, so stored bytes
-// read as one (rolloutProto).
+// rolloutRecord is a rollout as GetRollout and watchers see it and as a
+// finished one is stored: the API's Rollout under its JSON names, with
+// samples as the JSON they were collected as.
 type rolloutRecord struct {
 	RolloutID     string              `json:"rollout_id"`
 	State         rolloutv1.State     `json:"state"`
@@ -378,9 +358,7 @@ func (r *record) render() *rolloutRecord {
 }
 
 // freeze lets go of what only running the rollout needed, once its
-// finished record is stored: the samples as objects, the recorded calls,
-// the request and the workflow's input. A late call of an abandoned
-// workflow is not kept.
+// finished record is stored.
 func (r *record) freeze() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -390,18 +368,13 @@ func (r *record) freeze() {
 	r.wire.forget()
 }
 
-// status renders the G3 status body: the state in the G3 vocabulary, the
-// reward once graded, and the error in the wire's categories.
+// status renders the G3 status body.
 func (r *record) status() *rolloutv1.RolloutStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := &rolloutv1.RolloutStatus{RolloutId: r.id, Status: outcome.StatusWord(r.state), Reward: r.reward}
-	if r.final && !r.out.OK() {
-		msg := r.out.Message
-		out.ErrMessage = &msg
-		if cat := r.out.Category.Wire(); cat != "" {
-			out.ErrCategory = &cat
-		}
+	if r.final {
+		out.ErrMessage, out.ErrCategory = errorFields(r.out)
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 
 	"google.golang.org/grpc/status"
@@ -15,36 +16,33 @@ import (
 const maxRejectedDeliveries = 64
 
 // reportRejected tells the controller of a start refused as bad input
-// through the callbacks too, as a failure with err_category
-// validation_error: a trainer that only watches its callbacks must not wait
-// forever for a rollout that never started. The caller answers the request
-// (422) at once; the callbacks follow in the background, under the G2
-// callback retry policy, one per usable URL (an http(s) URL with a host),
-// with the
-// request's controller_api_key as the bearer when it has a usable one. id
-// is the rollout id the request names (in its body or its completion URL),
-// possibly empty.
+// through the callbacks too, as a validation_error failure: a trainer that
+// only watches its callbacks must not wait forever. The caller answers 422
+// at once; the callbacks follow in the background under the G2 policy, to
+// each usable URL, with the request's controller_api_key when usable. id
+// is the rollout id the request names, possibly empty.
 //
-// Nothing is posted for a caller without the server's API key (the
-// interceptor refuses it before this runs; the check here keeps it so when
-// the service is called directly), nor for a refused start that names a
-// rollout the shared state holds: that rollout posts its own callbacks,
-// once.
+// Nothing is posted for a caller without the server's API key, nor for a
+// start naming a rollout the shared state holds (it posts its own).
 func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRolloutRequest, id string, cause error) {
 	msg := status.Convert(cause).Message()
-	// The failure a rollout would report, sent only to the usable URLs.
-	// A key that was itself the refused field (blank, or not a header
-	// value) is not sent: the transport would refuse it on every retry.
+	// A key that was itself the refused field is not sent.
 	bearer := req.GetControllerApiKey()
 	if strings.TrimSpace(bearer) == "" || validateHeaderValue("controller_api_key", bearer) != nil {
 		bearer = ""
 	}
 	o := outcome.Failed(outcome.Validation, "%s", msg)
-	w := &g2Wire{req: req, id: id, policy: s.g2Policy}
+	w := &g2Wire{req: req, id: id}
 	var ds []delivery
 	for _, d := range append(w.ran(nil, o), w.finished(&record{}, o, o)...) {
 		if validateHTTPURL(s.cfg.Outbound, "url", d.url, true) == nil {
-			d.bearer = bearer
+			var err error
+			if d.payload, err = json.Marshal(d.body); err != nil {
+				s.log.ErrorContext(ctx, "encode callback", "event", d.event, "error", err)
+				continue
+			}
+			d.bearer = s.seal.text(bearer) // as attempt takes it
+			d.policy = s.g2Policy
 			ds = append(ds, d)
 		}
 	}
@@ -65,15 +63,14 @@ func (s *Service) reportRejected(ctx context.Context, req *rolloutv1.StartRollou
 		return
 	}
 	log.InfoContext(ctx, "start refused: reporting it through the callbacks", "error", msg)
-	// The request's trace, not its cancellation: the callbacks outlive the
-	// answer.
+	// The callbacks outlive the answer.
 	dctx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	unbind := context.AfterFunc(s.deliverCtx, func() { stop(context.Cause(s.deliverCtx)) })
 	s.wg.Go(func() {
 		defer func() { <-s.rejectSem }()
 		defer unbind()
 		for _, d := range ds {
-			_, _ = s.post(dctx, d, log)
+			s.postRetried(dctx, id, d)
 		}
 	})
 }

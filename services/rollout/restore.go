@@ -9,10 +9,8 @@ import (
 )
 
 // restore rebuilds a rollout's record from its lifecycle, as its wire's
-// handler built it at admission: the replica that runs or concludes a
-// rollout is seldom the one that admitted it. A lifecycle past its final
-// stage has no request any more; its record is then only what the
-// callbacks and status need.
+// handler built it at admission. Past its final stage the request is gone;
+// the record is then only what the callbacks and status need.
 func (s *Service) restore(lc *lifecycle) (*record, error) {
 	var rec *record
 	switch lc.Wire {
@@ -39,19 +37,9 @@ func (s *Service) restore(lc *lifecycle) (*record, error) {
 				return nil, err
 			}
 		}
-		rec = s.g2Record(req, lc.ID)
 		// The wire is the lifecycle's: the request that told them apart
 		// may be gone.
-		switch w := rec.wire.(type) {
-		case *g2Wire:
-			if lc.Wire == wireV03 {
-				rec.wire = &v03Wire{w}
-			}
-		case *v03Wire:
-			if lc.Wire == wireG2 {
-				rec.wire = w.g2Wire
-			}
-		}
+		rec = s.g2Record(req, lc.ID, lc.Wire == wireV03)
 	default:
 		return nil, fmt.Errorf("unknown wire %q", lc.Wire)
 	}

@@ -86,10 +86,10 @@ func TestRestoreTakesTheAdmittedRequest(t *testing.T) {
 	}
 }
 
-// mustEncode is lc as appendJSON encodes it.
+// mustEncode is lc as encode encodes it.
 func mustEncode(t *testing.T, lc *lifecycle, inline bool) []byte {
 	t.Helper()
-	b, err := lc.appendJSON(nil, inline)
+	b, err := lc.encode(inline)
 	if err != nil {
 		t.Fatal(err)
 	}

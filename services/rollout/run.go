@@ -21,14 +21,11 @@ import (
 // context ended before the rollout is reported without it.
 const workflowGrace = time.Second
 
-// run runs the workflow in the slot the queue gave the rollout (release
-// gives it back), collects its samples into rec, and hands how the run
-// ended to then, once. The workflow runs in this goroutine: a rollout in
-// flight costs no goroutine of its own besides it. When the workflow
-// ignores its context ending for workflowGrace, it is abandoned: then is
-// called from another goroutine, and this one waits for the workflow to
-// return before giving its slot back, so the limit bounds what actually
-// runs.
+// run runs the workflow in this goroutine, in the rollout's slot (release
+// gives it back), collects its samples, and hands how the run ended to
+// then, once. A workflow that ignores its context ending for workflowGrace
+// is abandoned: then is called from another goroutine, while this one keeps
+// the slot until the workflow returns, so the limit bounds what runs.
 func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(outcome.Outcome)) {
 	ctx, cancel := context.WithCancel(rec.traced(rec.runCtx))
 	defer cancel()
@@ -81,11 +78,9 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 		return o
 	}
 
-	// Read before the watchdog is armed, so that freeze (after an
-	// abandoned run concludes) cannot race this read.
+	// Read before the watchdog is armed: freeze may follow it.
 	in := rec.in
-	// concluded says who reports the run: this goroutine when the workflow
-	// returns, or the watchdog when it does not in time.
+	// concluded: the run was reported, by this goroutine or the watchdog.
 	var concluded atomic.Bool
 	var watchdog atomic.Pointer[time.Timer]
 	stopWatching := context.AfterFunc(agentCtx, func() {
@@ -95,8 +90,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 			}
 			log.Error("workflow ignores its context; abandoned it", "grace", workflowGrace)
 			err := fmt.Errorf("workflow did not return within %s of its context ending (abandoned): %w", workflowGrace, context.Cause(agentCtx))
-			// This goroutine still counts in s.wg while it waits for the
-			// workflow, so the count cannot reach zero here.
+			// This goroutine still counts in s.wg: it cannot reach zero.
 			s.wg.Go(func() { then(conclude(err)) })
 		}))
 	})
@@ -111,9 +105,8 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	}
 }
 
-// ended is how a run ended: runErr classified, or a cancellation the
-// workflow returned from anyway; and the samples collected, even from a
-// failed run: whatever the agent recorded is kept and reported.
+// ended is how a run ended, and collects the samples, even of a failed
+// run.
 func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runErr error, log *slog.Logger) outcome.Outcome {
 	o := outcome.Success()
 	switch {
@@ -124,8 +117,7 @@ func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runEr
 			log.Error("workflow panicked", "panic", p.Value, "stack", string(p.Stack))
 		}
 	case errors.Is(context.Cause(rec.runCtx), errCancelled):
-		// It returned after being cancelled: the trainer was told
-		// cancelled_running, and the result is not waited for.
+		// Returned after a cancel the trainer was told of.
 		o = outcome.CancelledBy("cancelled by request")
 	}
 	if err := s.collect(rec, r); err != nil && o.OK() {
@@ -137,11 +129,10 @@ func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runEr
 	return o
 }
 
-// interrupted is the outcome of a rollout whose run context ended before
-// its workflow could run or finish: cancelled by request, out of time, or
-// cut short by the server shutting down. The last is a failure
-// (agent_error) on every wire: the v0.2 controller's status vocabulary has
-// no "cancelled", and the trainer did not ask for it.
+// interrupted is the outcome of a rollout whose run context ended first:
+// cancelled by request, out of time, or cut short by the shutdown, which is
+// a failure (agent_error): v0.2's vocabulary has no "cancelled", and the
+// trainer did not ask for it.
 func (s *Service) interrupted(rec *record, ctx context.Context, when string) outcome.Outcome {
 	switch {
 	case errors.Is(context.Cause(rec.runCtx), errCancelled):
@@ -152,10 +143,7 @@ func (s *Service) interrupted(rec *record, ctx context.Context, when string) out
 	return outcome.Failed(outcome.Agent, "cancelled by the server shutting down %s", when)
 }
 
-// classify names a workflow's error: when the rollout's context ended it
-// was interrupted; otherwise bad input is validation_error, a budget of the
-// workflow's own running out timeout, a failed LLM call http_error,
-// anything else agent_error.
+// classify names a workflow's error's category.
 func (s *Service) classify(rec *record, ctx context.Context, err error) outcome.Outcome {
 	switch {
 	case ctx.Err() != nil:
@@ -170,8 +158,8 @@ func (s *Service) classify(rec *record, ctx context.Context, err error) outcome.
 	return outcome.Failed(outcome.Agent, "%v", err)
 }
 
-// lastCallFailedUpstream reports whether the rollout's last LLM call failed
-// with an HTTP error from the policy: the likely cause of the failure.
+// lastCallFailedUpstream reports whether the last LLM call failed with an
+// HTTP error from the policy.
 func (r *record) lastCallFailedUpstream() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -12,9 +12,9 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// workflowRuntime is the osmo.Runtime of one rollout: every
-// sample's LLM calls go through the embedded proxy, bound to the rollout
-// and the sample by the URL path, under the rollout's own token.
+// workflowRuntime is the osmo.Runtime of one rollout: every sample's LLM
+// calls go through the embedded proxy, bound to the rollout and the sample
+// by the URL path, under the rollout's own token.
 type workflowRuntime struct {
 	s   *Service
 	rec *record
@@ -24,9 +24,8 @@ type workflowRuntime struct {
 func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
 	client := rt.s.llmClient
 	if rt.s.tracer != nil {
-		// Every call through this endpoint is the sample's: its client span
-		// and what the proxy starts under it carry osmo.sample.id, whatever
-		// context the workflow calls with.
+		// Every call's spans carry osmo.sample.id, whatever context the
+		// workflow calls with.
 		c := *client
 		c.Transport = sampleTransport{base: client.Transport, rolloutID: rt.rec.id, sampleID: sampleID}
 		client = &c
@@ -43,9 +42,7 @@ func (rt *workflowRuntime) Endpoint(sampleID string) osmo.Endpoint {
 }
 
 // sampleTransport puts a rollout's and sample's ids into the baggage of
-// each request's context before base (the traced transport) starts its
-// span, so telemetry.BaggageAttributes tags the span with them and the
-// baggage header carries them to the proxy.
+// each request before base (the traced transport) starts its span.
 type sampleTransport struct {
 	base                http.RoundTripper
 	rolloutID, sampleID string
@@ -62,8 +59,7 @@ func (rt *workflowRuntime) Logger() *slog.Logger { return rt.log }
 
 func (rt *workflowRuntime) LogEvent(name string, data map[string]any) { rt.rec.log.write(name, data) }
 
-// RecordToolCall counts a tool call the sample's agent ran itself
-// (an agent loop's too: its RolloutContext reports here).
+// RecordToolCall counts a tool call the sample's agent ran itself.
 func (rt *workflowRuntime) RecordToolCall(sampleID string, latency time.Duration) {
 	rt.rec.addToolCall(sampleID, latency)
 	rt.rec.log.write("tool_call", map[string]any{"sample_id": sampleID, "latency_ms": ms(latency)})

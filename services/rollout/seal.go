@@ -13,16 +13,11 @@ import (
 	"strings"
 )
 
-// seal encrypts the trainers' secrets a rollout's shared state must keep
-// for recovery (the request, which holds the bearers of its callbacks and
-// LLM calls, and each owed callback's bearer): a replica that concludes
-// another's rollout needs them, but whoever reads NATS (its files, a
-// backup, a monitoring account) should not get them.
-//
-// The key is derived from the service's API key, which every replica of a
-// deployment shares already; without one (a loopback or --insecure
-// service) nothing is sealed. State written unsealed (by an older build, or
-// before a key was set) still opens.
+// seal encrypts the trainers' secrets the shared state keeps for recovery
+// (the request and each owed callback's bearer): a replica concluding
+// another's rollout needs them, whoever reads NATS should not get them.
+// The key is derived from the service's API key, which every replica
+// shares; without one nothing is sealed. Unsealed state still opens.
 type seal struct {
 	aead cipher.AEAD // nil: no key, values stay as they are
 }

@@ -44,53 +44,50 @@ type Service struct {
 	rolloutv1.UnimplementedRolloutServiceServer
 
 	cfg Config
-	// workflow is what every rollout runs, whatever wire started it: the
-	// configured Workflow, or the AgentLoop made one.
+	// workflow is what every rollout runs: Workflow, or AgentLoop made one.
 	workflow *osmo.Workflow
 	auth     *server.BearerAuth
 	// seal encrypts the trainers' secrets the shared state keeps.
 	seal seal
 	log  *slog.Logger
 	// store holds the rollouts this replica runs or concludes; sh is the
-	// state every replica shares, and ownState says the Service opened
-	// (and closes) its store. replica names this process in it.
+	// state every replica shares (ownState: opened and closed here), in
+	// which replica names this process.
 	store    *store
 	sh       *shared
 	ownState bool
 	replica  string
 	leases   leases
 	waiters  waiters
-	logs     *eventLogs
+	logDir   string
 	metrics  *metrics
 	tracer   trace.Tracer // nil when not tracing
 
 	// running counts the rollouts whose workflow runs here.
 	running   atomic.Int64
 	completed atomic.Int64
-	// sem is the server's concurrency limit, wfSem the workflow's own (nil
-	// when it has none).
-	sem   chan struct{}
-	wfSem chan struct{}
+	// sem holds a slot per running workflow: the server's limit, or the
+	// workflow's own when it is lower.
+	sem chan struct{}
 
-	// The embedded LLM proxy every rollout's calls go through, and the
-	// client workflows reach it with.
+	// The embedded LLM proxy and the client workflows reach it with.
 	routes    *llmproxy.RouteTable
 	proxySrv  *http.Server
 	proxyLn   net.Listener
 	proxyURL  string
 	llmClient *http.Client
-	// sender posts the callbacks; each wire's retry policy sets the
-	// per-attempt timeouts.
-	sender *sender
-	// outbound are the client transports New made (to the policy and the
-	// trainers): Serve closes their idle connections as it returns, or a
-	// server on the other end waits for them (net/http's Shutdown gives a
-	// connection that never sent a request 5 s).
+	// callbackClient posts the callbacks, at most cap(callbackSlots) at once
+	// (every trainer together), so a burst reaches a trainer at a pace it
+	// can answer.
+	callbackClient *http.Client
+	callbackSlots  chan struct{}
+	// outbound are the client transports New made: Serve closes their idle
+	// connections as it returns, or a server on the other end waits for
+	// them.
 	outbound []*http.Transport
 	g1Policy callbackPolicy
 	g2Policy callbackPolicy
-	// rejectSem bounds the refused starts reported through callbacks at
-	// once (reportRejected).
+	// rejectSem bounds the refused starts reported at once.
 	rejectSem chan struct{}
 
 	// rolloutsCtx parents every rollout; cancelling it aborts them all.
@@ -130,7 +127,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rollout.New: %w", err)
 	}
-	logs, err := newEventLogs(cfg.LogDir, time.Now())
+	logDir, err := makeLogDir(cfg.LogDir, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -142,9 +139,8 @@ func New(cfg Config) (*Service, error) {
 		auth:        server.NewBearerAuth(cfg.APIKey, rolloutv1.RolloutService_Health_FullMethodName),
 		seal:        sl,
 		log:         cfg.Logger.With("service", "rollout"),
-		logs:        logs,
+		logDir:      logDir,
 		metrics:     newMetrics(cfg.Metrics),
-		sem:         make(chan struct{}, cfg.MaxConcurrent),
 		routes:      llmproxy.NewRouteTable(),
 		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
 		admitWithin: admissionTimeout,
@@ -168,21 +164,19 @@ func New(cfg Config) (*Service, error) {
 	s.store = newStore()
 	s.leases.msgs = map[jetstream.Msg]struct{}{}
 	s.replica = replicaName(cfg.ReplicaName)
-	if n := wf.MaxConcurrent(); n > 0 && n < cfg.MaxConcurrent {
-		s.wfSem = make(chan struct{}, n)
+	limit := cfg.MaxConcurrent
+	if n := wf.MaxConcurrent(); n > 0 {
+		limit = min(limit, n)
 	}
+	s.sem = make(chan struct{}, limit)
 	upstream := &http.Transport{
-		Proxy:               nil,
 		DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 		MaxConnsPerHost:     cfg.Client.MaxConnections,
 		MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 		MaxIdleConns:        cfg.Client.MaxConnections,
 		IdleConnTimeout:     90 * time.Second,
-		// Every rollout in its LLM call holds a connection, so its
-		// buffers are paid per rollout in flight (net/http's 4 KiB
-		// each way: 80 MiB at 10,000). 1 KiB holds any response
-		// head; a body larger than the buffer is read and written
-		// around it, straight from and to the proxy's own buffers.
+		// Every rollout in its LLM call holds a connection, so its buffers
+		// are paid per rollout in flight; 1 KiB holds any response head.
 		ReadBufferSize:  upstreamBufferSize,
 		WriteBufferSize: upstreamBufferSize,
 	}
@@ -196,10 +190,8 @@ func New(cfg Config) (*Service, error) {
 			MaxDelay:   cfg.Client.RetryMaxDelay,
 		},
 		Timeout: cfg.Client.Timeout,
-		// Upstream calls go straight to the policy (no forward proxy), so
-		// the guarded dialer sees the address each one actually reaches.
-		// The proxy makes each attempt with RoundTrip, which follows no
-		// redirect.
+		// Straight to the policy (no forward proxy or redirect), so the
+		// guarded dialer sees the address each call reaches.
 		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
@@ -218,31 +210,22 @@ func New(cfg Config) (*Service, error) {
 	s.proxyLn = ln
 	s.proxyURL = "http://" + ln.Addr().String()
 	s.proxySrv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
-	// Workflows in this process reach the proxy's handler in memory: a
-	// rollout in flight costs no descriptor of its own (exec agents, in
-	// other processes, use the listener). No client timeout: the proxy
-	// enforces per-attempt timeouts and the rollout context the rest.
+	// Workflows in this process reach the proxy's handler in memory (exec
+	// agents use the listener). No client timeout: the proxy times each
+	// attempt, the rollout's context the rest.
 	s.llmClient = &http.Client{Transport: inproc.Transport{Handler: proxy, Whole: notStreamed}}
 	callbackClient := cfg.HTTPClient
 	if callbackClient == nil {
-		// As the proxy's: direct connections, each address checked, and
-		// no redirect to another host (where the dial check would be the
-		// only thing between a trainer's 307 and the metadata service).
+		// As the proxy's: direct connections, each address checked, and no
+		// redirect to another host.
 		callbacks := &http.Transport{
-			Proxy:               nil,
 			DialContext:         cfg.Outbound.Dialer(nil).DialContext,
 			MaxConnsPerHost:     cfg.Client.MaxConnections,
 			MaxIdleConnsPerHost: cfg.Client.MaxKeepaliveConnections,
 			IdleConnTimeout:     90 * time.Second,
-			// A trainer's answer is a few bytes, drained unread:
-			// asking for it gzipped would cost each attempt a header
-			// and a decompressor for nothing.
+			// A trainer's answer is drained unread.
 			DisableCompression: true,
-			// A callback that fits the buffer goes out in one write:
-			// with net/http's 4 KiB, a grader callback of two LLM
-			// calls (5 KiB) took two, the second through a
-			// ReadFrom detour. Connections are at most
-			// MaxConnections per trainer host, not one per rollout.
+			// A grader callback fits in one write.
 			WriteBufferSize: callbackBufferSize,
 		}
 		s.outbound = append(s.outbound, callbacks)
@@ -250,14 +233,14 @@ func New(cfg Config) (*Service, error) {
 	}
 	if tp := cfg.TracerProvider; tp != nil {
 		s.tracer = tp.Tracer(tracerName)
-		// Each LLM call and each callback attempt is a client span whose
-		// trace context (and the ids' baggage) goes out in its headers.
+		// Each LLM call and callback attempt is a client span.
 		s.llmClient = tracedClient(s.llmClient, tp, cfg, func(*http.Request) string {
 			return "POST /r/{rollout_id}/s/{sample_id}/v1/chat/completions"
 		})
 		callbackClient = tracedClient(callbackClient, tp, cfg, attemptSpanName)
 	}
-	s.sender = &sender{client: callbackClient, slots: make(chan struct{}, cfg.Callbacks.MaxInFlight), attempts: s.metrics.callbacks}
+	s.callbackClient = callbackClient
+	s.callbackSlots = make(chan struct{}, cfg.Callbacks.MaxInFlight)
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
 	st := cfg.State
@@ -268,8 +251,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.ownState = true
 	}
-	// A cluster whose nodes are starting or restarting answers late: the
-	// store asks again for a while before giving up.
+	// A cluster whose nodes are (re)starting answers late: Setup retries.
 	if err = st.Setup(context.Background(), "rollout streams and buckets", func(ctx context.Context) (err error) {
 		s.sh, err = openShared(ctx, st, cfg)
 		return err
@@ -289,10 +271,10 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// notStreamed reports whether an LLM call's answer can be served whole: a
-// body that does not ask for a stream gets one JSON answer, so the proxy's
-// handler can run in the caller's goroutine instead of one of its own (a
-// goroutine stack per rollout in flight saved).
+// notStreamed reports whether an LLM call's answer is served whole, so the
+// proxy's handler can run in the caller's goroutine (a goroutine stack per
+// rollout in flight saved). A body that holds "stream" anywhere is taken
+// to ask for a stream.
 func notStreamed(req *http.Request) bool {
 	if req.GetBody == nil {
 		return false
@@ -302,45 +284,8 @@ func notStreamed(req *http.Request) bool {
 		return false
 	}
 	defer rc.Close()
-	// A body made of bytes (every client here posts one) is scanned where
-	// it is, through its WriteTo, not copied.
-	var scan streamScan
-	if _, err := io.Copy(&scan, rc); err != nil {
-		return false
-	}
-	return !scan.found
-}
-
-// streamToken is the key of a body that asks for a stream.
-const streamToken = `"stream"`
-
-// streamScan is an io.Writer that looks for streamToken in what is
-// written to it, across the writes.
-type streamScan struct {
-	found bool
-	// carry is what the writes so far ended with, shorter than the token.
-	carry [len(streamToken) - 1]byte
-	n     int
-}
-
-func (s *streamScan) Write(p []byte) (int, error) {
-	if s.found {
-		return len(p), nil
-	}
-	// A token begun in what was carried ends in p's first bytes.
-	var joined [2 * len(s.carry)]byte
-	j := copy(joined[:], s.carry[:s.n])
-	j += copy(joined[j:], p[:min(len(s.carry), len(p))])
-	if bytes.Contains(joined[:j], []byte(streamToken)) || bytes.Contains(p, []byte(streamToken)) {
-		s.found = true
-		return len(p), nil
-	}
-	if len(p) >= len(s.carry) {
-		s.n = copy(s.carry[:], p[len(p)-len(s.carry):])
-	} else {
-		s.n = copy(s.carry[:], joined[max(0, j-len(s.carry)):j])
-	}
-	return len(p), nil
+	body, err := io.ReadAll(rc)
+	return err == nil && !bytes.Contains(body, []byte(`"stream"`))
 }
 
 // tracedClient is a copy of c whose requests are client spans named by
@@ -384,12 +329,9 @@ func replicaName(name string) string {
 // ProxyURL is the base URL of the embedded LLM proxy (http://127.0.0.1:PORT).
 func (s *Service) ProxyURL() string { return s.proxyURL }
 
-// Serve takes rollouts from the shared queue and callbacks from the
-// outbox, and runs the embedded proxy, until ctx ends; then it drains:
-// it takes no new work, running rollouts get DrainTimeout to finish, are
-// then cancelled (and still report it), their callbacks get DrainTimeout
-// again, and what is still undelivered is left to the outbox, for another
-// replica or the next start. Serve returns when all is let go of.
+// Serve takes rollouts from the queue and callbacks from the outbox, and
+// runs the embedded proxy, until ctx ends; then it drains (see drain) and
+// returns when all is let go of.
 func (s *Service) Serve(ctx context.Context) error {
 	nc := s.sh.store.NC
 	subs := make([]*nats.Subscription, 0, 2)
@@ -416,22 +358,25 @@ func (s *Service) Serve(ctx context.Context) error {
 	renewCtx, stopRenewing := context.WithCancel(context.Background())
 	defer stopRenewing()
 	go s.leases.renew(renewCtx, s.cfg.LostAfter/3, s.log)
-	// The loops that start rollouts stop before the drain waits for the
-	// rollouts: a rollout started during the drain would run, and be
-	// cut short, while the server goes away.
+	// The loops that start rollouts stop before the drain waits.
 	var starting, loops sync.WaitGroup
-	starting.Add(2)
-	go func() {
-		defer starting.Done()
+	starting.Go(func() {
 		if s.sh.local != nil {
 			s.takePrivate(takeCtx, s.sh.local)
 			return
 		}
 		s.takeWork(takeCtx)
-	}()
-	go func() { defer starting.Done(); s.concludeCancelled(takeCtx) }()
-	loops.Add(1)
-	go func() { defer loops.Done(); s.deliverOutbox(takeCtx) }()
+	})
+	// Rollouts cancelled while queued are concluded at once, without a
+	// slot; the outbox's attempts under way go on under the delivery
+	// context.
+	limit := s.cfg.Callbacks.MaxInFlight
+	starting.Go(func() {
+		s.serveConsumer(takeCtx, s.sh.control, limit, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
+	})
+	loops.Go(func() {
+		s.serveConsumer(takeCtx, s.sh.outbox, limit, func(msg jetstream.Msg) { s.redeliver(s.deliverCtx, msg) })
+	})
 	var serveErr error
 	select {
 	case <-ctx.Done():
@@ -460,34 +405,30 @@ var errShutdown = errors.New("the server shut down")
 
 // drain waits DrainTimeout for the rollouts to finish, cancels those still
 // running (they still report it), waits DrainTimeout again for their
-// callbacks, and then stops the deliveries still trying: what they did not
-// deliver stays in the outbox.
+// callbacks, then stops the deliveries: what is undelivered stays in the
+// outbox, for another replica or the next start.
 func (s *Service) drain() {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	wait := func() bool {
-		t := time.NewTimer(s.cfg.DrainTimeout)
-		defer t.Stop()
 		select {
 		case <-done:
 			return true
-		case <-t.C:
+		case <-time.After(s.cfg.DrainTimeout):
 			return false
 		}
 	}
-	if wait() {
-		s.stopDelivery(errShutdown)
-		return
+	if !wait() {
+		s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
+		s.cancelRollouts()
+		if !wait() {
+			s.log.Error("drain timeout: leaving the callbacks still being delivered to the outbox", "active", s.store.counts())
+			s.stopDelivery(errShutdown)
+			<-done
+			return
+		}
 	}
-	s.log.Warn("drain timeout: cancelling running rollouts", "active", s.store.counts())
-	s.cancelRollouts()
-	if wait() {
-		s.stopDelivery(errShutdown)
-		return
-	}
-	s.log.Error("drain timeout: leaving the callbacks still being delivered to the outbox", "active", s.store.counts())
 	s.stopDelivery(errShutdown)
-	<-done
 }
 
 // UnaryInterceptor enforces the API key on unary RPCs.

@@ -24,36 +24,26 @@ import (
 //
 //	osmo_rollouts  (KV)     one lifecycle per rollout id: its request, the
 //	                        phase it reached, who runs it, the callbacks
-//	                        each stage owes and which are done (a private
-//	                        state holds the request and the callbacks'
-//	                        bodies in process instead: localBodies). Created
-//	                        if absent at admission: one id, one run,
-//	                        whichever replica is asked. A finished one is
-//	                        kept for the record TTL (a per-key TTL), so a
-//	                        duplicate start and a status query are answered
-//	                        from it.
-//	osmo_work      (stream) the queue: one message per accepted rollout, on
-//	                        a work-queue pull consumer every replica takes
-//	                        from up to its free slots. The replica that took
-//	                        it holds it (in-progress acks) until the
-//	                        rollout's outcome is final and its callbacks are
-//	                        delivered or handed to the outbox; a replica
-//	                        that dies stops holding it, and after the
-//	                        consumer's ack wait (--lost-after) another takes
-//	                        it and concludes the rollout from its lifecycle.
-//	                        A private state (one replica, gone with its
-//	                        process) queues in process instead
-//	                        (privateQueue); its cancels of queued rollouts
-//	                        still go through this stream.
+//	                        each stage owes and which are done. Created if
+//	                        absent at admission: one id, one run. A finished
+//	                        one is kept for the record TTL (a per-key TTL)
+//	                        to answer duplicate starts and status queries.
+//	osmo_work      (stream) the queue: one message per accepted rollout,
+//	                        taken by replicas up to their free slots and
+//	                        held (in-progress acks) until its callbacks are
+//	                        delivered or in the outbox. A dead replica's is
+//	                        taken by another after --lost-after, which
+//	                        concludes the rollout from its lifecycle.
 //	osmo_outbox    (stream) callbacks whose first attempt failed: any
-//	                        replica posts them, JetStream redelivers them
-//	                        with a delay (nak) until the delivery deadline.
+//	                        replica posts them, redelivered with a delay
+//	                        until the delivery deadline.
 //	osmo_records   (KV)     finished rollouts as GetRollout renders them,
 //	                        for the record TTL and up to --record-max-bytes;
 //	                        its revisions are WatchRollouts' sequence.
 //
-// Besides, core NATS carries a cancel to the replica running the rollout
-// and a GetRollout of a running rollout to the replica that holds it.
+// A private state keeps the bodies (localBodies) and the queue
+// (privateQueue) in process instead. Core NATS carries a cancel, and a
+// GetRollout of a running rollout, to the replica that holds it.
 const (
 	bucketRollouts  = "osmo_rollouts"
 	bucketRecords   = "osmo_records"
@@ -84,11 +74,21 @@ const (
 	phaseFinished = "finished"
 )
 
-// Stages whose callbacks a lifecycle owes.
+// Stages whose callbacks a lifecycle owes, in order.
 const (
 	stageRan   = "ran"
 	stageFinal = "final"
 )
+
+var stageNames = [2]string{stageRan, stageFinal}
+
+// stage is lc's stage of that name (nil when not owed).
+func (lc *lifecycle) stage(name string) *owedStage {
+	if name == stageRan {
+		return lc.Ran
+	}
+	return lc.Final
+}
 
 // lifecycle is a rollout as every replica sees it, JSON in osmo_rollouts.
 type lifecycle struct {
@@ -124,11 +124,9 @@ type lifecycle struct {
 	Finished      time.Time     `json:"finished,omitzero"`
 	CallbackError string        `json:"callback_error,omitempty"`
 
-	// admitted is Request as this replica decoded it when it admitted the
-	// rollout, kept (never stored) until the rollout begins or its request
-	// is dropped: the one replica of an embedded server runs every rollout
-	// it admits, and need not decode the request a second time. Nothing
-	// changes a request once admitted.
+	// admitted is Request as decoded at admission, never stored: the one
+	// replica of an embedded server runs what it admits and need not decode
+	// it again.
 	admitted proto.Message
 }
 
@@ -144,17 +142,6 @@ type owedStage struct {
 	Sending bool `json:"sending,omitempty"`
 }
 
-// namedStage is a stage of a lifecycle (nil when not owed) and its name.
-type namedStage struct {
-	name string
-	st   *owedStage
-}
-
-// stages are lc's stages, in order.
-func (lc *lifecycle) stages() [2]namedStage {
-	return [2]namedStage{{stageRan, lc.Ran}, {stageFinal, lc.Final}}
-}
-
 func (st *owedStage) done() bool {
 	if st == nil {
 		return false
@@ -168,19 +155,11 @@ func (st *owedStage) done() bool {
 }
 
 // clone is a copy of lc that a change may alter without altering lc: what
-// changes alter in place (a stage's Done marks and Sending) is copied, what
-// they only replace (the request, the trace, the callbacks) is shared.
+// changes alter in place (a stage's Done marks, Sending) is copied, what
+// they only replace (the request, the outcome, the reward) is shared.
 func (lc *lifecycle) clone() *lifecycle {
 	cp := *lc
 	cp.Ran, cp.Final = lc.Ran.clone(), lc.Final.clone()
-	if lc.Outcome != nil {
-		o := *lc.Outcome
-		cp.Outcome = &o
-	}
-	if lc.Reward != nil {
-		r := *lc.Reward
-		cp.Reward = &r
-	}
 	return &cp
 }
 
@@ -208,7 +187,7 @@ func (o savedOutcome) outcome() outcome.Outcome {
 }
 
 // savedCallback is a delivery as the lifecycle keeps it; its policy is the
-// wire's (wire.retry).
+// wire's (policyOf).
 type savedCallback struct {
 	Event  string `json:"event"`
 	Route  string `json:"route"`
@@ -236,55 +215,17 @@ type shared struct {
 	outbox   jetstream.Consumer
 	// keep is how long a finished lifecycle is kept (the record TTL).
 	keep time.Duration
-	// wrote counts each write to the shared state and its bytes (what a
-	// rollout costs the state: osmo_state_writes_total).
+	// wrote counts each write and its bytes (osmo_state_writes_total).
 	wrote func(bytes int)
-	// known holds the last lifecycles this replica read or wrote, so that
-	// a stage change of a rollout it runs writes without reading first.
+	// known holds the last lifecycles read or written here, so that a
+	// stage change of a rollout this replica runs writes without a read.
 	known known
-	// held keeps the requests and the callbacks' payloads out of a
-	// private state (nil otherwise: they are stored in the lifecycles).
+	// bodies and local are a private state's bodies and queue (nil
+	// otherwise).
 	bodies *localBodies
-	// local is a private state's queue, in place of the JetStream one
-	// (nil otherwise).
-	local *privateQueue
+	local  *privateQueue
 	// depth is the queue's depth as admission last read it.
 	depth queueDepth
-	// buffers are lifecycle encodings' buffers kept between writes: each
-	// stage write encodes the whole lifecycle, callbacks' payloads
-	// included (kilobytes), and the NATS client has copied it by the time
-	// the write returns. A few are kept, not all: a sync.Pool would keep
-	// every buffer of a burst (10,000 rollouts concluding at once) alive
-	// through the next collection, raising the peak it is there to lower.
-	buffers chan []byte
-}
-
-// stateBuffers is how many lifecycle buffers a replica keeps, and
-// stateBufferMax the largest it keeps (a record of many samples is not).
-const (
-	stateBuffers   = 64
-	stateBufferMax = 64 << 10
-)
-
-// buffer returns a kept lifecycle buffer, or nil.
-func (sh *shared) buffer() []byte {
-	select {
-	case b := <-sh.buffers:
-		return b
-	default:
-		return nil
-	}
-}
-
-// release keeps b for a later write, if there is room.
-func (sh *shared) release(b []byte) {
-	if cap(b) > stateBufferMax {
-		return
-	}
-	select {
-	case sh.buffers <- b[:0]:
-	default:
-	}
 }
 
 // queueDepth is the queue's depth as read at read, and the starts this
@@ -301,8 +242,7 @@ type queueDepth struct {
 const depthFresh = 100 * time.Millisecond
 
 // known is a bounded cache of lifecycles as stored, with their revision.
-// A revision that is not the latest any more costs nothing but a failed
-// compare-and-set, after which update reads the lifecycle.
+// A stale one costs a failed compare-and-set, after which update reads.
 type known struct {
 	mu sync.Mutex
 	m  map[string]knownLifecycle
@@ -313,8 +253,7 @@ type knownLifecycle struct {
 	rev uint64
 }
 
-// maxKnown bounds the cache: more than a replica runs at once. Lifecycles
-// read for status or by the outbox pass through it too.
+// maxKnown bounds the cache: more than a replica runs at once.
 const maxKnown = 1 << 14
 
 func (k *known) get(id string) (knownLifecycle, bool) {
@@ -351,34 +290,22 @@ func (k *known) drop(id string) {
 const maxAckPending = 1 << 20
 
 // openShared creates (or updates) the buckets, streams and consumers.
-// ackWait is how long a message taken by a replica that stopped renewing
-// it waits before another replica takes it.
-//
-// Each request is bounded by the store's request timeout (ctx carries no
-// deadline of its own); New retries the whole (natsstore.Store.Setup)
-// while the cluster settles, so every step is safe to repeat.
+// New retries the whole while the cluster settles, so every step is safe
+// to repeat.
 func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, error) {
-	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}, buffers: make(chan []byte, stateBuffers)}
+	sh := &shared{store: st, js: st.JS, keep: cfg.RecordTTL, wrote: func(int) {}}
 	if st.Private() {
 		sh.bodies = &localBodies{}
 		sh.local = newPrivateQueue()
 	}
-	// Each bucket, stream and consumer is looked up first and created (or
-	// updated) only when it is missing or set otherwise: a lookup is
-	// answered by the leader at once, while a change goes through the
-	// cluster's meta layer, which a replica starting while a NATS node
-	// restarts would wait for.
+	// Each bucket, stream and consumer is looked up first and changed only
+	// when missing or set otherwise: a lookup is answered by the leader at
+	// once, a change waits for the cluster's meta layer.
 	var err error
-	// LimitMarkerTTL allows per-key TTLs (a finished lifecycle's) and
-	// leaves a marker when one expires.
-	//
-	// Lifecycles are read from the stream's leader only: a direct get,
-	// which any replica answers, can return an older revision, and a
-	// replica acting on it (an outbox message whose stage it does not see
-	// yet) would drop work. Compare-and-set writes need the leader anyway.
-	// A stream of one copy (the embedded server, a single NATS node) has
-	// no replica but its leader: its direct get, which skips the JSON API
-	// request and answer, is as fresh.
+	// LimitMarkerTTL allows per-key TTLs. Lifecycles are read from the
+	// leader only: a direct get, which any replica answers, can return an
+	// older revision, on which a replica would drop work. A stream of one
+	// copy has only its leader, whose direct get is as fresh and cheaper.
 	direct := st.Replicas() == 1
 	if sh.rollouts, err = keyValue(ctx, st, jetstream.KeyValueConfig{
 		Bucket: bucketRollouts, Description: "osmo: rollout lifecycles", History: 1, LimitMarkerTTL: time.Minute,
@@ -426,10 +353,8 @@ func openShared(ctx context.Context, st *natsstore.Store, cfg Config) (*shared, 
 	}
 	cons := func(stream, name, filter string) (jetstream.Consumer, error) {
 		if st.Embedded() {
-			// Nobody else shares an embedded store: whatever a previous run
-			// of this process held is taken back at once, not after
-			// LostAfter (a new consumer of a work queue starts from its
-			// first message).
+			// Nobody else shares an embedded store: what a previous run of
+			// this process held is taken back at once, not after LostAfter.
 			if err := st.JS.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return nil, fmt.Errorf("rollout: consumer %s: %w", name, err)
 			}
@@ -493,11 +418,8 @@ var errGone = errors.New("no such rollout")
 func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error) {
 	e, err := sh.rollouts.Get(ctx, natsstore.Key(id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		// What is held for id stays: it may be an admission's, kept before
-		// the create that is about to store its lifecycle (a status asked
-		// for the id in between reads nothing). Whoever deletes a
-		// lifecycle lets go of its bodies (remove); a finished one's went
-		// with its last write.
+		// Bodies held for id stay: they may be an admission's, kept before
+		// its create.
 		return nil, 0, errGone
 	}
 	if err != nil {
@@ -515,12 +437,10 @@ func (sh *shared) get(ctx context.Context, id string) (*lifecycle, uint64, error
 }
 
 // queuedLifecycle is id's lifecycle for a replica that took it from the
-// queue. On the message's first delivery, the lifecycle this replica
-// admitted is taken as it is, without a read, while it is known queued: the
-// only change a queued rollout sees before it is first taken is a cancel,
-// which fails the compare-and-set of the write that starts it (that write
-// then reads afresh and sees the cancel). A message delivered again may be
-// a lost replica's rollout, long past queued: it is read.
+// queue. On a first delivery the known lifecycle, if queued, is taken
+// without a read: the only change a queued rollout sees is a cancel, which
+// fails the compare-and-set of the write that starts it. A redelivery may
+// be a lost replica's rollout, long past queued: it is read.
 func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery bool) (*lifecycle, error) {
 	if k, ok := sh.known.get(id); ok && firstDelivery && k.lc.Phase == phaseQueued {
 		return k.lc.clone(), nil
@@ -533,25 +453,22 @@ func (sh *shared) queuedLifecycle(ctx context.Context, id string, firstDelivery 
 // that one (dup).
 func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycle, rev uint64, err error) {
 	for {
-		// Held before the write: a reader of what it stores finds them.
-		// Unless the id holds bodies already, another admission's (a
-		// duplicate racing this one, whose create may yet fail): then
-		// this lifecycle is stored whole, its request in it, and relies on
-		// nothing held. Its next write keeps its own bodies.
+		// Held before the write, so a reader finds them; unless the id
+		// holds another admission's (a racing duplicate): then this one is
+		// stored whole.
 		kept := sh.bodies.keepNew(lc)
-		b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil || !kept)
+		b, err := lc.encode(sh.bodies == nil || !kept)
 		if err != nil {
 			return nil, 0, err
 		}
 		rev, err = sh.rollouts.Create(ctx, natsstore.Key(lc.ID), b)
 		sh.wrote(len(b))
-		sh.release(b)
 		if err == nil {
 			sh.known.put(lc.ID, lc.clone(), rev)
 			return nil, rev, nil
 		}
-		// What was kept stays while the id may be this admission's: a
-		// create that fails for another reason may have been written.
+		// A create that failed otherwise may have been written: what was
+		// kept stays.
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, 0, err
 		}
@@ -560,11 +477,7 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 			continue // deleted (a failed init, an expiry) in between
 		}
 		if err == nil && kept && !existing.Created.Equal(lc.Created) {
-			// The id is another admission's (a duplicate that won the
-			// race, or a finished rollout's): what this one kept is let
-			// go, if it is still what is held. The other's lifecycle
-			// relies on none of it: one that found these bodies held was
-			// stored whole, and its next write keeps its own.
+			// The id is another admission's: what this one kept goes.
 			sh.bodies.forget(lc)
 		}
 		return existing, rev, err
@@ -574,18 +487,15 @@ func (sh *shared) create(ctx context.Context, lc *lifecycle) (existing *lifecycl
 // errUnchanged stops update without a write.
 var errUnchanged = errors.New("unchanged")
 
-// update applies change to id's lifecycle and stores the result under the
-// revision it read, reading again and reapplying when another replica
-// wrote in between; it returns what it stored, which the caller must not
-// change (the known lifecycles hold it). change returning
-// errUnchanged stops without a write (update returns the lifecycle read
-// and errUnchanged). A finished lifecycle is stored with the record TTL.
+// update applies change to id's lifecycle and stores it under the revision
+// it read, reading again and reapplying when another write came between; it
+// returns what it stored, which the caller must not change (known holds
+// it). change returning errUnchanged stops without a write (update returns
+// the lifecycle read and errUnchanged).
 //
-// The lifecycle last read or written here is changed first, without a
-// read: when the change applies and the revision is still the latest, that
-// is the whole update. Otherwise (the change refused an older state, or
-// another replica wrote since) the lifecycle is read and changed afresh, so
-// change may run twice and must not keep what an earlier run decided.
+// The known lifecycle is changed first, without a read; when that fails
+// the lifecycle is read and changed afresh, so change may run twice and
+// must not keep what an earlier run decided.
 func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecycle) error) (*lifecycle, error) {
 	if k, ok := sh.known.get(id); ok {
 		if lc := k.lc.clone(); change(lc) == nil {
@@ -619,13 +529,11 @@ func (sh *shared) update(ctx context.Context, id string, change func(lc *lifecyc
 
 // put stores lc if its revision is still rev.
 func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
-	// Held before the write: a reader of what it stores finds them.
-	sh.bodies.keep(lc)
-	b, err := lc.appendJSON(sh.buffer(), sh.bodies == nil)
+	sh.bodies.keep(lc) // before the write, so a reader finds them
+	b, err := lc.encode(sh.bodies == nil)
 	if err != nil {
 		return err
 	}
-	defer sh.release(b)
 	if lc.Phase != phaseFinished {
 		next, err := sh.rollouts.Update(ctx, natsstore.Key(lc.ID), b, rev)
 		sh.wrote(len(b))
@@ -633,15 +541,12 @@ func (sh *shared) put(ctx context.Context, lc *lifecycle, rev uint64) error {
 			sh.known.drop(lc.ID)
 			return err
 		}
-		// Kept as it is: what update returns is not changed (an update
-		// changes a clone of it).
 		sh.known.put(lc.ID, lc, next)
 		return nil
 	}
 	sh.known.drop(lc.ID)
-	// The KV API sets a key's TTL only when it creates it; a finished
-	// lifecycle takes it as the stream's per-message TTL on the same
-	// compare-and-set write, published to the key's subject.
+	// The KV API sets a TTL only on create: a finished lifecycle is
+	// published to its key's subject with a per-message TTL.
 	msg := &nats.Msg{Subject: "$KV." + bucketRollouts + "." + natsstore.Key(lc.ID), Data: b}
 	_, err = sh.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev),
 		jetstream.WithMsgTTL(max(sh.keep, time.Second)))
@@ -669,24 +574,31 @@ func (sh *shared) remove(ctx context.Context, id string) error {
 	return sh.rollouts.Purge(ctx, natsstore.Key(id))
 }
 
-// enqueue puts an admitted rollout on the work queue. A publish whose
-// answer was lost is sent again (the stream drops the duplicate), for up
-// to 10s. In a private state it joins the queue in process, in the place
-// admitQueued reserved for it when reserved.
+// enqueue puts an admitted rollout on the work queue, sending a publish
+// whose answer was lost again (the stream drops duplicates) for up to 10s;
+// in a private state, in the place admitQueued reserved when reserved.
 func (sh *shared) enqueue(ctx context.Context, lc *lifecycle, reserved bool) error {
 	if sh.local != nil {
 		sh.local.push(lc.ID, reserved)
 		return nil
 	}
-	giveUp := time.Now().Add(10 * time.Second)
+	return resend(ctx, 10*time.Second, 250*time.Millisecond, func(ctx context.Context) error {
+		return sh.publishWork(ctx, subjectQueued, lc)
+	})
+}
+
+// resend calls publish, each try bounded to 5s, until it succeeds, ctx
+// ends or within has passed, pause apart.
+func resend(ctx context.Context, within, pause time.Duration, publish func(context.Context) error) error {
+	giveUp := time.Now().Add(within)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := sh.publishWork(pctx, subjectQueued, lc)
+		err := publish(pctx)
 		cancel()
 		if err == nil || ctx.Err() != nil || time.Now().After(giveUp) {
 			return err
 		}
-		sleepCtx(ctx, 250*time.Millisecond)
+		sleepCtx(ctx, pause)
 	}
 }
 
@@ -696,8 +608,7 @@ func (sh *shared) conclude(ctx context.Context, lc *lifecycle) error {
 	if err := sh.publishWork(ctx, subjectControl, lc); err != nil {
 		return err
 	}
-	// Its place in the queue is free at once (a replica that took it
-	// meanwhile finds it is not queued any more).
+	// Its place in the queue is free at once.
 	if sh.local != nil {
 		sh.local.remove(lc.ID)
 		return nil
@@ -726,16 +637,11 @@ func (sh *shared) queued(ctx context.Context) (int64, error) {
 }
 
 // admitQueued reports whether the queue has room for one more start under
-// bound, and the depth it went by. Reading the depth is a consumer's info,
-// a large answer: a read less than depthFresh old stands in for it while
-// that depth plus the starts admitted here since is under half the bound.
-// Rollouts taken from the queue since only make the estimate high, so one
-// process alone never admits past the bound; replicas admitting together
-// could already each read a depth under it.
-//
-// A private state's queue is counted exactly: room granted there is a
-// place reserved, which the admission's enqueue takes (reserved) or
-// unreserve gives back.
+// bound, and the depth it went by. Reading the depth (a consumer's info) is
+// costly: a read less than depthFresh old, plus the starts admitted here
+// since, stands in for it while under half the bound; that estimate is
+// only ever high. A private state's queue is counted exactly, and room
+// granted there is a place reserved (see privateQueue.reserve).
 func (sh *shared) admitQueued(ctx context.Context, bound int64) (room bool, n int64, err error) {
 	if sh.local != nil {
 		room, n = sh.local.reserve(bound)
@@ -765,8 +671,8 @@ type outboxMsg struct {
 	ID    string `json:"id"`
 	Stage string `json:"stage"`
 	Index int    `json:"index"`
-	// Attempts made before it entered the outbox, and when it fell due:
-	// the delivery deadline counts from then.
+	// Attempts made before the outbox, and when it fell due (the delivery
+	// deadline counts from then).
 	Attempts int       `json:"attempts"`
 	Due      time.Time `json:"due"`
 	// again: a hand-over replacing one the outbox lost.
@@ -786,21 +692,12 @@ func (sh *shared) inOutbox(ctx context.Context, id, stage string, i int) (bool, 
 	return err == nil, err
 }
 
-// handOver puts a callback into the outbox; a second hand-over of the same
-// callback within the dedup window is dropped by JetStream, so a publish
-// whose answer was lost (a stream electing its leader) is sent again, for
-// up to 15s.
+// handOver puts a callback into the outbox, sending a publish whose answer
+// was lost again (the dedup window drops the second) for up to 15s.
 func (sh *shared) handOver(ctx context.Context, created time.Time, m outboxMsg) error {
-	giveUp := time.Now().Add(15 * time.Second)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := sh.handOverOnce(pctx, created, m)
-		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(giveUp) {
-			return err
-		}
-		sleepCtx(ctx, 500*time.Millisecond)
-	}
+	return resend(ctx, 15*time.Second, 500*time.Millisecond, func(ctx context.Context) error {
+		return sh.handOverOnce(ctx, created, m)
+	})
 }
 
 func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxMsg) error {
@@ -812,8 +709,7 @@ func (sh *shared) handOverOnce(ctx context.Context, created time.Time, m outboxM
 	msg.Data = b
 	id := fmt.Sprintf("%s@%d/%s/%d", m.ID, created.UnixNano(), m.Stage, m.Index)
 	if m.again {
-		// Not the hand-over the dedup window remembers: that one's
-		// message is gone (see repair).
+		// That hand-over's message is gone (see repair).
 		id += "/again@" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	}
 	msg.Header.Set(jetstream.MsgIDHeader, id)

@@ -2,10 +2,7 @@ package rollout
 
 import "sync"
 
-// store holds the records of the rollouts this replica runs or concludes:
-// what the embedded proxy attaches calls to, what a cancel reaching this
-// replica stops, and what GetRollout renders live. Every other rollout is
-// in the shared state (shared.go).
+// store holds the records of the rollouts this replica runs or concludes.
 type store struct {
 	mu   sync.Mutex
 	byID map[string]*record

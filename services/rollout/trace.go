@@ -20,21 +20,14 @@ const tracerName = "github.com/osmo-rl/osmo/services/rollout"
 // noSpan stands in for spans when tracing is off.
 var noSpan = trace.SpanFromContext(context.Background())
 
-// traceRollout starts the rollout's span under the span of the request
-// that started it, in ctx. The rollout runs after that request returned,
-// so the span and the baggage carrying its id are kept on the record (see
-// traced).
+// traceRollout starts the rollout's span under the request's span in ctx,
+// kept on the record with the baggage carrying its id (see traced).
 func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	if s.tracer == nil {
 		return
 	}
-	// The call's span started before anyone knew the id, unless the
-	// gateway put it into the baggage.
-	if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != rec.id {
-		trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(rec.id))
-	}
-	// An agent loop's one sample is named before it runs: its id goes into
-	// the baggage too.
+	tagRolloutID(ctx, rec.id)
+	// An agent loop's one sample is named before it runs.
 	sampleID := osmo.Hosting().LoopSampleID(s.workflow)
 	ctx = osmoattr.ContextWithIDs(ctx, rec.id, sampleID)
 	rec.bag = baggage.FromContext(ctx)
@@ -48,8 +41,16 @@ func (s *Service) traceRollout(ctx context.Context, rec *record) {
 	}
 }
 
-// traced returns parent carrying the rollout's span and id baggage, so what
-// runs under it joins the rollout's trace; parent itself when not tracing.
+// tagRolloutID puts the rollout id on the span of the call in ctx, which
+// started before the id was known, unless the gateway put it into the
+// baggage.
+func tagRolloutID(ctx context.Context, id string) {
+	if baggage.FromContext(ctx).Member(string(osmoattr.RolloutID)).Value() != id {
+		trace.SpanFromContext(ctx).SetAttributes(osmoattr.RolloutID.String(id))
+	}
+}
+
+// traced returns parent carrying the rollout's span and id baggage.
 func (r *record) traced(parent context.Context) context.Context {
 	if r.span == nil {
 		return parent
@@ -80,9 +81,7 @@ func fail(span trace.Span, typ, msg string) {
 	span.SetStatus(otelcodes.Error, msg)
 }
 
-// endRolloutSpan records the outcome on the rollout's span and ends it:
-// the wire's status word, the finish reason, the reward, the totals, and
-// the error.
+// endRolloutSpan records the outcome on the rollout's span and ends it.
 func endRolloutSpan(rec *record, status string, o outcome.Outcome) {
 	span := rec.rolloutSpan()
 	if span.IsRecording() {

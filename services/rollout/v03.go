@@ -7,19 +7,8 @@ import (
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 )
 
-// v03Wire is POST /rollout as today's Osmosis SDK (v0.3) speaks it: the
-// G2 body plus llm_api_key, the bearer of the LLM calls (a secret apart
-// from controller_api_key, which stays the callbacks'), and rollout_id
-// optional because the controller's URLs name the rollout. Its callbacks
-// are G2's, whose bodies v0.3 reads too: the grader callback's sample is
-// what a v0.3 controller takes its reward from.
-type v03Wire struct{ *g2Wire }
-
-func (v03Wire) name() string { return wireV03 }
-
 // llmKey is the bearer of a POST /rollout rollout's LLM calls: v0.3's
-// llm_api_key, or controller_api_key when it is left out (or null), as
-// G2's single secret and single-secret v0.3 controllers have it.
+// llm_api_key, or controller_api_key when it is left out.
 func llmKey(req *rolloutv1.StartRolloutRequest) string {
 	if req.LlmApiKey != nil {
 		return req.GetLlmApiKey()

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"net/url"
 	"slices"
 	"strings"
@@ -18,33 +19,17 @@ import (
 // maxIDLength bounds rollout ids and idempotency keys (Osmosis: 1..256 chars).
 const maxIDLength = 256
 
-// badField is a bad-input error naming its field.
-func badField(field, format string, args ...any) error {
-	return fielderr.New(field, format, args...)
-}
-
-// firstError is the first of errs that is not nil: a request's checks in
-// the order its problems are reported.
-func firstError(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // want is nil when ok, else the bad-input error naming field.
 func want(ok bool, field, format string, args ...any) error {
 	if ok {
 		return nil
 	}
-	return badField(field, format, args...)
+	return fielderr.New(field, format, args...)
 }
 
 // validateInit checks a G1 init request against PROTOCOL.md.
 func validateInit(req *rolloutv1.InitRolloutRequest, maxMetadataBytes int, outbound *netguard.Policy) error {
-	return firstError(
+	return cmp.Or(
 		validateID("rollout_id", req.GetRolloutId()),
 		validateHTTPURL(outbound, "server_url", req.GetServerUrl(), true),
 		want(len(req.GetMessages()) > 0, "messages", "required: at least one chat message"),
@@ -67,57 +52,53 @@ func optional(set bool, check func() error) error {
 }
 
 // validateHeaderValue checks a key that goes out as an Authorization
-// header, on the callbacks and to the policy: one that cannot be a header
-// value would fail every delivery, after the rollout ran.
+// header: one that cannot be would fail every delivery.
 func validateHeaderValue(field, v string) error {
 	if !httpguts.ValidHeaderFieldValue(v) {
-		return badField(field, "must be usable as an HTTP header value: no control characters such as CR or LF")
+		return fielderr.New(field, "must be usable as an HTTP header value: no control characters such as CR or LF")
 	}
 	return nil
 }
 
 func validateID(field, v string) error {
 	if strings.TrimSpace(v) == "" {
-		return badField(field, "must not be blank")
+		return fielderr.New(field, "must not be blank")
 	}
 	if n := utf8.RuneCountInString(v); n > maxIDLength {
-		return badField(field, "must be at most %d characters, got %d", maxIDLength, n)
+		return fielderr.New(field, "must be at most %d characters, got %d", maxIDLength, n)
 	}
 	if strings.ContainsRune(v, 0) {
-		return badField(field, "must not contain NUL")
+		return fielderr.New(field, "must not contain NUL")
 	}
 	return nil
 }
 
 // validateHTTPURL checks a URL a trainer names for osmo to call: http(s),
-// with a host that is not an IP literal outbound denies. Every wire's URLs
-// come through here; a host name is judged when it is dialled
-// (Config.Outbound), the check that holds whatever the name resolves to.
+// with a host that is not an IP literal outbound denies (a host name is
+// judged when dialled).
 func validateHTTPURL(outbound *netguard.Policy, field, raw string, required bool) error {
 	if raw == "" {
 		if required {
-			return badField(field, "required: an http(s) URL")
+			return fielderr.New(field, "required: an http(s) URL")
 		}
 		return nil
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return badField(field, "must be an http(s) URL with a host, got %q", raw)
+		return fielderr.New(field, "must be an http(s) URL with a host, got %q", raw)
 	}
 	if err := outbound.CheckURL(raw); err != nil {
-		return badField(field, "%v", err)
+		return fielderr.New(field, "%v", err)
 	}
 	return nil
 }
 
-// maxTimeoutSec bounds the G2 and v0.3 budgets, which must be finite: a
-// day is longer than any rollout.
+// maxTimeoutSec bounds the G2 and v0.3 budgets: a day.
 const maxTimeoutSec = 24 * 60 * 60
 
-// validateStart checks a POST /rollout request against PROTOCOL.md's G2
-// and v0.3 rules (with the G3 rule that a rollout id is one safe path
-// segment); id is the request's rollout_id, or the one its completion URL
-// names when it has none.
+// validateStart checks a POST /rollout request against PROTOCOL.md's G2,
+// G3 and v0.3 rules; id is its rollout_id, or the one its completion URL
+// names.
 func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int, outbound *netguard.Policy) error {
 	labelKind := "" // what a label must not be
 	switch req.GetLabel().GetKind().(type) {
@@ -126,7 +107,7 @@ func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataByt
 	case *structpb.Value_ListValue:
 		labelKind = "array"
 	}
-	return firstError(
+	return cmp.Or(
 		want(id != "", "rollout_id", "required (unless completion_callback_url ends in /rollouts/{rollout_id}/completion, which then names it)"),
 		validateID("rollout_id", id),
 		validatePathSegment("rollout_id", id),
@@ -153,21 +134,21 @@ func validateTimeout(field string, v *float64) error {
 	if v == nil || (*v > 0 && *v <= maxTimeoutSec) {
 		return nil
 	}
-	return badField(field, "must be a positive number of seconds up to %d, got %v", maxTimeoutSec, *v)
+	return fielderr.New(field, "must be a positive number of seconds up to %d, got %v", maxTimeoutSec, *v)
 }
 
 // validatePathSegment refuses ids that are not one safe URL path segment:
 // they name files (--log) and appear in proxy paths.
 func validatePathSegment(field, v string) error {
 	if v == "." || v == ".." {
-		return badField(field, "must not be %q", v)
+		return fielderr.New(field, "must not be %q", v)
 	}
 	if i := strings.IndexAny(v, "/\\"); i >= 0 {
-		return badField(field, "must be one path segment: %q is not allowed", v[i:i+1])
+		return fielderr.New(field, "must be one path segment: %q is not allowed", v[i:i+1])
 	}
 	for _, r := range v {
 		if r < 0x20 || r == 0x7f {
-			return badField(field, "must not contain control characters")
+			return fielderr.New(field, "must not contain control characters")
 		}
 	}
 	return nil
@@ -182,7 +163,7 @@ func validateCancel(req *rolloutv1.CancelRolloutsRequest) error {
 		}
 	}
 	empty := slices.Index(req.GetIds(), "")
-	return firstError(
+	return cmp.Or(
 		want(req.Prefix == nil || req.GetPrefix() != "", "prefix", `must not be empty (use {"all": true} to cancel everything)`),
 		want(n == 1, "ids", `give exactly one of "ids" (non-empty), "prefix" or "all": true`),
 		want(empty < 0, "ids", "element %d is empty", empty),
@@ -196,10 +177,10 @@ func validateMetadata(md *structpb.Struct, maxBytes int) error {
 	}
 	b, err := protojson.Marshal(md)
 	if err != nil {
-		return badField("metadata", "not encodable as JSON: %v", err)
+		return fielderr.New("metadata", "not encodable as JSON: %v", err)
 	}
 	if len(b) > maxBytes {
-		return badField("metadata", "encoded size %d bytes exceeds the limit of %d bytes", len(b), maxBytes)
+		return fielderr.New("metadata", "encoded size %d bytes exceeds the limit of %d bytes", len(b), maxBytes)
 	}
 	return nil
 }

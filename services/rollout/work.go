@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -18,16 +20,14 @@ import (
 )
 
 // takeWork takes rollouts from the shared queue while this replica has
-// free slots, until ctx ends: a replica holds no more work than it runs,
-// so what waits, waits where every replica can take it. (A private state
-// queues in process instead: takePrivate.)
+// free slots, until ctx ends: what waits, waits where every replica can
+// take it.
 func (s *Service) takeWork(ctx context.Context) {
 	for ctx.Err() == nil {
 		release, err := s.acquire(ctx)
 		if err != nil {
 			return
 		}
-		// Take as many slots as are free, up to a batch.
 		releases := []func(){release}
 		for len(releases) < fetchBatch {
 			r, ok := s.tryAcquire()
@@ -56,25 +56,14 @@ func (s *Service) takeWork(ctx context.Context) {
 	}
 }
 
-// concludeCancelled serves the control queue until ctx ends: rollouts
-// cancelled while queued, concluded at once (they need no slot), at most
-// Callbacks.MaxInFlight at a time.
-func (s *Service) concludeCancelled(ctx context.Context) {
-	s.serveConsumer(ctx, s.sh.control, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.take(msg, func() {}, true) })
-}
-
 // serveConsumer handles each message of c in a goroutine of its own, at
-// most limit at once, until ctx ends. It pulls continuously (a pull that
-// expires as a message is sent loses nothing) and holds each message from
-// the moment it arrives, so one waiting here for its turn is not given to
-// another replica meanwhile.
+// most limit at once, until ctx ends. Each message is held from its
+// arrival, so one waiting for its turn is not given to another replica.
 func (s *Service) serveConsumer(ctx context.Context, c jetstream.Consumer, limit int, handle func(jetstream.Msg)) {
 	slots := make(chan struct{}, limit)
 	for ctx.Err() == nil {
-		// The server sends a heartbeat each second while a pull waits: a
-		// pull lost with the consumer's leader (a NATS node that died) is
-		// noticed within two and issued again, instead of after the
-		// client's default of thirty, while callbacks wait in the outbox.
+		// A heartbeat each second: a pull lost with the consumer's leader
+		// is noticed within two, not the client's default of thirty.
 		it, err := c.Messages(jetstream.PullMaxMessages(limit), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 		if err != nil {
 			s.log.Warn("shared state: could not pull from the queue", "consumer", c.CachedInfo().Name, "error", err)
@@ -122,21 +111,16 @@ const (
 const fetchBatch = 32
 
 func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-time.After(d):
 	}
 }
 
 // take handles one rollout from the queue, in a slot (release gives it
-// back): a queued one runs here; one that another replica held and let go
-// of (it was lost) is concluded from its lifecycle.
-//
-// control says the message came from the control queue: a rollout
-// cancelled while queued, concluded without a slot, and only if nobody
-// took it from the queue meanwhile.
+// back): a queued one runs here; a lost replica's is concluded from its
+// lifecycle. control says the message came from the control queue: a
+// rollout cancelled while queued, concluded without a slot.
 func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 	ctx, cancel := context.WithTimeout(s.deliverCtx, 10*time.Second)
 	defer cancel()
@@ -164,9 +148,8 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		release()
 		return
 	}
-	// The message that holds the rollout is known by its place in the
-	// stream: a redelivery of it means its holder was lost; any other
-	// message (a second enqueue, the cancel of a queued one) is stale.
+	// The message that holds the rollout is known by its stream sequence:
+	// its redelivery means its holder was lost; any other is stale.
 	queue := "?"
 	if metaErr == nil {
 		queue = strconv.FormatUint(meta.Sequence.Stream, 10)
@@ -177,15 +160,10 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 		return
 	}
 	if held := s.store.get(id); held != nil {
-		// This replica's own hold lapsed (it was too slow to renew it) and
-		// the queue gave the rollout back to it: keep running it under the
-		// new delivery.
-		//
-		// A record whose work was let go of meanwhile (it finished, or the
-		// write that starts it failed) is not taken on again: the delivery
-		// goes back, to find the lifecycle as that left it. The hold is
-		// taken under the record's lock, so a release that follows sees
-		// the new delivery and lets go of it too.
+		// This replica's own hold lapsed and the queue gave the rollout
+		// back: it runs on under the new delivery, unless its work was let
+		// go of meanwhile (then the delivery goes back). Under the record's
+		// lock, so a release that follows lets go of the new delivery.
 		release()
 		held.mu.Lock()
 		old := held.work
@@ -204,7 +182,6 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 	case phaseQueued:
 		s.begin(ctx, lc, msg, queue, release)
 	case phaseFinished, phaseAdmitting:
-		// Finished: nothing left to do. Admitting is never queued.
 		_ = msg.Ack()
 		release()
 	default:
@@ -213,14 +190,12 @@ func (s *Service) take(msg jetstream.Msg, release func(), control bool) {
 	}
 }
 
-// begin runs a queued rollout here: its record is rebuilt from the
-// lifecycle and entered locally first (so a cancel reaching this replica
-// finds it), then the lifecycle says this replica runs it. One that was
-// cancelled while queued is concluded without running.
-//
-// msg is the work message that holds it, or nil for a rollout from a
-// private state's queue (queue is then ""); again says a start the state
-// could not write should be tried later (a message goes back by itself).
+// begin runs a queued rollout here: its record is rebuilt and stored here
+// first (so a cancel reaching this replica finds it), then the lifecycle
+// says this replica runs it; one cancelled while queued concludes without
+// running. msg is the work message holding it, nil from a private queue
+// (queue is then ""); again says a start the state could not write should
+// be retried (a message goes back by itself).
 func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, queue string, release func()) (again bool) {
 	rec, err := s.restore(lc)
 	if err != nil {
@@ -236,17 +211,15 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 		s.leases.hold(msg)
 	}
 	s.store.add(rec)
-	// The rollout's span starts here, under the admitting request's trace;
-	// the lifecycle then carries the span, for whoever delivers its
-	// callbacks.
-	s.traceRollout(s.extract(lc), rec)
+	// The span starts under the admitting request's trace; the lifecycle
+	// then carries it, for whoever delivers the callbacks.
+	s.traceRollout(s.traceCtx(context.Background(), lc), rec)
 	var carrier map[string]string
 	if s.tracer != nil {
 		carrier = map[string]string{}
 		s.cfg.Propagator.Inject(rec.traced(context.Background()), propagation.MapCarrier(carrier))
 	}
-	// Retried while the state does not answer; a try whose answer was lost
-	// may have written already.
+	// A try whose answer was lost may have written already.
 	stored, err := s.persist(ctx, lc.ID, func(lc *lifecycle) error {
 		if lc.Phase == phaseRunning && lc.Owner == s.replica && lc.Held == queue {
 			return errUnchanged
@@ -255,8 +228,7 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 			return errNotOwner
 		}
 		lc.Owner, lc.Held, lc.Phase, lc.State, lc.Started = s.replica, queue, phaseRunning, rolloutv1.State_STATE_RUNNING, time.Now()
-		// The record holds the request now.
-		lc.admitted = nil
+		lc.admitted = nil // the record holds it now
 		if carrier != nil {
 			lc.Trace = carrier
 		}
@@ -268,11 +240,8 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 	if err != nil {
 		release()
 		s.store.remove(rec)
-		// While the write was tried, the queue may have given the rollout
-		// back to this replica (its hold lapsed: a NATS leader lost, say)
-		// and take put that delivery in the record: it is the live one,
-		// and the one to answer. Left held, it would be renewed for ever
-		// and the rollout never taken again.
+		// The queue may have given the rollout back meanwhile and take put
+		// that delivery in the record: it is the live one to answer.
 		if msg != nil {
 			s.leases.drop(msg)
 		}
@@ -299,8 +268,7 @@ func (s *Service) begin(ctx context.Context, lc *lifecycle, msg jetstream.Msg, q
 	return false
 }
 
-// resume concludes a rollout whose replica was lost, from its lifecycle:
-// the pipeline takes it from the stage it reached.
+// resume concludes a lost replica's rollout from the stage it reached.
 func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 	log := s.log.With("rollout_id", lc.ID, "wire", lc.Wire)
 	rec, err := s.restore(lc)
@@ -310,8 +278,7 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 		return
 	}
 	lost := lc.Owner
-	// This replica concludes it now: a lost replica that comes back finds
-	// the rollout is not its own any more.
+	// A lost replica that comes back finds the rollout is not its own.
 	stored, err := s.sh.update(s.deliverCtx, lc.ID, func(cur *lifecycle) error {
 		if cur.Phase == phaseFinished || cur.Owner != lost {
 			return errUnchanged
@@ -328,13 +295,12 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 		}
 		return
 	}
-	// As the lost replica left it, which the messages name.
 	stored = stored.clone()
 	stored.Owner = lost
 	rec.work = msg
 	s.leases.hold(msg)
 	s.store.add(rec)
-	s.traceRollout(s.extract(lc), rec)
+	s.traceRollout(s.traceCtx(context.Background(), lc), rec)
 	how := recoveredRedelivered
 	run := outcome.Failed(outcome.Agent, "%s", s.lostMessage(stored, "while the rollout was running"))
 	if stored.Ran != nil {
@@ -349,26 +315,10 @@ func (s *Service) resume(lc *lifecycle, msg jetstream.Msg) {
 	s.conclude(rec, run, stored, log)
 }
 
-// extract is the trace context the rollout was admitted under.
-func (s *Service) extract(lc *lifecycle) context.Context {
-	if s.tracer == nil || len(lc.Trace) == 0 {
-		return context.Background()
-	}
-	return s.cfg.Propagator.Extract(context.Background(), propagation.MapCarrier(lc.Trace))
-}
-
-// deliverOutbox serves the outbox: callbacks whose first attempt failed,
-// whichever replica owed them, at most Callbacks.MaxInFlight at once,
-// until ctx ends (attempts under way go on under the delivery context).
-func (s *Service) deliverOutbox(ctx context.Context) {
-	s.serveConsumer(ctx, s.sh.outbox, s.cfg.Callbacks.MaxInFlight, func(msg jetstream.Msg) { s.redeliver(s.deliverCtx, msg) })
-}
-
 // redeliver makes one attempt at a callback from the outbox: done with, it
-// is marked in the lifecycle and acknowledged; failed transiently, it goes
-// back with the wire's backoff until the delivery deadline, counted from
-// when it fell due. Stopped by the shutdown, it goes back at once, for
-// another replica.
+// is marked and acknowledged; failed transiently, it goes back with the
+// wire's backoff until the delivery deadline; stopped by the shutdown, it
+// goes back at once.
 func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	var m outboxMsg
 	if err := json.Unmarshal(msg.Data(), &m); err != nil {
@@ -388,15 +338,11 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	st := lc.Ran
-	if m.Stage == stageFinal {
-		st = lc.Final
-	}
+	st := lc.stage(m.Stage)
 	if st == nil || m.Index >= len(st.Done) || m.Index >= len(st.Callbacks) || st.Done[m.Index] {
 		log.Debug("outbox: the callback is done with", "phase", lc.Phase)
-		// Done: but the mark may have let the final stage be sent by a
-		// replica that died before it handed it over; hand it over again
-		// (the outbox drops what it holds).
+		// The mark may have let the final stage go with a replica that died
+		// before handing it over: handed over again.
 		if m.Stage == stageRan && lc.Final != nil && lc.Final.Sending && !lc.Final.done() &&
 			!s.send(ctx, nil, m.ID, lc.Created, s.policyOf(lc.Wire), stageFinal, lc.Final, false, nil, log) {
 			_ = msg.NakWithDelay(time.Second)
@@ -419,12 +365,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	}
 	p := s.policyOf(lc.Wire)
 	c := st.Callbacks[m.Index]
-	// The attempt, and the final stage it may start here, are spans of
-	// the rollout's trace, whichever replica ran it.
 	ctx = s.traceCtx(ctx, lc)
-	// The message stays held (serveConsumer renews it) until it is
-	// acknowledged or handed back: one delivered but not yet marked is not
-	// given to another replica to post again.
 	err = s.attempt(ctx, m.ID, c.delivery(p), attempt, log)
 	if err != nil && !errors.Is(err, errPermanent) {
 		if ctx.Err() != nil {
@@ -453,7 +394,7 @@ func (s *Service) redeliver(ctx context.Context, msg jetstream.Msg) {
 	_ = msg.DoubleAck(context.WithoutCancel(ctx))
 }
 
-// traceCtx is ctx carrying the rollout's trace.
+// traceCtx is ctx carrying the trace the rollout was admitted under.
 func (s *Service) traceCtx(ctx context.Context, lc *lifecycle) context.Context {
 	if s.tracer == nil || len(lc.Trace) == 0 {
 		return ctx
@@ -469,9 +410,8 @@ func (s *Service) policyOf(wire string) callbackPolicy {
 	return s.g2Policy
 }
 
-// leases keeps the messages this replica holds (rollouts it runs,
-// callbacks it posts) from being given to another replica: each is
-// renewed (in progress) a few times per ack wait.
+// leases keeps the messages this replica holds from going to another
+// replica: each is renewed a few times per ack wait.
 type leases struct {
 	mu   sync.Mutex
 	msgs map[jetstream.Msg]struct{}
@@ -500,15 +440,10 @@ func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logge
 		case <-t.C:
 		}
 		l.mu.Lock()
-		held := make([]jetstream.Msg, 0, len(l.msgs))
-		for m := range l.msgs {
-			held = append(held, m)
-		}
+		held := slices.Collect(maps.Keys(l.msgs))
 		l.mu.Unlock()
 		failed := 0
 		for _, m := range held {
-			// One answered since it was listed (a rollout that just
-			// finished, a callback just delivered) needs no renewal.
 			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 				failed++
 			}
@@ -519,56 +454,27 @@ func (l *leases) renew(ctx context.Context, every time.Duration, log *slog.Logge
 	}
 }
 
-// acquire takes the workflow's concurrency slot (if it has a limit of its
-// own) and the server's, in that order, or fails when ctx ends. release
-// gives both back.
+// acquire takes a concurrency slot, or fails when ctx ends. release
+// gives it back, once however often it is called.
 func (s *Service) acquire(ctx context.Context) (release func(), err error) {
-	if s.wfSem != nil {
-		select {
-		case s.wfSem <- struct{}{}:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 	select {
 	case s.sem <- struct{}{}:
+		return s.releaser(), nil
 	case <-ctx.Done():
-		if s.wfSem != nil {
-			<-s.wfSem
-		}
 		return nil, ctx.Err()
 	}
-	return s.releaser(), nil
 }
 
-// tryAcquire takes both slots if they are free now.
+// tryAcquire takes a slot if one is free now.
 func (s *Service) tryAcquire() (release func(), ok bool) {
-	if s.wfSem != nil {
-		select {
-		case s.wfSem <- struct{}{}:
-		default:
-			return nil, false
-		}
-	}
 	select {
 	case s.sem <- struct{}{}:
+		return s.releaser(), true
 	default:
-		if s.wfSem != nil {
-			<-s.wfSem
-		}
 		return nil, false
 	}
-	return s.releaser(), true
 }
 
 func (s *Service) releaser() func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			<-s.sem
-			if s.wfSem != nil {
-				<-s.wfSem
-			}
-		})
-	}
+	return sync.OnceFunc(func() { <-s.sem })
 }
