@@ -23,7 +23,6 @@ type osmosisEnv struct {
 	client           rollout.ClientSettings
 	maxConcurrent    int
 	recordTTL        time.Duration
-	cleanupInterval  time.Duration
 	requestTimeout   time.Duration
 	maxMetadataBytes int
 }
@@ -33,7 +32,6 @@ func readOsmosisEnv(getenv func(string) string) (osmosisEnv, error) {
 		client:           rollout.DefaultClientSettings(),
 		maxConcurrent:    100,
 		recordTTL:        time.Hour,
-		cleanupInterval:  time.Minute,
 		requestTimeout:   600 * time.Second,
 		maxMetadataBytes: 1 << 20,
 	}
@@ -45,7 +43,9 @@ func readOsmosisEnv(getenv func(string) string) (osmosisEnv, error) {
 		{"OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY", &e.client.RetryBaseDelay},
 		{"OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY", &e.client.RetryMaxDelay},
 		{"OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS", &e.recordTTL},
-		{"OSMOSIS_ROLLOUT_SERVER_CLEANUP_INTERVAL_SECONDS", &e.cleanupInterval},
+		// Checked but of no effect: finished records expire by their
+		// NATS TTL (RECORD_TTL); nothing prunes them.
+		{"OSMOSIS_ROLLOUT_SERVER_CLEANUP_INTERVAL_SECONDS", new(time.Duration)},
 		{"OSMOSIS_ROLLOUT_SERVER_REQUEST_TIMEOUT_SECONDS", &e.requestTimeout},
 	}
 	for _, s := range seconds {

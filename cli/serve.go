@@ -148,7 +148,6 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		MaxConcurrent:    f.maxConcurrent,
 		RecordTTL:        f.recordTTL,
 		MaxRecordBytes:   int64(f.recordMaxBytes),
-		CleanupInterval:  f.env.cleanupInterval,
 		RolloutTimeout:   f.rolloutTimeout,
 		GradeTimeout:     f.gradeTimeout,
 		DrainTimeout:     f.drainTimeout,

@@ -96,8 +96,6 @@ type Config struct {
 	// MaxRecordBytes bounds what finished records hold (256 MiB), the
 	// oldest dropped first.
 	MaxRecordBytes int64
-	// CleanupInterval is how often expired records are pruned (60s).
-	CleanupInterval time.Duration
 	// RolloutTimeout bounds one workflow run (600s), a G2 or v0.3
 	// rollout's from its acceptance, unless agent_timeout_sec says otherwise.
 	RolloutTimeout time.Duration
@@ -170,7 +168,6 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.Callbacks.Timeout, 10*time.Second)
 	orDefault(&c.Callbacks.MaxInFlight, DefaultCallbackConcurrency)
 	orDefault(&c.RecordTTL, time.Hour)
-	orDefault(&c.CleanupInterval, time.Minute)
 	orDefault(&c.RolloutTimeout, 600*time.Second)
 	orDefault(&c.GradeTimeout, 150*time.Second)
 	orDefault(&c.DrainTimeout, 10*time.Second)

@@ -613,7 +613,6 @@ func TestWatchReplaysAndStreams(t *testing.T) {
 func TestRecordTTLPrunes(t *testing.T) {
 	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) {
 		c.RecordTTL = 100 * time.Millisecond
-		c.CleanupInterval = 20 * time.Millisecond
 	}})
 	if _, err := h.client.InitRollout(context.Background(), h.initReq(t, "ttl-1", 1, 1, nil)); err != nil {
 		t.Fatal(err)
