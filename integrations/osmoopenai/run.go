@@ -97,18 +97,11 @@ func run(ctx context.Context, name string, s *Session, params *openai.ChatComple
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	// Encoded once for every turn of the run.
-	var offered json.RawMessage
-	if len(params.Tools) > 0 {
-		if offered, err = json.Marshal(params.Tools); err != nil {
-			return nil, fmt.Errorf("%s: encode tools: %w", name, err)
-		}
-	}
 	// Everything the loop does is the session's sample: its spans (tool
 	// calls included) carry osmo.sample.id when tracing.
 	ctx = osmoattr.ContextWithIDs(ctx, s.rollout.ID, s.id)
 	for turn := 1; ; turn++ {
-		resp, err := s.complete(ctx, params, offered)
+		resp, err := s.complete(ctx, params)
 		if err != nil {
 			return nil, fmt.Errorf("%s: turn %d: %w", name, turn, err)
 		}

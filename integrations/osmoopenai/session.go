@@ -144,15 +144,14 @@ func (s *Session) SampleMessages() ([]json.RawMessage, error) {
 // reply (choices[0].message, tool calls included) is appended as the
 // assistant message param it converts to, so it can be sent back as is.
 func (s *Session) Complete(ctx context.Context, params openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
-	return s.complete(ctx, &params, nil)
+	return s.complete(ctx, &params)
 }
 
 // complete is Complete on params, which it changes (Messages and Model).
-// tools is params.Tools encoded, when the caller has it (nil encodes
-// them). Run passes its params by reference: a rollout in flight waits for
+// Run passes its params by reference: a rollout in flight waits for
 // the policy below this frame, and each copy of the params (over a
 // kilobyte) on the way down is stack it holds while it waits.
-func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams, tools json.RawMessage) (*openai.ChatCompletion, error) {
+func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNewParams) (*openai.ChatCompletion, error) {
 	if len(params.Messages) > 0 {
 		s.AddItems(params.Messages...)
 		params.Messages = nil
@@ -164,13 +163,8 @@ func (s *Session) complete(ctx context.Context, params *openai.ChatCompletionNew
 	if params.Model == "" {
 		params.Model = Model
 	}
-	if tools == nil && len(params.Tools) > 0 {
-		if tools, err = json.Marshal(params.Tools); err != nil {
-			return nil, fmt.Errorf("osmoopenai: session %q: encode tools: %w", s.id, err)
-		}
-	}
 	start := time.Now()
-	resp, err := s.send(ctx, params, items, tools)
+	resp, err := s.send(ctx, params, items)
 	if err != nil {
 		return nil, fmt.Errorf("osmoopenai: session %q: chat completion: %w", s.id, err)
 	}
@@ -211,17 +205,21 @@ func replyParam(m openai.ChatCompletionMessage) openai.ChatCompletionMessagePara
 	return p
 }
 
-// send posts params with items as their messages and tools, encoded, as
-// their tools, with openai-go's client. The encoding and decoding, which
+// send posts params with items as their messages, with openai-go's
+// client. The encoding and decoding, which
 // need more stack than the rest of a rollout's goroutine, run on a
 // goroutine of their own (offStack): the rollout then waits for the policy
 // on a 16 KiB stack, not 32: 0.86x the RSS with 10,000 rollouts held
 // (osmo bench rollouts --baseline <build without it> --cluster=false
 // --in-flight 10000).
-func (s *Session) send(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage, tools json.RawMessage) (*openai.ChatCompletion, error) {
+func (s *Session) send(ctx context.Context, params *openai.ChatCompletionNewParams, items []json.RawMessage) (*openai.ChatCompletion, error) {
 	var body []byte
 	var err error
-	offStack(func() { body, err = requestBody(params, items, tools) })
+	offStack(func() {
+		whole := *params
+		whole.Messages = requestMessages(items)
+		body, err = whole.MarshalJSON()
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -242,54 +240,6 @@ func (s *Session) send(ctx context.Context, params *openai.ChatCompletionNewPara
 		return nil, fmt.Errorf("error parsing response json: %w", err)
 	}
 	return resp, nil
-}
-
-// requestBody is the JSON body of a call: params with items as their
-// messages and tools (already encoded) as their tools. The session keeps
-// its items as JSON and a run encodes its tools once, so both are written
-// into the body as they are, not encoded again by openai-go for each call:
-// 0.88x the server's CPU per rollout (osmo bench rollouts --baseline
-// <build without it> --cluster=false). Params whose own encoding is replaced
-// (param.Override) or whose extra fields name messages or tools are
-// encoded whole, as openai-go would.
-func requestBody(params *openai.ChatCompletionNewParams, items []json.RawMessage, tools json.RawMessage) ([]byte, error) {
-	_, overridden := params.Overrides()
-	extra := params.ExtraFields()
-	_, xm := extra["messages"]
-	_, xt := extra["tools"]
-	if overridden || xm || xt {
-		whole := *params
-		whole.Messages = requestMessages(items)
-		return whole.MarshalJSON()
-	}
-	offered := params.Tools
-	params.Tools = nil
-	rest, err := params.MarshalJSON()
-	params.Tools = offered
-	if err != nil {
-		return nil, err
-	}
-	n := len(`{"messages":[],"tools":}`) + len(tools) + len(rest)
-	for _, it := range items {
-		n += len(it) + 1
-	}
-	body := make([]byte, 0, n)
-	body = append(body, `{"messages":[`...)
-	for i, it := range items {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		body = append(body, it...)
-	}
-	body = append(body, ']')
-	if len(tools) > 0 {
-		body = append(append(body, `,"tools":`...), tools...)
-	}
-	// rest is an object, "{}" when no other field is set.
-	if len(rest) > 2 {
-		body = append(body, ',')
-	}
-	return append(body, rest[1:]...), nil
 }
 
 // offStack runs f on a goroutine of its own and waits for it.
