@@ -1,6 +1,7 @@
 package rows
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/osmo-rl/osmo"
@@ -21,6 +22,9 @@ const (
 	// break in the prompt) the text view takes in: the generation prompt,
 	// where a think region may open.
 	promptTail = 16
+	// promptAhead is how many prompt tokens from the break (when it is in
+	// the prompt) the view reads, to find a region's closing tag.
+	promptAhead = 64
 	// resyncSkip is how many tokens either side may skip before the two
 	// sequences agree again, and resyncRun how many must then agree.
 	resyncSkip = 8
@@ -50,23 +54,39 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	if len(prev.CompletionTokenStrings) != len(prev.CompletionTokenIDs) {
 		return DriftOther
 	}
-	texts := b.tokenTexts()
 	old := seq{prompt: prev.PromptTokenIDs, completion: prev.CompletionTokenIDs, strs: prev.CompletionTokenStrings}
-	oldText := func(i int) (string, bool) {
-		if i >= len(old.prompt) {
-			return tokenText(old.strs[i-len(old.prompt)])
-		}
-		t, ok := texts[old.prompt[i]]
-		return t, ok
-	}
 
-	// The text from a little before the break (or the completion) to the
-	// end of the previous sequence, with each token's starting offset.
+	// The text view: prompt tokens from a little before the break (or
+	// before the completion) to a little after it, then the whole
+	// completion. Prompt tokens are read where a completion of the sample
+	// shows their text; so are the new prompt's tokens after the break.
 	lo := max(0, min(d, len(old.prompt))-promptTail)
+	hi := min(len(old.prompt), max(d, lo)+promptAhead)
+	texts := b.lookup(old.prompt[lo:hi], next[d:min(len(next), d+resyncSkip)])
+	oldText := func(i int) (string, bool) {
+		switch {
+		case i >= len(old.prompt):
+			return tokenText(old.strs[i-len(old.prompt)])
+		case i >= lo && i < hi:
+			return texts.get(old.prompt[i])
+		}
+		return "", false
+	}
+	newText := func(i int) (string, bool) { return texts.get(next[i]) }
+
 	var sb strings.Builder
-	starts := make([]int, 0, old.len()-lo+1)
+	sb.Grow(hi - lo + 8*len(old.completion))
+	// starts[i-lo] is where token i's text starts, for i up to hi; the
+	// break's token is below hi.
+	starts := make([]int, 0, hi-lo+len(old.completion)+2)
 	for i := lo; i < old.len(); i++ {
 		starts = append(starts, sb.Len())
+		if i == hi && hi < len(old.prompt) {
+			// The prompt between the window and the completion, unread.
+			sb.WriteByte(0)
+			i = len(old.prompt) - 1
+			continue
+		}
 		if t, ok := oldText(i); ok {
 			sb.WriteString(t)
 		} else {
@@ -89,7 +109,6 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	if !ok {
 		return DriftOther
 	}
-	newText := func(i int) (string, bool) { t, ok := texts[next[i]]; return t, ok }
 	if d < len(old.prompt) && d+a == len(old.prompt) {
 		// The new prompt leaves out the rest of the previous prompt and
 		// goes on with the completion: the generation prompt's own tail,
@@ -107,33 +126,64 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	return DriftOther
 }
 
-// tokenTexts maps the ids of the sample's completions to their texts, so
-// that prompt tokens the policy once generated can be read too. Built on
-// the first break only.
-func (b *builder) tokenTexts() map[int32]string {
-	if b.texts != nil {
-		return b.texts
+// textTable holds the texts of a few token ids, sorted by id.
+type textTable struct {
+	ids   []int32
+	texts []string
+	known []bool
+}
+
+func (t textTable) get(id int32) (string, bool) {
+	i, ok := slices.BinarySearch(t.ids, id)
+	if !ok || !t.known[i] {
+		return "", false
 	}
-	n := 0
-	for _, c := range b.s.Calls {
-		if c != nil && len(c.CompletionTokenStrings) == len(c.CompletionTokenIDs) {
-			n += len(c.CompletionTokenIDs)
-		}
+	return t.texts[i], true
+}
+
+// lookup finds the texts of the given ids where a completion of the
+// sample shows them: one pass over the sample's completions per break,
+// for a few dozen ids, costs less than mapping every completion token.
+func (b *builder) lookup(idSets ...[]int32) textTable {
+	var t textTable
+	for _, ids := range idSets {
+		t.ids = append(t.ids, ids...)
 	}
-	b.texts = make(map[int32]string, n)
+	slices.Sort(t.ids)
+	t.ids = slices.Compact(t.ids)
+	if len(t.ids) == 0 {
+		return t
+	}
+	t.texts = make([]string, len(t.ids))
+	t.known = make([]bool, len(t.ids))
+	// A 1024-bit filter of the wanted ids lets most completion tokens
+	// pass by without a search.
+	var filter [16]uint64
+	for _, id := range t.ids {
+		filter[(id>>6)&15] |= 1 << (id & 63)
+	}
+	left := len(t.ids)
 	for _, c := range b.s.Calls {
 		if c == nil || len(c.CompletionTokenStrings) != len(c.CompletionTokenIDs) {
 			continue
 		}
 		for j, id := range c.CompletionTokenIDs {
-			if t, ok := tokenText(c.CompletionTokenStrings[j]); ok {
-				if _, dup := b.texts[id]; !dup {
-					b.texts[id] = t
+			if filter[(id>>6)&15]&(1<<(id&63)) == 0 {
+				continue
+			}
+			i, ok := slices.BinarySearch(t.ids, id)
+			if !ok || t.known[i] {
+				continue
+			}
+			if text, ok := tokenText(c.CompletionTokenStrings[j]); ok {
+				t.texts[i], t.known[i] = text, true
+				if left--; left == 0 {
+					return t
 				}
 			}
 		}
 	}
-	return b.texts
+	return t
 }
 
 // tokenText is a token string's text, unless it names no text: empty, or

@@ -134,6 +134,10 @@ type Options struct {
 	// VocabSize, when positive, is the policy's vocabulary size: a token
 	// id at or above it makes its call a Problem.
 	VocabSize int
+	// CountOnly leaves the rows' TokenIDs, LossMask and Logprobs empty:
+	// what counting rows, merges, drift and problems needs, for the cost
+	// of comparing prefixes, without copying tokens.
+	CountOnly bool
 }
 
 // ParseMerge checks a requested merge mode ("" is exact) and returns it,
@@ -168,7 +172,6 @@ type builder struct {
 	// once anything (a break, a problem) ended a row.
 	pending []Problem
 	fork    bool
-	texts   map[int32]string
 }
 
 // Build returns the rows of one sample. It never fails: calls whose
@@ -212,7 +215,8 @@ func Build(s Sample, o Options) Result {
 					continue
 				}
 			}
-			if reason := checkIDs("prompt", p, 0, o.VocabSize); reason != "" {
+			// Up to d the prompt is the previous call's, already checked.
+			if reason := checkIDs("prompt", p, d, o.VocabSize); reason != "" {
 				b.problem(i, reason)
 				continue
 			}
@@ -245,16 +249,9 @@ func (b *builder) flush() {
 	if len(b.steps) == 0 {
 		return
 	}
-	n := 0
-	for _, st := range b.steps {
-		c := b.s.Calls[st.call]
-		n += len(c.PromptTokenIDs) - st.start + len(c.CompletionTokenIDs)
-	}
 	r := Row{
 		RolloutID: b.s.RolloutID, SampleID: b.s.SampleID, Row: len(b.out.Rows), Reward: b.s.Reward,
-		Merge:    MergeExact,
-		TokenIDs: make([]int32, 0, n), LossMask: make([]int32, n), Logprobs: make([]float64, n),
-		Calls: make([]int, len(b.steps)), Drift: b.drift, Problems: b.pending,
+		Merge: MergeExact, Calls: make([]int, len(b.steps)), Drift: b.drift, Problems: b.pending,
 	}
 	switch {
 	case b.realigned:
@@ -263,8 +260,25 @@ func (b *builder) flush() {
 		r.Merge = MergeForked
 	}
 	for k, st := range b.steps {
-		c := b.s.Calls[st.call]
 		r.Calls[k] = st.call
+	}
+	if !b.o.CountOnly {
+		b.fill(&r)
+	}
+	b.out.Rows = append(b.out.Rows, r)
+	b.steps, b.drift, b.pending, b.realigned, b.fork = b.steps[:0], nil, nil, false, true
+}
+
+// fill writes the planned steps' tokens into r.
+func (b *builder) fill(r *Row) {
+	n := 0
+	for _, st := range b.steps {
+		c := b.s.Calls[st.call]
+		n += len(c.PromptTokenIDs) - st.start + len(c.CompletionTokenIDs)
+	}
+	r.TokenIDs, r.LossMask, r.Logprobs = make([]int32, 0, n), make([]int32, n), make([]float64, n)
+	for _, st := range b.steps {
+		c := b.s.Calls[st.call]
 		r.TokenIDs = append(r.TokenIDs, c.PromptTokenIDs[st.start:]...)
 		at := len(r.TokenIDs)
 		r.TokenIDs = append(r.TokenIDs, c.CompletionTokenIDs...)
@@ -273,8 +287,6 @@ func (b *builder) flush() {
 		}
 		copy(r.Logprobs[at:], c.Logprobs)
 	}
-	b.out.Rows = append(b.out.Rows, r)
-	b.steps, b.drift, b.pending, b.realigned, b.fork = b.steps[:0], nil, nil, false, true
 }
 
 // checkCompletion returns why c's completion cannot go into a row, or "".
