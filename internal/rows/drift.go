@@ -1,6 +1,7 @@
 package rows
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 
@@ -25,6 +26,9 @@ const (
 	// promptAhead is how many prompt tokens from the break (when it is in
 	// the prompt) the view reads, to find a region's closing tag.
 	promptAhead = 64
+	// reasoningAnchor is how many bytes of the reasoning's end are looked
+	// for in a completion's text.
+	reasoningAnchor = 32
 	// resyncSkip is how many tokens either side may skip before the two
 	// sequences agree again, and resyncRun how many must then agree.
 	resyncSkip = 8
@@ -79,7 +83,11 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	// starts[i-lo] is where token i's text starts, for i up to hi; the
 	// break's token is below hi.
 	starts := make([]int, 0, hi-lo+len(old.completion)+2)
+	completionAt := 0 // where the completion's text starts
 	for i := lo; i < old.len(); i++ {
+		if i == len(old.prompt) {
+			completionAt = sb.Len()
+		}
 		starts = append(starts, sb.Len())
 		if i == hi && hi < len(old.prompt) {
 			// The prompt between the window and the completion, unread.
@@ -104,6 +112,11 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	if inRegion(text, from, to, toolOpen, toolClose) {
 		return DriftToolCallReserialized
 	}
+	if d >= len(old.prompt) {
+		if class := byMessage(prev.ResponseMessage, text[completionAt:], from-completionAt); class != "" {
+			return class
+		}
+	}
 
 	a, bn, ok := resync(old, next, d)
 	if !ok {
@@ -124,6 +137,48 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 		return DriftWhitespace
 	}
 	return DriftOther
+}
+
+// byMessage names a break at offset from in a completion's text that has
+// no tags, from the message the policy's reply was parsed into: the
+// reasoning's text ends a reasoning region; a tool call's function name
+// starts a tool call region (from the start of its line).
+func byMessage(raw json.RawMessage, text string, from int) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var m struct {
+		Content          string `json:"content"`
+		ReasoningContent string `json:"reasoning_content"`
+		Reasoning        string `json:"reasoning"`
+		ToolCalls        []struct {
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		} `json:"tool_calls"`
+	}
+	if json.Unmarshal(raw, &m) != nil {
+		return ""
+	}
+	reasoning := strings.TrimSpace(m.ReasoningContent)
+	if reasoning == "" {
+		reasoning = strings.TrimSpace(m.Reasoning)
+	}
+	if reasoning != "" && !strings.Contains(text, thinkOpen) && !strings.Contains(text, thinkClose) {
+		// The reasoning's last words mark where its region ends.
+		anchor := reasoning[max(0, len(reasoning)-reasoningAnchor):]
+		if i := strings.Index(text, anchor); i >= 0 && from < i+len(anchor) {
+			return DriftReasoningDropped
+		}
+	}
+	if len(m.ToolCalls) > 0 && m.ToolCalls[0].Function.Name != "" && !strings.Contains(text, toolOpen) {
+		if i := strings.Index(text, m.ToolCalls[0].Function.Name); i >= 0 {
+			if from >= strings.LastIndexByte(text[:i], '\n')+1 {
+				return DriftToolCallReserialized
+			}
+		}
+	}
+	return ""
 }
 
 // textTable holds the texts of a few token ids, sorted by id.

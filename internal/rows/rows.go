@@ -40,6 +40,11 @@
 //     think tag or whitespace: the generation prompt's think block (Qwen3
 //     with thinking off, DeepSeek-R1), which templates do not re-render.
 //   - tool_call_reserialized: inside a <tool_call>…</tool_call> region.
+//   - A completion without those tags is read with the message its reply
+//     was parsed into (LLMCall.ResponseMessage): a position before the end
+//     of the reasoning's text (reasoning_content or reasoning) is
+//     reasoning_dropped; one at or after the start of the line where the
+//     first tool call's function name appears is tool_call_reserialized.
 //   - whitespace: the two sequences resynchronise after skipping a few
 //     tokens, and every skipped token whose text is known, on either side,
 //     is whitespace.

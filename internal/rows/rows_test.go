@@ -406,3 +406,48 @@ func TestRowJSON(t *testing.T) {
 		}
 	}
 }
+
+// A completion without tags is read with the message the policy's reply
+// was parsed into: a Llama-style tool call and a gpt-oss-style reasoning
+// channel.
+func TestDriftFromMessages(t *testing.T) {
+	prompt := []string{"<|start_header_id|>", "user", "<|end_header_id|>", "\n\n", "What", " is", " ", "3", " *", " ", "4", "?", "<|eot_id|>",
+		"<|start_header_id|>", "assistant", "<|end_header_id|>", "\n\n"}
+	tests := []struct {
+		name       string
+		completion []string
+		message    string
+		next       []string
+		class      string
+	}{{
+		name:       "tool call without tags",
+		completion: []string{"{\"", "name", "\":", " \"", "multiply", "\",", " \"", "parameters", "\":", " {\"", "a", "\":", "3", "}}", "<|eom_id|>"},
+		message:    `{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":3}"}}]}`,
+		next: cat(prompt, []string{"{\"", "name", "\":", " \"", "multiply", "\",", " \"", "parameters", "\":", " {\"", "a", "\":", " ", "3", "}}", "<|eom_id|>"},
+			[]string{"<|start_header_id|>", "ipython"}),
+		class: DriftToolCallReserialized,
+	}, {
+		name:       "content before a tool call is not in it",
+		completion: []string{"Hello", " there", "\n", "{\"", "name", "\":", " \"", "multiply", "\"}", "<|eom_id|>"},
+		message:    `{"role":"assistant","content":"Hello there","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{}"}}]}`,
+		next:       cat(prompt, []string{"Hi", "\n", "{\"", "name", "\":", " \"", "multiply", "\"}", "<|eom_id|>"}),
+		class:      DriftOther,
+	}, {
+		name: "reasoning channel dropped",
+		completion: []string{"<|channel|>", "analysis", "<|message|>", "Let", " me", " multiply", ".", "<|end|>",
+			"<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "12", "<|return|>"},
+		message: `{"role":"assistant","content":"12","reasoning_content":"Let me multiply."}`,
+		next:    cat(prompt, []string{"<|channel|>", "final", "<|message|>", "12", "<|end|>"}),
+		class:   DriftReasoningDropped,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c0 := call(prompt, tc.completion)
+			c0.ResponseMessage = json.RawMessage(tc.message)
+			res := Build(Sample{Calls: []*osmo.LLMCall{c0, call(tc.next, answer)}}, Options{})
+			if len(res.Rows) != 2 || len(res.Rows[1].Drift) != 1 || res.Rows[1].Drift[0].Class != tc.class {
+				t.Fatalf("want %s:\n%s", tc.class, describeAll(res))
+			}
+		})
+	}
+}
