@@ -118,11 +118,8 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 		}
 	}
 
-	a, bn, ok := resync(old, next, d)
-	if !ok {
-		return DriftOther
-	}
-	if d < len(old.prompt) && d+a == len(old.prompt) {
+	a, bn, synced := resync(old, next, d)
+	if synced && d < len(old.prompt) && d+a == len(old.prompt) {
 		// The new prompt leaves out the rest of the previous prompt and
 		// goes on with the completion: the generation prompt's own tail,
 		// which templates add for a think block and do not re-render.
@@ -132,9 +129,16 @@ func (b *builder) classify(prev *osmo.LLMCall, next []int32, d int) string {
 	}
 	// Whitespace when what either side skipped is, as far as it can be
 	// read, whitespace, and some of it can be read.
-	if seen(d, d+a, oldText, isSpace) && seen(d, d+bn, newText, isSpace) &&
+	if synced && seen(d, d+a, oldText, isSpace) && seen(d, d+bn, newText, isSpace) &&
 		(anyKnown(d, d+a, oldText) || anyKnown(d, d+bn, newText)) {
 		return DriftWhitespace
+	}
+	// Whitespace that leads into a think region the new prompt does not
+	// resynchronise after: the region is gone, and the tokenizer merged
+	// the whitespace around it differently ("assistant\n<think>…" against
+	// "assistant\n\n\n\n<tool_call>").
+	if to > from && isSpace(text[from:to]) && strings.HasPrefix(strings.TrimLeft(text[from:], " \t\r\n"), thinkOpen) {
+		return DriftReasoningDropped
 	}
 	return DriftOther
 }

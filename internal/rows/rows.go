@@ -34,7 +34,10 @@
 // matched as text, so the rules hold for any tokenizer:
 //
 //   - reasoning_dropped: the position is inside, or at the start of, a
-//     <think>…</think> region; or it is in the previous prompt's tail and
+//     <think>…</think> region, or on whitespace that leads into one when
+//     the sequences do not resynchronise after it (the tokenizer merged
+//     the whitespace around the dropped region); or it is in the previous
+//     prompt's tail and
 //     the new prompt leaves out the rest of that prompt (up to where the
 //     completion starts, which follows unchanged) whose visible text is a
 //     think tag or whitespace: the generation prompt's think block (Qwen3

@@ -95,6 +95,16 @@ func TestDriftClasses(t *testing.T) {
 		class:      DriftReasoningDropped,
 		position:   len(systemUser),
 	}, {
+		// Qwen3's tokenizer merges the generation prompt's "\n" with the
+		// re-rendered content's: the sequences part just before the
+		// think region, on whitespace.
+		name:       "reasoning dropped, newlines merged",
+		prompt:     systemUser,
+		completion: cat(reasoning, toolCallCompact, end),
+		next:       cat(systemUser[:len(systemUser)-1], []string{"\n\n\n\n"}, toolCallCompact, end, toolResponse),
+		class:      DriftReasoningDropped,
+		position:   len(systemUser) - 1,
+	}, {
 		// The reasoning went back but the template strips its inside.
 		name:       "inside the reasoning",
 		prompt:     systemUser,
