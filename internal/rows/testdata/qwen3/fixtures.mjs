@@ -73,4 +73,30 @@ const samples = [
   sample('nothink', { thinking: false, first: `<tool_call>\n${spaced}\n</tool_call><|im_end|>`,
     assistant: { content: '' }, want: ['reasoning_dropped'] }),
 ];
+
+// A second question: the template keeps reasoning only after the last
+// user message, so the first answer's reasoning leaves the next prompt.
+{
+  const first = call(question, true, `${think}The answer is 12.<|im_end|>`,
+    { role: 'assistant', content: 'The answer is 12.', reasoning_content: reasoning });
+  const history = [...question, { role: 'assistant', content: 'The answer is 12.', reasoning_content: reasoning },
+    { role: 'user', content: 'And 5 * 6?' }];
+  const second = call(history, true, `<think>\nSimple.\n</think>\n\n30.<|im_end|>`,
+    { role: 'assistant', content: '30.', reasoning_content: 'Simple.' });
+  samples.push({ name: 'second_question', want: ['reasoning_dropped'], calls: [first, second] });
+}
+
+// Three calls, the reasoning of each sent back and no content around the
+// tool calls: every prompt extends the previous call exactly.
+{
+  const assistant = { role: 'assistant', content: '', reasoning_content: reasoning, tool_calls: [toolCall] };
+  const reply = { role: 'assistant', content: null, reasoning_content: reasoning,
+    tool_calls: [{ ...toolCall, function: { ...toolCall.function, arguments: JSON.stringify(toolCall.function.arguments) } }] };
+  const gen = `${think}<tool_call>\n${spaced}\n</tool_call><|im_end|>`;
+  const h1 = [...question, assistant, toolResult];
+  const h2 = [...h1, assistant, toolResult];
+  samples.push({ name: 'three_calls_exact', want: [], calls: [
+    call(question, true, gen, reply), call(h1, true, gen, reply),
+    call(h2, true, `${think}The answer is 12.<|im_end|>`, { role: 'assistant', content: 'The answer is 12.' })] });
+}
 process.stdout.write('[\n' + samples.map((s) => JSON.stringify(s)).join(',\n') + '\n]\n');
