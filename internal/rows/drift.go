@@ -29,6 +29,9 @@ const (
 	// reasoningAnchor is how many bytes of the reasoning's end are looked
 	// for in a completion's text.
 	reasoningAnchor = 32
+	// scansBeforeMap is how many breaks of a sample look token texts up
+	// by a pass over its completions before one map of them is built.
+	scansBeforeMap = 4
 	// resyncSkip is how many tokens either side may skip before the two
 	// sequences agree again, and resyncRun how many must then agree.
 	resyncSkip = 8
@@ -185,14 +188,20 @@ func byMessage(raw json.RawMessage, text string, from int) string {
 	return ""
 }
 
-// textTable holds the texts of a few token ids, sorted by id.
+// textTable holds the texts of a few token ids, sorted by id, or of every
+// id of the sample's completions.
 type textTable struct {
 	ids   []int32
 	texts []string
 	known []bool
+	all   map[int32]string
 }
 
 func (t textTable) get(id int32) (string, bool) {
+	if t.all != nil {
+		s, ok := t.all[id]
+		return s, ok
+	}
 	i, ok := slices.BinarySearch(t.ids, id)
 	if !ok || !t.known[i] {
 		return "", false
@@ -204,6 +213,14 @@ func (t textTable) get(id int32) (string, bool) {
 // sample shows them: one pass over the sample's completions per break,
 // for a few dozen ids, costs less than mapping every completion token.
 func (b *builder) lookup(idSets ...[]int32) textTable {
+	// Past a few breaks, one map of every completion token costs less than
+	// a pass per break, which would grow with the square of the calls.
+	if b.lookups++; b.lookups > scansBeforeMap {
+		if b.texts == nil {
+			b.texts = b.allTexts()
+		}
+		return textTable{all: b.texts}
+	}
 	var t textTable
 	for _, ids := range idSets {
 		t.ids = append(t.ids, ids...)
@@ -243,6 +260,31 @@ func (b *builder) lookup(idSets ...[]int32) textTable {
 		}
 	}
 	return t
+}
+
+// allTexts maps every id of the sample's completions to its text.
+func (b *builder) allTexts() map[int32]string {
+	n := 0
+	for _, c := range b.s.Calls {
+		if c != nil && len(c.CompletionTokenStrings) == len(c.CompletionTokenIDs) {
+			n += len(c.CompletionTokenIDs)
+		}
+	}
+	texts := make(map[int32]string, n)
+	for _, c := range b.s.Calls {
+		if c == nil || len(c.CompletionTokenStrings) != len(c.CompletionTokenIDs) {
+			continue
+		}
+		for j, id := range c.CompletionTokenIDs {
+			if _, dup := texts[id]; dup {
+				continue
+			}
+			if t, ok := tokenText(c.CompletionTokenStrings[j]); ok {
+				texts[id] = t
+			}
+		}
+	}
+	return texts
 }
 
 // tokenText is a token string's text, unless it names no text: empty, or

@@ -180,6 +180,9 @@ type builder struct {
 	// once anything (a break, a problem) ended a row.
 	pending []Problem
 	fork    bool
+	// Token texts: how many breaks looked them up, and, past a few, all.
+	lookups int
+	texts   map[int32]string
 }
 
 // Build returns the rows of one sample. It never fails: calls whose
