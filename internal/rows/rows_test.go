@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/osmo-rl/osmo"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/fielderr"
 )
 
@@ -398,22 +401,39 @@ func TestParseMerge(t *testing.T) {
 	}
 }
 
-// The row's JSON names are the API's.
-func TestRowJSON(t *testing.T) {
-	c0 := call(systemUser, []string{"Hello", "<|im_end|>"})
-	res := Build(Sample{RolloutID: "r", SampleID: "s", Calls: []*osmo.LLMCall{c0}}, Options{})
-	b, err := json.Marshal(res.Rows[0])
+// The row's JSON is the API's Row: protojson reads every field of it,
+// rejecting any name the proto does not have.
+func TestRowIsTheAPIRow(t *testing.T) {
+	end := []string{"<|im_end|>"}
+	c0 := call(systemUser, cat(reasoning, toolCallCompact, end))
+	c1 := call(cat(systemUser, []string{"\n\n\n"}, toolCallCompact, end, toolResponse), answer)
+	reward := 0.5
+	res := Build(Sample{RolloutID: "r", SampleID: "s", Reward: &reward, Calls: []*osmo.LLMCall{nil, c0, c1}}, Options{Merge: ModeRealign})
+	r := res.Rows[0]
+	r.Cursor = "c1"
+	if len(r.Drift) != 1 || len(r.Problems) != 1 {
+		t.Fatalf("want a drift and a problem: %s", describe(r))
+	}
+	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
+	var pb rolloutv1.Row
+	if err := protojson.Unmarshal(b, &pb); err != nil {
+		t.Fatalf("%v in %s", err, b)
 	}
-	for _, k := range []string{"rollout_id", "sample_id", "row", "token_ids", "loss_mask", "logprobs", "merge", "calls"} {
-		if _, ok := m[k]; !ok {
-			t.Fatalf("no %q in %s", k, b)
-		}
+	calls := make([]int32, len(r.Calls))
+	for i, c := range r.Calls {
+		calls[i] = int32(c)
+	}
+	d, p := pb.GetDrift()[0], pb.GetProblems()[0]
+	if pb.GetRolloutId() != "r" || pb.GetSampleId() != "s" || pb.GetRow() != 0 || !slices.Equal(pb.GetTokenIds(), r.TokenIDs) ||
+		!slices.Equal(pb.GetLossMask(), r.LossMask) || !slices.Equal(pb.GetLogprobs(), r.Logprobs) || pb.GetReward() != 0.5 ||
+		pb.GetMerge() != MergeRealigned || !slices.Equal(pb.GetCalls(), calls) || pb.GetCursor() != "c1" ||
+		int(d.GetCall()) != r.Drift[0].Call || int(d.GetPosition()) != r.Drift[0].Position || d.GetClass() != r.Drift[0].Class ||
+		int(d.GetContextTokensDiffer()) != r.Drift[0].ContextTokensDiffer || d.GetContextTokensDiffer() == 0 ||
+		p.GetCall() != 0 || p.GetReason() != r.Problems[0].Reason {
+		t.Fatalf("proto row %v from %s", &pb, b)
 	}
 }
 
