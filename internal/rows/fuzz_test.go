@@ -77,6 +77,16 @@ func fuzzCalls(data []byte) []*osmo.LLMCall {
 				c.CompletionTokenStrings = append(c.CompletionTokenStrings, fuzzTexts[id])
 			}
 		}
+		// The parsed reply, naming some of the completion's text as the
+		// reasoning or a tool call.
+		switch r.next() % 4 {
+		case 0:
+			c.ResponseMessage, _ = json.Marshal(map[string]any{"reasoning_content": fuzzTexts[r.next()%len(fuzzTexts)] + fuzzTexts[r.next()%len(fuzzTexts)]})
+		case 1:
+			c.ResponseMessage, _ = json.Marshal(map[string]any{"tool_calls": []any{map[string]any{"function": map[string]any{"name": fuzzTexts[r.next()%len(fuzzTexts)]}}}})
+		case 2:
+			c.ResponseMessage = json.RawMessage(`{"content": 3`)
+		}
 		switch r.next() % 16 {
 		case 0:
 			c.PromptTokenIDs = nil
