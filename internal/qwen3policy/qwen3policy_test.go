@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/osmo-rl/osmo/internal/qwen3policy"
 )
 
@@ -669,5 +672,95 @@ func TestModelsAndHealth(t *testing.T) {
 	}
 	if calls := record(t, p); len(calls) != 0 {
 		t.Fatalf("record after reset: %v", calls)
+	}
+}
+
+func TestToolArgumentsFollowTheParameters(t *testing.T) {
+	p := qwen3policy.Start(t, qwen3policy.Options{})
+	tool := func(name string, props ...string) map[string]any {
+		properties := map[string]any{}
+		for i := 0; i < len(props); i += 2 {
+			properties[props[i]] = map[string]any{"type": props[i+1]}
+		}
+		return map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": map[string]any{"type": "object", "properties": properties}}}
+	}
+	for _, tc := range []struct {
+		name, prompt string
+		tools        []any
+		want         string
+	}{
+		{"multiply", "What is 3 times 4?", []any{multiplyTool}, `{"a": 3, "b": 4}`},
+		{"calculator's first tool", "What is 7 * 8 + 1?", []any{tool("add", "a", "number", "b", "number"), tool("multiply", "a", "number", "b", "number")}, `{"a": 7, "b": 8}`},
+		{"an expression", "Calculate 2.5 times (3 + 4).", []any{tool("calculator", "expression", "string")}, `{"expression": "2.5 * (3 + 4)"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := chat(t, p, map[string]any{"messages": []any{map[string]any{"role": "user", "content": tc.prompt}}, "tools": tc.tools})
+			var calls []struct {
+				Function struct{ Arguments string } `json:"function"`
+			}
+			if err := json.Unmarshal(r.Choices[0].Message["tool_calls"], &calls); err != nil || len(calls) != 1 || calls[0].Function.Arguments != tc.want {
+				t.Fatalf("tool_calls %s, want arguments %s", r.Choices[0].Message["tool_calls"], tc.want)
+			}
+		})
+	}
+}
+
+// TestOpenAIClientReadsBothShapes drives the policy with openai-go, as
+// osmo's workflows do: the tool call and the extra fields come through the
+// JSON reply and the accumulated stream alike.
+func TestOpenAIClientReadsBothShapes(t *testing.T) {
+	p := qwen3policy.Start(t, qwen3policy.Options{})
+	ctx, cancel := context.WithTimeout(t.Context(), requestTimeout)
+	defer cancel()
+	client := openai.NewClient(option.WithBaseURL(p.URL()), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	params := openai.ChatCompletionNewParams{
+		Model:    "qwen3-reasoning",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is 3 times 4?")},
+		Tools: []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{
+			Name:       "multiply",
+			Parameters: openai.FunctionParameters{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"}, "b": map[string]any{"type": "integer"}}},
+		})},
+	}
+	params.SetExtraFields(map[string]any{"return_token_ids": true})
+	got, err := client.Chat.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := client.Chat.Completions.NewStreaming(ctx, params)
+	var acc openai.ChatCompletionAccumulator
+	for s.Next() {
+		acc.AddChunk(s.Current())
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*openai.ChatCompletion{"json": got, "stream": &acc.ChatCompletion} {
+		m := c.Choices[0].Message
+		if len(m.ToolCalls) != 1 || m.ToolCalls[0].Function.Name != "multiply" || m.ToolCalls[0].Function.Arguments != `{"a": 3, "b": 4}` || !strings.HasPrefix(m.ToolCalls[0].ID, "chatcmpl-tool-") {
+			t.Errorf("%s: tool calls %+v", name, m.ToolCalls)
+		}
+		if m.Content != "\n\n" || c.Choices[0].FinishReason != "tool_calls" {
+			t.Errorf("%s: content %q finish %q", name, m.Content, c.Choices[0].FinishReason)
+		}
+	}
+	if !strings.Contains(got.RawJSON(), `"prompt_token_ids":[`) || !strings.Contains(got.Choices[0].Message.RawJSON(), `"reasoning":"\nThe user`) {
+		t.Errorf("JSON reply lacks the engine's fields: %s", got.RawJSON())
+	}
+}
+
+func TestMaxTokensCutsTheCompletion(t *testing.T) {
+	p := qwen3policy.Start(t, qwen3policy.Options{Scenario: "reasoning"})
+	r, _ := chat(t, p, map[string]any{
+		"messages":         []any{map[string]any{"role": "user", "content": "What is 3 times 4?"}},
+		"tools":            []any{multiplyTool},
+		"max_tokens":       3,
+		"return_token_ids": true,
+	})
+	ids := r.tokenIDs()
+	if len(ids) != 3 || slices.Contains(ids, qwen3policy.IMEnd) || r.Choices[0].FinishReason != "length" || r.Usage.CompletionTokens != 3 {
+		t.Fatalf("ids %v finish %q usage %+v, want 3 tokens without a stop and length", ids, r.Choices[0].FinishReason, r.Usage)
+	}
+	if string(r.Choices[0].Message["tool_calls"]) != "[]" {
+		t.Fatalf("tool calls %s from a cut completion", r.Choices[0].Message["tool_calls"])
 	}
 }

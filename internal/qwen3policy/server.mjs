@@ -128,7 +128,7 @@ function complete(body, scenario) {
   const askLogprobs = optionalBool(body, 'logprobs');
   const top = optionalInt(body, 'top_logprobs', 0, 20) ?? 0;
   optionalInt(body, 'n', 1, 1);
-  const limit = optionalInt(body, 'max_completion_tokens', 1, maxModelLen) ?? optionalInt(body, 'max_tokens', 1, maxModelLen);
+  const limit = optionalInt(body, 'max_completion_tokens', 1, Number.MAX_SAFE_INTEGER) ?? optionalInt(body, 'max_tokens', 1, Number.MAX_SAFE_INTEGER);
   const conversation = conversationOf(body.messages, reasoningField);
   const tools = toolsOf(body.tools);
   const toolChoice = body.tool_choice ?? (tools && tools.length > 0 ? 'auto' : 'none');
@@ -345,7 +345,8 @@ function streamReply(res, reply, c) {
   if (!reply.hosted) first.prompt_token_ids = withIDs ? c.prompt.ids : null;
   chunks.push(first);
   const entries = c.askLogprobs ? logprobEntries(c.ids, c.logprobs, c.top) : null;
-  const ds = deltas(c);
+  // A hosted API has no reasoning field: those tokens give no delta.
+  const ds = deltas(c).map((d) => (reply.hosted && d !== null && reasoningField in d ? null : d));
   ds.forEach((delta, i) => {
     const last = i === ds.length - 1;
     // vLLM sends no chunk for a token without a delta unless token ids were
