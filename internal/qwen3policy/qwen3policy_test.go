@@ -514,7 +514,9 @@ func stream(t *testing.T, p *qwen3policy.Policy, body map[string]any) (s streame
 			s.tokenIDs = append(s.tokenIDs, c.TokenIDs...)
 			s.content += c.Delta.Content
 			s.reasoning += c.Delta.Reasoning
-			s.toolCalls = append(s.toolCalls, c.Delta.ToolCalls...)
+			for _, d := range c.Delta.ToolCalls {
+				s.addToolCall(t, d)
+			}
 			if c.Logprobs != nil {
 				s.logprobs = append(s.logprobs, c.Logprobs.Content...)
 			}
@@ -524,6 +526,28 @@ func stream(t *testing.T, p *qwen3policy.Policy, body map[string]any) (s streame
 		}
 	}
 	return s, sc.Err()
+}
+
+// addToolCall merges a tool-call delta into the calls so far: the first
+// delta of an index carries its id, type and name, later ones add to its
+// arguments.
+func (s *streamed) addToolCall(t *testing.T, d map[string]any) {
+	t.Helper()
+	i, ok := d["index"].(float64)
+	if !ok || int(i) > len(s.toolCalls) {
+		t.Fatalf("tool call delta %v out of order", d)
+	}
+	fn, _ := d["function"].(map[string]any)
+	if int(i) == len(s.toolCalls) {
+		if d["id"] == nil || d["type"] != "function" || fn["name"] == nil {
+			t.Fatalf("first delta of a tool call %v lacks its id, type or name", d)
+		}
+		s.toolCalls = append(s.toolCalls, map[string]any{"id": d["id"], "function": map[string]any{"name": fn["name"], "arguments": ""}})
+	}
+	if args, ok := fn["arguments"].(string); ok {
+		f := s.toolCalls[int(i)]["function"].(map[string]any)
+		f["arguments"] = f["arguments"].(string) + args
+	}
 }
 
 func TestStreamGivesWhatJSONGives(t *testing.T) {

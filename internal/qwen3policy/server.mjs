@@ -297,8 +297,9 @@ function jsonReply(res, reply, c) {
 /**
  * The deltas vLLM's streaming parsers give token by token: reasoning between
  * <think> and </think> (the tags themselves give none), content outside tool
- * calls, and each tool call whole once its </tool_call> arrives. null is a
- * token that gives no delta.
+ * calls, and for each tool call its id, type and name once the name is
+ * written, then its arguments (the parser's re-dumped string) with its
+ * </tool_call>. null is a token that gives no delta.
  */
 function deltas(c) {
   const texts = tokenTexts(model.tokenizer, c.ids);
@@ -306,6 +307,8 @@ function deltas(c) {
   const calls = c.message.tool_calls;
   let inThink = false;
   let inCall = false;
+  let named = false;
+  let callText = '';
   let call = 0;
   return c.ids.map((id, i) => {
     if (thinks && id === THINK_START && !inThink && call === 0) {
@@ -323,13 +326,25 @@ function deltas(c) {
     if (calls.length > 0) {
       if (id === TOOL_CALL_START) {
         inCall = true;
+        named = false;
+        callText = '';
         return null;
       }
       if (inCall) {
-        if (id !== TOOL_CALL_END) return null;
-        inCall = false;
         const tc = calls[call];
-        return { tool_calls: [{ index: call++, id: tc.id, type: 'function', function: { ...tc.function } }] };
+        const head = { index: call, id: tc.id, type: 'function', function: { name: tc.function.name } };
+        if (id === TOOL_CALL_END) {
+          inCall = false;
+          call++;
+          const args = { arguments: tc.function.arguments };
+          return { tool_calls: [named ? { index: head.index, function: args } : { ...head, function: { ...head.function, ...args } }] };
+        }
+        callText += texts[i];
+        if (!named && /"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,/.test(callText)) {
+          named = true;
+          return { tool_calls: [head] };
+        }
+        return null;
       }
     }
     return { content: texts[i] };
