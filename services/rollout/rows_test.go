@@ -1,10 +1,14 @@
 package rollout_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,10 +16,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/rows"
 	"github.com/osmo-rl/osmo/internal/sample"
@@ -396,4 +402,139 @@ func TestStreamRowsBadRequests(t *testing.T) {
 			t.Errorf("after %q: the stream ended without an error", tc.after)
 		}
 	}
+}
+
+// TestRowsOverRESTAndConnect: the gateway answers the rows of a rollout
+// with token-bearing calls as gRPC does, REST under the proto names.
+func TestRowsOverRESTAndConnect(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.runTokenRollout(t, "web-1", 6, 7)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	want, err := h.client.GetRolloutRows(ctx, &rolloutv1.GetRolloutRowsRequest{RolloutId: "web-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	resp, body := httpGet(t, ctx, h.rest+"/v1/rollouts/web-1/rows")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("REST: %d %s", resp.StatusCode, body)
+	}
+	var raw struct {
+		Rows []map[string]any `json:"rows"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil || len(raw.Rows) != len(want.GetRows()) {
+		t.Fatalf("REST body %s: %v", body, err)
+	}
+	for _, key := range []string{"rollout_id", "sample_id", "row", "token_ids", "loss_mask", "logprobs", "merge", "calls", "drift", "problems"} {
+		if _, ok := raw.Rows[0][key]; !ok {
+			t.Errorf("REST row lacks %q: %v", key, raw.Rows[0])
+		}
+	}
+	got := &rolloutv1.RolloutRows{}
+	if err := protojson.Unmarshal(body, got); err != nil || !proto.Equal(got, want) {
+		t.Errorf("REST rows differ from gRPC's: %v", err)
+	}
+
+	client := rolloutv1connect.NewRolloutServiceClient(http.DefaultClient, h.rest)
+	cresp, err := client.GetRolloutRows(ctx, &rolloutv1.GetRolloutRowsRequest{RolloutId: "web-1"})
+	if err != nil || !proto.Equal(cresp, want) {
+		t.Errorf("Connect rows differ from gRPC's: %v", err)
+	}
+	stream, err := client.StreamRows(ctx, &rolloutv1.StreamRowsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want.GetRows() {
+		if !stream.Receive() {
+			t.Fatalf("Connect stream ended after %d rows: %v", i, stream.Err())
+		}
+		row := stream.Msg()
+		if row.GetCursor() == "" {
+			t.Errorf("Connect row %d has no cursor", i)
+		}
+		row.Cursor = ""
+		if !proto.Equal(row, want.GetRows()[i]) {
+			t.Errorf("Connect streamed row %d differs", i)
+		}
+	}
+	_ = stream.Close()
+
+	// REST stream: one row per line, then resumed after the first row's cursor.
+	lines := restRows(t, ctx, h.rest+"/v1/rows:stream", len(want.GetRows()))
+	if lines[0]["rollout_id"] != "web-1" || lines[0]["result"] != nil || lines[0]["cursor"] == "" {
+		t.Errorf("REST stream line = %v", lines[0])
+	}
+	if len(lines) > 1 {
+		rest := restRows(t, ctx, h.rest+"/v1/rows:stream?after="+url.QueryEscape(lines[0]["cursor"].(string)), len(lines)-1)
+		if rest[0]["cursor"] != lines[1]["cursor"] {
+			t.Errorf("resumed after %v: first %v, want %v", lines[0]["cursor"], rest[0]["cursor"], lines[1]["cursor"])
+		}
+	}
+
+	for _, tc := range []struct {
+		path string
+		code int
+		says string
+	}{
+		{"/v1/rollouts/web-1/rows?merge=loose", http.StatusUnprocessableEntity, "merge"},
+		{"/v1/rollouts/nobody/rows", http.StatusNotFound, "nobody"},
+		{"/v1/rows:stream?after=garbage", http.StatusUnprocessableEntity, "after"},
+	} {
+		resp, body := httpGet(t, ctx, h.rest+tc.path)
+		if resp.StatusCode != tc.code || !strings.Contains(string(body), tc.says) {
+			t.Errorf("GET %s: %d %s, want %d naming %s", tc.path, resp.StatusCode, body, tc.code, tc.says)
+		}
+	}
+}
+
+func httpGet(t *testing.T, ctx context.Context, u string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// restRows reads n lines of a REST rows stream and hangs up.
+func restRows(t *testing.T, ctx context.Context, u string, n int) []map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("GET %s: %d %s", u, resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 16<<20)
+	var out []map[string]any
+	for len(out) < n && sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		out = append(out, m)
+	}
+	if len(out) < n {
+		t.Fatalf("GET %s: %d lines, want %d: %v", u, len(out), n, sc.Err())
+	}
+	return out
 }
