@@ -257,6 +257,8 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	stopOnShutdown := context.AfterFunc(s.streamsCtx, it.Stop)
+	defer stopOnShutdown()
 	// The request is good: headers now, so a client (the REST gateway
 	// among them) knows before the first row comes.
 	if err := stream.SendHeader(nil); err != nil {
@@ -265,8 +267,11 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 	for {
 		msg, err := it.Next()
 		if err != nil {
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return nil
+			case s.streamsCtx.Err() != nil:
+				return status.Error(codes.Unavailable, "this replica is shutting down: resume after the last row's cursor on another")
 			}
 			return unavailable(err)
 		}
