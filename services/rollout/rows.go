@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,7 @@ import (
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/rows"
 	"github.com/osmo-rl/osmo/internal/sample"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 )
 
 // Training rows are derived from a finished rollout's recorded calls
@@ -319,4 +321,33 @@ func (s *Service) askOwnerJSON(ctx context.Context, owner, id string) ([]byte, e
 		return nil, errGone
 	}
 	return msg.Data, nil
+}
+
+// countRows builds a finished rollout's rows once, exact, for the rows
+// metrics and the drift events of its span; with Config.Rows off, nothing.
+func (s *Service) countRows(rec *record) {
+	if !s.cfg.Rows {
+		return
+	}
+	samples := rec.snapshot()
+	span := rec.rolloutSpan()
+	for _, sm := range samples {
+		if len(sm.LLMCalls) == 0 {
+			continue
+		}
+		res := rows.Build(rows.Sample{RolloutID: rec.id, SampleID: sm.ID, Calls: sm.LLMCalls}, rows.MergeExact)
+		if len(res.Rows) == 0 {
+			s.metrics.noTokens.Inc()
+		}
+		for _, r := range res.Rows {
+			s.metrics.rows.WithLabelValues(r.Merge).Inc()
+			for _, d := range r.Drift {
+				s.metrics.rowDrift.WithLabelValues(d.Class).Inc()
+				if span.IsRecording() {
+					span.AddEvent("row_drift", trace.WithAttributes(osmoattr.SampleID.String(sm.ID),
+						osmoattr.DriftCall.Int(d.Call), osmoattr.DriftPosition.Int(d.Position), osmoattr.DriftClass.String(d.Class)))
+				}
+			}
+		}
+	}
 }
