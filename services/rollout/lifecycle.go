@@ -299,6 +299,7 @@ func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Lo
 		s.metrics.rewards.Observe(*reward)
 	}
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
+	s.countRows(rec)
 	endRolloutSpan(rec, word, o)
 	s.record(rec, log)
 	s.releaseWork(rec, sent)
