@@ -28,7 +28,8 @@ const imEnd = 151645
 // without token ids, no row. Other attempts send no sample.
 func sampleCalls(label string, run int) []map[string]any {
 	first := map[string]any{"prompt_token_ids": []int{1, 2, 3}, "completion_token_ids": []int{10, 11, imEnd},
-		"logprobs": []float64{-0.1, -0.2, -0.3}, "completion_token_strings": []string{"a", "b", "<|im_end|>"}}
+		"logprobs": []float64{-0.1, -0.2, -0.3}, "completion_token_strings": []string{"a", "b", "<|im_end|>"},
+		"request_messages": []map[string]any{{"role": "user", "content": "the key is s3cret"}}, "response_message": map[string]any{"role": "assistant", "content": "s3cret: 42"}}
 	switch {
 	case label == "pass" || (label == "odd" && run == 1):
 		return []map[string]any{first, {"prompt_token_ids": []int{1, 2, 3, 10, 11, imEnd, 4, 5}, "completion_token_ids": []int{12, imEnd},
@@ -323,6 +324,27 @@ func TestRowsRerunAndResume(t *testing.T) {
 	}
 	if got := readRowsFiles(t, out); len(got) != 13 {
 		t.Errorf("rows off: %d rows, want the 13 of the attempts with calls", len(got))
+	}
+}
+
+// TestRowsCallsRedacted: a secret in a call's messages is redacted in the
+// journal like the result's own messages.
+func TestRowsCallsRedacted(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	p := testPlan(t, out, 1)
+	p.TrainingRows, p.Redact = true, eval.NewRedactor("s3cret")
+	if _, err := eval.Run(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, eval.ResultsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("s3cret")) || !bytes.Contains(b, []byte(`"content":"`+eval.Redacted+`: 42"`)) {
+		t.Errorf("results.jsonl:\n%s", b)
+	}
+	if got := readRowsFiles(t, out); len(got) != 3 {
+		t.Errorf("%d rows, want 3", len(got))
 	}
 }
 
