@@ -24,9 +24,17 @@ const imEnd = 151645
 // sampleCalls are the llm_calls the fake server's sample carries: "pass"
 // (and "odd" run 1, a removed sample) two calls whose second prompt starts
 // with the first prompt and completion, one row; "mixed" a second prompt
-// that parts from the first completion, two rows; "odd" run 2 one call
-// without token ids, no row. Other attempts send no sample.
-func sampleCalls(label string, run int) []map[string]any {
+// that parts from the first completion, two rows, but run 3 sends calls
+// that do not decode, no row; "odd" run 2 one call without token ids, no
+// row. Other attempts send no sample.
+func sampleCalls(label string, run int) any {
+	if label == "mixed" && run == 3 {
+		return map[string]any{"prompt_token_ids": "not a list of calls"}
+	}
+	return goodCalls(label, run)
+}
+
+func goodCalls(label string, run int) []map[string]any {
 	first := map[string]any{"prompt_token_ids": []int{1, 2, 3}, "completion_token_ids": []int{10, 11, imEnd},
 		"logprobs": []float64{-0.1, -0.2, -0.3}, "completion_token_strings": []string{"a", "b", "<|im_end|>"},
 		"request_messages": []map[string]any{{"role": "user", "content": "the key is s3cret"}}, "response_message": map[string]any{"role": "assistant", "content": "s3cret: 42"}}
@@ -122,10 +130,13 @@ func expectedRows(t *testing.T, res []eval.Result, merge string) (byAttempt map[
 	byAttempt, drift = map[[2]int][]rows.Row{}, map[string]int{}
 	for _, r := range res {
 		label := *testRows()[r.RowIndex].Label
-		b, _ := json.Marshal(sampleCalls(label, r.RunIndex))
+		b, _ := json.Marshal(goodCalls(label, r.RunIndex))
 		var calls []*osmo.LLMCall
 		if err := json.Unmarshal(b, &calls); err != nil {
 			t.Fatal(err)
+		}
+		if label == "mixed" && r.RunIndex == 3 {
+			calls = nil // sent as something else than calls
 		}
 		if r.Status == eval.StatusFailed && r.ErrCategory != "workflow_failed" {
 			continue // no sample was sent
@@ -159,9 +170,9 @@ func TestRunWritesRows(t *testing.T) {
 	for _, rs := range want {
 		n += len(rs)
 	}
-	// pass: 4 × 1 row; mixed: 4 × 2 (exact, forked); odd: run 1's row.
-	if len(got) != 13 || n != 13 {
-		t.Fatalf("%d rows in the files, %d built, want 13", len(got), n)
+	// pass: 4 × 1 row; mixed: 3 × 2 (exact, forked); odd: run 1's row.
+	if len(got) != 11 || n != 11 {
+		t.Fatalf("%d rows in the files, %d built, want 11", len(got), n)
 	}
 	seen := map[[2]int]int{}
 	for _, g := range got {
@@ -203,9 +214,9 @@ func TestRunWritesRows(t *testing.T) {
 	}
 	noTokens := rows.Build(rows.Sample{Calls: []*osmo.LLMCall{{NoTokensReason: "the policy refused the token parameters"}}}, "").Problems[0].Reason
 	wantSummary := eval.RowsSummary{
-		Merge: rows.MergeExact, Samples: 12, SamplesWithRows: 9, SamplesWithoutTokens: 3,
-		WithoutTokens: map[string]int{"the attempt failed before its sample was sent": 2, noTokens: 1},
-		Rows:          13, RowsPerSample: 13.0 / 9, ByMerge: map[string]int{rows.MergeExact: 9, rows.MergeForked: 4},
+		Merge: rows.MergeExact, Samples: 12, SamplesWithRows: 8, SamplesWithoutTokens: 4,
+		WithoutTokens: map[string]int{"the attempt failed before its sample was sent": 2, noTokens: 1, "the rollout server recorded no llm_calls": 1},
+		Rows:          11, RowsPerSample: 11.0 / 8, ByMerge: map[string]int{rows.MergeExact: 8, rows.MergeForked: 3},
 		Drift: drift, ProblemCalls: 1,
 	}
 	if !reflect.DeepEqual(*rs, wantSummary) {
@@ -225,8 +236,8 @@ func TestRunWritesRows(t *testing.T) {
 	// Columns aligned by width: compared with single spaces.
 	flat := strings.Join(strings.Fields(table.String()), " ")
 	for _, line := range []string{
-		"training rows 13 (exact) from 9 of 12 samples, 1.44 per sample; exact 9 · forked 4 ",
-		"samples without tokens 3: " + noTokens + " 1 · the attempt failed before its sample was sent 2 ",
+		"training rows 11 (exact) from 8 of 12 samples, 1.38 per sample; exact 8 · forked 3 ",
+		"samples without tokens 4: " + noTokens + " 1 · the attempt failed before its sample was sent 2 · the rollout server recorded no llm_calls 1 ",
 		"calls left out 1 ",
 	} {
 		if !strings.Contains(flat, line) {
@@ -237,16 +248,21 @@ func TestRunWritesRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{`id="training-rows"`, "<td>rows forked</td><td class=\"num\">4</td>",
+	for _, s := range []string{`id="training-rows"`, "<td>rows forked</td><td class=\"num\">3</td>",
 		"training rows: 1 (exact)", "training rows: 2 (exact, forked)", "training rows: none: the attempt failed before its sample was sent"} {
 		if !bytes.Contains(page, []byte(s)) {
 			t.Errorf("report.html lacks %q", s)
 		}
 	}
 	// The calls are journaled with the result: a resume derives from them.
+	// Calls that do not decode cost the sample its rows, not its result.
 	for _, l := range jsonLinesOf(t, filepath.Join(out, eval.ResultsFile)) {
-		if l["status"] == eval.StatusSuccess && l["llm_calls"] == nil {
-			t.Errorf("results.jsonl line without its llm_calls: %v", l)
+		bad := l["row_index"] == 1.0 && l["run_index"] == 3.0
+		if l["status"] == eval.StatusSuccess && (l["llm_calls"] == nil) != bad {
+			t.Errorf("results.jsonl line: llm_calls %v", l)
+		}
+		if bad && (l["status"] != eval.StatusSuccess || l["reward"] != 0.0) {
+			t.Errorf("the sample whose calls do not decode: %v", l)
 		}
 	}
 }
@@ -293,8 +309,8 @@ func TestRowsRerunAndResume(t *testing.T) {
 	if !reflect.DeepEqual(carried, beforeRows) {
 		t.Errorf("the carried attempts' rows changed:\n%+v\nwas\n%+v", carried, beforeRows)
 	}
-	if len(after) != 13 || rep.Summary.Rows.Samples != 12 {
-		t.Errorf("after the resume: %d rows of %d samples, want 13 of 12", len(after), rep.Summary.Rows.Samples)
+	if len(after) != 11 || rep.Summary.Rows.Samples != 12 {
+		t.Errorf("after the resume: %d rows of %d samples, want 11 of 12", len(after), rep.Summary.Rows.Samples)
 	}
 
 	// Another merge mode: the same calls, the rows in that mode.
@@ -319,11 +335,11 @@ func TestRowsRerunAndResume(t *testing.T) {
 	if err != nil || rep.Ran != 3 {
 		t.Fatalf("rows off: ran %d, %v", rep.Ran, err)
 	}
-	if rep.Summary.Rows == nil || rep.Summary.Rows.Samples != 15 || rep.Summary.Rows.SamplesWithoutTokens != 3+3 {
+	if rep.Summary.Rows == nil || rep.Summary.Rows.Samples != 15 || rep.Summary.Rows.SamplesWithoutTokens != 4+3 {
 		t.Errorf("rows off over a run with rows: %+v; want the 3 new attempts counted without tokens", rep.Summary.Rows)
 	}
-	if got := readRowsFiles(t, out); len(got) != 13 {
-		t.Errorf("rows off: %d rows, want the 13 of the attempts with calls", len(got))
+	if got := readRowsFiles(t, out); len(got) != 11 {
+		t.Errorf("rows off: %d rows, want the 11 of the attempts with calls", len(got))
 	}
 }
 
