@@ -7,6 +7,7 @@ import http.server
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,17 @@ class TensorsTest(unittest.TestCase):
         del rows[0]["row_index"]
         with self.assertRaises(trainer.StreamError):
             trainer.advantages(rows, "row_index")
+
+    def test_group_by_pattern(self):
+        rows = make_rows(rollouts=4, samples=1)
+        for i, r in enumerate(rows):
+            r["rollout_id"] = "p%d-k%d" % (i % 2, i)
+        adv, groups = trainer.advantages(rows, re.compile(r"^(.*)-k[0-9]+$"))
+        self.assertEqual(sorted(groups), ["p0", "p1"])
+        for samples in groups.values():
+            self.assertAlmostEqual(sum(adv[s] for s in samples), 0.0, places=9)
+        with self.assertRaises(trainer.StreamError):
+            trainer.advantages(rows, re.compile(r"^q"))
 
     def test_batch_tensors(self):
         rows = make_rows(rollouts=1, samples=2)  # sample 1 forked: 3 rows

@@ -11,7 +11,8 @@ takes, as plain lists:
   loss_mask       1 exactly on the tokens the policy generated
   old_logprobs    the policy's log probability of each token (0 off the mask)
   advantages      each sample's reward normalized within its group (the
-                  rollout, or the dataset row with --group-by row_index),
+                  rollout; the dataset row with --group-by row_index; or
+                  the rollouts of one prompt, named by --group-pattern),
                   on the loss-masked tokens, 0 elsewhere
 
 A real trainer hands these to its model; this one prints a summary line per
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import queue
+import re
 import sys
 import threading
 import urllib.parse
@@ -165,6 +167,11 @@ def row_key(row):
 
 
 def group_of(row, group_by):
+    if isinstance(group_by, re.Pattern):
+        m = group_by.search(row["rollout_id"])
+        if not m:
+            raise StreamError("--group-pattern %r does not match rollout %s" % (group_by.pattern, row["rollout_id"]))
+        return m.group(1) if m.groups() else m.group(0)
     if group_by == "row_index":
         if "row_index" not in row:
             raise StreamError("--group-by row_index: row %s has no row_index (only an eval's rows.jsonl has it)" % row_key(row))
@@ -286,7 +293,7 @@ def step_record(step, rows, t, group_by):
         "lengths": [sum(m) for m in t["attention_mask"]],
         "loss_tokens": masked,
         "mean_old_logprob": (sum(sum(r) for r in t["old_logprobs"]) / masked) if masked else 0.0,
-        "group_by": group_by,
+        "group_by": group_by.pattern if isinstance(group_by, re.Pattern) else group_by,
         "group_advantage_sums": group_sums,
         "advantages": t["sample_advantages"],
         "cursor": rows[-1].get("cursor", ""),
@@ -336,6 +343,9 @@ def main(argv=None):
     ap.add_argument("--batch-rows", type=int, default=8, help="rows a step takes at least, whole rollouts (8)")
     ap.add_argument("--group-by", default="rollout", choices=["rollout", "row_index"],
                     help="the advantage's group: the rollout (its samples) or the dataset row (rows.jsonl of an eval)")
+    ap.add_argument("--group-pattern", type=re.compile,
+                    help="a regular expression whose first group, in the rollout id, names the advantage's group: the "
+                         "rollouts a trainer started for one prompt (e.g. '^(.*)-k[0-9]+$'); overrides --group-by")
     ap.add_argument("--pad-id", type=int, default=0, help="the id input_ids are padded with (0)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds without a row that end a step (5)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many committed steps (0: never)")
@@ -352,7 +362,8 @@ def main(argv=None):
             rows = (r for i, r in enumerate(rows) if i >= state.rows)
         else:
             rows = stream_rows(args.url, state.cursor, args.merge, args.api_key, args.idle)
-        train(rows, state, args.batch_rows, args.pad_id, args.group_by, args.max_steps, sys.stdout)
+        group_by = args.group_pattern or args.group_by
+        train(rows, state, args.batch_rows, args.pad_id, group_by, args.max_steps, sys.stdout)
     except StreamError as e:
         print("trainer: %s" % e, file=sys.stderr)
         return 1
