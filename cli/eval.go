@@ -311,6 +311,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		Title:       rd.Name, Progress: e.stderr, Live: !f.noLive && isTerminal(e.stderr), Redact: redact,
 		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
 		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
+		TrainingRows: cfg.Rows.On(), RowsMerge: cfg.Rows.Merge,
 	}
 	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
@@ -433,6 +434,11 @@ func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) 
 			for _, f := range []string{eval.ResultsFile, eval.SummaryFile, eval.ReportFile, eval.MetricsFile} {
 				fmt.Fprintln(e.stdout, filepath.Join(output, f))
 			}
+			if rep.Summary.Rows != nil {
+				for _, f := range []string{eval.RowsFile, eval.RowsParquetFile} {
+					fmt.Fprintln(e.stdout, filepath.Join(output, f))
+				}
+			}
 		}
 	}
 	switch {
@@ -518,6 +524,9 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 		files := map[string]string{}
 		for k, f := range map[string]string{"results": eval.ResultsFile, "summary": eval.SummaryFile, "report": eval.ReportFile, "events": eval.EventsFile, "index": eval.IndexFile, "metrics": eval.MetricsFile, "progress": eval.ProgressFile} {
 			files[k] = filepath.Join(output, f)
+		}
+		if rep.Summary.Rows != nil {
+			files["rows"], files["rows_parquet"] = filepath.Join(output, eval.RowsFile), filepath.Join(output, eval.RowsParquetFile)
 		}
 		resource["files"] = files
 		message += ": " + output

@@ -111,7 +111,8 @@ func post(t *testing.T, url, key string, body any) {
 func (f *fakeServer) play(t *testing.T, id, label string, run int, msgs []map[string]any, chatURL, llmKey, completionURL, graderURL, ctlKey string) {
 	post(t, chatURL+"/chat/completions", llmKey, map[string]any{"model": "m", "messages": msgs})
 	convo := append(msgs, map[string]any{"role": "assistant", "content": "42"})
-	sample := map[string]any{"messages": convo, "reward": 1.0, "remove_sample": false}
+	// Its llm_calls, as osmo's rollout server adds them: see sampleCalls.
+	sample := map[string]any{"id": "s-" + id, "messages": convo, "reward": 1.0, "remove_sample": false, "llm_calls": sampleCalls(label, run)}
 	completion := map[string]any{"status": "success", "rollout_id": id}
 	grader := map[string]any{"status": "success", "rollout_id": id, "sample": sample}
 	switch {
