@@ -78,7 +78,7 @@ func buildRows(results []Result, merge string) ([]TrainingRow, RowsSummary, map[
 		ByMerge: map[string]int{}, Drift: map[string]int{}}
 	var out []TrainingRow
 	for _, r := range results {
-		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: r.SampleID, Reward: r.Reward, Calls: r.LLMCalls}, merge)
+		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: r.SampleID, Reward: r.Reward, Calls: r.LLMCalls}, rows.Options{Merge: merge})
 		s.ProblemCalls += len(built.Problems)
 		if len(built.Rows) == 0 {
 			s.SamplesWithoutTokens++

@@ -141,7 +141,7 @@ func expectedRows(t *testing.T, res []eval.Result, merge string) (byAttempt map[
 		if r.Status == eval.StatusFailed && r.ErrCategory != "workflow_failed" {
 			continue // no sample was sent
 		}
-		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: "s-" + r.RolloutID, Reward: r.Reward, Calls: calls}, merge)
+		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: "s-" + r.RolloutID, Reward: r.Reward, Calls: calls}, rows.Options{Merge: merge})
 		byAttempt[[2]int{r.RowIndex, r.RunIndex}] = built.Rows
 		for _, row := range built.Rows {
 			for _, d := range row.Drift {
@@ -212,7 +212,7 @@ func TestRunWritesRows(t *testing.T) {
 	if rs == nil {
 		t.Fatal("the summary has no rows")
 	}
-	noTokens := rows.Build(rows.Sample{Calls: []*osmo.LLMCall{{NoTokensReason: "the policy refused the token parameters"}}}, "").Problems[0].Reason
+	noTokens := rows.Build(rows.Sample{Calls: []*osmo.LLMCall{{NoTokensReason: "the policy refused the token parameters"}}}, rows.Options{}).Problems[0].Reason
 	wantSummary := eval.RowsSummary{
 		Merge: rows.MergeExact, Samples: 12, SamplesWithRows: 8, SamplesWithoutTokens: 4,
 		WithoutTokens: map[string]int{"the attempt failed before its sample was sent": 2, noTokens: 1, "the rollout server recorded no llm_calls": 1},
