@@ -332,3 +332,24 @@ func TestStreamCutKeepsWhatArrived(t *testing.T) {
 		t.Error("a cut stream recorded no error")
 	}
 }
+
+// A Responses API call is asked for tokens too: the policy receives a chat
+// completion, and the record holds its ids.
+func TestResponsesCallAsksTokens(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"4"},"finish_reason":"stop","token_ids":[19,2],"logprobs":{"content":[{"token":"4","logprob":-0.5},{"token":"<|im_end|>","logprob":0}]}}],"prompt_token_ids":[1,2]}`)
+	})
+	h := newProxy(t, llmproxy.Config{AskTokens: true, Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base})})
+	resp, body := post(t, h.url+"/v1/responses", `{"model":"m","input":"What is 2+2?"}`, ids)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"object":"response"`) {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	c := h.next(t)
+	if m := members(t, up.only(t).body); string(m["return_token_ids"]) != "true" || string(m["logprobs"]) != "true" {
+		t.Errorf("the translated request did not ask for tokens: %s", up.only(t).body)
+	}
+	if !reflect.DeepEqual(c.PromptTokenIDs, []int32{1, 2}) || !reflect.DeepEqual(c.CompletionTokenStrings, []string{"4", "<|im_end|>"}) || c.API != "responses" {
+		t.Errorf("record: api %s, prompt %v, strings %q", c.API, c.PromptTokenIDs, c.CompletionTokenStrings)
+	}
+}
