@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/internal/mockllm"
@@ -110,10 +113,12 @@ func hostedAPI(w http.ResponseWriter, r *http.Request) {
 func TestRefusingUpstreamAskedAgainAndRemembered(t *testing.T) {
 	up := newUpstream(t, hostedAPI)
 	var logs logtest.Buffer
+	reg := prometheus.NewRegistry()
 	h := newProxy(t, llmproxy.Config{
 		AskTokens: true,
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base + "/"}),
 		Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
+		Metrics:   reg,
 	})
 
 	resp, body := post(t, h.url+"/v1/chat/completions", chatBody, ids)
@@ -153,6 +158,15 @@ func TestRefusingUpstreamAskedAgainAndRemembered(t *testing.T) {
 	}
 	if n := len(up.requests()); n != 4 {
 		t.Errorf("upstream got %d requests in all, want 4", n)
+	}
+	const attempts = `
+# HELP osmo_llmproxy_upstream_attempts_total Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, invalid_route.
+# TYPE osmo_llmproxy_upstream_attempts_total counter
+osmo_llmproxy_upstream_attempts_total{outcome="ok"} 3
+osmo_llmproxy_upstream_attempts_total{outcome="tokens_refused"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(attempts), "osmo_llmproxy_upstream_attempts_total"); err != nil {
+		t.Error(err)
 	}
 	recs, err := logs.Records()
 	if err != nil {
@@ -330,5 +344,26 @@ func TestStreamCutKeepsWhatArrived(t *testing.T) {
 	}
 	if c.Error == "" {
 		t.Error("a cut stream recorded no error")
+	}
+}
+
+// A Responses API call is asked for tokens too: the policy receives a chat
+// completion, and the record holds its ids.
+func TestResponsesCallAsksTokens(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"4"},"finish_reason":"stop","token_ids":[19,2],"logprobs":{"content":[{"token":"4","logprob":-0.5},{"token":"<|im_end|>","logprob":0}]}}],"prompt_token_ids":[1,2]}`)
+	})
+	h := newProxy(t, llmproxy.Config{AskTokens: true, Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base})})
+	resp, body := post(t, h.url+"/v1/responses", `{"model":"m","input":"What is 2+2?"}`, ids)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"object":"response"`) {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	c := h.next(t)
+	if m := members(t, up.only(t).body); string(m["return_token_ids"]) != "true" || string(m["logprobs"]) != "true" {
+		t.Errorf("the translated request did not ask for tokens: %s", up.only(t).body)
+	}
+	if !reflect.DeepEqual(c.PromptTokenIDs, []int32{1, 2}) || !reflect.DeepEqual(c.CompletionTokenStrings, []string{"4", "<|im_end|>"}) || c.API != "responses" {
+		t.Errorf("record: api %s, prompt %v, strings %q", c.API, c.PromptTokenIDs, c.CompletionTokenStrings)
 	}
 }

@@ -199,6 +199,7 @@ func New(cfg Config) (*Service, error) {
 		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
+		AskTokens:       cfg.Rows,
 		Metrics:         cfg.Metrics,
 		TracerProvider:  cfg.ProxyTracerProvider,
 		Propagator:      cfg.Propagator,
