@@ -75,22 +75,11 @@ func (r *rowsRecord) build(mode string) rolloutRows {
 		if reward == nil {
 			reward = sm.AgentReward
 		}
-		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, mode)
+		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, rows.Options{Merge: mode})
 		out.Rows = append(out.Rows, res.Rows...)
 		out.Samples = append(out.Samples, sampleRows{SampleID: sm.ID, Rows: len(res.Rows), Problems: res.Problems})
 	}
 	return out
-}
-
-// mergeMode checks a request's merge field and returns rows.Build's mode.
-func mergeMode(merge string) (string, error) {
-	switch merge {
-	case "", rows.MergeExact:
-		return rows.MergeExact, nil
-	case rows.ModeRealign:
-		return rows.ModeRealign, nil
-	}
-	return "", fielderr.New("merge", "must be %q or %q, got %q", rows.MergeExact, rows.ModeRealign, merge)
 }
 
 // finishedState reports whether a rollout in state st has its final
@@ -115,7 +104,7 @@ func (s *Service) GetRolloutRows(ctx context.Context, req *rolloutv1.GetRolloutR
 	if id == "" {
 		return nil, fielderr.New("rollout_id", "required")
 	}
-	mode, err := mergeMode(req.GetMerge())
+	mode, err := rows.ParseMerge(req.GetMerge())
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +207,7 @@ func parseCursor(after string) (cursor, error) {
 // rows after it still held (all of them when the cursor is older than what
 // is held), then those of rollouts finishing from now on.
 func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.ServerStreamingServer[rolloutv1.Row]) error {
-	mode, err := mergeMode(req.GetMerge())
+	mode, err := rows.ParseMerge(req.GetMerge())
 	if err != nil {
 		return err
 	}
@@ -335,7 +324,7 @@ func (s *Service) countRows(rec *record) {
 		if len(sm.LLMCalls) == 0 {
 			continue
 		}
-		res := rows.Build(rows.Sample{RolloutID: rec.id, SampleID: sm.ID, Calls: sm.LLMCalls}, rows.MergeExact)
+		res := rows.Build(rows.Sample{RolloutID: rec.id, SampleID: sm.ID, Calls: sm.LLMCalls}, rows.Options{CountOnly: true})
 		if len(res.Rows) == 0 {
 			s.metrics.noTokens.Inc()
 		}

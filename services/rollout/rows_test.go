@@ -61,7 +61,7 @@ func wantRows(t *testing.T, r *rolloutv1.Rollout, mode string) []*rolloutv1.Row 
 				t.Fatal(err)
 			}
 		}
-		res := rows.Build(rows.Sample{RolloutID: r.GetRolloutId(), SampleID: s.GetId(), Reward: s.Reward, Calls: calls}, mode)
+		res := rows.Build(rows.Sample{RolloutID: r.GetRolloutId(), SampleID: s.GetId(), Reward: s.Reward, Calls: calls}, rows.Options{Merge: mode})
 		for _, row := range res.Rows {
 			p := &rolloutv1.Row{}
 			if err := sample.ToProto(row, p); err != nil {
