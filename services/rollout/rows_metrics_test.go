@@ -50,6 +50,11 @@ func TestRowsMetricsAndDriftEvents(t *testing.T) {
 	if merges["exact"] != 2 {
 		t.Fatalf("rows by merge = %v, want one exact row per rollout", merges)
 	}
+	// The mock policy's prompts re-render the earlier turns: each fork is
+	// a drift point, and so an event.
+	if merges["forked"] == 0 || float64(points+p2) < merges["forked"] {
+		t.Fatalf("rows by merge %v with %d drift points: want forks, each at a drift point", merges, points+p2)
+	}
 	for _, merge := range []string{"exact", "forked"} {
 		if got, err := gatherValue(reg, "osmo_rows_total", merge); err != nil || got != merges[merge] {
 			t.Errorf("osmo_rows_total{merge=%q} = %v (%v), want %v", merge, got, err, merges[merge])
