@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -786,5 +787,39 @@ func TestMaxTokensCutsTheCompletion(t *testing.T) {
 	}
 	if string(r.Choices[0].Message["tool_calls"]) != "[]" {
 		t.Fatalf("tool calls %s from a cut completion", r.Choices[0].Message["tool_calls"])
+	}
+}
+
+func TestLogprobsNameTokensByIDWhenAsked(t *testing.T) {
+	p := qwen3policy.Start(t, qwen3policy.Options{})
+	_, raw := chat(t, p, map[string]any{
+		"messages":                   []any{map[string]any{"role": "user", "content": "What is 3 times 4?"}},
+		"tools":                      []any{multiplyTool},
+		"logprobs":                   true,
+		"top_logprobs":               2,
+		"return_tokens_as_token_ids": true,
+	})
+	var r struct {
+		Choices []struct {
+			Logprobs struct {
+				Content []struct {
+					logprob
+					TopLogprobs []logprob `json:"top_logprobs"`
+				} `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	ids := record(t, p)[0].CompletionIDs
+	content := r.Choices[0].Logprobs.Content
+	if len(content) != len(ids) {
+		t.Fatalf("%d logprobs for %d ids", len(content), len(ids))
+	}
+	for i, e := range content {
+		if want := "token_id:" + strconv.Itoa(ids[i]); e.Token != want || len(e.TopLogprobs) != 2 || !e.TopLogprobs[0].equal(e.logprob) || e.TopLogprobs[1].Logprob >= e.Logprob {
+			t.Fatalf("entry %d: %+v, want token %s with two alternatives, itself first", i, e, want)
+		}
 	}
 }
