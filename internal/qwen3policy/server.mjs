@@ -83,8 +83,9 @@ function readBody(req) {
     req.on('data', (c) => {
       size += c.length;
       if (size > maxBody) {
+        // The rest is read and dropped, so the 413 reaches the client.
+        chunks.length = 0;
         reject(new RequestError(413, `request body is over ${maxBody} bytes`));
-        req.destroy();
         return;
       }
       chunks.push(c);
