@@ -178,16 +178,13 @@ func toolLoop(t *testing.T, p *qwen3policy.Policy, model string, edit func(map[s
 }
 
 // parting is where the second prompt leaves the first prompt followed by
-// the first completion: the index into that sequence, or -1 when the second
-// prompt extends it.
+// the first completion, as the replies give them: the index into that
+// sequence, or -1 when the second prompt extends it.
 func parting(first, second *reply) int {
-	prefix := slices.Concat(first.promptIDs(), first.tokenIDs())
-	for i, id := range prefix {
-		if i >= len(second.promptIDs()) || second.promptIDs()[i] != id {
-			return i
-		}
-	}
-	return -1
+	return qwen3policy.PartsAt(
+		qwen3policy.Call{PromptIDs: first.promptIDs(), CompletionIDs: first.tokenIDs()},
+		qwen3policy.Call{PromptIDs: second.promptIDs()},
+	)
 }
 
 func TestPlainToolLoopReRendersAsExactPrefix(t *testing.T) {
@@ -207,6 +204,9 @@ func TestPlainToolLoopReRendersAsExactPrefix(t *testing.T) {
 	calls := record(t, p)
 	if len(calls) != 2 {
 		t.Fatalf("record has %d calls, want 2", len(calls))
+	}
+	if at := qwen3policy.PartsAt(calls[0], calls[1]); at != -1 {
+		t.Fatalf("recorded calls part at %d", at)
 	}
 	for i, r := range []*reply{first, second} {
 		c := calls[i]
@@ -275,6 +275,9 @@ func TestReserializedArgumentsPartInsideTheToolCall(t *testing.T) {
 		t.Fatalf("parted at completion token %d, want inside the tool call (%d, %d)", at, start, end)
 	}
 	calls := record(t, p)
+	if got := qwen3policy.PartsAt(calls[0], calls[1]); got != at+len(first.promptIDs()) {
+		t.Fatalf("recorded calls part at %d, the replies at %d", got, at+len(first.promptIDs()))
+	}
 	if !strings.Contains(calls[0].Completion, `"arguments": {"a":3,"b":4}`) {
 		t.Fatalf("completion %q does not write compact arguments", calls[0].Completion)
 	}
