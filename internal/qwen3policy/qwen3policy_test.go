@@ -705,29 +705,34 @@ func TestModelsAndHealth(t *testing.T) {
 
 func TestToolArgumentsFollowTheParameters(t *testing.T) {
 	p := qwen3policy.Start(t, qwen3policy.Options{})
+	// The properties are written in the order given (a Go map would sort them).
 	tool := func(name string, props ...string) map[string]any {
-		properties := map[string]any{}
+		var properties []string
 		for i := 0; i < len(props); i += 2 {
-			properties[props[i]] = map[string]any{"type": props[i+1]}
+			properties = append(properties, strconv.Quote(props[i])+`: {"type": `+strconv.Quote(props[i+1])+`}`)
 		}
-		return map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": map[string]any{"type": "object", "properties": properties}}}
+		params := json.RawMessage(`{"type": "object", "properties": {` + strings.Join(properties, ", ") + `}}`)
+		return map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": params}}
 	}
+	calculator := []any{tool("add", "a", "number", "b", "number"), tool("multiply", "a", "number", "b", "number")}
 	for _, tc := range []struct {
 		name, prompt string
 		tools        []any
-		want         string
+		tool, args   string
 	}{
-		{"multiply", "What is 3 times 4?", []any{multiplyTool}, `{"a": 3, "b": 4}`},
-		{"calculator's first tool", "What is 7 * 8 + 1?", []any{tool("add", "a", "number", "b", "number"), tool("multiply", "a", "number", "b", "number")}, `{"a": 7, "b": 8}`},
-		{"an expression", "Calculate 2.5 times (3 + 4).", []any{tool("calculator", "expression", "string")}, `{"expression": "2.5 * (3 + 4)"}`},
+		{"multiply", "What is 3 times 4?", []any{multiplyTool}, "multiply", `{"a": 3, "b": 4}`},
+		{"the first operator's tool", "What is 7 * 8 + 1?", calculator, "multiply", `{"a": 7, "b": 8}`},
+		{"the first tool", "Take 7 and 8.", calculator, "add", `{"a": 7, "b": 8}`},
+		{"parameters in their order", "What is 5 plus 9?", []any{tool("add", "b", "integer", "a", "integer")}, "add", `{"b": 5, "a": 9}`},
+		{"an expression", "Calculate 2.5 times (3 + 4).", []any{tool("calculator", "expression", "string")}, "calculator", `{"expression": "2.5 * (3 + 4)"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := chat(t, p, map[string]any{"messages": []any{map[string]any{"role": "user", "content": tc.prompt}}, "tools": tc.tools})
 			var calls []struct {
-				Function struct{ Arguments string } `json:"function"`
+				Function struct{ Name, Arguments string } `json:"function"`
 			}
-			if err := json.Unmarshal(r.Choices[0].Message["tool_calls"], &calls); err != nil || len(calls) != 1 || calls[0].Function.Arguments != tc.want {
-				t.Fatalf("tool_calls %s, want arguments %s", r.Choices[0].Message["tool_calls"], tc.want)
+			if err := json.Unmarshal(r.Choices[0].Message["tool_calls"], &calls); err != nil || len(calls) != 1 || calls[0].Function.Name != tc.tool || calls[0].Function.Arguments != tc.args {
+				t.Fatalf("tool_calls %s, want %s with %s", r.Choices[0].Message["tool_calls"], tc.tool, tc.args)
 			}
 		})
 	}
