@@ -223,6 +223,15 @@ function taskOf(conversation) {
   return { task: last >= 0 ? conversation[last].content : '', results };
 }
 
+const OPERATOR_TOOLS = { '+': 'add', '-': 'subtract', '*': 'multiply', '/': 'divide' };
+
+/** The tool named for the task's first operator (add, subtract, multiply, divide) when there is one, else the first tool. */
+function toolFor(tools, task) {
+  const { expression } = arithmeticOf(task);
+  const op = /\d\s*([-+*/])/.exec(expression)?.[1];
+  return tools.find((t) => op && t.function.name === OPERATOR_TOOLS[op]) ?? tools[0];
+}
+
 /** Arguments for tool from the task: numbers in the order of its parameters, the expression for a string one. */
 function argumentsFor(tool, task) {
   const { numbers, expression } = arithmeticOf(task);
@@ -249,7 +258,7 @@ export function generate({ scenario, conversation, tools, toolChoice, thinking }
   let action;
   const offered = tools && tools.length > 0 && toolChoice !== 'none';
   if (offered && results.length === 0) {
-    let tool = tools[0];
+    let tool = toolFor(tools, task);
     if (toolChoice && typeof toolChoice === 'object' && toolChoice.function?.name) {
       tool = tools.find((t) => t.function.name === toolChoice.function.name) ?? tool;
     }

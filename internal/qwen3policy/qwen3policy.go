@@ -201,3 +201,20 @@ func (p *Policy) do(ctx context.Context, method, path string, out any) error {
 	}
 	return nil
 }
+
+// Sequence is the call's prompt ids followed by its completion ids: what the
+// next call's prompt starts with when the conversation re-renders exactly.
+func (c Call) Sequence() []int {
+	return append(c.PromptIDs[:len(c.PromptIDs):len(c.PromptIDs)], c.CompletionIDs...)
+}
+
+// PartsAt is the index into prev.Sequence() where next's prompt stops
+// being that sequence, or -1 when next's prompt starts with all of it.
+func PartsAt(prev, next Call) int {
+	for i, id := range prev.Sequence() {
+		if i >= len(next.PromptIDs) || next.PromptIDs[i] != id {
+			return i
+		}
+	}
+	return -1
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,16 +178,13 @@ func toolLoop(t *testing.T, p *qwen3policy.Policy, model string, edit func(map[s
 }
 
 // parting is where the second prompt leaves the first prompt followed by
-// the first completion: the index into that sequence, or -1 when the second
-// prompt extends it.
+// the first completion, as the replies give them: the index into that
+// sequence, or -1 when the second prompt extends it.
 func parting(first, second *reply) int {
-	prefix := slices.Concat(first.promptIDs(), first.tokenIDs())
-	for i, id := range prefix {
-		if i >= len(second.promptIDs()) || second.promptIDs()[i] != id {
-			return i
-		}
-	}
-	return -1
+	return qwen3policy.PartsAt(
+		qwen3policy.Call{PromptIDs: first.promptIDs(), CompletionIDs: first.tokenIDs()},
+		qwen3policy.Call{PromptIDs: second.promptIDs()},
+	)
 }
 
 func TestPlainToolLoopReRendersAsExactPrefix(t *testing.T) {
@@ -206,6 +204,9 @@ func TestPlainToolLoopReRendersAsExactPrefix(t *testing.T) {
 	calls := record(t, p)
 	if len(calls) != 2 {
 		t.Fatalf("record has %d calls, want 2", len(calls))
+	}
+	if at := qwen3policy.PartsAt(calls[0], calls[1]); at != -1 {
+		t.Fatalf("recorded calls part at %d", at)
 	}
 	for i, r := range []*reply{first, second} {
 		c := calls[i]
@@ -274,6 +275,9 @@ func TestReserializedArgumentsPartInsideTheToolCall(t *testing.T) {
 		t.Fatalf("parted at completion token %d, want inside the tool call (%d, %d)", at, start, end)
 	}
 	calls := record(t, p)
+	if got := qwen3policy.PartsAt(calls[0], calls[1]); got != at+len(first.promptIDs()) {
+		t.Fatalf("recorded calls part at %d, the replies at %d", got, at+len(first.promptIDs()))
+	}
 	if !strings.Contains(calls[0].Completion, `"arguments": {"a":3,"b":4}`) {
 		t.Fatalf("completion %q does not write compact arguments", calls[0].Completion)
 	}
@@ -701,29 +705,34 @@ func TestModelsAndHealth(t *testing.T) {
 
 func TestToolArgumentsFollowTheParameters(t *testing.T) {
 	p := qwen3policy.Start(t, qwen3policy.Options{})
+	// The properties are written in the order given (a Go map would sort them).
 	tool := func(name string, props ...string) map[string]any {
-		properties := map[string]any{}
+		var properties []string
 		for i := 0; i < len(props); i += 2 {
-			properties[props[i]] = map[string]any{"type": props[i+1]}
+			properties = append(properties, strconv.Quote(props[i])+`: {"type": `+strconv.Quote(props[i+1])+`}`)
 		}
-		return map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": map[string]any{"type": "object", "properties": properties}}}
+		params := json.RawMessage(`{"type": "object", "properties": {` + strings.Join(properties, ", ") + `}}`)
+		return map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": params}}
 	}
+	calculator := []any{tool("add", "a", "number", "b", "number"), tool("multiply", "a", "number", "b", "number")}
 	for _, tc := range []struct {
 		name, prompt string
 		tools        []any
-		want         string
+		tool, args   string
 	}{
-		{"multiply", "What is 3 times 4?", []any{multiplyTool}, `{"a": 3, "b": 4}`},
-		{"calculator's first tool", "What is 7 * 8 + 1?", []any{tool("add", "a", "number", "b", "number"), tool("multiply", "a", "number", "b", "number")}, `{"a": 7, "b": 8}`},
-		{"an expression", "Calculate 2.5 times (3 + 4).", []any{tool("calculator", "expression", "string")}, `{"expression": "2.5 * (3 + 4)"}`},
+		{"multiply", "What is 3 times 4?", []any{multiplyTool}, "multiply", `{"a": 3, "b": 4}`},
+		{"the first operator's tool", "What is 7 * 8 + 1?", calculator, "multiply", `{"a": 7, "b": 8}`},
+		{"the first tool", "Take 7 and 8.", calculator, "add", `{"a": 7, "b": 8}`},
+		{"parameters in their order", "What is 5 plus 9?", []any{tool("add", "b", "integer", "a", "integer")}, "add", `{"b": 5, "a": 9}`},
+		{"an expression", "Calculate 2.5 times (3 + 4).", []any{tool("calculator", "expression", "string")}, "calculator", `{"expression": "2.5 * (3 + 4)"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := chat(t, p, map[string]any{"messages": []any{map[string]any{"role": "user", "content": tc.prompt}}, "tools": tc.tools})
 			var calls []struct {
-				Function struct{ Arguments string } `json:"function"`
+				Function struct{ Name, Arguments string } `json:"function"`
 			}
-			if err := json.Unmarshal(r.Choices[0].Message["tool_calls"], &calls); err != nil || len(calls) != 1 || calls[0].Function.Arguments != tc.want {
-				t.Fatalf("tool_calls %s, want arguments %s", r.Choices[0].Message["tool_calls"], tc.want)
+			if err := json.Unmarshal(r.Choices[0].Message["tool_calls"], &calls); err != nil || len(calls) != 1 || calls[0].Function.Name != tc.tool || calls[0].Function.Arguments != tc.args {
+				t.Fatalf("tool_calls %s, want %s with %s", r.Choices[0].Message["tool_calls"], tc.tool, tc.args)
 			}
 		})
 	}
@@ -786,5 +795,39 @@ func TestMaxTokensCutsTheCompletion(t *testing.T) {
 	}
 	if string(r.Choices[0].Message["tool_calls"]) != "[]" {
 		t.Fatalf("tool calls %s from a cut completion", r.Choices[0].Message["tool_calls"])
+	}
+}
+
+func TestLogprobsNameTokensByIDWhenAsked(t *testing.T) {
+	p := qwen3policy.Start(t, qwen3policy.Options{})
+	_, raw := chat(t, p, map[string]any{
+		"messages":                   []any{map[string]any{"role": "user", "content": "What is 3 times 4?"}},
+		"tools":                      []any{multiplyTool},
+		"logprobs":                   true,
+		"top_logprobs":               2,
+		"return_tokens_as_token_ids": true,
+	})
+	var r struct {
+		Choices []struct {
+			Logprobs struct {
+				Content []struct {
+					logprob
+					TopLogprobs []logprob `json:"top_logprobs"`
+				} `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	ids := record(t, p)[0].CompletionIDs
+	content := r.Choices[0].Logprobs.Content
+	if len(content) != len(ids) {
+		t.Fatalf("%d logprobs for %d ids", len(content), len(ids))
+	}
+	for i, e := range content {
+		if want := "token_id:" + strconv.Itoa(ids[i]); e.Token != want || len(e.TopLogprobs) != 2 || !e.TopLogprobs[0].equal(e.logprob) || e.TopLogprobs[1].Logprob >= e.Logprob {
+			t.Fatalf("entry %d: %+v, want token %s with two alternatives, itself first", i, e, want)
+		}
 	}
 }

@@ -83,8 +83,9 @@ function readBody(req) {
     req.on('data', (c) => {
       size += c.length;
       if (size > maxBody) {
+        // The rest is read and dropped, so the 413 reaches the client.
+        chunks.length = 0;
         reject(new RequestError(413, `request body is over ${maxBody} bytes`));
-        req.destroy();
         return;
       }
       chunks.push(c);
@@ -107,14 +108,20 @@ function optionalInt(body, key, min, max) {
   return v;
 }
 
-/** logprobs.content entries as vLLM writes them: the token's text, its logprob, its UTF-8 bytes, the top alternatives. */
-function logprobEntries(ids, lps, top) {
+/**
+ * logprobs.content entries as vLLM writes them: the token's text (or
+ * "token_id:N" with return_tokens_as_token_ids), its logprob, its UTF-8
+ * bytes, the top alternatives.
+ */
+function logprobEntries(c) {
+  const { ids, logprobs: lps, top, asIDs } = c;
+  const tokenString = (id) => (asIDs ? `token_id:${id}` : model.tokenizer.decode([id], { skip_special_tokens: false }));
   return ids.map((id, i) => {
-    const token = model.tokenizer.decode([id], { skip_special_tokens: false });
+    const token = tokenString(id);
     const alternatives = [];
     for (let k = 0; k < top; k++) {
       const alt = k === 0 ? id : (id + k) % model.vocabSize;
-      const altToken = model.tokenizer.decode([alt], { skip_special_tokens: false });
+      const altToken = tokenString(alt);
       alternatives.push({ token: altToken, logprob: lps[i] - k, bytes: [...Buffer.from(altToken, 'utf8')] });
     }
     return { token, logprob: lps[i], bytes: [...Buffer.from(token, 'utf8')], top_logprobs: alternatives };
@@ -166,6 +173,7 @@ function complete(body, scenario) {
     askIDs,
     askLogprobs,
     top,
+    asIDs: optionalBool(body, 'return_tokens_as_token_ids'),
     includeUsage: body.stream_options?.include_usage === true,
     toolResultSeen: conversation.some((m) => m.role === 'tool'),
     thinking,
@@ -259,7 +267,7 @@ function jsonReply(res, reply, c) {
   const choice = {
     index: 0,
     message: { ...c.message },
-    logprobs: c.askLogprobs ? { content: logprobEntries(c.ids, c.logprobs, c.top) } : null,
+    logprobs: c.askLogprobs ? { content: logprobEntries(c) } : null,
     finish_reason: c.finishReason,
     stop_reason: null,
     token_ids: withIDs ? returnedIDs(c.ids, reply.fault) : null,
@@ -359,7 +367,7 @@ function streamReply(res, reply, c) {
   const first = { ...head, choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] };
   if (!reply.hosted) first.prompt_token_ids = withIDs ? c.prompt.ids : null;
   chunks.push(first);
-  const entries = c.askLogprobs ? logprobEntries(c.ids, c.logprobs, c.top) : null;
+  const entries = c.askLogprobs ? logprobEntries(c) : null;
   // A hosted API has no reasoning field: those tokens give no delta.
   const ds = deltas(c).map((d) => (reply.hosted && d !== null && reasoningField in d ? null : d));
   ds.forEach((delta, i) => {
