@@ -33,7 +33,10 @@ func TestRowsMetricsAndDriftEvents(t *testing.T) {
 	h, exp, _ := traced(t, harnessOpts{cfg: func(c *rollout.Config) { c.Metrics, c.Rows = reg, true }})
 	h.runTokenRollout(t, "count-1", 6, 7)
 	h.runTokenRollout(t, "count-2", 3, 4)
+	// An agent that says no to token ids gets none: the proxy adds only
+	// what the agent left unset.
 	noTokens := h.initReq(t, "count-none", 1, 2, nil)
+	noTokens.CompletionParams = mustStruct(t, map[string]any{"return_token_ids": false})
 	if _, err := h.client.InitRollout(t.Context(), noTokens); err != nil {
 		t.Fatal(err)
 	}

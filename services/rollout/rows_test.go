@@ -178,13 +178,15 @@ func TestGetRolloutRowsReward(t *testing.T) {
 	}
 }
 
-// TestGetRolloutRowsWithoutTokens: calls made without asking for tokens
+// TestGetRolloutRowsWithoutTokens: calls whose agent said no to token ids
 // give no rows, and the sample says which calls and why.
 func TestGetRolloutRowsWithoutTokens(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := h.client.InitRollout(ctx, h.initReq(t, "rows-none", 2, 3, nil)); err != nil {
+	req := h.initReq(t, "rows-none", 2, 3, nil)
+	req.CompletionParams = mustStruct(t, map[string]any{"return_token_ids": false})
+	if _, err := h.client.InitRollout(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	h.waitDone(t, "rows-none")
