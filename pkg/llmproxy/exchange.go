@@ -47,8 +47,8 @@ type exchange struct {
 
 	// asked are the token members the body going upstream added (nil when
 	// it asks for none); policy names the upstream for the refusals;
-	// refusal is why the upstream refused them, on this call or (refused)
-	// an earlier one.
+	// refusal is why the upstream refused them on this call, refused why
+	// it did on an earlier one (and this call asks for none).
 	asked   []string
 	policy  upstreamKey
 	refusal string

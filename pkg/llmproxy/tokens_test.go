@@ -1,7 +1,10 @@
 package llmproxy_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -366,4 +369,68 @@ func TestResponsesCallAsksTokens(t *testing.T) {
 	if !reflect.DeepEqual(c.PromptTokenIDs, []int32{1, 2}) || !reflect.DeepEqual(c.CompletionTokenStrings, []string{"4", "<|im_end|>"}) || c.API != "responses" {
 		t.Errorf("record: api %s, prompt %v, strings %q", c.API, c.PromptTokenIDs, c.CompletionTokenStrings)
 	}
+}
+
+// BenchmarkAskTokens is the proxy's own cost per call, in memory (the
+// upstream a RoundTripper answering canned bytes), with rows off and with
+// rows on against a vLLM answer of 200 prompt and 24 completion tokens
+// with their logprobs:
+//
+//	go test -run '^$' -bench AskTokens -benchmem ./pkg/llmproxy/
+func BenchmarkAskTokens(b *testing.B) {
+	plain := `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"The answer is 42."},"finish_reason":"stop"}],"usage":{"prompt_tokens":200,"completion_tokens":24,"total_tokens":224}}`
+	var lps, ids, prompt []string
+	for i := range 24 {
+		lps = append(lps, fmt.Sprintf(`{"token":" tok%d","logprob":-0.%d,"bytes":[32,116,111,107],"top_logprobs":[]}`, i, i+1))
+		ids = append(ids, fmt.Sprint(1000+i))
+	}
+	for i := range 200 {
+		prompt = append(prompt, fmt.Sprint(151644+i))
+	}
+	withTokens := `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"The answer is 42."},"logprobs":{"content":[` +
+		strings.Join(lps, ",") + `]},"finish_reason":"stop","token_ids":[` + strings.Join(ids, ",") + `]}],"usage":{"prompt_tokens":200,"completion_tokens":24,"total_tokens":224},"prompt_token_ids":[` +
+		strings.Join(prompt, ",") + `]}`
+	body := []byte(`{"model":"openai/osmosis-rollout","messages":[{"role":"system","content":"You are a calculator."},{"role":"user","content":"What is 2 + 2?"}],"temperature":1.0,"max_tokens":16}`)
+	for _, tc := range []struct {
+		name   string
+		ask    bool
+		answer string
+	}{{"off", false, plain}, {"on", true, withTokens}} {
+		b.Run(tc.name, func(b *testing.B) {
+			p, err := llmproxy.New(llmproxy.Config{
+				Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://policy.invalid/v1", Model: "policy-v1"}),
+				Recorder:  llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {}),
+				Transport: cannedUpstream(tc.answer),
+				Logger:    slog.New(slog.DiscardHandler),
+				AskTokens: tc.ask,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				req.Header.Set(llmproxy.HeaderRolloutID, "r1")
+				req.Header.Set(llmproxy.HeaderSampleID, "s1")
+				w := httptest.NewRecorder()
+				p.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// cannedUpstream answers every call with a 200 and answer.
+type cannedUpstream string
+
+func (u cannedUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	return &http.Response{
+		StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(strings.NewReader(string(u))),
+		ContentLength: int64(len(u)), Request: r,
+	}, nil
 }
