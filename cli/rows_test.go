@@ -19,15 +19,15 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// --rows is on unless turned off, and reaches the rollout service's Config.
+// --training-rows is on unless turned off, and reaches the rollout service's Config.
 func TestRowsFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want bool
 	}{
 		{nil, true},
-		{[]string{"--rows=false"}, false},
-		{[]string{"--rows"}, true},
+		{[]string{"--training-rows=false"}, false},
+		{[]string{"--training-rows"}, true},
 	} {
 		e := &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }, reg: newRegistry(nil)}
 		var f rolloutFlags
@@ -49,14 +49,14 @@ func TestRowsFlag(t *testing.T) {
 	}
 }
 
-// osmo llmproxy asks the policy for tokens unless --rows=false.
+// osmo llmproxy asks the policy for tokens unless --training-rows=false.
 func TestLLMProxyRowsFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		ask  bool
 	}{
 		{nil, true},
-		{[]string{"--rows=false"}, false},
+		{[]string{"--training-rows=false"}, false},
 	} {
 		var (
 			mu     sync.Mutex

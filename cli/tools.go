@@ -24,7 +24,6 @@ import (
 	"github.com/osmo-rl/osmo/internal/server"
 	"github.com/osmo-rl/osmo/internal/telemetry"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
-	"github.com/osmo-rl/osmo/services/rollout"
 )
 
 func runLLMProxy(ctx context.Context, e *env, args []string) error {
@@ -48,7 +47,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&maxDelay, "retry-max-delay", 30*time.Second, "retry delay cap")
 	fs.Int64Var(&maxBody, "max-body-bytes", 32<<20, "largest request body accepted")
 	fs.IntVar(&keep, "keep-calls", 10000, "recorded calls kept in memory for GET /r/{rollout_id}/calls")
-	fs.BoolVar(&rows, "rows", rollout.DefaultRows, rowsUsage)
+	fs.BoolVar(&rows, "training-rows", e.getenv("OSMO_TRAINING_ROWS") != "false", rowsUsage)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -78,7 +78,7 @@ func TestAskTokensAddsOnlyMissingMembers(t *testing.T) {
 	}
 }
 
-// With AskTokens off (--rows=false) the body goes upstream as it came,
+// With AskTokens off (--training-rows=false) the body goes upstream as it came,
 // and a call without ids says why.
 func TestRowsOffAsksNothing(t *testing.T) {
 	up := newUpstream(t, okJSON)

@@ -71,10 +71,6 @@ const DefaultLostAfter = 30 * time.Second
 // DefaultDeliveryDeadline is how long a callback is retried by default.
 const DefaultDeliveryDeadline = 15 * time.Minute
 
-// DefaultRows is whether training rows are on when nothing turns them off
-// (the --rows flags' default).
-const DefaultRows = true
-
 // Config configures a Service. Zero values take the documented defaults.
 type Config struct {
 	// Workflow runs every rollout, whatever wire started it.
@@ -118,9 +114,9 @@ type Config struct {
 	// Model, when set, replaces the placeholder model on upstream calls.
 	Model string
 	// Rows counts each finished rollout's training rows (metrics, span
-	// events); off, the proxy does not ask the policy for tokens. A bool's
-	// zero value is off: set it to DefaultRows unless rows are turned off,
-	// as the CLI does.
+	// events); off, the proxy does not ask the policy for tokens. Unlike
+	// the other fields its zero value is not the default: the CLI turns
+	// rows on unless --training-rows=false.
 	Rows bool
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string

@@ -149,7 +149,7 @@ func (h *harness) startService(t *testing.T, o harnessOpts) {
 		Workflow: o.wf,
 		Logger:   quietLogger(),
 		// As served: the proxy asks the policy for tokens.
-		Rows: rollout.DefaultRows,
+		Rows: true,
 		Client: rollout.ClientSettings{
 			Timeout:        5 * time.Second,
 			MaxRetries:     1,
