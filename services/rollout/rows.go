@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,17 +38,18 @@ type rowsRecord struct {
 }
 
 type rowsSample struct {
-	ID          string          `json:"id"`
-	Reward      *float64        `json:"reward"`
-	AgentReward *float64        `json:"agent_reward"`
-	LLMCalls    []*osmo.LLMCall `json:"llm_calls"`
+	ID           string          `json:"id"`
+	Reward       *float64        `json:"reward"`
+	AgentReward  *float64        `json:"agent_reward"`
+	RemoveSample bool            `json:"remove_sample"`
+	LLMCalls     []*osmo.LLMCall `json:"llm_calls"`
 }
 
 // rowsOf reads a rollout's samples for rows.
 func rowsOf(rolloutID string, state rolloutv1.State, samples []*sample.Sample) *rowsRecord {
 	out := &rowsRecord{RolloutID: rolloutID, State: state, Samples: make([]rowsSample, len(samples))}
 	for i, sm := range samples {
-		out.Samples[i] = rowsSample{ID: sm.ID, Reward: sm.Reward, AgentReward: sm.AgentReward, LLMCalls: sm.LLMCalls}
+		out.Samples[i] = rowsSample{ID: sm.ID, Reward: sm.Reward, AgentReward: sm.AgentReward, RemoveSample: sm.RemoveSample, LLMCalls: sm.LLMCalls}
 	}
 	return out
 }
@@ -66,14 +68,15 @@ type sampleRows struct {
 }
 
 // build builds every sample's rows, in sample order then row order. A
-// sample's reward is the grader's, else the one the workflow proposed (as
-// the rollout's reward is).
+// row's reward is its sample's as the callbacks send it: the grader's,
+// else the one the workflow proposed, when the rollout succeeded and the
+// grader kept the sample.
 func (r *rowsRecord) build(mode string) rolloutRows {
 	out := rolloutRows{Samples: make([]sampleRows, 0, len(r.Samples))}
 	for _, sm := range r.Samples {
-		reward := sm.Reward
-		if reward == nil {
-			reward = sm.AgentReward
+		var reward *float64
+		if r.State == rolloutv1.State_STATE_SUCCEEDED && !sm.RemoveSample {
+			reward = cmp.Or(sm.Reward, sm.AgentReward)
 		}
 		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, rows.Options{Merge: mode})
 		out.Rows = append(out.Rows, res.Rows...)

@@ -253,6 +253,10 @@ func openRows(t *testing.T, client rolloutv1.RolloutServiceClient, after string)
 		t.Fatal(err)
 	}
 	t.Cleanup(cancel)
+	// The headers come once the service reads the state: "now" is then.
+	if _, err := stream.Header(); err != nil {
+		t.Fatal(err)
+	}
 	return &rowStream{recv: stream.Recv, cancel: cancel}
 }
 
