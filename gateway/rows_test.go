@@ -2,11 +2,14 @@ package gateway_test
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -54,8 +57,20 @@ func TestStreamRowsREST(t *testing.T) {
 // TestStreamRowsRESTHeadersFirst: a stream the service accepted answers
 // its headers before any row exists.
 func TestStreamRowsRESTHeadersFirst(t *testing.T) {
+	for _, traced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("traced=%v", traced), func(t *testing.T) { testRowsHeadersFirst(t, traced) })
+	}
+}
+
+func testRowsHeadersFirst(t *testing.T, traced bool) {
 	fake := &fakeRollout{rows: testRows(), rowsHold: make(chan struct{})}
-	h := newHarness(t, fake)
+	var opts []harnessOption
+	if traced {
+		tp := sdktrace.NewTracerProvider()
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		opts = append(opts, withTracing(tp))
+	}
+	h := newHarness(t, fake, opts...)
 	req, err := http.NewRequestWithContext(testContext(t), http.MethodGet, h.restURL+"/v1/rows:stream?after=now", nil)
 	if err != nil {
 		t.Fatal(err)

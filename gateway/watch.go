@@ -106,7 +106,11 @@ func rowsHeaders(ctx context.Context, w http.ResponseWriter, resp proto.Message)
 	}
 	w.Header().Set("Content-Type", rowsContentType)
 	w.WriteHeader(http.StatusOK)
-	return http.NewResponseController(w).Flush()
+	// A writer that cannot flush sends the headers with the first row.
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
 }
 
 // headerOnce drops WriteHeader calls after the first: grpc-gateway answers

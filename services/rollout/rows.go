@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,17 +38,18 @@ type rowsRecord struct {
 }
 
 type rowsSample struct {
-	ID          string          `json:"id"`
-	Reward      *float64        `json:"reward"`
-	AgentReward *float64        `json:"agent_reward"`
-	LLMCalls    []*osmo.LLMCall `json:"llm_calls"`
+	ID           string          `json:"id"`
+	Reward       *float64        `json:"reward"`
+	AgentReward  *float64        `json:"agent_reward"`
+	RemoveSample bool            `json:"remove_sample"`
+	LLMCalls     []*osmo.LLMCall `json:"llm_calls"`
 }
 
 // rowsOf reads a rollout's samples for rows.
 func rowsOf(rolloutID string, state rolloutv1.State, samples []*sample.Sample) *rowsRecord {
 	out := &rowsRecord{RolloutID: rolloutID, State: state, Samples: make([]rowsSample, len(samples))}
 	for i, sm := range samples {
-		out.Samples[i] = rowsSample{ID: sm.ID, Reward: sm.Reward, AgentReward: sm.AgentReward, LLMCalls: sm.LLMCalls}
+		out.Samples[i] = rowsSample{ID: sm.ID, Reward: sm.Reward, AgentReward: sm.AgentReward, RemoveSample: sm.RemoveSample, LLMCalls: sm.LLMCalls}
 	}
 	return out
 }
@@ -66,14 +68,15 @@ type sampleRows struct {
 }
 
 // build builds every sample's rows, in sample order then row order. A
-// sample's reward is the grader's, else the one the workflow proposed (as
-// the rollout's reward is).
+// row's reward is its sample's as the callbacks send it: the grader's,
+// else the one the workflow proposed, when the rollout succeeded and the
+// grader kept the sample.
 func (r *rowsRecord) build(mode string) rolloutRows {
 	out := rolloutRows{Samples: make([]sampleRows, 0, len(r.Samples))}
 	for _, sm := range r.Samples {
-		reward := sm.Reward
-		if reward == nil {
-			reward = sm.AgentReward
+		var reward *float64
+		if r.State == rolloutv1.State_STATE_SUCCEEDED && !sm.RemoveSample {
+			reward = cmp.Or(sm.Reward, sm.AgentReward)
 		}
 		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, rows.Options{Merge: mode})
 		out.Rows = append(out.Rows, res.Rows...)
@@ -172,31 +175,44 @@ func decodeRows(b []byte) (*rowsRecord, error) {
 	return &rec, nil
 }
 
-// A StreamRows cursor is "<seq>-<row>": the records stream's sequence of
-// the rollout's record and the row's index among that rollout's rows.
-// "now" and "" are the two starts that are not cursors.
+// A StreamRows cursor is "<seq>-<row>-<state>": the records stream's
+// sequence of the rollout's record, the row's index among that rollout's
+// rows, and the state it is from: the stream's creation time (nanoseconds,
+// base 36). A state wiped and made anew (an in-memory one restarted)
+// numbers its records from 1 again, and a cursor from the old one must not
+// skip the new one's rows. "now" and "" are the two starts that are not
+// cursors.
 const afterNow = "now"
 
 type cursor struct {
-	seq uint64
-	row int
+	seq   uint64
+	row   int
+	state string
 }
 
-func (c cursor) String() string { return strconv.FormatUint(c.seq, 10) + "-" + strconv.Itoa(c.row) }
+func (c cursor) String() string {
+	return strconv.FormatUint(c.seq, 10) + "-" + strconv.Itoa(c.row) + "-" + c.state
+}
+
+// stateOf names the state a records stream is.
+func stateOf(info *jetstream.StreamInfo) string {
+	return strconv.FormatInt(info.Created.UnixNano(), 36)
+}
 
 func parseCursor(after string) (cursor, error) {
-	seq, row, ok := strings.Cut(after, "-")
+	parts := strings.Split(after, "-")
 	var c cursor
-	var err error
+	ok := len(parts) == 3 && parts[2] != ""
 	if ok {
-		if c.seq, err = strconv.ParseUint(seq, 10, 64); err == nil {
-			var n uint64
-			n, err = strconv.ParseUint(row, 10, 31)
-			c.row = int(n)
-		}
+		var err, rowErr error
+		var row uint64
+		c.seq, err = strconv.ParseUint(parts[0], 10, 64)
+		row, rowErr = strconv.ParseUint(parts[1], 10, 31)
+		c.row, c.state = int(row), parts[2]
+		ok = err == nil && rowErr == nil && c.seq > 0
 	}
-	if !ok || err != nil || c.seq == 0 {
-		return cursor{}, fielderr.New("after", `must be a row's cursor ("<sequence>-<row>"), "now" or empty, got %q`, after)
+	if !ok {
+		return cursor{}, fielderr.New("after", `must be a row's cursor ("<sequence>-<row>-<state>"), "now" or empty, got %q`, after)
 	}
 	return c, nil
 }
@@ -214,7 +230,8 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 	ctx := stream.Context()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"$KV." + bucketRecords + ".>"}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	var after cursor
-	switch a := req.GetAfter(); a {
+	a := req.GetAfter()
+	switch a {
 	case "":
 	case afterNow:
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
@@ -222,19 +239,21 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 		if after, err = parseCursor(a); err != nil {
 			return err
 		}
-		// A cursor past the last record is from another state (one that was
-		// wiped): resuming there would skip rows until the sequence caught up.
-		st, err := s.sh.js.Stream(ctx, "KV_"+bucketRecords)
-		if err != nil {
-			return unavailable(err)
-		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			return unavailable(err)
-		}
-		if after.seq > info.State.LastSeq {
-			return fielderr.New("after", "cursor %q is past the last record (%d): it is not from this state", a, info.State.LastSeq)
-		}
+	}
+	st, err := s.sh.js.Stream(ctx, "KV_"+bucketRecords)
+	if err != nil {
+		return unavailable(err)
+	}
+	info := st.CachedInfo()
+	state := stateOf(info)
+	switch {
+	case after.seq == 0:
+	case after.state != state:
+		// From a state that is gone: every row held came after it.
+		after = cursor{}
+	case after.seq > info.State.LastSeq:
+		return fielderr.New("after", "cursor %q is past the last record (%d)", a, info.State.LastSeq)
+	default:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after.seq
 	}
 	cons, err := s.sh.js.OrderedConsumer(ctx, "KV_"+bucketRecords, cfg)
@@ -285,7 +304,7 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 		}
 		built := rec.build(mode)
 		for i := first; i < len(built.Rows); i++ {
-			built.Rows[i].Cursor = cursor{seq: seq, row: i}.String()
+			built.Rows[i].Cursor = cursor{seq: seq, row: i, state: state}.String()
 			out := &rolloutv1.Row{}
 			if err := sample.ToProto(&built.Rows[i], out); err != nil {
 				return status.Errorf(codes.Internal, "render a row of rollout %q: %v", rec.RolloutID, err)

@@ -255,6 +255,10 @@ func openRows(t *testing.T, client rolloutv1.RolloutServiceClient, after string)
 		t.Fatal(err)
 	}
 	t.Cleanup(cancel)
+	// The headers come once the service reads the state: "now" is then.
+	if _, err := stream.Header(); err != nil {
+		t.Fatal(err)
+	}
 	return &rowStream{recv: stream.Recv, cancel: cancel}
 }
 
@@ -382,13 +386,20 @@ func TestStreamRowsOldCursor(t *testing.T) {
 func TestStreamRowsBadRequests(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	h.runTokenRollout(t, "bad-1", 2, 3)
+	s := openRows(t, h.client, "")
+	cursor := s.next(t, 1)[0].GetCursor()
+	s.cancel()
+	state := cursor[strings.LastIndex(cursor, "-")+1:]
 	for _, tc := range []struct{ after, merge, field string }{
 		{"yesterday", "", "after"},
 		{"12", "", "after"},
-		{"0-1", "", "after"},
-		{"1--1", "", "after"},
-		{"1-x", "", "after"},
-		{"99999-0", "", "after"}, // past the last record
+		{"12-0", "", "after"},
+		{"0-1-" + state, "", "after"},
+		{"1--1-" + state, "", "after"},
+		{"1-x-" + state, "", "after"},
+		{"1-0-", "", "after"},
+		{"1-0-" + state + "-2", "", "after"},
+		{"99999-0-" + state, "", "after"}, // past the last record
 		{"", "loose", "merge"},
 	} {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -403,6 +414,31 @@ func TestStreamRowsBadRequests(t *testing.T) {
 		if errors.Is(err, io.EOF) {
 			t.Errorf("after %q: the stream ended without an error", tc.after)
 		}
+	}
+}
+
+// TestStreamRowsCursorOfAnotherState: a cursor from a state that is gone
+// (another one, or this one wiped and made anew, which numbers its records
+// from 1 again) gives every row held, rather than skipping those whose
+// sequence is below it.
+func TestStreamRowsCursorOfAnotherState(t *testing.T) {
+	gone := newHarness(t, harnessOpts{})
+	for i, id := range []string{"gone-1", "gone-2", "gone-3"} {
+		gone.runTokenRollout(t, id, 2+i, 3)
+	}
+	all := rowsOf(t, gone.client, "gone-1", "gone-2", "gone-3")
+	s := openRows(t, gone.client, "")
+	last := s.next(t, len(all))[len(all)-1].GetCursor()
+	s.cancel()
+
+	h := newHarness(t, harnessOpts{})
+	for i, id := range []string{"new-1", "new-2", "new-3", "new-4"} {
+		h.runTokenRollout(t, id, 5+i, 2)
+	}
+	want := rowsOf(t, h.client, "new-1", "new-2", "new-3", "new-4")
+	s = openRows(t, h.client, last)
+	if got := s.next(t, len(want)); keys(got) != keys(want) {
+		t.Errorf("after %s of another state: %s, want every row held: %s", last, keys(got), keys(want))
 	}
 }
 
