@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -49,6 +51,59 @@ func goodCalls(label string, run int) []map[string]any {
 		return []map[string]any{{"no_tokens_reason": "the policy refused the token parameters"}}
 	}
 	return nil
+}
+
+var rowOfID = regexp.MustCompile(`-r(\d+)-n(\d+)$`)
+
+// recordOf is the record osmo's rollout server holds for id, for a "pass"
+// row (row 0) only: its sample's calls as the callback sends them, with
+// the token strings the callback leaves out (here marked "rec:").
+func recordOf(id string) map[string]any {
+	m := rowOfID.FindStringSubmatch(id)
+	if m == nil || m[1] != "0" {
+		return nil
+	}
+	run, _ := strconv.Atoi(m[2])
+	calls := goodCalls("pass", run)
+	for _, c := range calls {
+		var strs []string
+		for _, s := range c["completion_token_strings"].([]string) {
+			strs = append(strs, "rec:"+s)
+		}
+		c["completion_token_strings"] = strs
+	}
+	return map[string]any{"rollout_id": id, "state": "STATE_SUCCEEDED", "samples": []map[string]any{{"id": "s-" + id, "llm_calls": calls}}}
+}
+
+// TestRowsCallsFromTheRecord: with an osmo rollout server, a sample's
+// calls are read whole from the rollout's record, token strings included;
+// a server without records (an SDK's) leaves the callback's calls.
+func TestRowsCallsFromTheRecord(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	p := testPlan(t, out, 2)
+	srv := newFakeServer(t)
+	srv.records = true
+	p.ServerURL, p.TrainingRows = srv.srv.URL, true
+	rep, err := eval.Run(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if len(r.LLMCalls) == 0 {
+			continue
+		}
+		fromRecord := strings.HasPrefix(r.LLMCalls[0].CompletionTokenStrings[0], "rec:")
+		if fromRecord != (r.RowIndex == 0) {
+			t.Errorf("row %d run %d: token strings %q; want the record's for row 0 only", r.RowIndex, r.RunIndex, r.LLMCalls[0].CompletionTokenStrings)
+		}
+		if r.RowIndex == 0 && (len(r.LLMCalls) != 2 || !reflect.DeepEqual(r.LLMCalls[1].PromptTokenIDs, []int32{1, 2, 3, 10, 11, imEnd, 4, 5})) {
+			t.Errorf("row 0 run %d: calls from the record %+v", r.RunIndex, r.LLMCalls)
+		}
+	}
+	// pass 2 × 1, mixed 2 × 2, odd run 1's 1.
+	if got := readRowsFiles(t, out); len(got) != 7 {
+		t.Errorf("%d rows, want 7", len(got))
+	}
 }
 
 // fileRow is a row of rows.jsonl and of rows.parquet, as a trainer reads

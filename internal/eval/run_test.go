@@ -42,7 +42,11 @@ type fakeServer struct {
 	// row's run 0 itself, as a Python rollout server does under
 	// _OSMOSIS_ROLLOUT_ARTIFACT_ROOT.
 	artifacts string
-	srv       *httptest.Server
+	// records, when set, has it answer GET /v1/rollouts/{id} as osmo's
+	// rollout server does for a "pass" row (see recordOf); otherwise, as
+	// an SDK server, it has no such route.
+	records bool
+	srv     *httptest.Server
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	ids       []string
@@ -58,6 +62,14 @@ func newFakeServer(t *testing.T) *fakeServer {
 			return
 		case "/rollout/cancel":
 			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/rollouts/"); ok && r.Method == http.MethodGet {
+			if rec := recordOf(id); f.records && rec != nil {
+				_ = json.NewEncoder(w).Encode(rec)
+				return
+			}
+			http.NotFound(w, r)
 			return
 		}
 		var body struct {
