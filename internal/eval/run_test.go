@@ -47,9 +47,9 @@ type fakeServer struct {
 	// an SDK server, it has no such route.
 	records bool
 	srv     *httptest.Server
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	ids       []string
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	ids     []string
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
