@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
@@ -137,11 +138,11 @@ const recordTimeout = 5 * time.Second
 // osmo rollout server (GET /v1/rollouts/{id}): whole, with the
 // completion's token strings and the reason a call has no tokens, which
 // the grader callback's llm_calls leave out (the wires carry only the
-// fields they always have). ok is false when the server is no osmo (it
-// answers 404, say) or its record lacks the sample: the callback's calls
-// then stand.
-func recordCalls(ctx context.Context, serverURL, key, rolloutID, sampleID string) (calls []*osmo.LLMCall, ok bool) {
-	if serverURL == "" || sampleID == "" {
+// fields they always have). ok is false when the server is no osmo or its
+// record lacks the sample: the callback's calls then stand. A server that
+// has no such route (404, 405, 501) is not asked again: noRecords is set.
+func recordCalls(ctx context.Context, serverURL, key, rolloutID, sampleID string, noRecords *atomic.Bool) (calls []*osmo.LLMCall, ok bool) {
+	if serverURL == "" || sampleID == "" || noRecords.Load() {
 		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
@@ -158,8 +159,16 @@ func recordCalls(ctx context.Context, serverURL, key, rolloutID, sampleID string
 		return nil, false
 	}
 	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+		noRecords.Store(true)
+		return nil, false
+	default:
+		return nil, false
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRecordBytes))
-	if err != nil || resp.StatusCode != http.StatusOK {
+	if err != nil {
 		return nil, false
 	}
 	var rec rolloutv1.Rollout

@@ -216,6 +216,10 @@ type runner struct {
 	commits sync.RWMutex
 	sealed  bool
 
+	// noRecords is set once the rollout server showed it keeps no records
+	// to read a sample's calls from (see recordCalls).
+	noRecords atomic.Bool
+
 	mu       sync.Mutex
 	done     map[Key]Result
 	byRow    map[int]Row
@@ -358,7 +362,7 @@ func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
 		out.Messages = res.Sample.Messages
 		if r.plan.TrainingRows {
 			out.SampleID, out.LLMCalls = sampleCalls(r.plan.Logger, res.RolloutID, res.Sample.Raw)
-			if calls, ok := recordCalls(ctx, r.plan.ServerURL, r.plan.ServerKey, res.RolloutID, out.SampleID); ok {
+			if calls, ok := recordCalls(ctx, r.plan.ServerURL, r.plan.ServerKey, res.RolloutID, out.SampleID, &r.noRecords); ok {
 				out.LLMCalls = calls
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/osmo-rl/osmo/internal/eval"
@@ -45,11 +46,12 @@ type fakeServer struct {
 	// records, when set, has it answer GET /v1/rollouts/{id} as osmo's
 	// rollout server does for a "pass" row (see recordOf); otherwise, as
 	// an SDK server, it has no such route.
-	records bool
-	srv     *httptest.Server
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	ids     []string
+	records    bool
+	recordGets atomic.Int64
+	srv        *httptest.Server
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	ids        []string
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
@@ -65,6 +67,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 			return
 		}
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/rollouts/"); ok && r.Method == http.MethodGet {
+			f.recordGets.Add(1)
 			if rec := recordOf(id); f.records && rec != nil {
 				_ = json.NewEncoder(w).Encode(rec)
 				return
