@@ -20,6 +20,13 @@ import (
 func TestPythonTrainerUnits(t *testing.T) {
 	argv := python("python-trainer/test_trainer.py")(t)
 	dir := filepath.Dir(argv[1])
+	// Read here so that go test's cache sees a change to the Python files
+	// (it tracks what the test process opens, not what its children do).
+	for _, f := range []string{"trainer.py", "test_trainer.py"} {
+		if _, err := os.ReadFile(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], "-m", "unittest", "discover", "-s", dir, "-v")
@@ -41,7 +48,7 @@ func TestPythonTrainerUnits(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no passing unittest run in the output:\n%s", out)
 	}
-	if n, _ := strconv.Atoi(string(m[1])); n < 12 {
-		t.Errorf("ran %d tests, want the 12 or more of test_trainer.py:\n%s", n, out)
+	if n, _ := strconv.Atoi(string(m[1])); n < 15 {
+		t.Errorf("ran %d tests, want the 15 or more of test_trainer.py:\n%s", n, out)
 	}
 }

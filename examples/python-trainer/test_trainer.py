@@ -53,8 +53,12 @@ class StreamServer:
     rollout, then the connection is held open as osmo holds a stream open
     while no rollout finishes. A garbage cursor answers 400."""
 
-    def __init__(self, rows, pause=0.0, wrap=False, hold=0.3):
+    def __init__(self, rows, pause=0.0, wrap=False, hold=0.3, cut_after=None, error_line=None):
         self.rows, self.pause, self.wrap, self.hold = rows, pause, wrap, hold
+        # cut_after: the first stream's connection is cut after that many
+        # rows, without ending its answer; error_line: the first stream
+        # ends with that line instead.
+        self.cut_after, self.error_line = cut_after, error_line
         self.requests = []
         outer = self
 
@@ -86,9 +90,19 @@ class StreamServer:
                 self.send_header("Content-Type", "application/x-ndjson")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                first = len(outer.requests) == 1
                 try:
                     prev = None
-                    for row in outer.rows[start:]:
+                    for i, row in enumerate(outer.rows[start:]):
+                        if first and outer.cut_after is not None and i == outer.cut_after:
+                            self.wfile.flush()
+                            self.connection.shutdown(2)
+                            self.close_connection = True
+                            return
+                        if first and outer.error_line is not None and i == 3:
+                            line = outer.error_line.encode() + b"\n"
+                            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(line), line))
+                            return
                         if prev is not None and row["rollout_id"] != prev and outer.pause:
                             time.sleep(outer.pause)
                         prev = row["rollout_id"]
@@ -239,7 +253,7 @@ class StreamTest(unittest.TestCase):
                 code, out, err = self.run_main(*args, "--max-steps", "2")
                 self.assertEqual(code, 0, err)
                 self.assertEqual(out.count("step "), 2, out)
-                code, out, err = self.run_main(*args)
+                code, out, err = self.run_main(*args, "--max-rows", str(len(rows)))
                 self.assertEqual(code, 0, err)
                 self.assertIn("resuming after step 2", err)
                 steps = read_steps(d)
@@ -265,9 +279,52 @@ class StreamTest(unittest.TestCase):
         self.assertIn("after: not a cursor", err)
 
     def test_no_server(self):
-        code, _, err = self.run_main("--url", "http://127.0.0.1:9", "--state", tempfile.mkdtemp())
+        code, _, err = self.run_main("--url", "http://127.0.0.1:9", "--state", tempfile.mkdtemp(), "--give-up", "0.5")
         self.assertEqual(code, 1)
         self.assertIn("GET http://127.0.0.1:9/v1/rows:stream", err)
+        self.assertIn("giving up", err)
+
+    def test_a_cut_stream_resumes_on_another_replica(self):
+        """The first replica's stream is cut in the middle of a rollout:
+        the step being gathered is dropped, and the trainer resumes from
+        its committed cursor on the second replica; every row is taken
+        once, and every rollout's rows in one step."""
+        rows = make_rows(rollouts=6, samples=2)
+        cut = next(i for i in range(5, len(rows)) if rows[i]["rollout_id"] == rows[i - 1]["rollout_id"])
+        a, b = StreamServer(rows, cut_after=cut), StreamServer(rows, hold=5)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        d = tempfile.mkdtemp()
+        code, _, err = self.run_main("--url", a.url + "," + b.url, "--state", d, "--batch-rows", "4", "--idle", "0.5",
+                                     "--max-rows", str(len(rows)))
+        self.assertEqual(code, 0, err)
+        self.assertIn("resuming after", err)
+        steps = read_steps(d)
+        self.assertEqual([k for st in steps for k in st["rows"]], [trainer.row_key(r) for r in rows])
+        for st in steps:
+            ids = [k.split("/")[0] for k in st["rows"]]
+            for other in steps:
+                if other is not st:
+                    self.assertFalse(set(ids) & {k.split("/")[0] for k in other["rows"]}, "a rollout split across steps")
+        self.assertEqual(len(a.requests), 1)
+        self.assertEqual([after for _, after, _ in b.requests], [steps[0]["cursor"]])
+
+    def test_an_error_line(self):
+        rows = make_rows(rollouts=4, samples=1)
+        for code, retried in ((14, True), (3, False)):
+            with self.subTest(code=code):
+                srv = StreamServer(rows, hold=5, error_line=json.dumps({"error": {"code": code, "message": "stream error %d" % code}}))
+                self.addCleanup(srv.close)
+                d = tempfile.mkdtemp()
+                rc, _, err = self.run_main("--url", srv.url, "--state", d, "--batch-rows", "1", "--idle", "0.5",
+                                           "--max-rows", str(len(rows)), "--give-up", "2")
+                self.assertIn("stream error %d" % code, err)
+                if retried:
+                    self.assertEqual(rc, 0, err)
+                    self.assertEqual([k for st in read_steps(d) for k in st["rows"]], [trainer.row_key(r) for r in rows])
+                else:
+                    self.assertEqual(rc, 1, err)
+                    self.assertEqual(len(srv.requests), 1)
 
     def test_killed_mid_stream_and_restarted(self):
         """The trainer process killed (SIGKILL) while a stream goes, then
@@ -287,7 +344,7 @@ class StreamTest(unittest.TestCase):
         p.communicate(timeout=10)
         killed_at = len(read_steps(d))
         self.assertGreaterEqual(killed_at, 3)
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        res = subprocess.run(argv + ["--max-rows", str(len(rows))], capture_output=True, text=True, timeout=30)
         self.assertEqual(res.returncode, 0, res.stderr)
         seen = [k for s in read_steps(d) for k in s["rows"]]
         self.assertEqual(seen, [trainer.row_key(r) for r in rows])

@@ -24,7 +24,10 @@ trains on a row twice or skips one.
 
 A step takes whole rollouts: rows of one rollout arrive together, and the
 step ends at the first row of another rollout once it holds --batch-rows
-rows, or when the stream has been idle for --idle seconds.
+rows, or when the stream has been idle for --idle seconds. When the stream
+breaks or ends (a replica shutting down, a cut connection) the step being
+gathered is dropped and the trainer resumes from its committed cursor, on
+the next of the --url replicas.
 """
 
 import argparse
@@ -34,8 +37,10 @@ import math
 import os
 import queue
 import re
+import socket
 import sys
 import threading
+import time
 import urllib.parse
 
 STATE = "state.json"
@@ -44,6 +49,17 @@ STEPS = "steps.jsonl"
 
 class StreamError(Exception):
     """The server refused the stream, or sent something that is not a row."""
+
+
+class StreamBroken(StreamError):
+    """The stream could not be had or ended early (no server, a replica
+    shutting down, a cut connection): the trainer resumes from its
+    committed cursor, on the next --url."""
+
+
+# gRPC codes (as the REST gateway writes them) that say a request is
+# wrong, not that the server is away: retrying them cannot help.
+FATAL_CODES = {3, 5, 7, 9, 12, 16}
 
 
 # --- reading rows -----------------------------------------------------------
@@ -69,11 +85,12 @@ def stream_rows(base_url, after, merge="", api_key="", idle=5.0, timeout=30.0):
         resp = conn.getresponse()
     except OSError as e:
         conn.close()
-        raise StreamError("GET %s: %s" % (url, e)) from None
+        raise StreamBroken("GET %s: %s" % (url, e)) from None
     if resp.status != 200:
         body = resp.read(4096).decode("utf-8", "replace").strip()
         conn.close()
-        raise StreamError("GET %s answered %d: %s" % (url, resp.status, body))
+        kind = StreamBroken if resp.status >= 500 or resp.status == 429 else StreamError
+        raise kind("GET %s answered %d: %s" % (url, resp.status, body))
     # The timeout bounds connecting and the answer's head; rows may then be
     # minutes apart. The connection is read in a thread of its own, so that
     # waiting for a row can end a step (a timed-out read cannot resume).
@@ -97,9 +114,9 @@ def stream_rows(base_url, after, merge="", api_key="", idle=5.0, timeout=30.0):
                 yield None
                 continue
             if line is _END:
-                return
+                raise StreamBroken("the stream from %s ended" % url)
             if isinstance(line, Exception):
-                raise StreamError("the stream broke: %s" % line)
+                raise StreamBroken("the stream from %s broke: %s" % (url, line))
             line = line.strip()
             if line:
                 row = decode_row(line)
@@ -107,6 +124,12 @@ def stream_rows(base_url, after, merge="", api_key="", idle=5.0, timeout=30.0):
                     raise StreamError("row %s has no cursor to resume after" % row_key(row))
                 yield row
     finally:
+        # Shut down first: the reader thread holds the response while it
+        # waits on the socket, and closing the response would wait for it.
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         conn.close()
 
 
@@ -123,8 +146,9 @@ def decode_row(line):
     if not isinstance(obj, dict):
         raise StreamError("a line of the stream is not an object: %r" % line[:200])
     if "error" in obj and "token_ids" not in obj:
-        err = obj["error"] or {}
-        raise StreamError("the stream ended with an error: %s" % (err.get("message") or json.dumps(err)))
+        err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+        kind = StreamError if err.get("code") in FATAL_CODES else StreamBroken
+        raise kind("the stream ended with an error: %s" % (err.get("message") or json.dumps(err)))
     if "result" in obj and "token_ids" not in obj:
         obj = obj["result"]
     check_row(obj)
@@ -303,7 +327,8 @@ def step_record(step, rows, t, group_by):
 def batches(rows, batch_rows):
     """Groups rows into steps of whole rollouts: a step closes at the first
     row of another rollout once it holds batch_rows rows, when the source
-    goes idle (None) or at its end."""
+    goes idle (None) or at its end. A source that breaks (StreamBroken)
+    drops the step being gathered: its rows come again on resuming."""
     batch = []
     for row in rows:
         if row is None:
@@ -319,7 +344,9 @@ def batches(rows, batch_rows):
         yield batch
 
 
-def train(rows, state, batch_rows, pad_id, group_by, max_steps, out):
+def train(rows, state, batch_rows, pad_id, group_by, out, max_steps=0, max_rows=0):
+    """Runs a step per batch of rows; returns True once max_steps steps or
+    max_rows rows are committed (0: no bound)."""
     for batch in batches(rows, batch_rows):
         t = batch_tensors(batch, pad_id, group_by)
         rec = step_record(state.steps, batch, t, group_by)
@@ -328,14 +355,46 @@ def train(rows, state, batch_rows, pad_id, group_by, max_steps, out):
         print("step %d: %d rows (%d trained, width %d, %d loss tokens), mean old logprob %.4f, %d groups, cursor %s"
               % (rec["step"], len(batch), rec["trained_rows"], rec["width"], rec["loss_tokens"],
                  rec["mean_old_logprob"], len(t["groups"]), rec["cursor"] or "-"), file=out, flush=True)
-        if max_steps and state.steps >= max_steps:
-            return
+        if (max_steps and state.steps >= max_steps) or (max_rows and state.rows >= max_rows):
+            return True
+    return False
+
+
+def train_stream(urls, state, args, group_by, out, err, sleep=time.sleep, clock=time.monotonic):
+    """Trains on osmo's row stream, resuming from the committed cursor
+    whenever the stream breaks or ends, on the next of urls (replicas share
+    the stream's state), after a pause that doubles up to 5s. It gives up
+    when no row came for args.give_up seconds of trying."""
+    i, pause, last_row = 0, 0.2, clock()
+
+    def seen(rows):
+        nonlocal last_row, pause
+        for row in rows:
+            if row is not None:
+                last_row, pause = clock(), 0.2
+            yield row
+
+    while True:
+        url = urls[i % len(urls)]
+        try:
+            rows = stream_rows(url, state.cursor, args.merge, args.api_key, args.idle)
+            if train(seen(rows), state, args.batch_rows, args.pad_id, group_by, out, args.max_steps, args.max_rows):
+                return
+        except StreamBroken as e:
+            if clock() - last_row > args.give_up:
+                raise StreamError("%s; no row for %gs, giving up" % (e, args.give_up)) from None
+            i += 1
+            print("trainer: %s; resuming after %s on %s in %.1fs" % (e, state.cursor or "(start)", urls[i % len(urls)], pause),
+                  file=err, flush=True)
+            sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--url", help="osmo's REST base URL (streams GET /v1/rows:stream)")
+    src.add_argument("--url", help="osmo's REST base URL (streams GET /v1/rows:stream); several, comma-separated, are "
+                                   "replicas tried in turn when a stream breaks")
     src.add_argument("--rows-file", help="an eval's rows.jsonl, read in place of a stream")
     ap.add_argument("--state", required=True, help="directory of the trainer's state (cursor, steps)")
     ap.add_argument("--api-key", default=os.environ.get("OSMO_API_KEY", ""), help="bearer for osmo's API (env OSMO_API_KEY)")
@@ -349,6 +408,9 @@ def main(argv=None):
     ap.add_argument("--pad-id", type=int, default=0, help="the id input_ids are padded with (0)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds without a row that end a step (5)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many committed steps (0: never)")
+    ap.add_argument("--max-rows", type=int, default=0, help="stop once this many rows are committed (0: never)")
+    ap.add_argument("--give-up", type=float, default=300.0,
+                    help="seconds without a row, while the stream keeps breaking, after which the trainer exits 1 (300)")
     args = ap.parse_args(argv)
     if args.batch_rows < 1:
         ap.error("--batch-rows must be at least 1")
@@ -356,14 +418,15 @@ def main(argv=None):
     print("resuming after step %d, %d rows, cursor %s" % (state.steps, state.rows, state.cursor or "(start)")
           if state.steps else "starting", file=sys.stderr, flush=True)
     try:
+        group_by = args.group_pattern or args.group_by
         if args.rows_file:
             rows = file_rows(args.rows_file)
             # A file has no cursor: the committed rows are skipped.
             rows = (r for i, r in enumerate(rows) if i >= state.rows)
+            train(rows, state, args.batch_rows, args.pad_id, group_by, sys.stdout, args.max_steps, args.max_rows)
         else:
-            rows = stream_rows(args.url, state.cursor, args.merge, args.api_key, args.idle)
-        group_by = args.group_pattern or args.group_by
-        train(rows, state, args.batch_rows, args.pad_id, group_by, args.max_steps, sys.stdout)
+            urls = [u.strip() for u in args.url.split(",") if u.strip()]
+            train_stream(urls, state, args, group_by, sys.stdout, sys.stderr)
     except StreamError as e:
         print("trainer: %s" % e, file=sys.stderr)
         return 1

@@ -3,15 +3,24 @@ package eval
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/parquet-go/parquet-go"
 
+	"github.com/osmo-rl/osmo"
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/rows"
+	"github.com/osmo-rl/osmo/internal/sample"
 )
 
 // The run's training rows, beside results.jsonl.
@@ -120,6 +129,71 @@ func buildRows(results []Result, merge string) ([]TrainingRow, RowsSummary, map[
 	}
 	return out, s, notes
 }
+
+// recordTimeout bounds reading a rollout's record while its grader
+// callback waits for the answer.
+const recordTimeout = 5 * time.Second
+
+// recordCalls reads sampleID's LLM calls from the rollout's record on an
+// osmo rollout server (GET /v1/rollouts/{id}): whole, with the
+// completion's token strings and the reason a call has no tokens, which
+// the grader callback's llm_calls leave out (the wires carry only the
+// fields they always have). ok is false when the server is no osmo or its
+// record lacks the sample: the callback's calls then stand. A server that
+// has no such route (404, 405, 501) is not asked again: noRecords is set.
+func recordCalls(ctx context.Context, serverURL, key, rolloutID, sampleID string, noRecords *atomic.Bool) (calls []*osmo.LLMCall, ok bool) {
+	if serverURL == "" || sampleID == "" || noRecords.Load() {
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(serverURL, "/")+"/v1/rollouts/"+url.PathEscape(rolloutID), nil)
+	if err != nil {
+		return nil, false
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+		noRecords.Store(true)
+		return nil, false
+	default:
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRecordBytes))
+	if err != nil {
+		return nil, false
+	}
+	var rec rolloutv1.Rollout
+	if sample.FromJSON(body, &rec) != nil || rec.GetRolloutId() != rolloutID {
+		return nil, false
+	}
+	for _, sm := range rec.GetSamples() {
+		if sm.GetId() != sampleID {
+			continue
+		}
+		calls = make([]*osmo.LLMCall, len(sm.GetLlmCalls()))
+		for i, pc := range sm.GetLlmCalls() {
+			calls[i] = &osmo.LLMCall{}
+			if sample.FromProto(pc, calls[i]) != nil {
+				return nil, false
+			}
+		}
+		return calls, len(calls) > 0
+	}
+	return nil, false
+}
+
+// maxRecordBytes bounds a rollout record read for its calls: the server's
+// own bound on a message (64 MiB).
+const maxRecordBytes = 64 << 20
 
 // parquetRow is a row of rows.parquet: rows.jsonl's fields under the same
 // names, the arrays as Parquet lists.

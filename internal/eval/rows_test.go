@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -49,6 +51,70 @@ func goodCalls(label string, run int) []map[string]any {
 		return []map[string]any{{"no_tokens_reason": "the policy refused the token parameters"}}
 	}
 	return nil
+}
+
+var rowOfID = regexp.MustCompile(`-r(\d+)-n(\d+)$`)
+
+// recordOf is the record osmo's rollout server holds for id: its sample's
+// calls as the callback sends them, with the token strings the callback
+// leaves out (here marked "rec:").
+func recordOf(id string) map[string]any {
+	m := rowOfID.FindStringSubmatch(id)
+	if m == nil {
+		return nil
+	}
+	row, _ := strconv.Atoi(m[1])
+	run, _ := strconv.Atoi(m[2])
+	calls := goodCalls(*testRows()[row].Label, run)
+	for _, c := range calls {
+		var strs []string
+		for _, s := range c["completion_token_strings"].([]string) {
+			strs = append(strs, "rec:"+s)
+		}
+		c["completion_token_strings"] = strs
+	}
+	return map[string]any{"rollout_id": id, "state": "STATE_SUCCEEDED", "samples": []map[string]any{{"id": "s-" + id, "llm_calls": calls}}}
+}
+
+// TestRowsCallsFromTheRecord: with an osmo rollout server, a sample's
+// calls are read whole from the rollout's record, token strings included;
+// a server without records (an SDK's, answering 404) is asked once, and
+// the callback's calls stand.
+func TestRowsCallsFromTheRecord(t *testing.T) {
+	for _, records := range []bool{true, false} {
+		out := filepath.Join(t.TempDir(), "run")
+		p := testPlan(t, out, 2)
+		srv := newFakeServer(t)
+		srv.records = records
+		// One at a time: a server without records is asked once (several
+		// grader callbacks at once may each ask before the first answer).
+		p.ServerURL, p.TrainingRows, p.BatchSize = srv.srv.URL, true, 1
+		rep, err := eval.Run(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		withCalls := 0
+		for _, r := range rep.Results {
+			if len(r.LLMCalls) == 0 || len(r.LLMCalls[0].CompletionTokenStrings) == 0 {
+				continue
+			}
+			withCalls++
+			if got := strings.HasPrefix(r.LLMCalls[0].CompletionTokenStrings[0], "rec:"); got != records {
+				t.Errorf("records %v, row %d run %d: token strings %q", records, r.RowIndex, r.RunIndex, r.LLMCalls[0].CompletionTokenStrings)
+			}
+		}
+		// pass 2, mixed 2, odd run 1.
+		if withCalls != 5 {
+			t.Errorf("records %v: %d results with calls, want 5", records, withCalls)
+		}
+		if n := srv.recordGets.Load(); !records && n != 1 {
+			t.Errorf("a server without records was asked %d times, want once", n)
+		}
+		// pass 2 × 1, mixed 2 × 2, odd run 1's 1.
+		if got := readRowsFiles(t, out); len(got) != 7 {
+			t.Errorf("records %v: %d rows, want 7", records, len(got))
+		}
+	}
 }
 
 // fileRow is a row of rows.jsonl and of rows.parquet, as a trainer reads

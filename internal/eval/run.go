@@ -216,6 +216,10 @@ type runner struct {
 	commits sync.RWMutex
 	sealed  bool
 
+	// noRecords is set once the rollout server showed it keeps no records
+	// to read a sample's calls from (see recordCalls).
+	noRecords atomic.Bool
+
 	mu       sync.Mutex
 	done     map[Key]Result
 	byRow    map[int]Row
@@ -351,13 +355,16 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 // removed sample is skipped, without a reward; a failed completion is
 // failed, with its err_category or workflow_failed. A failed attempt keeps
 // the reward its sample carried.
-func (r *runner) commit(_ context.Context, res controller.V03Result) error {
+func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
 	out := Result{Status: StatusSuccess}
 	if res.Sample != nil {
 		out.Reward = res.Sample.Reward
 		out.Messages = res.Sample.Messages
 		if r.plan.TrainingRows {
 			out.SampleID, out.LLMCalls = sampleCalls(r.plan.Logger, res.RolloutID, res.Sample.Raw)
+			if calls, ok := recordCalls(ctx, r.plan.ServerURL, r.plan.ServerKey, res.RolloutID, out.SampleID, &r.noRecords); ok {
+				out.LLMCalls = calls
+			}
 		}
 	}
 	comp := res.Completion
