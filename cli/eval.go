@@ -76,7 +76,10 @@ type backendSpec struct {
 	// osmosisRollout starts rolloutDir's server (its entrypoint) in
 	// place of osmo's own rollout server; its output goes to
 	// runDir/logs.txt, redacted.
-	osmosisRollout     bool
+	osmosisRollout bool
+	// rows has osmo's own rollout server ask the policy for tokens (the
+	// config's [rows] enabled).
+	rows               bool
 	rolloutDir, runDir string
 	redact             *eval.Redactor
 	verbose            bool
@@ -152,6 +155,7 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec, plan *e
 		}
 		slices.Sort(sc.rollout.execEnv)
 	}
+	sc.rollout.rows = s.rows
 	sc.rollout.maxConcurrent = max(sc.rollout.maxConcurrent, s.maxConcurrent)
 	sc.rollout.maxQueued = sc.rollout.maxConcurrent
 	sc.tracing = stackTracing(tel)
@@ -315,7 +319,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	}
 	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
-		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
+		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rows: cfg.Rows.On(), rolloutDir: layout.RolloutDir,
 		runDir: rd.Path, redact: redact, verbose: f.verbose,
 	}, &plan)
 	if err != nil {

@@ -3,16 +3,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -95,7 +91,8 @@ func expectedRows(calls []qwen3policy.Call) [][]int {
 	return rows
 }
 
-// TestRowsAgainstQwen3Policy drives `osmo serve` as a v0.3 controller does,
+// TestRowsAgainstQwen3Policy drives `osmo serve` as a v0.3 controller does
+// (TestEvalRowsOnTheQwen3Double does the same through osmo eval run),
 // against a policy that renders Qwen3's chat template and tokenizes with
 // its tokenizer, through the plain, reasoning, re-serialized tool-call and
 // non-thinking scenarios, and checks every row against what the policy
@@ -173,81 +170,6 @@ func TestRowsAgainstQwen3Policy(t *testing.T) {
 						t.Errorf("rollout %s: realign gave %d rows (%+v), want one realigned row of every call", id, len(re), re)
 					}
 				}
-			}
-
-			// osmo eval run against the same policy writes the same rows.
-			if err := policy.Reset(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			questions := [][2]int{{6, 7}, {12, 11}}
-			dir := t.TempDir()
-			var dataset strings.Builder
-			for _, q := range questions {
-				fmt.Fprintf(&dataset, `{"user_prompt": "What is %d times %d?", "ground_truth": "%d"}`+"\n", q[0], q[1], q[0]*q[1])
-			}
-			if err := os.WriteFile(filepath.Join(dir, "rows.jsonl"), []byte(dataset.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			toml := fmt.Sprintf(`[experiment]
-rollout = "multiply"
-model_path = "qwen3"
-dataset = "rows.jsonl"
-
-[evaluation]
-n = 1
-batch_size = 1
-agent_workflow_timeout_s = 60
-grader_timeout_s = 30
-
-[llm]
-base_url = %q
-api_key_env = "OSMO_TEST_EVAL_KEY"
-`, policy.URL())
-			cfg := filepath.Join(dir, "multiply.toml")
-			if err := os.WriteFile(cfg, []byte(toml), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(dir, "out")
-			if code, output := runEval(t, cfg, "--output", out, "--name", "rows"); code != 0 {
-				t.Fatalf("osmo eval run: exit %d\n%s", code, output)
-			}
-			calls, err := policy.Record(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			byRollout := map[string][]apiRow{}
-			var rowIndex = map[string]int{}
-			f, err := os.Open(filepath.Join(out, "rows", "rows.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			sc := bufio.NewScanner(f)
-			sc.Buffer(nil, 1<<24)
-			for sc.Scan() {
-				var r struct {
-					apiRow
-					RowIndex int `json:"row_index"`
-				}
-				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-					t.Fatal(err)
-				}
-				byRollout[r.RolloutID] = append(byRollout[r.RolloutID], r.apiRow)
-				rowIndex[r.RolloutID] = r.RowIndex
-			}
-			if len(byRollout) != len(questions) {
-				t.Fatalf("rows.jsonl holds the rows of %d rollouts, want %d", len(byRollout), len(questions))
-			}
-			for id, got := range byRollout {
-				q := questions[rowIndex[id]]
-				question := fmt.Sprintf("What is %d times %d?", q[0], q[1])
-				var mine []qwen3policy.Call
-				for _, c := range calls {
-					if strings.Contains(c.Prompt, question) {
-						mine = append(mine, c)
-					}
-				}
-				checkRows(t, id, mine, expectedRows(mine), got, 1)
 			}
 		})
 	}
