@@ -135,15 +135,15 @@ func TestPythonTrainerStreamsRows(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// A step per prompt: the next prompt runs once the trainer committed
+	// the last one's rows (its idle closed the step).
 	for p := range 2 {
 		runPrompt(p)
-		time.Sleep(time.Second) // past the trainer's idle: a step per prompt
+		waitFor(fmt.Sprintf("the step of prompt %d", p), func() bool { return len(readTrainerSteps(t, state)) >= p+1 })
 	}
-	waitFor("the first steps", func() bool { return len(readTrainerSteps(t, state)) >= 2 })
 	trainer.Stop(syscall.SIGKILL, 0)
 	for p := 2; p < prompts; p++ {
 		runPrompt(p)
-		time.Sleep(time.Second)
 	}
 
 	// The server's own rows of every rollout.
