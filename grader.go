@@ -100,6 +100,13 @@ type LLMCall struct {
 	PromptTokenIDs     []int32   `json:"prompt_token_ids,omitempty"`
 	CompletionTokenIDs []int32   `json:"completion_token_ids,omitempty"`
 	Logprobs           []float64 `json:"logprobs,omitempty"`
+	// CompletionTokenStrings are the completion's tokens as text, one per
+	// CompletionTokenIDs entry, as the policy's logprobs name them: where
+	// a later prompt parts from this completion, they say what changed.
+	CompletionTokenStrings []string `json:"completion_token_strings,omitempty"`
+	// NoTokensReason says why the call has no token ids when it has none
+	// (the policy refused the token parameters, or returned none).
+	NoTokensReason string `json:"no_tokens_reason,omitempty"`
 	// StatusCode is what the proxy answered; Error is set when the call failed.
 	StatusCode int    `json:"status_code"`
 	Error      string `json:"error"`

@@ -76,7 +76,10 @@ type backendSpec struct {
 	// osmosisRollout starts rolloutDir's server (its entrypoint) in
 	// place of osmo's own rollout server; its output goes to
 	// runDir/logs.txt, redacted.
-	osmosisRollout     bool
+	osmosisRollout bool
+	// rows has osmo's own rollout server ask the policy for tokens (the
+	// config's [rows] enabled).
+	rows               bool
 	rolloutDir, runDir string
 	redact             *eval.Redactor
 	verbose            bool
@@ -152,6 +155,7 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec, plan *e
 		}
 		slices.Sort(sc.rollout.execEnv)
 	}
+	sc.rollout.rows = s.rows
 	sc.rollout.maxConcurrent = max(sc.rollout.maxConcurrent, s.maxConcurrent)
 	sc.rollout.maxQueued = sc.rollout.maxConcurrent
 	sc.tracing = stackTracing(tel)
@@ -311,10 +315,11 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		Title:       rd.Name, Progress: e.stderr, Live: !f.noLive && isTerminal(e.stderr), Redact: redact,
 		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
 		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
+		TrainingRows: cfg.Rows.On(), RowsMerge: cfg.Rows.Merge,
 	}
 	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
-		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rolloutDir: layout.RolloutDir,
+		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rows: cfg.Rows.On(), rolloutDir: layout.RolloutDir,
 		runDir: rd.Path, redact: redact, verbose: f.verbose,
 	}, &plan)
 	if err != nil {
@@ -433,6 +438,11 @@ func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) 
 			for _, f := range []string{eval.ResultsFile, eval.SummaryFile, eval.ReportFile, eval.MetricsFile} {
 				fmt.Fprintln(e.stdout, filepath.Join(output, f))
 			}
+			if rep.Summary.Rows != nil {
+				for _, f := range []string{eval.RowsFile, eval.RowsParquetFile} {
+					fmt.Fprintln(e.stdout, filepath.Join(output, f))
+				}
+			}
 		}
 	}
 	switch {
@@ -518,6 +528,9 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 		files := map[string]string{}
 		for k, f := range map[string]string{"results": eval.ResultsFile, "summary": eval.SummaryFile, "report": eval.ReportFile, "events": eval.EventsFile, "index": eval.IndexFile, "metrics": eval.MetricsFile, "progress": eval.ProgressFile} {
 			files[k] = filepath.Join(output, f)
+		}
+		if rep.Summary.Rows != nil {
+			files["rows"], files["rows_parquet"] = filepath.Join(output, eval.RowsFile), filepath.Join(output, eval.RowsParquetFile)
 		}
 		resource["files"] = files
 		message += ": " + output

@@ -34,6 +34,10 @@ import (
 	"github.com/osmo-rl/osmo/services/rollout"
 )
 
+// rowsUsage is the --training-rows flag's help, on every command that has it.
+const rowsUsage = "training rows: ask the policy for the token ids and logprobs they need on every LLM call (vLLM's and SGLang's members; " +
+	"a policy that refuses them is asked again without, then no more); false (or env OSMO_TRAINING_ROWS=false) asks nothing and sends the agents' calls as they came"
+
 // defaultMaxMessageBytes bounds gRPC messages and HTTP bodies: a rollout's
 // samples carry whole conversations and every recorded LLM call.
 const defaultMaxMessageBytes = 64 << 20
@@ -44,9 +48,9 @@ type rolloutFlags struct {
 	execSamples, maxQueued, maxConcurrent, callbackConc                                int
 	recordTTL, rolloutTimeout, gradeTimeout, drainTimeout, deliveryDeadline, lostAfter time.Duration
 
-	noValidate     bool
-	recordMaxBytes byteSize
-	execLimits     execLimitsFlag
+	noValidate, rows bool
+	recordMaxBytes   byteSize
+	execLimits       execLimitsFlag
 	// execEnv are KEY=VALUE variables an exec agent gets beyond the
 	// contract's (an eval's [env] and secrets); not a flag.
 	execEnv  []string
@@ -71,6 +75,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.IntVar(&f.execSamples, "exec-samples", 0, "with --exec: samples (runs) per rollout (default 1, or the config's)")
 	fs.Var(&f.execLimits, "exec-limits", execLimitsUsage)
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
+	fs.BoolVar(&f.rows, "training-rows", e.getenv("OSMO_TRAINING_ROWS") != "false", rowsUsage)
 	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; remote-rollout /v1/rollout/init requests queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
 	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)")
@@ -158,6 +163,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		MaxMetadataBytes: f.env.maxMetadataBytes,
 		Client:           f.env.client,
 		Model:            f.model,
+		Rows:             f.rows,
 		Outbound:         f.outbound.policy(),
 		LogDir:           f.logDir,
 		Logger:           log,

@@ -34,6 +34,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		timeout, baseDelay, maxDelay  time.Duration
 		maxBody                       int64
 		keep                          int
+		rows                          bool
 		lf                            logFlags
 	)
 	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
@@ -46,6 +47,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&maxDelay, "retry-max-delay", 30*time.Second, "retry delay cap")
 	fs.Int64Var(&maxBody, "max-body-bytes", 32<<20, "largest request body accepted")
 	fs.IntVar(&keep, "keep-calls", 10000, "recorded calls kept in memory for GET /r/{rollout_id}/calls")
+	fs.BoolVar(&rows, "training-rows", e.getenv("OSMO_TRAINING_ROWS") != "false", rowsUsage)
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -66,6 +68,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		Retry:          llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
 		Timeout:        timeout,
 		MaxBodyBytes:   maxBody,
+		AskTokens:      rows,
 		Logger:         log,
 		Metrics:        reg,
 		TracerProvider: tel.TracerProvider(),

@@ -19,6 +19,11 @@
 // error. Agents send the placeholder model "openai/osmosis-rollout", which
 // the proxy routes to the current policy.
 //
+// python-trainer/trainer.py is the other side: a trainer, in the Python
+// standard library, that streams training rows from a running osmo
+// (GET /v1/rows:stream), resumes after its own restart from a committed
+// cursor, and turns rows into a PPO/GRPO step's tensors.
+//
 // eino-agent is a Go workflow built with github.com/cloudwego/eino (a react
 // agent with a multiply tool) through integrations/osmoeino; its tests run it
 // against the proxy and inside the real rollout service.

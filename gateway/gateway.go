@@ -134,8 +134,9 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (g *gateway) newREST(rollout, grader grpc.ClientConnInterface) (*runtime.ServeMux, error) {
+	marshaler := newJSONMarshaler()
 	mux := runtime.NewServeMux(
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, marshaler),
 		runtime.WithErrorHandler(g.writeRPCError),
 		runtime.WithRoutingErrorHandler(g.writeRoutingError),
 		runtime.WithIncomingHeaderMatcher(incomingHeader),
@@ -143,6 +144,8 @@ func (g *gateway) newREST(rollout, grader grpc.ClientConnInterface) (*runtime.Se
 		runtime.WithOutgoingHeaderMatcher(dropHeader),
 		runtime.WithOutgoingTrailerMatcher(dropHeader),
 		runtime.WithForwardResponseOption(acceptInitRollout),
+		runtime.WithForwardResponseOption(rowsHeaders),
+		runtime.WithForwardResponseRewriter(plainRows(marshaler)),
 	)
 	// The context is only for connections they would dial themselves.
 	ctx := context.Background()
@@ -162,6 +165,9 @@ func (g *gateway) serveREST(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, g.maxBody)}
+	if r.URL.Path == rowsStreamPath {
+		w = &headerOnce{ResponseWriter: w}
+	}
 	g.rest.ServeHTTP(w, r)
 }
 

@@ -80,10 +80,18 @@ type fakeRollout struct {
 	errs       map[string]error // GetRollout answers errs[rollout_id] when set
 	watch      []*rolloutv1.Rollout
 	watchErr   error
+	// StreamRows: rowsAtOnce fails the request before its headers;
+	// otherwise headers are sent, rowsHold (when set) is waited for, then
+	// rows are sent and rowsErr ends the stream.
+	rows       []*rolloutv1.Row
+	rowsErr    error
+	rowsAtOnce error
+	rowsHold   chan struct{}
 
 	mu        sync.Mutex
 	lastInit  *rolloutv1.InitRolloutRequest
 	lastWatch *rolloutv1.WatchRolloutsRequest
+	lastRows  *rolloutv1.StreamRowsRequest
 }
 
 func (f *fakeRollout) InitRollout(ctx context.Context, req *rolloutv1.InitRolloutRequest) (*rolloutv1.InitRolloutResponse, error) {
@@ -151,6 +159,37 @@ func (f *fakeRollout) WatchRollouts(req *rolloutv1.WatchRolloutsRequest, stream 
 		}
 	}
 	return f.watchErr
+}
+
+func (f *fakeRollout) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.ServerStreamingServer[rolloutv1.Row]) error {
+	f.mu.Lock()
+	f.lastRows = proto.Clone(req).(*rolloutv1.StreamRowsRequest)
+	f.mu.Unlock()
+	if f.rowsAtOnce != nil {
+		return f.rowsAtOnce
+	}
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	if f.rowsHold != nil {
+		select {
+		case <-f.rowsHold:
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+	for _, r := range f.rows {
+		if err := stream.Send(r); err != nil {
+			return err
+		}
+	}
+	return f.rowsErr
+}
+
+func (f *fakeRollout) rowsRequest() *rolloutv1.StreamRowsRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastRows
 }
 
 func (f *fakeRollout) watchRequest() *rolloutv1.WatchRolloutsRequest {

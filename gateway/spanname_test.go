@@ -14,6 +14,9 @@ func TestSpanName(t *testing.T) {
 	for _, tc := range []struct{ method, path, want string }{
 		{"POST", "/v1/rollout/init", "POST /v1/rollout/init"},
 		{"GET", "/v1/rollouts/r-1", "GET /v1/rollouts/{rollout_id}"},
+		{"GET", "/v1/rollouts/r-1/rows", "GET /v1/rollouts/{rollout_id}/rows"},
+		{"GET", "/v1/rollouts//rows", "GET"},
+		{"GET", "/v1/rows:stream", "GET /v1/rows:stream"},
 		{"POST", "/rollout", "POST /rollout"},
 		{"POST", "/rollout/cancel", "POST /rollout/cancel"},
 		{"GET", "/rollout/r-1/status", "GET /rollout/{rollout_id}/status"},

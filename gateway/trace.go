@@ -60,13 +60,18 @@ func routeOf(r *http.Request) string {
 	switch {
 	case isProcedure(p):
 		return p
-	case p == "/v1/rollout/init" || p == "/v1/rollouts:watch" || p == "/v1/grade" ||
+	case p == "/v1/rollout/init" || p == "/v1/rollouts:watch" || p == rowsStreamPath || p == "/v1/grade" ||
 		p == "/rollout" || p == "/rollout/cancel" ||
 		p == "/health" || p == "/platform/health" || p == "/openapi.json":
 		return p
 	}
 	if id, ok := strings.CutPrefix(p, "/v1/rollouts/"); ok && isSegment(id) {
 		return "/v1/rollouts/{rollout_id}"
+	}
+	if rest, ok := strings.CutPrefix(p, "/v1/rollouts/"); ok {
+		if id, ok := strings.CutSuffix(rest, "/rows"); ok && isSegment(id) {
+			return "/v1/rollouts/{rollout_id}/rows"
+		}
 	}
 	if rest, ok := strings.CutPrefix(p, "/rollout/"); ok {
 		if id, ok := strings.CutSuffix(rest, "/status"); ok && isSegment(id) {

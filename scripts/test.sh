@@ -34,6 +34,9 @@ fi
 step "JavaScript agents (examples/agents-js): install from the lockfile, unit tests, typecheck"
 (cd examples/agents-js && npm ci --no-audit --no-fund && npm test && npm run typecheck)
 
+step "Qwen3 policy double (internal/qwen3policy): install from the lockfile, unit tests"
+(cd internal/qwen3policy && npm ci --no-audit --no-fund && npm test)
+
 step "go vet"
 go vet ./...
 

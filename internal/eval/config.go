@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/osmo-rl/osmo/internal/rows"
 )
 
 // Config generations: the file an Osmosis project holds is one or the
@@ -48,6 +50,8 @@ type Config struct {
 	Fresh, RetryFailed bool
 	// Output is the v0.2 [output] section.
 	Output Output
+	// Rows is osmo's [rows] section, read in either generation.
+	Rows Rows
 	// Generation is GenerationCurrent or GenerationV02.
 	Generation string
 	// Path is the file the config was read from.
@@ -102,6 +106,23 @@ type LLM struct {
 	// secrets first, then the environment.
 	APIKeyEnv string `toml:"api_key_env"`
 }
+
+// Rows is osmo's [rows] section: the training rows a run derives from
+// each sample's recorded LLM calls (rows.jsonl and rows.parquet).
+type Rows struct {
+	// Enabled (true when unset) has the rollout's LLM calls ask the policy
+	// for token ids and logprobs, and the run write its rows files. Off, it
+	// asks for nothing and writes no rows file, but keeps the files an
+	// earlier invocation of the run wrote current.
+	Enabled *bool `toml:"enabled"`
+	// Merge is "exact" (the default: a new row where a call's prompt does
+	// not start with the row so far) or "realign" (keep one row, placing
+	// the policy's own tokens where the template re-rendered them).
+	Merge string `toml:"merge"`
+}
+
+// On reports whether rows are enabled.
+func (r Rows) On() bool { return r.Enabled == nil || *r.Enabled }
 
 // Output is the v0.2 file's [output] section.
 type Output struct {
@@ -176,6 +197,7 @@ type rawFile struct {
 		GraderTimeoutS *float64 `toml:"grader_timeout_s"`
 	} `toml:"timeouts"`
 	Output   *Output        `toml:"output"`
+	Rows     *Rows          `toml:"rows"`     // osmo's, in either generation
 	Grader   map[string]any `toml:"grader"`   // v0.2 releases before v0.2.21
 	Baseline map[string]any `toml:"baseline"` // likewise
 }
@@ -224,12 +246,12 @@ func LoadConfig(path string) (*Config, error) {
 		if len(k) >= 2 && slices.Contains([]string{"advanced", "grader", "baseline"}, k[0]) {
 			continue
 		}
-		msg, sections := "unknown key", "the sections are [experiment], [evaluation], [env], [secrets], [advanced] and osmo's [llm]"
+		msg, sections := "unknown key", "the sections are [experiment], [evaluation], [env], [secrets], [advanced] and osmo's [llm] and [rows]"
 		if len(k) == 1 {
 			msg = "unknown section"
 		}
 		if gen == GenerationV02 {
-			sections = "this v0.2-era file's sections are [eval], [llm], [runs], [timeouts] and [output]"
+			sections = "this v0.2-era file's sections are [eval], [llm], [runs], [timeouts], [output] and osmo's [rows]"
 		}
 		return nil, &ConfigError{Path: path, Line: p.line(k), Key: k.String(), Msg: msg + " (" + sections + ")"}
 	}
@@ -240,6 +262,9 @@ func LoadConfig(path string) (*Config, error) {
 		err = p.fromCurrent(c, &raw)
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := p.rows(c, raw.Rows); err != nil {
 		return nil, err
 	}
 	if err := p.check(c); err != nil {
@@ -416,6 +441,23 @@ func (p *parser) fromV02(c *Config, raw *rawFile) error {
 		if raw.Baseline != nil {
 			c.Advanced["baseline"] = raw.Baseline
 		}
+	}
+	return nil
+}
+
+// rows checks [rows]: merge is one of the two modes, "" read as exact.
+func (p *parser) rows(c *Config, r *Rows) error {
+	if r == nil {
+		c.Rows.Merge = rows.MergeExact
+		return nil
+	}
+	c.Rows = *r
+	switch r.Merge {
+	case "":
+		c.Rows.Merge = rows.MergeExact
+	case rows.MergeExact, rows.ModeRealign:
+	default:
+		return p.errAt(toml.Key{"rows", "merge"}, `must be "exact" or "realign", got %q`, r.Merge)
 	}
 	return nil
 }

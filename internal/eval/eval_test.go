@@ -57,6 +57,28 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("layout %+v", l)
 		}
 	})
+	t.Run("rows", func(t *testing.T) {
+		base := "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n"
+		v02 := "[eval]\nrollout = \"m\"\nentrypoint = \"main.py\"\ndataset = \"d.jsonl\"\n[llm]\nmodel = \"p/m\"\n"
+		for _, tc := range []struct {
+			name, text string
+			on         bool
+			merge      string
+		}{
+			{"default", base, true, "exact"},
+			{"off", base + "[rows]\nenabled = false\n", false, "exact"},
+			{"realign", base + "[rows]\nenabled = true\nmerge = \"realign\"\n", true, "realign"},
+			{"v0.2 file", v02 + "[rows]\nmerge = \"realign\"\nenabled = false\n", false, "realign"},
+		} {
+			c, err := eval.LoadConfig(write(t, dir, "rows.toml", tc.text))
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if c.Rows.On() != tc.on || c.Rows.Merge != tc.merge {
+				t.Errorf("%s: rows on %v merge %q, want %v %q", tc.name, c.Rows.On(), c.Rows.Merge, tc.on, tc.merge)
+			}
+		}
+	})
 	for _, tc := range []struct {
 		name, text, want string
 	}{
@@ -67,6 +89,9 @@ func TestLoadConfig(t *testing.T) {
 		{"no rollout", "[experiment]\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n", "experiment.rollout: Missing 'rollout' in [experiment] section"},
 		{"exec without entrypoint", "[experiment]\nrollout = \"exec\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n", "experiment.entrypoint: required"},
 		{"negative budget", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\ngrader_timeout_s = -1\n", "evaluation.grader_timeout_s"},
+		{"bad merge", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nmerge = \"forked\"\n", `:6: rows.merge: must be "exact" or "realign", got "forked"`},
+		{"rows enabled not a bool", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nenabled = \"no\"\n", "rows.enabled"},
+		{"unknown rows key", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nmode = \"exact\"\n", ":6: rows.mode: unknown key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := eval.LoadConfig(write(t, dir, "bad.toml", tc.text))

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // Result is one sample attempt's terminal result: a line of results.jsonl.
@@ -32,6 +34,12 @@ type Result struct {
 	// none, the one its last LLM call carried.
 	Messages []map[string]any `json:"messages"`
 	TraceID  string           `json:"trace_id,omitempty"`
+	// SampleID and LLMCalls are the sample's id and its LLM calls as the
+	// rollout server recorded them (osmo's does; the SDK's sends none),
+	// kept while rows are on: the run's training rows are derived from
+	// them, so a resume or a rerun derives the same rows again.
+	SampleID string          `json:"sample_id,omitempty"`
+	LLMCalls []*osmo.LLMCall `json:"llm_calls,omitempty"`
 }
 
 // Result statuses, as the Osmosis SDK and platform write them.

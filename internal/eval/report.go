@@ -43,6 +43,10 @@ type reportData struct {
 	Histogram histogram
 	Rows      []reportRow
 	JaegerURL string
+	// TrainingRows is the rows' merge quality; AttemptRows what each
+	// attempt's rows are, by rollout id. Both empty with rows off.
+	TrainingRows []kv
+	AttemptRows  map[string]string
 }
 
 type kv struct {
@@ -88,6 +92,28 @@ func renderReport(w io.Writer, p Plan, rep *Report) error {
 	}
 	for _, k := range sortedKeys(rep.Summary.ErrorsByCategory) {
 		d.Errors = append(d.Errors, kv{k, rep.Summary.ErrorsByCategory[k]})
+	}
+	if rs := rep.Summary.Rows; rs != nil {
+		d.AttemptRows = rep.rowNotes
+		d.TrainingRows = []kv{
+			{"merge mode", rs.Merge},
+			{"rows", rs.Rows},
+			{"rows per sample", fmt.Sprintf("%.2f", rs.RowsPerSample)},
+			{"samples with rows", fmt.Sprintf("%d of %d", rs.SamplesWithRows, rs.Samples)},
+		}
+		for _, k := range sortedKeys(rs.ByMerge) {
+			d.TrainingRows = append(d.TrainingRows, kv{"rows " + k, rs.ByMerge[k]})
+		}
+		for _, k := range sortedKeys(rs.Drift) {
+			d.TrainingRows = append(d.TrainingRows, kv{"drift: " + k, rs.Drift[k]})
+		}
+		d.TrainingRows = append(d.TrainingRows, kv{"samples without tokens", rs.SamplesWithoutTokens})
+		for _, k := range sortedKeys(rs.WithoutTokens) {
+			d.TrainingRows = append(d.TrainingRows, kv{"· " + k, rs.WithoutTokens[k]})
+		}
+		if rs.ProblemCalls > 0 {
+			d.TrainingRows = append(d.TrainingRows, kv{"calls left out", rs.ProblemCalls})
+		}
 	}
 	byRow := map[int][]Result{}
 	var rewards []float64
@@ -230,6 +256,9 @@ type Summary struct {
 	// WallS sums the wall time, in seconds, of the invocations that ran any
 	// of the run's attempts.
 	WallS float64 `json:"wall_s"`
+	// Rows is the merge quality of the run's training rows; nil when the
+	// run has none (rows off).
+	Rows *RowsSummary `json:"rows,omitempty"`
 }
 
 // Summarize computes the summary of results. As the platform does: a
@@ -360,8 +389,38 @@ func (s Summary) WriteTable(w io.Writer) error {
 		row("  "+c, s.ErrorsByCategory[c])
 	}
 	row("tokens used", s.TokensUsed)
+	if rs := s.Rows; rs != nil {
+		row("training rows", rs.line())
+		if len(rs.Drift) > 0 {
+			row("  drift points", countsLine(rs.Drift))
+		}
+		if rs.SamplesWithoutTokens > 0 {
+			row("  samples without tokens", fmt.Sprintf("%d: %s", rs.SamplesWithoutTokens, countsLine(rs.WithoutTokens)))
+		}
+		if rs.ProblemCalls > 0 {
+			row("  calls left out", rs.ProblemCalls)
+		}
+	}
 	row("wall time", fmt.Sprintf("%.1fs", s.WallS))
 	return tw.Flush()
+}
+
+// line is the rows' count, merge and shape, as the summary prints it.
+func (rs *RowsSummary) line() string {
+	return fmt.Sprintf("%d (%s) from %d of %d samples, %.2f per sample; %s",
+		rs.Rows, rs.Merge, rs.SamplesWithRows, rs.Samples, rs.RowsPerSample, countsLine(rs.ByMerge))
+}
+
+// countsLine is "k n · k n" in key order, or "none".
+func countsLine(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, " · ")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/controller"
 )
 
@@ -42,6 +44,11 @@ type Plan struct {
 	Redact *Redactor
 	// SkipChecks leaves out the model and server checks before running.
 	SkipChecks bool
+	// TrainingRows keeps each sample's LLM calls in its result and writes
+	// the training rows derived from them (rows.jsonl, rows.parquet) in
+	// RowsMerge mode ("" or "exact", or "realign"); see writeRows.
+	TrainingRows bool
+	RowsMerge    string
 
 	// ServerURL is the rollout server, PolicyURL the model's OpenAI base
 	// URL, Model the model calls go to; the keys are their bearers.
@@ -85,6 +92,11 @@ type Report struct {
 	Ran, Total, Pending, Resumed int
 	// RunID and RunName are metrics.json's; empty without Output.
 	RunID, RunName string
+	// TrainingRows are the rows derived from Results (rows.jsonl's); nil
+	// with rows off.
+	TrainingRows []TrainingRow
+	// rowNotes say, by rollout id, what rows each attempt gave.
+	rowNotes map[string]string
 }
 
 // Output file names.
@@ -163,8 +175,22 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		wall += time.Since(start).Seconds()
 	}
 	rep.Summary = Summarize(rep.Results, p.PassThreshold, wall)
+	// Rows are derived from the journal's calls each time: a resume or a
+	// rerun (in another merge mode, say) writes every attempt's rows
+	// again. Files an earlier invocation wrote are kept current even with
+	// rows off, never left behind the results.
+	withRows := p.TrainingRows || (p.Output != "" && hasRowsFiles(p.Output))
+	if withRows {
+		var rs RowsSummary
+		rep.TrainingRows, rs, rep.rowNotes = buildRows(rep.Results, p.RowsMerge)
+		rep.Summary.Rows = &rs
+	}
 	if p.Output != "" {
-		if err := writeOutputs(p, rep, files); err != nil {
+		var rowsErr error
+		if withRows {
+			rowsErr = writeRows(p.Output, rep.TrainingRows)
+		}
+		if err := errors.Join(rowsErr, writeOutputs(p, rep, files)); err != nil {
 			return rep, errors.Join(runErr, err)
 		}
 	}
@@ -189,6 +215,10 @@ type runner struct {
 	// refused rather than journaled behind the summary's back.
 	commits sync.RWMutex
 	sealed  bool
+
+	// noRecords is set once the rollout server showed it keeps no records
+	// to read a sample's calls from (see recordCalls).
+	noRecords atomic.Bool
 
 	mu       sync.Mutex
 	done     map[Key]Result
@@ -325,11 +355,17 @@ func (r *runner) one(ctx context.Context, nonce string, k Key) error {
 // removed sample is skipped, without a reward; a failed completion is
 // failed, with its err_category or workflow_failed. A failed attempt keeps
 // the reward its sample carried.
-func (r *runner) commit(_ context.Context, res controller.V03Result) error {
+func (r *runner) commit(ctx context.Context, res controller.V03Result) error {
 	out := Result{Status: StatusSuccess}
 	if res.Sample != nil {
 		out.Reward = res.Sample.Reward
 		out.Messages = res.Sample.Messages
+		if r.plan.TrainingRows {
+			out.SampleID, out.LLMCalls = sampleCalls(r.plan.Logger, res.RolloutID, res.Sample.Raw)
+			if calls, ok := recordCalls(ctx, r.plan.ServerURL, r.plan.ServerKey, res.RolloutID, out.SampleID, &r.noRecords); ok {
+				out.LLMCalls = calls
+			}
+		}
 	}
 	comp := res.Completion
 	switch {
@@ -345,6 +381,28 @@ func (r *runner) commit(_ context.Context, res controller.V03Result) error {
 		out.ErrMessage = cmp.Or(deref(res.ErrMessage), deref(comp.ErrMessage))
 	}
 	return r.commitResult(res.RolloutID, out)
+}
+
+// sampleCalls reads the sample's id and llm_calls, which the v0.3 model
+// does not define (osmo's rollout server adds them). Calls that do not
+// decode are logged and left out: the sample then has no rows, and says
+// so, rather than the result being lost.
+func sampleCalls(log *slog.Logger, rolloutID string, raw json.RawMessage) (string, []*osmo.LLMCall) {
+	var s struct {
+		ID       string          `json:"id"`
+		LLMCalls json.RawMessage `json:"llm_calls"`
+	}
+	if json.Unmarshal(raw, &s) != nil {
+		return "", nil
+	}
+	var calls []*osmo.LLMCall
+	if len(s.LLMCalls) > 0 && string(s.LLMCalls) != "null" {
+		if err := json.Unmarshal(s.LLMCalls, &calls); err != nil {
+			log.Warn("eval: the sample's llm_calls do not decode; it has no training rows", "rollout_id", rolloutID, "error", err)
+			return s.ID, nil
+		}
+	}
+	return s.ID, slices.DeleteFunc(calls, func(c *osmo.LLMCall) bool { return c == nil })
 }
 
 func deref(s *string) string {

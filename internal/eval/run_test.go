@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/osmo-rl/osmo/internal/eval"
@@ -42,10 +43,15 @@ type fakeServer struct {
 	// row's run 0 itself, as a Python rollout server does under
 	// _OSMOSIS_ROLLOUT_ARTIFACT_ROOT.
 	artifacts string
-	srv       *httptest.Server
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	ids       []string
+	// records, when set, has it answer GET /v1/rollouts/{id} as osmo's
+	// rollout server does for a "pass" row (see recordOf); otherwise, as
+	// an SDK server, it has no such route.
+	records    bool
+	recordGets atomic.Int64
+	srv        *httptest.Server
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	ids        []string
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
@@ -58,6 +64,15 @@ func newFakeServer(t *testing.T) *fakeServer {
 			return
 		case "/rollout/cancel":
 			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/rollouts/"); ok && r.Method == http.MethodGet {
+			f.recordGets.Add(1)
+			if rec := recordOf(id); f.records && rec != nil {
+				_ = json.NewEncoder(w).Encode(rec)
+				return
+			}
+			http.NotFound(w, r)
 			return
 		}
 		var body struct {
@@ -111,7 +126,8 @@ func post(t *testing.T, url, key string, body any) {
 func (f *fakeServer) play(t *testing.T, id, label string, run int, msgs []map[string]any, chatURL, llmKey, completionURL, graderURL, ctlKey string) {
 	post(t, chatURL+"/chat/completions", llmKey, map[string]any{"model": "m", "messages": msgs})
 	convo := append(msgs, map[string]any{"role": "assistant", "content": "42"})
-	sample := map[string]any{"messages": convo, "reward": 1.0, "remove_sample": false}
+	// Its llm_calls, as osmo's rollout server adds them: see sampleCalls.
+	sample := map[string]any{"id": "s-" + id, "messages": convo, "reward": 1.0, "remove_sample": false, "llm_calls": sampleCalls(label, run)}
 	completion := map[string]any{"status": "success", "rollout_id": id}
 	grader := map[string]any{"status": "success", "rollout_id": id, "sample": sample}
 	switch {

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/osmo-rl/osmo"
 )
 
 // Redacted is what a secret's value becomes wherever osmo writes it.
@@ -153,6 +155,23 @@ func (r *Redactor) result(res Result) Result {
 	res.ErrCategory = r.String(res.ErrCategory)
 	if res.Messages != nil {
 		res.Messages, _ = r.value(res.Messages).([]map[string]any)
+	}
+	if res.LLMCalls != nil {
+		calls := make([]*osmo.LLMCall, len(res.LLMCalls))
+		for i, c := range res.LLMCalls {
+			cc := *c
+			if c.RequestMessages != nil {
+				cc.RequestMessages = make([]json.RawMessage, len(c.RequestMessages))
+				for j, m := range c.RequestMessages {
+					cc.RequestMessages[j] = r.JSON(m)
+				}
+			}
+			cc.ResponseMessage = r.JSON(c.ResponseMessage)
+			cc.Error = r.String(c.Error)
+			cc.NoTokensReason = r.String(c.NoTokensReason)
+			calls[i] = &cc
+		}
+		res.LLMCalls = calls
 	}
 	return res
 }

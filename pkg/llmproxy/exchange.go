@@ -44,6 +44,15 @@ type exchange struct {
 
 	// resp is set for a Responses API call, whose answer is translated.
 	resp *responsesCall
+
+	// asked are the token members the body going upstream added (nil when
+	// it asks for none); policy names the upstream for the refusals;
+	// refusal is why the upstream refused them on this call, refused why
+	// it did on an earlier one (and this call asks for none).
+	asked   []string
+	policy  upstreamKey
+	refusal string
+	refused string
 }
 
 // serve handles one call of the given API; idSource says where a missing
@@ -119,7 +128,14 @@ func (x *exchange) serve(idSource string) {
 		x.fail(http.StatusBadRequest, re.code, re.param, re.msg)
 		return
 	}
-	out, model := x.req.rewrite(body, route, c.RolloutID)
+	ask := false
+	if p.askTokens {
+		x.policy = newUpstreamKey(route.BaseURL, x.req.stream)
+		x.refused = p.refusals.refused(x.policy)
+		ask = x.refused == ""
+	}
+	out, model, asked := x.req.rewrite(body, route, c.RolloutID, ask)
+	x.asked = asked
 	c.RequestedModel = x.req.requestedModel
 	c.Model = model
 	c.RequestMessages = x.req.messageList
@@ -193,6 +209,17 @@ func (x *exchange) forward(body []byte) {
 		endWait()
 		x.call.Attempts++
 		last = x.attempt(ctx, url, header, body)
+		if last != nil && last.kind == kindTokensRefused {
+			// Asked again at once without the token members: the
+			// answer was about them, not about the upstream's load.
+			x.p.metrics.attempt(attemptTokensRefused)
+			x.retried(x.call.Attempts, 0, last)
+			x.refusal = tokensRefused(x.asked, last)
+			body = x.req.withoutTokens(x.asked)
+			x.asked = nil
+			x.call.Attempts++
+			last = x.attempt(ctx, url, header, body)
+		}
 		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
 		switch {
 		case last == nil:
@@ -215,6 +242,10 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Now()
 		}))
 	endWait()
+	if x.refusal != "" && x.call.StatusCode >= 200 && x.call.StatusCode <= 299 {
+		// Without the members the upstream answered: it refuses them.
+		x.p.refusals.remember(x, x.policy, x.refusal)
+	}
 	switch {
 	case err == nil:
 	case last != nil && err == error(last):
@@ -277,9 +308,13 @@ func (x *exchange) attemptOutcome(ctx context.Context, last *upstreamError) stri
 	}
 }
 
+// kindTokensRefused is the upstreamError.kind of an attempt that asked for
+// token ids and got a 4xx a request validator answers; it never ends a call.
+const kindTokensRefused = "tokens_refused"
+
 // upstreamError is a failed attempt.
 type upstreamError struct {
-	kind   string // "timeout", "transport", "status", "malformed", "too_large", "config"
+	kind   string // "timeout", "transport", "status", "malformed", "too_large", "config", kindTokensRefused
 	status int
 	detail string
 	retry  bool
@@ -336,6 +371,12 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 		x.upstream += time.Since(t0)
 		return &upstreamError{kind: "status", status: resp.StatusCode, detail: snippet, retry: true}
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		if len(x.asked) > 0 && refusesTokens(resp.StatusCode) {
+			// Perhaps the token members; the caller asks again without.
+			snippet := drainSnippet(resp.Body)
+			x.upstream += time.Since(t0)
+			return &upstreamError{kind: kindTokensRefused, status: resp.StatusCode, detail: snippet}
+		}
 		return x.passThrough(actx, resp, t0)
 	case isEventStream(resp.Header.Get("Content-Type")):
 		return x.relayStream(actx, resp, t0, timer)
@@ -521,6 +562,7 @@ func (x *exchange) finish() {
 			slog.Bool("stream", c.Stream), slog.Duration("latency", latency),
 			slog.Int("prompt_tokens", c.Usage.PromptTokens), slog.Int("completion_tokens", c.Usage.CompletionTokens))
 	}
+	x.noteMissingTokens()
 	if x.p.recorder != nil {
 		// The client may be gone; the record must still be kept.
 		x.p.recorder.RecordCall(context.WithoutCancel(ctx), c)

@@ -51,10 +51,12 @@ func (u *fuzzUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // fuzzProxy is a proxy in front of up that records into the returned
-// channel; retries are immediate so a failing seed costs no time.
+// channel; retries are immediate so a failing seed costs no time. It asks
+// for token ids, as osmo's proxy does by default.
 func fuzzProxy(f *testing.F, up *fuzzUpstream) (http.Handler, chan *osmo.LLMCall) {
 	calls := make(chan *osmo.LLMCall, 16)
 	p, err := llmproxy.New(llmproxy.Config{
+		AskTokens: true,
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://policy.invalid/v1", Model: "policy-v1"}),
 		Recorder:  llmproxy.RecorderFunc(func(_ context.Context, c *osmo.LLMCall) { calls <- c }),
 		Retry:     llmproxy.RetryPolicy{MaxRetries: 1, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond},
@@ -226,6 +228,8 @@ func FuzzRecord(f *testing.F) {
 	f.Add([]byte(`{"\u0069d":"x","choices":[{"index":1,"finish_reason":"a"},{"finish_reason":"b"}]}`))
 	f.Add([]byte(`{"choices":[{"token_ids":[1,"x",2147483648],"logprobs":{"content":[null,{"logprob":"-1"},{}]}}],"usage":{"prompt_tokens":1.5}}`))
 	f.Add([]byte(`{"id":"a","id":"b","usage":[],"prompt_token_ids":{}}`))
+	// SGLang's prompt ids are on the choice.
+	f.Add([]byte(`{"choices":[{"index":0,"token_ids":[7],"prompt_token_ids":[4,5],"logprobs":{"content":[{"token":"\u00e9","logprob":-2}]}}]}`))
 	whole := &fuzzUpstream{status: http.StatusOK, contentType: "application/json"}
 	streamed := &fuzzUpstream{status: http.StatusOK, contentType: "text/event-stream"}
 	hw, wcalls := fuzzProxy(f, whole)
@@ -250,7 +254,7 @@ func FuzzRecord(f *testing.F) {
 		s, w := got[0], want[0]
 		if s.ID != w.ID || s.FinishReason != w.FinishReason || s.Usage != w.Usage ||
 			!slices.Equal(s.PromptTokenIDs, w.PromptTokenIDs) || !slices.Equal(s.CompletionTokenIDs, w.CompletionTokenIDs) ||
-			!slices.Equal(s.Logprobs, w.Logprobs) {
+			!slices.Equal(s.Logprobs, w.Logprobs) || !slices.Equal(s.CompletionTokenStrings, w.CompletionTokenStrings) {
 			t.Fatalf("%s recorded differently:\nstreamed %+v\nwhole    %+v", body, s, w)
 		}
 	})

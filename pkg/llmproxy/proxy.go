@@ -65,6 +65,15 @@ type Config struct {
 	// RequireSampleID rejects calls without a sample id (400), as the
 	// reference controller did.
 	RequireSampleID bool
+	// AskTokens asks the policy for what training rows need, whatever the
+	// client asked: return_token_ids and logprobs (vLLM), and
+	// return_prompt_token_ids (SGLang) but on a stream, each unless the
+	// body sets it. The client gets the answer as the policy sent it,
+	// token members included. An upstream that answers 400 or 422 is
+	// asked again at once without them; if it then answers, later calls of
+	// its kind (stream or not) do not ask it (see MaxRefusingUpstreams).
+	// Every call without token ids records why (NoTokensReason).
+	AskTokens bool
 
 	// Metrics, when set, receives the proxy's Prometheus collectors
 	// (osmo_llmproxy_*).
@@ -102,6 +111,8 @@ type Proxy struct {
 	transport       http.RoundTripper
 	log             *slog.Logger
 	requireSampleID bool
+	askTokens       bool
+	refusals        *refusals
 	mux             *http.ServeMux
 	metrics         *metrics
 	tracing         *tracing // nil when not traced
@@ -133,6 +144,7 @@ func New(cfg Config) (*Proxy, error) {
 		transport:       cfg.Transport,
 		log:             cfg.Logger,
 		requireSampleID: cfg.RequireSampleID,
+		askTokens:       cfg.AskTokens,
 		metrics:         newMetrics(cfg.Metrics),
 	}
 	if p.timeout == 0 {
@@ -150,6 +162,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.refusals = newRefusals(p.log)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {

@@ -90,11 +90,13 @@ func checkMessages(v json.RawMessage) ([]json.RawMessage, *requestError) {
 	return msgs, nil
 }
 
-// rewrite returns the body to send upstream and the model it names: body,
-// the one parsed, when nothing changes, else its members with "model" (and
-// "rollout_id" when injected) set. The request keeps no reference to body,
-// so a call in flight holds it only when it goes upstream as it came.
-func (req *chatRequest) rewrite(body []byte, route Route, rolloutID string) ([]byte, string) {
+// rewrite returns the body to send upstream, the model it names and the
+// token members it added (with ask; see askTokens): body, the one parsed,
+// when nothing changes, else its members with "model" (and "rollout_id"
+// when injected, and the token members) set. The request keeps no
+// reference to body, so a call in flight holds it only when it goes
+// upstream as it came.
+func (req *chatRequest) rewrite(body []byte, route Route, rolloutID string, ask bool) ([]byte, string, []string) {
 	model := req.requestedModel
 	switch {
 	case route.PinModel:
@@ -104,9 +106,13 @@ func (req *chatRequest) rewrite(body []byte, route Route, rolloutID string) ([]b
 	case !req.hasModel:
 		model = osmo.PlaceholderModel
 	}
+	var asked []string
+	if ask {
+		asked = req.askTokens()
+	}
 	setModel := !req.hasModel || model != req.requestedModel
-	if !setModel && !route.InjectRolloutID {
-		return body, model
+	if !setModel && !route.InjectRolloutID && len(asked) == 0 {
+		return body, model, nil
 	}
 	if setModel {
 		req.members["model"] = jsonString(model)
@@ -114,7 +120,7 @@ func (req *chatRequest) rewrite(body []byte, route Route, rolloutID string) ([]b
 	if route.InjectRolloutID {
 		req.members["rollout_id"] = jsonString(rolloutID)
 	}
-	return marshalMembers(req.members), model
+	return marshalMembers(req.members), model, asked
 }
 
 // marshalMembers encodes an object whose values are JSON already. HTML

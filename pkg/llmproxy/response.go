@@ -31,6 +31,8 @@ type choice struct {
 	FinishReason string          `json:"finish_reason"`
 	TokenIDs     []int32         `json:"token_ids"`
 	Logprobs     *logprobs       `json:"logprobs"`
+	// PromptTokenIDs is where SGLang puts them (vLLM: the completion's).
+	PromptTokenIDs []int32 `json:"prompt_token_ids"`
 }
 
 // delta is what a chunk adds to the message.
@@ -61,21 +63,34 @@ func (c *completion) choice0() *choice {
 	return nil
 }
 
-// logprobs holds one value per token, 0 where a token has none.
+// logprobs holds one entry per generated token: its logprob (0 where it
+// has none) and the token as text.
 type logprobs struct {
 	Content []struct {
+		Token   string  `json:"token"`
 		Logprob float64 `json:"logprob"`
 	} `json:"content"`
 }
 
-func (l *logprobs) appendTo(dst []float64) []float64 {
+// appendTo appends the logprobs to lps and the tokens to tokens.
+func (l *logprobs) appendTo(lps []float64, tokens []string) ([]float64, []string) {
 	if l == nil {
-		return dst
+		return lps, tokens
 	}
 	for _, c := range l.Content {
-		dst = append(dst, c.Logprob)
+		lps = append(lps, c.Logprob)
+		tokens = append(tokens, c.Token)
 	}
-	return dst
+	return lps, tokens
+}
+
+// promptIDs are the completion's prompt token ids, wherever the engine
+// put them.
+func (c *completion) promptIDs(ch *choice) []int32 {
+	if len(c.PromptTokenIDs) == 0 && ch != nil {
+		return ch.PromptTokenIDs
+	}
+	return c.PromptTokenIDs
 }
 
 type usage struct {
@@ -118,17 +133,18 @@ func recordCompletion(c *osmo.LLMCall, data []byte) error {
 		return errors.New("body is not a JSON object")
 	}
 	c.ID = cr.ID
-	if ch := cr.choice0(); ch != nil {
+	ch := cr.choice0()
+	if ch != nil {
 		if len(ch.Message) > 0 && string(ch.Message) != "null" {
 			c.ResponseMessage = ch.Message
 		}
 		c.FinishReason = ch.FinishReason
 		c.CompletionTokenIDs = ch.TokenIDs
-		c.Logprobs = ch.Logprobs.appendTo(nil)
+		c.Logprobs, c.CompletionTokenStrings = ch.Logprobs.appendTo(nil, nil)
 	}
 	if cr.Usage != nil {
 		c.Usage = cr.Usage.usage()
 	}
-	c.PromptTokenIDs = cr.PromptTokenIDs
+	c.PromptTokenIDs = cr.promptIDs(ch)
 	return nil
 }

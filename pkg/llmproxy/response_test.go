@@ -20,12 +20,18 @@ func TestRecordCompletion(t *testing.T) {
 	}{
 		{policyAnswer, osmo.LLMCall{
 			ID: "chatcmpl-1", FinishReason: "tool_calls",
-			ResponseMessage:    json.RawMessage(`{"role":"assistant","content":"4","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":2,\"b\":2}"}}]}`),
-			Usage:              osmo.Usage{PromptTokens: 12, CompletionTokens: 2, TotalTokens: 14, CachedTokens: 8},
-			PromptTokenIDs:     []int32{1, 2, 3},
-			CompletionTokenIDs: []int32{19, 2},
-			Logprobs:           []float64{-0.25, -1e-3},
+			ResponseMessage:        json.RawMessage(`{"role":"assistant","content":"4","tool_calls":[{"id":"c1","type":"function","function":{"name":"multiply","arguments":"{\"a\":2,\"b\":2}"}}]}`),
+			Usage:                  osmo.Usage{PromptTokens: 12, CompletionTokens: 2, TotalTokens: 14, CachedTokens: 8},
+			PromptTokenIDs:         []int32{1, 2, 3},
+			CompletionTokenIDs:     []int32{19, 2},
+			Logprobs:               []float64{-0.25, -1e-3},
+			CompletionTokenStrings: []string{"4", ""},
 		}},
+		// SGLang puts the prompt's ids on the choice.
+		{`{"choices":[{"token_ids":[7,8],"prompt_token_ids":[4,5,6]}]}`,
+			osmo.LLMCall{PromptTokenIDs: []int32{4, 5, 6}, CompletionTokenIDs: []int32{7, 8}}},
+		// vLLM's, at the top level, win over a choice's.
+		{`{"prompt_token_ids":[1],"choices":[{"prompt_token_ids":[2]}]}`, osmo.LLMCall{PromptTokenIDs: []int32{1}}},
 		// Keys match in any case, as encoding/json matches them.
 		{`{"ID":"x","ChoiCes":[{"fiNish_reason":"p"}]}`, osmo.LLMCall{ID: "x", FinishReason: "p"}},
 		// A value of another type is skipped; the rest is read.

@@ -195,6 +195,7 @@ type streamAcc struct {
 	promptIDs   []int32
 	tokenIDs    []int32
 	logprobs    []float64
+	tokens      []string
 	done        bool
 	upstreamErr string
 	scratch     []byte
@@ -262,10 +263,10 @@ func (a *streamAcc) chunk(ch *completion, now time.Time) (d0 chunkDelta) {
 	if ch.Usage != nil {
 		a.usage = ch.Usage
 	}
-	if len(ch.PromptTokenIDs) > 0 {
-		a.promptIDs = ch.PromptTokenIDs
-	}
 	c := ch.choice0()
+	if ids := ch.promptIDs(c); len(ids) > 0 {
+		a.promptIDs = ids
+	}
 	if c == nil {
 		return d0
 	}
@@ -302,7 +303,7 @@ func (a *streamAcc) chunk(ch *completion, now time.Time) (d0 chunkDelta) {
 		a.finish = c.FinishReason
 	}
 	a.tokenIDs = append(a.tokenIDs, c.TokenIDs...)
-	a.logprobs = c.Logprobs.appendTo(a.logprobs)
+	a.logprobs, a.tokens = c.Logprobs.appendTo(a.logprobs, a.tokens)
 	return d0
 }
 
@@ -360,5 +361,6 @@ func (a *streamAcc) fill(c *osmo.LLMCall) {
 	c.PromptTokenIDs = a.promptIDs
 	c.CompletionTokenIDs = a.tokenIDs
 	c.Logprobs = a.logprobs
+	c.CompletionTokenStrings = a.tokens
 	c.TimeToFirstTokenMS = float64(a.ttft) / float64(time.Millisecond)
 }

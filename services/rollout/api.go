@@ -86,16 +86,11 @@ func (s *Service) finishedRecord(ctx context.Context, lc *lifecycle) (*rolloutv1
 
 // askOwner asks the replica holding a rollout for its live record.
 func (s *Service) askOwner(ctx context.Context, owner, id string) (*rolloutv1.Rollout, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	msg, err := s.sh.store.NC.RequestWithContext(ctx, subjectGet+natsstore.Key(owner), []byte(id))
+	b, err := s.askOwnerJSON(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	if len(msg.Data) == 0 {
-		return nil, errGone
-	}
-	return rolloutProto(msg.Data)
+	return rolloutProto(b)
 }
 
 // answerGets serves askOwner for the rollouts this replica holds.

@@ -113,6 +113,11 @@ type Config struct {
 
 	// Model, when set, replaces the placeholder model on upstream calls.
 	Model string
+	// Rows counts each finished rollout's training rows (metrics, span
+	// events); off, the proxy does not ask the policy for tokens. Unlike
+	// the other fields its zero value is not the default: the CLI turns
+	// rows on unless --training-rows=false.
+	Rows bool
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string
 	// State is the NATS JetStream holding the state every replica shares;

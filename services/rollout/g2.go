@@ -241,19 +241,50 @@ func newWireSample(sm *sample.Sample, ok bool) *wireSample {
 	if len(sm.LLMCalls) > 0 {
 		out.LLMCalls = make([]wireCall, len(sm.LLMCalls))
 		for i, c := range sm.LLMCalls {
-			out.LLMCalls[i] = wireCall{LLMCall: c, PromptTokens: c.Usage.PromptTokens,
-				CompletionTokens: c.Usage.CompletionTokens, CachedTokens: c.Usage.CachedTokens, ModelName: c.Model}
+			out.LLMCalls[i] = newWireCall(c)
 		}
 	}
 	return out
 }
 
-// wireCall is one of a sample's llm_calls: the recorded call, with the G3
-// names of its usage and model.
+// wireCall is one of a sample's llm_calls: the recorded call's fields the
+// wires have carried, each named here, with the G3 names of its usage and
+// model. A field the record gains stays out of the callbacks until it is
+// added here: the trainers' controllers read these bodies.
 type wireCall struct {
-	*osmo.LLMCall
+	ID                    string            `json:"id"`
+	RequestedModel        string            `json:"requested_model"`
+	Model                 string            `json:"model"`
+	SharedRequestMessages int               `json:"shared_request_messages"`
+	RequestMessages       []json.RawMessage `json:"request_messages"`
+	ResponseMessage       json.RawMessage   `json:"response_message"`
+	FinishReason          string            `json:"finish_reason"`
+	Usage                 osmo.Usage        `json:"usage"`
+	LatencyMS             float64           `json:"latency_ms"`
+	TimeToFirstTokenMS    float64           `json:"time_to_first_token_ms"`
+	Stream                bool              `json:"stream"`
+	PromptTokenIDs        []int32           `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs    []int32           `json:"completion_token_ids,omitempty"`
+	Logprobs              []float64         `json:"logprobs,omitempty"`
+	StatusCode            int               `json:"status_code"`
+	Error                 string            `json:"error"`
+	Attempts              int               `json:"attempts"`
+	StartedAt             time.Time         `json:"started_at,omitzero"`
+	API                   string            `json:"api"`
+
 	PromptTokens     int    `json:"prompt_tokens"`
 	CompletionTokens int    `json:"completion_tokens"`
 	CachedTokens     int    `json:"cached_tokens"`
 	ModelName        string `json:"model_name"`
+}
+
+func newWireCall(c *osmo.LLMCall) wireCall {
+	return wireCall{
+		ID: c.ID, RequestedModel: c.RequestedModel, Model: c.Model,
+		SharedRequestMessages: c.SharedRequestMessages, RequestMessages: c.RequestMessages, ResponseMessage: c.ResponseMessage,
+		FinishReason: c.FinishReason, Usage: c.Usage, LatencyMS: c.LatencyMS, TimeToFirstTokenMS: c.TimeToFirstTokenMS, Stream: c.Stream,
+		PromptTokenIDs: c.PromptTokenIDs, CompletionTokenIDs: c.CompletionTokenIDs, Logprobs: c.Logprobs,
+		StatusCode: c.StatusCode, Error: c.Error, Attempts: c.Attempts, StartedAt: c.StartedAt, API: c.API,
+		PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens, CachedTokens: c.Usage.CachedTokens, ModelName: c.Model,
+	}
 }

@@ -148,6 +148,8 @@ func (h *harness) startService(t *testing.T, o harnessOpts) {
 	cfg := rollout.Config{
 		Workflow: o.wf,
 		Logger:   quietLogger(),
+		// As served: the proxy asks the policy for tokens.
+		Rows: true,
 		Client: rollout.ClientSettings{
 			Timeout:        5 * time.Second,
 			MaxRetries:     1,

@@ -272,9 +272,19 @@ func (s *Service) record(rec *record, log *slog.Logger) {
 	rec.mu.Unlock()
 	b, err := json.Marshal(rec.render())
 	if err == nil {
+		// Created once: a rollout concluded again (its first replica gone
+		// before every callback was out) keeps the record first stored, so
+		// that a watcher or a rows stream resuming after it never gets the
+		// rollout twice.
 		var rev uint64
-		rev, err = s.sh.records.Put(s.deliverCtx, natsstore.Key(rec.id), b)
+		rev, err = s.sh.records.Create(s.deliverCtx, natsstore.Key(rec.id), b)
 		s.sh.wrote(len(b))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			if e, gerr := s.sh.records.Get(s.deliverCtx, natsstore.Key(rec.id)); gerr == nil {
+				rec.setSeq(int64(e.Revision()))
+			}
+			return
+		}
 		if err == nil {
 			rec.setSeq(int64(rev))
 			return
@@ -299,6 +309,7 @@ func (s *Service) finish(rec *record, o outcome.Outcome, sent bool, log *slog.Lo
 		s.metrics.rewards.Observe(*reward)
 	}
 	log.Info("rollout finished", "status", word, "category", o.Category, "reward", reward)
+	s.countRows(rec)
 	endRolloutSpan(rec, word, o)
 	s.record(rec, log)
 	s.releaseWork(rec, sent)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/rows"
 )
 
 // metrics are the rollout service's Prometheus collectors. Names and units
@@ -33,6 +34,11 @@ type metrics struct {
 	// stateWrites and stateBytes count the writes to the shared state.
 	stateWrites prometheus.Counter
 	stateBytes  prometheus.Counter
+	// rows, rowDrift and noTokens count finished rollouts' training rows
+	// (exact merge) when Config.Rows is on.
+	rows     *prometheus.CounterVec
+	rowDrift *prometheus.CounterVec
+	noTokens prometheus.Counter
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -94,6 +100,24 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "osmo_state_write_bytes_total",
 			Help: "Bytes of the values this replica wrote to the shared state.",
 		}),
+		rows: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_rows_total",
+			Help: "Training rows of finished rollouts, merged exactly, by merge: exact (a sample's first row), forked (started where a call's prompt did not extend the row, or after a call without usable tokens).",
+		}, []string{"merge"}),
+		rowDrift: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "osmo_row_drift_total",
+			Help: "Points where a call's prompt parted from the previous call's prompt and completion, by class (reasoning_dropped, tool_call_reserialized, whitespace, other).",
+		}, []string{"class"}),
+		noTokens: f.NewCounter(prometheus.CounterOpts{
+			Name: "osmo_samples_without_tokens_total",
+			Help: "Samples of finished rollouts that made LLM calls but yield no training row: no call has usable token ids.",
+		}),
+	}
+	for _, merge := range []string{rows.MergeExact, rows.MergeForked} {
+		m.rows.WithLabelValues(merge)
+	}
+	for _, class := range []string{rows.DriftReasoningDropped, rows.DriftToolCallReserialized, rows.DriftWhitespace, rows.DriftOther} {
+		m.rowDrift.WithLabelValues(class)
 	}
 	for _, how := range []string{recoveredRedelivered, recoveredInterrupted} {
 		m.recovered.WithLabelValues(how)

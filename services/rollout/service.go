@@ -97,6 +97,10 @@ type Service struct {
 	// when shutdown stops waiting for callbacks.
 	deliverCtx   context.Context
 	stopDelivery context.CancelCauseFunc
+	// streamsCtx ends the rows streams when shutdown starts: their clients
+	// resume on another replica rather than hold this one's server open.
+	streamsCtx  context.Context
+	stopStreams context.CancelFunc
 	// wg counts the goroutines the drain waits for.
 	wg activity
 	// admitWithin is admissionTimeout (a test shortens it).
@@ -195,6 +199,7 @@ func New(cfg Config) (*Service, error) {
 		Transport:       upstream,
 		Logger:          cfg.Logger,
 		RequireSampleID: true,
+		AskTokens:       cfg.Rows,
 		Metrics:         cfg.Metrics,
 		TracerProvider:  cfg.ProxyTracerProvider,
 		Propagator:      cfg.Propagator,
@@ -243,6 +248,7 @@ func New(cfg Config) (*Service, error) {
 	s.callbackSlots = make(chan struct{}, cfg.Callbacks.MaxInFlight)
 	s.rolloutsCtx, s.cancelRollouts = context.WithCancel(context.Background())
 	s.deliverCtx, s.stopDelivery = context.WithCancelCause(context.Background())
+	s.streamsCtx, s.stopStreams = context.WithCancel(context.Background())
 	st := cfg.State
 	if st == nil {
 		if st, err = natsstore.Open(context.Background(), natsstore.Config{Name: "osmo-rollout", Logger: s.log}); err != nil {
@@ -382,6 +388,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	s.stopStreams()
 	stopTaking()
 	starting.Wait()
 	s.drain()

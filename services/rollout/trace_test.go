@@ -2,6 +2,7 @@ package rollout_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -148,8 +149,10 @@ func TestRolloutTrace(t *testing.T) {
 		ra["osmo.rollout.llm_calls"].AsInt64() != 2 || ra["osmo.rollout.tool_calls"].AsInt64() != 1 {
 		t.Errorf("rollout span attributes %v", ra)
 	}
-	if len(root.Events) != 1 || root.Events[0].Name != "started" {
-		t.Errorf("rollout span events %v, want started", root.Events)
+	// Then a row_drift event per drift point of its training rows.
+	if len(root.Events) == 0 || root.Events[0].Name != "started" ||
+		slices.ContainsFunc(root.Events[1:], func(e sdktrace.Event) bool { return e.Name != "row_drift" }) {
+		t.Errorf("rollout span events %v, want started, then row_drift only", root.Events)
 	}
 
 	agent := tr.one("invoke_agent calculator")

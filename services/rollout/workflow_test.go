@@ -228,7 +228,9 @@ func TestG2LLMCallRecords(t *testing.T) {
 		}
 		return nil
 	})
-	h := newHarness(t, harnessOpts{wf: wf})
+	// Rows off: the proxy asks nothing, so the plain call's policy
+	// returns no tokens.
+	h := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) { c.Rows = false }})
 	h.start(t, h.startReq(t, "calls-1"))
 	gcb := h.waitGrader(t, "calls-1")
 	if gcb.Status != "success" {

@@ -56,6 +56,14 @@ const (
 	GradeSamples = attribute.Key("osmo.grade.samples")
 	// RemoveSample is the grader's verdict to drop a sample.
 	RemoveSample = attribute.Key("osmo.grade.remove_sample")
+
+	// On a row_drift event: the call (index into the sample's llm_calls)
+	// whose prompt parted from the sequence before it, the token index
+	// where they part, and the drift's class (reasoning_dropped,
+	// tool_call_reserialized, whitespace, other).
+	DriftCall     = attribute.Key("osmo.row.drift.call")
+	DriftPosition = attribute.Key("osmo.row.drift.position")
+	DriftClass    = attribute.Key("osmo.row.drift.class")
 )
 
 // ContextWithIDs returns ctx with the rollout id (and the sample id when

@@ -1137,7 +1137,7 @@ var File_osmo_rollout_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x1dosmo/rollout/v1/rollout.proto\x12\x0fosmo.rollout.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xa3\x04\n" +
+	"\x1dosmo/rollout/v1/rollout.proto\x12\x0fosmo.rollout.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aosmo/rollout/v1/rows.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xa3\x04\n" +
 	"\x12InitRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12\x1d\n" +
@@ -1256,7 +1256,7 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\rSTATE_GRADING\x10\x03\x12\x13\n" +
 	"\x0fSTATE_SUCCEEDED\x10\x04\x12\x10\n" +
 	"\fSTATE_FAILED\x10\x05\x12\x13\n" +
-	"\x0fSTATE_CANCELLED\x10\x062\xa5\a\n" +
+	"\x0fSTATE_CANCELLED\x10\x062\x88\t\n" +
 	"\x0eRolloutService\x12u\n" +
 	"\vInitRollout\x12#.osmo.rollout.v1.InitRolloutRequest\x1a$.osmo.rollout.v1.InitRolloutResponse\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/rollout/init\x12m\n" +
 	"\n" +
@@ -1265,7 +1265,10 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\fStartRollout\x12$.osmo.rollout.v1.StartRolloutRequest\x1a%.osmo.rollout.v1.StartRolloutResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/rollout\x12\x82\x01\n" +
 	"\x10GetRolloutStatus\x12(.osmo.rollout.v1.GetRolloutStatusRequest\x1a\x1e.osmo.rollout.v1.RolloutStatus\"$\x82\xd3\xe4\x93\x02\x1e\x12\x1c/rollout/{rollout_id}/status\x12}\n" +
 	"\x0eCancelRollouts\x12&.osmo.rollout.v1.CancelRolloutsRequest\x1a'.osmo.rollout.v1.CancelRolloutsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14:\x01*\"\x0f/rollout/cancel\x12Z\n" +
-	"\x06Health\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/health\x12k\n" +
+	"\x06Health\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/health\x12~\n" +
+	"\x0eGetRolloutRows\x12&.osmo.rollout.v1.GetRolloutRowsRequest\x1a\x1c.osmo.rollout.v1.RolloutRows\"&\x82\xd3\xe4\x93\x02 \x12\x1e/v1/rollouts/{rollout_id}/rows\x12a\n" +
+	"\n" +
+	"StreamRows\x12\".osmo.rollout.v1.StreamRowsRequest\x1a\x14.osmo.rollout.v1.Row\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/rows:stream0\x01\x12k\n" +
 	"\x0ePlatformHealth\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/platform/healthB7Z5github.com/osmo-rl/osmo/gen/osmo/rollout/v1;rolloutv1b\x06proto3"
 
 var (
@@ -1304,6 +1307,10 @@ var file_osmo_rollout_v1_rollout_proto_goTypes = []any{
 	(*RolloutMetrics)(nil),          // 18: osmo.rollout.v1.RolloutMetrics
 	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
 	(*structpb.Value)(nil),          // 20: google.protobuf.Value
+	(*GetRolloutRowsRequest)(nil),   // 21: osmo.rollout.v1.GetRolloutRowsRequest
+	(*StreamRowsRequest)(nil),       // 22: osmo.rollout.v1.StreamRowsRequest
+	(*RolloutRows)(nil),             // 23: osmo.rollout.v1.RolloutRows
+	(*Row)(nil),                     // 24: osmo.rollout.v1.Row
 }
 var file_osmo_rollout_v1_rollout_proto_depIdxs = []int32{
 	16, // 0: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
@@ -1330,17 +1337,21 @@ var file_osmo_rollout_v1_rollout_proto_depIdxs = []int32{
 	8,  // 21: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
 	10, // 22: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
 	12, // 23: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
-	12, // 24: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
-	2,  // 25: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
-	5,  // 26: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
-	5,  // 27: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
-	7,  // 28: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
-	9,  // 29: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
-	11, // 30: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
-	14, // 31: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
-	14, // 32: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
-	25, // [25:33] is the sub-list for method output_type
-	17, // [17:25] is the sub-list for method input_type
+	21, // 24: osmo.rollout.v1.RolloutService.GetRolloutRows:input_type -> osmo.rollout.v1.GetRolloutRowsRequest
+	22, // 25: osmo.rollout.v1.RolloutService.StreamRows:input_type -> osmo.rollout.v1.StreamRowsRequest
+	12, // 26: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
+	2,  // 27: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
+	5,  // 28: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
+	5,  // 29: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
+	7,  // 30: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
+	9,  // 31: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
+	11, // 32: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
+	14, // 33: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
+	23, // 34: osmo.rollout.v1.RolloutService.GetRolloutRows:output_type -> osmo.rollout.v1.RolloutRows
+	24, // 35: osmo.rollout.v1.RolloutService.StreamRows:output_type -> osmo.rollout.v1.Row
+	14, // 36: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
+	27, // [27:37] is the sub-list for method output_type
+	17, // [17:27] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name
@@ -1351,6 +1362,7 @@ func file_osmo_rollout_v1_rollout_proto_init() {
 	if File_osmo_rollout_v1_rollout_proto != nil {
 		return
 	}
+	file_osmo_rollout_v1_rows_proto_init()
 	file_osmo_rollout_v1_sample_proto_init()
 	file_osmo_rollout_v1_rollout_proto_msgTypes[0].OneofWrappers = []any{}
 	file_osmo_rollout_v1_rollout_proto_msgTypes[4].OneofWrappers = []any{}

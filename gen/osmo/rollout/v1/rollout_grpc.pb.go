@@ -26,6 +26,8 @@ const (
 	RolloutService_GetRolloutStatus_FullMethodName = "/osmo.rollout.v1.RolloutService/GetRolloutStatus"
 	RolloutService_CancelRollouts_FullMethodName   = "/osmo.rollout.v1.RolloutService/CancelRollouts"
 	RolloutService_Health_FullMethodName           = "/osmo.rollout.v1.RolloutService/Health"
+	RolloutService_GetRolloutRows_FullMethodName   = "/osmo.rollout.v1.RolloutService/GetRolloutRows"
+	RolloutService_StreamRows_FullMethodName       = "/osmo.rollout.v1.RolloutService/StreamRows"
 	RolloutService_PlatformHealth_FullMethodName   = "/osmo.rollout.v1.RolloutService/PlatformHealth"
 )
 
@@ -66,6 +68,14 @@ type RolloutServiceClient interface {
 	CancelRollouts(ctx context.Context, in *CancelRolloutsRequest, opts ...grpc.CallOption) (*CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// GetRolloutRows returns the training rows of a finished rollout: every
+	// sample's rows in sample order, then row order.
+	GetRolloutRows(ctx context.Context, in *GetRolloutRowsRequest, opts ...grpc.CallOption) (*RolloutRows, error)
+	// StreamRows streams the rows of finished rollouts as they finish, from
+	// the shared state: a client that resumes after the cursor of the last
+	// row it handled gets every later row once, whichever replica answers.
+	// Over REST each row is one line of JSON.
+	StreamRows(ctx context.Context, in *StreamRowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Row], error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
@@ -158,6 +168,35 @@ func (c *rolloutServiceClient) Health(ctx context.Context, in *HealthRequest, op
 	return out, nil
 }
 
+func (c *rolloutServiceClient) GetRolloutRows(ctx context.Context, in *GetRolloutRowsRequest, opts ...grpc.CallOption) (*RolloutRows, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RolloutRows)
+	err := c.cc.Invoke(ctx, RolloutService_GetRolloutRows_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) StreamRows(ctx context.Context, in *StreamRowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Row], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RolloutService_ServiceDesc.Streams[1], RolloutService_StreamRows_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamRowsRequest, Row]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RolloutService_StreamRowsClient = grpc.ServerStreamingClient[Row]
+
 func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HealthResponse)
@@ -205,6 +244,14 @@ type RolloutServiceServer interface {
 	CancelRollouts(context.Context, *CancelRolloutsRequest) (*CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
+	// GetRolloutRows returns the training rows of a finished rollout: every
+	// sample's rows in sample order, then row order.
+	GetRolloutRows(context.Context, *GetRolloutRowsRequest) (*RolloutRows, error)
+	// StreamRows streams the rows of finished rollouts as they finish, from
+	// the shared state: a client that resumes after the cursor of the last
+	// row it handled gets every later row once, whichever replica answers.
+	// Over REST each row is one line of JSON.
+	StreamRows(*StreamRowsRequest, grpc.ServerStreamingServer[Row]) error
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *HealthRequest) (*HealthResponse, error)
@@ -238,6 +285,12 @@ func (UnimplementedRolloutServiceServer) CancelRollouts(context.Context, *Cancel
 }
 func (UnimplementedRolloutServiceServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedRolloutServiceServer) GetRolloutRows(context.Context, *GetRolloutRowsRequest) (*RolloutRows, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRolloutRows not implemented")
+}
+func (UnimplementedRolloutServiceServer) StreamRows(*StreamRowsRequest, grpc.ServerStreamingServer[Row]) error {
+	return status.Error(codes.Unimplemented, "method StreamRows not implemented")
 }
 func (UnimplementedRolloutServiceServer) PlatformHealth(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PlatformHealth not implemented")
@@ -382,6 +435,35 @@ func _RolloutService_Health_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RolloutService_GetRolloutRows_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRolloutRowsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).GetRolloutRows(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_GetRolloutRows_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).GetRolloutRows(ctx, req.(*GetRolloutRowsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_StreamRows_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamRowsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RolloutServiceServer).StreamRows(m, &grpc.GenericServerStream[StreamRowsRequest, Row]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RolloutService_StreamRowsServer = grpc.ServerStreamingServer[Row]
+
 func _RolloutService_PlatformHealth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthRequest)
 	if err := dec(in); err != nil {
@@ -432,6 +514,10 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _RolloutService_Health_Handler,
 		},
 		{
+			MethodName: "GetRolloutRows",
+			Handler:    _RolloutService_GetRolloutRows_Handler,
+		},
+		{
 			MethodName: "PlatformHealth",
 			Handler:    _RolloutService_PlatformHealth_Handler,
 		},
@@ -440,6 +526,11 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchRollouts",
 			Handler:       _RolloutService_WatchRollouts_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "StreamRows",
+			Handler:       _RolloutService_StreamRows_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -324,8 +324,16 @@ type LLMCall struct {
 	// How many leading messages of the request are the first messages of
 	// the previous call's whole request (see request_messages).
 	SharedRequestMessages int32 `protobuf:"varint,23,opt,name=shared_request_messages,json=sharedRequestMessages,proto3" json:"shared_request_messages,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The completion's tokens as text, one per completion_token_ids entry
+	// (the policy's logprobs name them): where a later prompt parts from
+	// this completion, they say what was re-rendered.
+	CompletionTokenStrings []string `protobuf:"bytes,24,rep,name=completion_token_strings,json=completionTokenStrings,proto3" json:"completion_token_strings,omitempty"`
+	// Why the call has no usable token ids, when it has none: the policy
+	// refused the token parameters, returned none, or returned them
+	// inconsistently (see Row.problems).
+	NoTokensReason string `protobuf:"bytes,25,opt,name=no_tokens_reason,json=noTokensReason,proto3" json:"no_tokens_reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LLMCall) Reset() {
@@ -491,6 +499,20 @@ func (x *LLMCall) GetSharedRequestMessages() int32 {
 	return 0
 }
 
+func (x *LLMCall) GetCompletionTokenStrings() []string {
+	if x != nil {
+		return x.CompletionTokenStrings
+	}
+	return nil
+}
+
+func (x *LLMCall) GetNoTokensReason() string {
+	if x != nil {
+		return x.NoTokensReason
+	}
+	return ""
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -591,7 +613,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xc3\x06\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xa7\a\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -615,7 +637,9 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
 	"\x03api\x18\x12 \x01(\tR\x03api\x126\n" +
-	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessagesJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
+	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\x128\n" +
+	"\x18completion_token_strings\x18\x18 \x03(\tR\x16completionTokenStrings\x12(\n" +
+	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReasonJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
 	"model_name\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +

@@ -53,6 +53,12 @@ const (
 	RolloutServiceCancelRolloutsProcedure = "/osmo.rollout.v1.RolloutService/CancelRollouts"
 	// RolloutServiceHealthProcedure is the fully-qualified name of the RolloutService's Health RPC.
 	RolloutServiceHealthProcedure = "/osmo.rollout.v1.RolloutService/Health"
+	// RolloutServiceGetRolloutRowsProcedure is the fully-qualified name of the RolloutService's
+	// GetRolloutRows RPC.
+	RolloutServiceGetRolloutRowsProcedure = "/osmo.rollout.v1.RolloutService/GetRolloutRows"
+	// RolloutServiceStreamRowsProcedure is the fully-qualified name of the RolloutService's StreamRows
+	// RPC.
+	RolloutServiceStreamRowsProcedure = "/osmo.rollout.v1.RolloutService/StreamRows"
 	// RolloutServicePlatformHealthProcedure is the fully-qualified name of the RolloutService's
 	// PlatformHealth RPC.
 	RolloutServicePlatformHealthProcedure = "/osmo.rollout.v1.RolloutService/PlatformHealth"
@@ -87,6 +93,14 @@ type RolloutServiceClient interface {
 	CancelRollouts(context.Context, *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
+	// GetRolloutRows returns the training rows of a finished rollout: every
+	// sample's rows in sample order, then row order.
+	GetRolloutRows(context.Context, *v1.GetRolloutRowsRequest) (*v1.RolloutRows, error)
+	// StreamRows streams the rows of finished rollouts as they finish, from
+	// the shared state: a client that resumes after the cursor of the last
+	// row it handled gets every later row once, whichever replica answers.
+	// Over REST each row is one line of JSON.
+	StreamRows(context.Context, *v1.StreamRowsRequest) (*connect.ServerStreamForClient[v1.Row], error)
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
@@ -145,6 +159,18 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("Health")),
 			connect.WithClientOptions(opts...),
 		),
+		getRolloutRows: connect.NewClient[v1.GetRolloutRowsRequest, v1.RolloutRows](
+			httpClient,
+			baseURL+RolloutServiceGetRolloutRowsProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("GetRolloutRows")),
+			connect.WithClientOptions(opts...),
+		),
+		streamRows: connect.NewClient[v1.StreamRowsRequest, v1.Row](
+			httpClient,
+			baseURL+RolloutServiceStreamRowsProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("StreamRows")),
+			connect.WithClientOptions(opts...),
+		),
 		platformHealth: connect.NewClient[v1.HealthRequest, v1.HealthResponse](
 			httpClient,
 			baseURL+RolloutServicePlatformHealthProcedure,
@@ -163,6 +189,8 @@ type rolloutServiceClient struct {
 	getRolloutStatus *connect.Client[v1.GetRolloutStatusRequest, v1.RolloutStatus]
 	cancelRollouts   *connect.Client[v1.CancelRolloutsRequest, v1.CancelRolloutsResponse]
 	health           *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	getRolloutRows   *connect.Client[v1.GetRolloutRowsRequest, v1.RolloutRows]
+	streamRows       *connect.Client[v1.StreamRowsRequest, v1.Row]
 	platformHealth   *connect.Client[v1.HealthRequest, v1.HealthResponse]
 }
 
@@ -225,6 +253,20 @@ func (c *rolloutServiceClient) Health(ctx context.Context, req *v1.HealthRequest
 	return nil, err
 }
 
+// GetRolloutRows calls osmo.rollout.v1.RolloutService.GetRolloutRows.
+func (c *rolloutServiceClient) GetRolloutRows(ctx context.Context, req *v1.GetRolloutRowsRequest) (*v1.RolloutRows, error) {
+	response, err := c.getRolloutRows.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// StreamRows calls osmo.rollout.v1.RolloutService.StreamRows.
+func (c *rolloutServiceClient) StreamRows(ctx context.Context, req *v1.StreamRowsRequest) (*connect.ServerStreamForClient[v1.Row], error) {
+	return c.streamRows.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // PlatformHealth calls osmo.rollout.v1.RolloutService.PlatformHealth.
 func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, req *v1.HealthRequest) (*v1.HealthResponse, error) {
 	response, err := c.platformHealth.CallUnary(ctx, connect.NewRequest(req))
@@ -263,6 +305,14 @@ type RolloutServiceHandler interface {
 	CancelRollouts(context.Context, *v1.CancelRolloutsRequest) (*v1.CancelRolloutsResponse, error)
 	// Health is the Osmosis health body. No authentication. (REST: GET /health)
 	Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
+	// GetRolloutRows returns the training rows of a finished rollout: every
+	// sample's rows in sample order, then row order.
+	GetRolloutRows(context.Context, *v1.GetRolloutRowsRequest) (*v1.RolloutRows, error)
+	// StreamRows streams the rows of finished rollouts as they finish, from
+	// the shared state: a client that resumes after the cursor of the last
+	// row it handled gets every later row once, whichever replica answers.
+	// Over REST each row is one line of JSON.
+	StreamRows(context.Context, *v1.StreamRowsRequest, *connect.ServerStream[v1.Row]) error
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
@@ -317,6 +367,18 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("Health")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceGetRolloutRowsHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceGetRolloutRowsProcedure,
+		svc.GetRolloutRows,
+		connect.WithSchema(rolloutServiceMethods.ByName("GetRolloutRows")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceStreamRowsHandler := connect.NewServerStreamHandlerSimple(
+		RolloutServiceStreamRowsProcedure,
+		svc.StreamRows,
+		connect.WithSchema(rolloutServiceMethods.ByName("StreamRows")),
+		connect.WithHandlerOptions(opts...),
+	)
 	rolloutServicePlatformHealthHandler := connect.NewUnaryHandlerSimple(
 		RolloutServicePlatformHealthProcedure,
 		svc.PlatformHealth,
@@ -339,6 +401,10 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceCancelRolloutsHandler.ServeHTTP(w, r)
 		case RolloutServiceHealthProcedure:
 			rolloutServiceHealthHandler.ServeHTTP(w, r)
+		case RolloutServiceGetRolloutRowsProcedure:
+			rolloutServiceGetRolloutRowsHandler.ServeHTTP(w, r)
+		case RolloutServiceStreamRowsProcedure:
+			rolloutServiceStreamRowsHandler.ServeHTTP(w, r)
 		case RolloutServicePlatformHealthProcedure:
 			rolloutServicePlatformHealthHandler.ServeHTTP(w, r)
 		default:
@@ -376,6 +442,14 @@ func (UnimplementedRolloutServiceHandler) CancelRollouts(context.Context, *v1.Ca
 
 func (UnimplementedRolloutServiceHandler) Health(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.Health is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) GetRolloutRows(context.Context, *v1.GetRolloutRowsRequest) (*v1.RolloutRows, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.GetRolloutRows is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) StreamRows(context.Context, *v1.StreamRowsRequest, *connect.ServerStream[v1.Row]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.StreamRows is not implemented"))
 }
 
 func (UnimplementedRolloutServiceHandler) PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error) {
