@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +42,23 @@ type apiRow struct {
 // getRows answers GET /v1/rollouts/{id}/rows.
 func getRows(t *testing.T, base, id, merge string) []apiRow {
 	t.Helper()
+	rows, _ := getRowsAndSamples(t, base, id, merge)
+	return rows
+}
+
+// sampleRows is a sample's summary in GET /v1/rollouts/{id}/rows.
+type sampleRows struct {
+	SampleID string `json:"sample_id"`
+	Rows     int    `json:"rows"`
+	Problems []struct {
+		Call   int    `json:"call"`
+		Reason string `json:"reason"`
+	} `json:"problems"`
+}
+
+// getRowsAndSamples answers GET /v1/rollouts/{id}/rows whole.
+func getRowsAndSamples(t *testing.T, base, id, merge string) ([]apiRow, []sampleRows) {
+	t.Helper()
 	url := base + "/v1/rollouts/" + id + "/rows"
 	if merge != "" {
 		url += "?merge=" + merge
@@ -60,12 +78,13 @@ func getRows(t *testing.T, base, id, merge string) []apiRow {
 		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, data)
 	}
 	var out struct {
-		Rows []apiRow `json:"rows"`
+		Rows    []apiRow     `json:"rows"`
+		Samples []sampleRows `json:"samples"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		t.Fatalf("GET %s: %v in %s", url, err, data)
 	}
-	return out.Rows
+	return out.Rows, out.Samples
 }
 
 // expectedRows merges what the policy saw and generated, call by call,
@@ -172,6 +191,59 @@ func TestRowsAgainstQwen3Policy(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRowsWithAHostedPolicy: a policy that refuses the token parameters
+// (a hosted API's 400) is asked again without them; the rollouts succeed
+// and are graded, their samples have no rows and say why, and later calls
+// do not ask it again.
+func TestRowsWithAHostedPolicy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	policy := qwen3policy.Start(t, qwen3policy.Options{Fault: "hosted"})
+	srv, addrs := startListening(t, "serve", nil, "serve", "--workflow", "multiply", "--grader", "multiply",
+		"--api-key", serverKey, "-p", "0", "-H", "127.0.0.1", "--log-level", "warn")
+	base := addrs["http"]
+	waitHTTP(t, srv, base+"/health")
+	ctl, err := controller.NewV03("127.0.0.1:0", controller.V03Options{
+		PolicyURL: policy.URL(), CallbackKey: "K-callbacks", CallbackTimeout: 60 * time.Second, Logger: quietLog(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveUntilEnd(t, ctl.Serve)
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		id := fmt.Sprintf("hosted-%d", i)
+		label := "42"
+		res, err := ctl.Run(ctx, base, serverKey, controller.V03RunRequest{
+			RolloutID: id, Label: &label, Messages: []map[string]any{{"role": "user", "content": "What is 6 times 7?"}},
+		})
+		if err != nil || res.Status != "success" || res.Sample == nil || res.Sample.Reward == nil || *res.Sample.Reward != 1 {
+			t.Fatalf("rollout %s: %+v %v\nserver output:\n%s", id, res, err, srv.Output())
+		}
+		rows, samples := getRowsAndSamples(t, base, id, "")
+		if len(rows) != 0 || len(samples) != 1 || samples[0].Rows != 0 || len(samples[0].Problems) == 0 ||
+			!strings.Contains(samples[0].Problems[0].Reason, "answered 400") {
+			t.Errorf("rollout %s: rows %+v, samples %+v; want none, and the sample saying the policy refused", id, rows, samples)
+		}
+	}
+	calls, err := policy.Record(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One refused call, then every call plain: the refusal is remembered.
+	refused := 0
+	for _, c := range calls {
+		if c.Status == http.StatusBadRequest {
+			refused++
+		}
+	}
+	if refused != 1 || len(calls) < 5 {
+		t.Errorf("the policy saw %d calls, %d refused; want one refusal, then plain calls", len(calls), refused)
 	}
 }
 

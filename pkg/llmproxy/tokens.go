@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -56,16 +57,22 @@ func newRefusals(log *slog.Logger) *refusals {
 	return &refusals{seen: c, log: log}
 }
 
-// upstreamKey names an upstream and the kind of call it refused: an
-// engine may take the members on a whole answer and refuse them on a
-// stream, as SGLang does.
+// upstreamKey names an upstream server and the kind of call it refused:
+// an engine may take the members on a whole answer and refuse them on a
+// stream, as SGLang does. The server is its scheme and host: a trainer
+// gives each rollout a base URL of its own on one server (the v0.3
+// wire's chat_completions_url), and the server refuses them all alike.
 type upstreamKey struct {
-	baseURL string
-	stream  bool
+	server string
+	stream bool
 }
 
 func newUpstreamKey(baseURL string, stream bool) upstreamKey {
-	return upstreamKey{strings.TrimSuffix(baseURL, "/"), stream}
+	server := strings.TrimSuffix(baseURL, "/")
+	if u, err := url.Parse(baseURL); err == nil && u.Host != "" {
+		server = u.Scheme + "://" + u.Host
+	}
+	return upstreamKey{server, stream}
 }
 
 // refused is why the upstream refused, or "" when it is not known to.
