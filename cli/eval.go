@@ -315,7 +315,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		Title:       rd.Name, Progress: e.stderr, Live: !f.noLive && isTerminal(e.stderr), Redact: redact,
 		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
 		RolloutName: cfg.Experiment.Rollout, TotalDatasetRows: dataset.Len(),
-		TrainingRows: cfg.Rows.On(), RowsMerge: cfg.Rows.Merge,
+		TrainingRows: cfg.Rows.On(), RowsMerge: cfg.Rows.Merge, RowsVocabSize: cfg.Rows.VocabSize,
 	}
 	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,

@@ -49,6 +49,7 @@ type rolloutFlags struct {
 	recordTTL, rolloutTimeout, gradeTimeout, drainTimeout, deliveryDeadline, lostAfter time.Duration
 
 	noValidate, rows bool
+	vocabSize        int
 	recordMaxBytes   byteSize
 	execLimits       execLimitsFlag
 	// execEnv are KEY=VALUE variables an exec agent gets beyond the
@@ -76,6 +77,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.Var(&f.execLimits, "exec-limits", execLimitsUsage)
 	fs.BoolVar(&f.noValidate, "no-validate", false, `skip the checks of "osmo validate" at startup`)
 	fs.BoolVar(&f.rows, "training-rows", e.getenv("OSMO_TRAINING_ROWS") != "false", rowsUsage)
+	fs.IntVar(&f.vocabSize, "policy-vocab-size", 0, "the policy's vocabulary size `N`: a recorded token id at or above it is a training-rows problem of its call (default: unknown; only negative ids are)")
 	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; remote-rollout /v1/rollout/init requests queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
 	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)")
@@ -164,6 +166,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		Client:           f.env.client,
 		Model:            f.model,
 		Rows:             f.rows,
+		PolicyVocabSize:  f.vocabSize,
 		Outbound:         f.outbound.policy(),
 		LogDir:           f.logDir,
 		Logger:           log,

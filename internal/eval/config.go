@@ -119,6 +119,9 @@ type Rows struct {
 	// not start with the row so far) or "realign" (keep one row, placing
 	// the policy's own tokens where the template re-rendered them).
 	Merge string `toml:"merge"`
+	// VocabSize, when set, is the policy's vocabulary size: a token id at
+	// or above it makes its call a rows problem.
+	VocabSize int `toml:"vocab_size"`
 }
 
 // On reports whether rows are enabled.
@@ -458,6 +461,9 @@ func (p *parser) rows(c *Config, r *Rows) error {
 	case rows.MergeExact, rows.ModeRealign:
 	default:
 		return p.errAt(toml.Key{"rows", "merge"}, `must be "exact" or "realign", got %q`, r.Merge)
+	}
+	if r.VocabSize < 0 {
+		return p.errAt(toml.Key{"rows", "vocab_size"}, "must be 0 (unknown) or more, got %d", r.VocabSize)
 	}
 	return nil
 }

@@ -64,18 +64,20 @@ func TestLoadConfig(t *testing.T) {
 			name, text string
 			on         bool
 			merge      string
+			vocab      int
 		}{
-			{"default", base, true, "exact"},
-			{"off", base + "[rows]\nenabled = false\n", false, "exact"},
-			{"realign", base + "[rows]\nenabled = true\nmerge = \"realign\"\n", true, "realign"},
-			{"v0.2 file", v02 + "[rows]\nmerge = \"realign\"\nenabled = false\n", false, "realign"},
+			{"default", base, true, "exact", 0},
+			{"off", base + "[rows]\nenabled = false\n", false, "exact", 0},
+			{"realign", base + "[rows]\nenabled = true\nmerge = \"realign\"\n", true, "realign", 0},
+			{"v0.2 file", v02 + "[rows]\nmerge = \"realign\"\nenabled = false\n", false, "realign", 0},
+			{"vocabulary", base + "[rows]\nvocab_size = 151669\n", true, "exact", 151669},
 		} {
 			c, err := eval.LoadConfig(write(t, dir, "rows.toml", tc.text))
 			if err != nil {
 				t.Fatalf("%s: %v", tc.name, err)
 			}
-			if c.Rows.On() != tc.on || c.Rows.Merge != tc.merge {
-				t.Errorf("%s: rows on %v merge %q, want %v %q", tc.name, c.Rows.On(), c.Rows.Merge, tc.on, tc.merge)
+			if c.Rows.On() != tc.on || c.Rows.Merge != tc.merge || c.Rows.VocabSize != tc.vocab {
+				t.Errorf("%s: rows on %v merge %q vocabulary %d, want %v %q %d", tc.name, c.Rows.On(), c.Rows.Merge, c.Rows.VocabSize, tc.on, tc.merge, tc.vocab)
 			}
 		}
 	})
@@ -91,6 +93,7 @@ func TestLoadConfig(t *testing.T) {
 		{"negative budget", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\ngrader_timeout_s = -1\n", "evaluation.grader_timeout_s"},
 		{"bad merge", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nmerge = \"forked\"\n", `:6: rows.merge: must be "exact" or "realign", got "forked"`},
 		{"rows enabled not a bool", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nenabled = \"no\"\n", "rows.enabled"},
+		{"negative vocabulary", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nvocab_size = -1\n", ":6: rows.vocab_size: must be 0 (unknown) or more, got -1"},
 		{"unknown rows key", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[rows]\nmode = \"exact\"\n", ":6: rows.mode: unknown key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -71,23 +71,19 @@ const (
 	noRowsNoCalls = "the rollout server recorded no llm_calls"
 )
 
-// BuildRows derives the training rows of results (in their order) in
-// merge mode ("" or exact, or realign) and summarizes their quality.
-func BuildRows(results []Result, merge string) ([]TrainingRow, RowsSummary) {
-	trs, s, _ := buildRows(results, merge)
-	return trs, s
-}
-
-// buildRows is BuildRows, with a line per attempt (by rollout id) saying
-// what its rows are, for the report.
-func buildRows(results []Result, merge string) ([]TrainingRow, RowsSummary, map[string]string) {
+// buildRows derives the training rows of results (in their order) with
+// o's merge mode ("" or exact, or realign) and vocabulary size, summarizes
+// their quality, and says per attempt (by rollout id) what its rows are,
+// for the report.
+func buildRows(results []Result, o rows.Options) ([]TrainingRow, RowsSummary, map[string]string) {
 	notes := map[string]string{}
-	merge = cmp.Or(merge, rows.MergeExact)
+	merge := cmp.Or(o.Merge, rows.MergeExact)
+	o.Merge = merge
 	s := RowsSummary{Merge: merge, Samples: len(results), WithoutTokens: map[string]int{},
 		ByMerge: map[string]int{}, Drift: map[string]int{}}
 	var out []TrainingRow
 	for _, r := range results {
-		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: r.SampleID, Reward: r.Reward, Calls: r.LLMCalls}, rows.Options{Merge: merge})
+		built := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: r.SampleID, Reward: r.Reward, Calls: r.LLMCalls}, o)
 		s.ProblemCalls += len(built.Problems)
 		if len(built.Rows) == 0 {
 			s.SamplesWithoutTokens++

@@ -24,6 +24,7 @@ import (
 
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/controller"
+	"github.com/osmo-rl/osmo/internal/rows"
 )
 
 // Plan is one invocation of an eval: what runs, where, and how.
@@ -46,9 +47,11 @@ type Plan struct {
 	SkipChecks bool
 	// TrainingRows keeps each sample's LLM calls in its result and writes
 	// the training rows derived from them (rows.jsonl, rows.parquet) in
-	// RowsMerge mode ("" or "exact", or "realign"); see writeRows.
-	TrainingRows bool
-	RowsMerge    string
+	// RowsMerge mode ("" or "exact", or "realign"), with the policy's
+	// vocabulary size when known (RowsVocabSize); see writeRows.
+	TrainingRows  bool
+	RowsMerge     string
+	RowsVocabSize int
 
 	// ServerURL is the rollout server, PolicyURL the model's OpenAI base
 	// URL, Model the model calls go to; the keys are their bearers.
@@ -182,7 +185,7 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 	withRows := p.TrainingRows || (p.Output != "" && hasRowsFiles(p.Output))
 	if withRows {
 		var rs RowsSummary
-		rep.TrainingRows, rs, rep.rowNotes = buildRows(rep.Results, p.RowsMerge)
+		rep.TrainingRows, rs, rep.rowNotes = buildRows(rep.Results, rows.Options{Merge: p.RowsMerge, VocabSize: p.RowsVocabSize})
 		rep.Summary.Rows = &rs
 	}
 	if p.Output != "" {

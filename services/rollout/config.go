@@ -118,6 +118,11 @@ type Config struct {
 	// the other fields its zero value is not the default: the CLI turns
 	// rows on unless --training-rows=false.
 	Rows bool
+	// PolicyVocabSize, when positive, is the policy's vocabulary size: a
+	// recorded token id at or above it makes its call a row problem. Zero
+	// means unknown (no engine reports it in a standard answer), and then
+	// only negative ids are.
+	PolicyVocabSize int
 	// ProxyAddr is where the embedded LLM proxy listens (127.0.0.1:0).
 	ProxyAddr string
 	// State is the NATS JetStream holding the state every replica shares;

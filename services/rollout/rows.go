@@ -71,14 +71,14 @@ type sampleRows struct {
 // row's reward is its sample's as the callbacks send it: the grader's,
 // else the one the workflow proposed, when the rollout succeeded and the
 // grader kept the sample.
-func (r *rowsRecord) build(mode string) rolloutRows {
+func (r *rowsRecord) build(o rows.Options) rolloutRows {
 	out := rolloutRows{Samples: make([]sampleRows, 0, len(r.Samples))}
 	for _, sm := range r.Samples {
 		var reward *float64
 		if r.State == rolloutv1.State_STATE_SUCCEEDED && !sm.RemoveSample {
 			reward = cmp.Or(sm.Reward, sm.AgentReward)
 		}
-		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, rows.Options{Merge: mode})
+		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, o)
 		out.Rows = append(out.Rows, res.Rows...)
 		out.Samples = append(out.Samples, sampleRows{SampleID: sm.ID, Rows: len(res.Rows), Problems: res.Problems})
 	}
@@ -116,7 +116,7 @@ func (s *Service) GetRolloutRows(ctx context.Context, req *rolloutv1.GetRolloutR
 		return nil, err
 	}
 	out := &rolloutv1.RolloutRows{}
-	if err := sample.ToProto(rec.build(mode), out); err != nil {
+	if err := sample.ToProto(rec.build(rows.Options{Merge: mode, VocabSize: s.cfg.PolicyVocabSize}), out); err != nil {
 		return nil, status.Errorf(codes.Internal, "render the rows of rollout %q: %v", id, err)
 	}
 	return out, nil
@@ -302,7 +302,7 @@ func (s *Service) StreamRows(req *rolloutv1.StreamRowsRequest, stream grpc.Serve
 		if seq == after.seq {
 			first = after.row + 1
 		}
-		built := rec.build(mode)
+		built := rec.build(rows.Options{Merge: mode, VocabSize: s.cfg.PolicyVocabSize})
 		for i := first; i < len(built.Rows); i++ {
 			built.Rows[i].Cursor = cursor{seq: seq, row: i, state: state}.String()
 			out := &rolloutv1.Row{}
@@ -343,7 +343,7 @@ func (s *Service) countRows(rec *record) {
 		if len(sm.LLMCalls) == 0 {
 			continue
 		}
-		res := rows.Build(rows.Sample{RolloutID: rec.id, SampleID: sm.ID, Calls: sm.LLMCalls}, rows.Options{CountOnly: true})
+		res := rows.Build(rows.Sample{RolloutID: rec.id, SampleID: sm.ID, Calls: sm.LLMCalls}, rows.Options{CountOnly: true, VocabSize: s.cfg.PolicyVocabSize})
 		if len(res.Rows) == 0 {
 			s.metrics.noTokens.Inc()
 		}

@@ -576,3 +576,26 @@ func restRows(t *testing.T, ctx context.Context, u string, n int) []map[string]a
 	}
 	return out
 }
+
+// TestRowsPolicyVocabSize: with the policy's vocabulary size configured, a
+// call whose ids reach past it is a problem of its sample, named, and goes
+// into no row; the rollout itself succeeds.
+func TestRowsPolicyVocabSize(t *testing.T) {
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.PolicyVocabSize = 10 }})
+	r := h.runTokenRollout(t, "rows-vocab", 6, 7)
+	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED {
+		t.Fatalf("rollout = %v", r)
+	}
+	got, err := h.client.GetRolloutRows(t.Context(), &rolloutv1.GetRolloutRowsRequest{RolloutId: "rows-vocab"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.GetRows()) != 0 || len(got.GetSamples()) != 1 || len(got.GetSamples()[0].GetProblems()) == 0 {
+		t.Fatalf("rows = %v, want none and the sample's problems", got)
+	}
+	for _, p := range got.GetSamples()[0].GetProblems() {
+		if !strings.Contains(p.GetReason(), "outside the vocabulary of 10") {
+			t.Errorf("problem %v, want an id outside the vocabulary", p)
+		}
+	}
+}
