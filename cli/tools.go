@@ -97,11 +97,14 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 // serves the plain proxy the proxy's figures compare with.
 func runBench(ctx context.Context, e *env, args []string) error {
 	sub := ""
-	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy", "plane"}, args[0]) {
 		sub, args = args[0], args[1:]
 	}
-	if sub == "reverse-proxy" {
+	switch sub {
+	case "reverse-proxy":
 		return runBenchReverseProxy(ctx, e, args)
+	case "plane":
+		return runBenchPlane(ctx, e, args)
 	}
 	fs := flagSet(e, strings.TrimSpace("bench "+sub))
 	n := 5000
