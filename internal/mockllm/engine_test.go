@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/logtest"
 	"github.com/osmo-rl/osmo/internal/mockllm"
 )
 
@@ -390,4 +392,30 @@ func TestDieAfter(t *testing.T) {
 	default:
 		t.Fatal("Dead not closed")
 	}
+}
+
+// TestLogsSession: each chat request is logged with the plane's session,
+// the engine and the sample, so a rig can check affinity from the logs.
+func TestLogsSession(t *testing.T) {
+	var buf logtest.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	_, base := start(t, mockllm.Options{EngineID: "e3", Logger: log})
+	rep := do(t, http.MethodPost, base+"/v1/chat/completions", map[string]any{"messages": sixTimesSeven},
+		map[string]string{mockllm.SessionHeader: "r1/s2", "X-Sample-Id": "s2"})
+	if rep.status != http.StatusOK {
+		t.Fatalf("chat: %d %s", rep.status, rep.body)
+	}
+	recs, err := buf.Records()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r["msg"] == "mockllm: chat completion" {
+			if r["session_id"] != "r1/s2" || r["engine"] != "e3" || r["sample_id"] != "s2" {
+				t.Errorf("chat record %v, want session_id r1/s2, engine e3, sample_id s2", r)
+			}
+			return
+		}
+	}
+	t.Errorf("no chat completion record in %v", recs)
 }

@@ -41,6 +41,10 @@ const (
 	FailMalformed = "malformed"
 )
 
+// SessionHeader is the request header a policy plane sets to one value
+// per sample; the mock logs it with each chat request.
+const SessionHeader = "X-Session-ID"
+
 // FailHeader is the request header that makes one request fail on purpose.
 const FailHeader = "X-Mock-Fail"
 
@@ -205,6 +209,10 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	}
 	if id := r.Header.Get("X-Sample-Id"); id != "" {
 		log = log.With("sample_id", id)
+	}
+	if id := r.Header.Get(SessionHeader); id != "" {
+		// The plane's affinity key, as engines' own routers read it.
+		log = log.With("session_id", id)
 	}
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes))
