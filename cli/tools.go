@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/proxybench"
 	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/internal/server"
@@ -93,57 +92,19 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	return srv.Serve(ctx)
 }
 
-func runMockLLM(ctx context.Context, e *env, args []string) error {
-	fs := flagSet(e, "mockllm")
-	var (
-		addr string
-		o    mockllm.Options
-		lf   logFlags
-		af   addrFile
-	)
-	fs.StringVar(&addr, "addr", ":9003", "HTTP listen address")
-	af.register(fs)
-	fs.StringVar(&o.Model, "model", "mock-policy", "model name reported by /v1/models")
-	fs.DurationVar(&o.Latency, "latency", 0, "delay before each response")
-	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "delay between SSE chunks")
-	fs.StringVar(&o.FailMode, "fail-mode", "", "injected failure: 500, 503, 429, 400 (context length exceeded), hang or malformed")
-	fs.IntVar(&o.FailEvery, "fail-every", 0, "fail every Nth request with --fail-mode")
-	fs.IntVar(&o.FailFirst, "fail-first", 0, "fail the first N requests with --fail-mode")
-	lf.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	o.Logger = log
-	h, err := mockllm.New(o)
-	if err != nil {
-		return usageError{err.Error()}
-	}
-	srv, err := server.NewHTTP(addr, withMetrics(h, newMetricsRegistry(), ""))
-	if err != nil {
-		return err
-	}
-	log.Info("mock policy serving", "http", srv.URL(), "base_url", srv.URL()+"/v1")
-	if err := af.write("http", srv.URL(), "base_url", srv.URL()+"/v1"); err != nil {
-		_ = srv.Close()
-		return err
-	}
-	return srv.Serve(ctx)
-}
-
 // runBench is osmo bench: the proxy's figures, then the rollouts'; `bench
 // proxy` and `bench rollouts` print one of them, `bench reverse-proxy`
 // serves the plain proxy the proxy's figures compare with.
 func runBench(ctx context.Context, e *env, args []string) error {
 	sub := ""
-	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy", "plane"}, args[0]) {
 		sub, args = args[0], args[1:]
 	}
-	if sub == "reverse-proxy" {
+	switch sub {
+	case "reverse-proxy":
 		return runBenchReverseProxy(ctx, e, args)
+	case "plane":
+		return runBenchPlane(ctx, e, args)
 	}
 	fs := flagSet(e, strings.TrimSpace("bench "+sub))
 	n := 5000
