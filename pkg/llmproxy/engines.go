@@ -65,7 +65,8 @@ type EnginesConfig struct {
 	// DefaultLoadFactor.
 	LoadFactor float64
 	// ProbeInterval is the time between health probes of an engine that is
-	// up (GET /health at the server's root, else GET {base}/models);
+	// up (GET /health at the server's root answering 2xx; where that is a
+	// 404, GET {base}/models answering anything but a 5xx);
 	// ProbeTimeout bounds one probe. An engine that fails a probe leaves the
 	// ring at once and is probed back with exponential backoff from
 	// ProbeInterval up to ProbeMaxInterval.
@@ -643,17 +644,23 @@ func (s *Engines) probeLoop(ctx context.Context, e *engine) {
 	}
 }
 
-// probe asks e's health endpoint, or its models endpoint when it has none.
+// probe asks e's health endpoint, or its models endpoint when it has none
+// (a hosted API): there any answer but a 5xx will do, a 401 to a probe
+// without the key included, since the server is there to answer.
 func (s *Engines) probe(ctx context.Context, e *engine) error {
 	status, err := s.get(ctx, e.health)
-	if err == nil && (status == http.StatusNotFound || status == http.StatusMethodNotAllowed) {
-		status, err = s.get(ctx, e.models)
-	}
 	switch {
 	case err != nil:
 		return err
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
+		if status, err = s.get(ctx, e.models); err != nil {
+			return err
+		}
+		if status >= 500 {
+			return fmt.Errorf("GET %s answered %d", e.models, status)
+		}
 	case status < 200 || status > 299:
-		return fmt.Errorf("answered %d", status)
+		return fmt.Errorf("GET %s answered %d", e.health, status)
 	}
 	return nil
 }
