@@ -20,6 +20,9 @@ type policyFlags struct {
 	probeInterval, probeTimeout, linger time.Duration
 	probeMaxInterval, resolveInterval   time.Duration
 	failThreshold                       int
+	// fromEnv are the engines OSMO_POLICY names, used when no --policy is
+	// given (a compose file or a manifest sets them in one variable).
+	fromEnv []string
 }
 
 // urlList is a repeated flag.
@@ -32,9 +35,10 @@ func (l *urlList) Set(v string) error {
 	return nil
 }
 
-func (f *policyFlags) register(fs *flag.FlagSet) {
+func (f *policyFlags) register(fs *flag.FlagSet, e *env) {
+	f.fromEnv = strings.FieldsFunc(e.getenv("OSMO_POLICY"), func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' })
 	fs.Var(&f.urls, "policy", "a policy engine: its OpenAI base `URL` (http://vllm-0:8000/v1), or dns://NAME:PORT/v1 for every address of a DNS name (a headless Service), looked up again as pods come and go; "+
-		"repeat for more engines. Calls of one sample go to one engine (consistent hashing with bounded loads, header X-Session-ID); "+
+		"repeat for more engines (env OSMO_POLICY: engines separated by commas or spaces, when no --policy is given). Calls of one sample go to one engine (consistent hashing with bounded loads, header X-Session-ID); "+
 		"a rollout whose trainer names its own policy URL still goes there unless --policy-owns-routing")
 	fs.BoolVar(&f.ownsRouting, "policy-owns-routing", false, "with --policy: route every LLM call over the engines, even when the trainer names a policy URL (chat_completions_url, server_url)")
 	fs.Float64Var(&f.loadFactor, "policy-load-factor", llmproxy.DefaultLoadFactor, "with --policy: no engine takes a call while it holds this many times the mean of calls in flight (at least 1); the call goes to the next engine on the ring")
@@ -49,7 +53,11 @@ func (f *policyFlags) register(fs *flag.FlagSet) {
 // engines builds the engine set, with extra URLs before the --policy ones;
 // nil when there are none.
 func (f *policyFlags) engines(log *slog.Logger, reg prometheus.Registerer, extra ...string) (*llmproxy.Engines, error) {
-	urls := append(append([]string(nil), extra...), f.urls...)
+	own := f.urls
+	if len(own) == 0 {
+		own = f.fromEnv
+	}
+	urls := append(append([]string(nil), extra...), own...)
 	if len(urls) == 0 {
 		if f.ownsRouting {
 			return nil, usagef("--policy-owns-routing: needs at least one --policy engine")

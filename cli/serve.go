@@ -98,7 +98,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.nats.register(fs, e)
 	f.outbound.register(fs)
 	f.osmosis.register(fs)
-	f.policy.register(fs)
+	f.policy.register(fs, e)
 	return nil
 }
 

@@ -41,7 +41,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	)
 	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
 	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1: one engine, as --policy URL (--upstream or --policy is required)")
-	pf.register(fs)
+	pf.register(fs, e)
 	fs.StringVar(&model, "model", "", `model that replaces the placeholder "openai/osmosis-rollout"`)
 	secretVar(fs, &apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer `TOKEN` sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
 	fs.IntVar(&retries, "max-retries", 3, "retries on 5xx, timeouts and transport errors")
@@ -55,7 +55,7 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if upstream == "" && len(pf.urls) == 0 {
+	if upstream == "" && len(pf.urls) == 0 && len(pf.fromEnv) == 0 {
 		return usagef("--policy: at least one engine is required (or --upstream)")
 	}
 	var extra []string
