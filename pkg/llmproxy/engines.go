@@ -160,6 +160,7 @@ type engine struct {
 	inFlight atomic.Int64
 	up       atomic.Bool
 	fails    atomic.Int32 // calls failed in a row
+	removed  atomic.Bool  // DNS no longer names it: its series are gone
 	stop     context.CancelFunc
 	wake     chan struct{} // a passive mark asks the prober to look now
 }
@@ -296,6 +297,7 @@ func (s *Engines) rebuild() {
 				e.stop()
 			}
 			delete(s.engines, u)
+			e.removed.Store(true)
 			s.metrics.forget(u)
 			s.log.Info("llmproxy: engine removed", slog.String("engine", u))
 		}
@@ -381,14 +383,20 @@ func (s *Engines) acquire(key string, tried []*engine) (e *engine, first string)
 	start := searchRing(s.ring, key)
 	var (
 		free, full, triedUp, downFresh, firstSeen *engine
-		seen                                      = make(map[*engine]bool, len(s.engines))
+		// A few engines: a slice beats a map, and allocates nothing
+		// while the first ones on the path are free.
+		seen [16]*engine
 	)
+	seenList := seen[:0]
 	for i := range s.ring {
+		if free != nil || len(seenList) == len(s.engines) {
+			break
+		}
 		c := s.ring[(start+i)%len(s.ring)].e
-		if seen[c] {
+		if slices.Contains(seenList, c) {
 			continue
 		}
-		seen[c] = true
+		seenList = append(seenList, c)
 		if firstSeen == nil {
 			firstSeen = c
 		}
@@ -411,9 +419,6 @@ func (s *Engines) acquire(key string, tried []*engine) (e *engine, first string)
 		case full == nil:
 			full = c
 		}
-		if free != nil {
-			break
-		}
 	}
 	// Nothing up: an engine not yet tried, so a call still gets its
 	// attempts while probes are wrong or every engine restarts.
@@ -426,10 +431,12 @@ func (s *Engines) acquire(key string, tried []*engine) (e *engine, first string)
 // answered notes that e answered a call of the sample with this key,
 // whose slot it holds there for Linger; it is ended as release would.
 func (s *Engines) answered(key string, e *engine) {
-	s.metrics.done(e.url)
 	e.fails.Store(0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !e.removed.Load() {
+		s.metrics.done(e.url)
+	}
 	pl, _ := s.samples.Get(key)
 	if pl.first == "" {
 		pl.first = e.url
@@ -492,6 +499,9 @@ func (s *Engines) hasUntried(tried []*engine) bool {
 // of its health), refused whether its connection was refused.
 func (s *Engines) release(e *engine, failure string, refused bool) {
 	e.inFlight.Add(-1)
+	if e.removed.Load() {
+		return
+	}
 	s.metrics.done(e.url)
 	if failure == "" {
 		e.fails.Store(0)

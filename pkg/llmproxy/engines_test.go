@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/telemetry/osmoattr"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
@@ -468,5 +471,85 @@ func TestNewEnginesRejectsBadConfig(t *testing.T) {
 		if _, err := llmproxy.NewEngines(cfg); err == nil || !strings.Contains(err.Error(), "EnginesConfig") {
 			t.Errorf("NewEngines(%+v) = %v, want an error naming the field", cfg, err)
 		}
+	}
+}
+
+// The engines' metrics count calls, failures and affinity per engine, and
+// the chat span names the engine that answered and the one that failed.
+func TestEnginesMetricsAndSpans(t *testing.T) {
+	sick := newEngineDouble(t, func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "sick", http.StatusInternalServerError)
+	})
+	good := newEngineDouble(t, okJSON)
+	reg := prometheus.NewPedanticRegistry()
+	set := runEngines(t, llmproxy.EnginesConfig{URLs: []string{sick.base, good.base}, ProbeInterval: time.Hour, FailThreshold: 100, Metrics: reg})
+	h, exp := tracedProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
+	failedOver := ""
+	for s := range 10 {
+		exp.Reset()
+		for range 2 {
+			resp, body := post(t, h.url+llmproxy.BaseURLFor("", "r", strconv.Itoa(s))+"/chat/completions", chatBody, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			h.next(t)
+		}
+		span := exp.GetSpans()[0]
+		if got := attrs(span)[osmoattr.Engine].AsString(); got != good.base {
+			t.Fatalf("span's engine %q, want %q", got, good.base)
+		}
+		for _, ev := range span.Events {
+			for _, kv := range ev.Attributes {
+				if kv.Key == osmoattr.Engine {
+					failedOver = kv.Value.AsString()
+				}
+			}
+		}
+	}
+	if failedOver != sick.base {
+		t.Fatalf("no retry event named the sick engine (got %q)", failedOver)
+	}
+	value := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+		metric:
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+						continue metric
+					}
+				}
+				if m.GetCounter() != nil {
+					return m.GetCounter().GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	sickCalls := value("osmo_llmproxy_engine_calls_total", map[string]string{"engine": sick.base})
+	if sickCalls < 1 || value("osmo_llmproxy_engine_failures_total", map[string]string{"engine": sick.base, "reason": "http_5xx"}) != sickCalls {
+		t.Errorf("the sick engine: %v calls, %v failures", sickCalls, value("osmo_llmproxy_engine_failures_total", map[string]string{"engine": sick.base, "reason": "http_5xx"}))
+	}
+	if n := value("osmo_llmproxy_engine_calls_total", map[string]string{"engine": good.base}); n != 20 {
+		t.Errorf("the good engine answered %v calls, want 20", n)
+	}
+	if n := value("osmo_llmproxy_engine_in_flight", map[string]string{"engine": good.base}); n != 0 {
+		t.Errorf("%v calls in flight after the last", n)
+	}
+	if up := value("osmo_llmproxy_engine_up", map[string]string{"engine": sick.base}); up != 1 {
+		t.Errorf("the sick engine's up gauge %v, want 1 below its fail threshold", up)
+	}
+	// A sample whose first call failed over stays on the engine that
+	// answered it: every call is a hit.
+	if hit, miss := value("osmo_llmproxy_affinity_calls_total", map[string]string{"result": "hit"}), value("osmo_llmproxy_affinity_calls_total", map[string]string{"result": "miss"}); hit != 20 || miss > 0 {
+		t.Errorf("affinity hits %v, misses %v", hit, miss)
 	}
 }
