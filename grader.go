@@ -117,6 +117,22 @@ type LLMCall struct {
 	// for a Responses API call the proxy translated (the policy always
 	// receives a chat completion, which is what the record holds).
 	API string `json:"api"`
+
+	// Engine is the base URL of the policy engine whose answer the call
+	// got, and EngineAttempts every upstream try in order with its engine,
+	// when the proxy routed the call over a set of engines (--policy).
+	Engine         string          `json:"engine,omitempty"`
+	EngineAttempts []EngineAttempt `json:"engine_attempts,omitempty"`
+}
+
+// EngineAttempt is one upstream try of a call routed over policy engines.
+type EngineAttempt struct {
+	// Engine is the engine's OpenAI base URL.
+	Engine string `json:"engine"`
+	// StatusCode is the engine's HTTP status (0 when none came).
+	StatusCode int `json:"status_code,omitempty"`
+	// Error says why the try failed; empty when it was answered.
+	Error string `json:"error,omitempty"`
 }
 
 // GraderContext is what a Grader works on. The grader service builds it; a

@@ -60,6 +60,8 @@ type rolloutFlags struct {
 	outbound outboundFlags
 	env      osmosisEnv
 	osmosis  osmosisFlags
+
+	policy policyFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -98,6 +100,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.nats.register(fs, e)
 	f.outbound.register(fs)
 	f.osmosis.register(fs)
+	f.policy.register(fs, e)
 	return nil
 }
 
@@ -144,6 +147,10 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
 		}
 	}
+	engines, err := f.policy.engines(log, reg)
+	if err != nil {
+		return rollout.Config{}, err
+	}
 	log.Info("serving workflow", "workflow", entry.name, "kind", entry.kind())
 	return rollout.Config{
 		AgentLoop:        entry.loop,
@@ -176,6 +183,9 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		ProxyTracerProvider: tr.proxy,
 		Propagator:          tr.prop,
 		TraceContent:        tr.content,
+
+		Engines:           engines,
+		EnginesOwnRouting: f.policy.ownsRouting,
 	}, nil
 }
 

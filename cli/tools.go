@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,9 +36,11 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		keep                          int
 		rows                          bool
 		lf                            logFlags
+		pf                            policyFlags
 	)
 	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
-	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1 (required)")
+	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1: one engine, as --policy URL (--upstream or --policy is required)")
+	pf.register(fs, e)
 	fs.StringVar(&model, "model", "", `model that replaces the placeholder "openai/osmosis-rollout"`)
 	secretVar(fs, &apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer `TOKEN` sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
 	fs.IntVar(&retries, "max-retries", 3, "retries on 5xx, timeouts and transport errors")
@@ -51,8 +54,15 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if u, err := url.Parse(upstream); upstream == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
+	if upstream == "" && len(pf.urls) == 0 && len(pf.fromEnv) == 0 {
+		return usagef("--policy: at least one engine is required (or --upstream)")
+	}
+	var extra []string
+	if upstream != "" {
+		if u, err := url.Parse(upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
+		}
+		extra = append(extra, strings.TrimRight(upstream, "/"))
 	}
 	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceLLMProxy)
 	if err != nil {
@@ -60,9 +70,14 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	reg := newMetricsRegistry()
+	engines, err := pf.engines(log, reg, extra...)
+	if err != nil {
+		return err
+	}
 	store := llmproxy.NewStore(keep, time.Hour)
 	proxy, err := llmproxy.New(llmproxy.Config{
-		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: strings.TrimRight(upstream, "/"), APIKey: apiKey, Model: model}),
+		Router:         llmproxy.StaticRouter(llmproxy.Route{APIKey: apiKey, Model: model}),
+		Engines:        engines,
 		Recorder:       store,
 		Retry:          llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
 		Timeout:        timeout,
@@ -88,8 +103,14 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	log.Info("llm proxy serving", "http", srv.URL(), "upstream", upstream, "model", model)
-	return srv.Serve(ctx)
+	log.Info("llm proxy serving", "http", srv.URL(), "engines", engines.URLs(), "model", model)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	enginesDone := make(chan error, 1)
+	go func() { enginesDone <- engines.Run(runCtx) }()
+	err = srv.Serve(ctx)
+	stop()
+	return errors.Join(err, <-enginesDone)
 }
 
 // runBench is osmo bench: the proxy's figures, then the rollouts'; `bench

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -53,6 +54,14 @@ type exchange struct {
 	policy  upstreamKey
 	refusal string
 	refused string
+
+	// engines is set when the call goes over the policy engines; session
+	// is its sample's affinity key, tried the engines of its attempts in
+	// order, home the engine of its sample's first call ("" for that call).
+	engines *Engines
+	session string
+	tried   []*engine
+	home    string
 }
 
 // serve handles one call of the given API; idSource says where a missing
@@ -97,6 +106,10 @@ func (x *exchange) serve(idSource string) {
 		return
 	}
 	x.route = route
+	if p.engines != nil && (route.BaseURL == "" || p.enginesOwnRouting) {
+		x.engines = p.engines
+		x.session = sessionKey(c.RolloutID, c.SampleID)
+	}
 	if route.ClientToken != "" && !bearerMatches(x.r.Header.Get("Authorization"), route.ClientToken) {
 		x.fail(http.StatusUnauthorized, "invalid_api_key", "Authorization",
 			"llmproxy: missing or invalid bearer token for rollout "+strconv.Quote(c.RolloutID))
@@ -130,7 +143,12 @@ func (x *exchange) serve(idSource string) {
 	}
 	ask := false
 	if p.askTokens {
-		x.policy = newUpstreamKey(route.BaseURL, x.req.stream)
+		base := route.BaseURL
+		if x.engines != nil {
+			// The engines serve one policy: what one refuses, all do.
+			base = "engines"
+		}
+		x.policy = newUpstreamKey(base, x.req.stream)
 		x.refused = p.refusals.refused(x.policy)
 		ask = x.refused == ""
 	}
@@ -185,6 +203,9 @@ func (x *exchange) forward(body []byte) {
 	}
 	url := strings.TrimSuffix(x.route.BaseURL, "/") + "/chat/completions"
 	header := x.upstreamHeader()
+	if x.engines != nil {
+		header[HeaderSessionID] = []string{x.session}
+	}
 	if x.p.tracing != nil {
 		ctx = x.startChat(ctx)
 		// The policy sees the chat span as its parent.
@@ -207,8 +228,18 @@ func (x *exchange) forward(body []byte) {
 	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		endWait()
+		target, e := url, (*engine)(nil)
+		if x.engines != nil {
+			if e = x.pickEngine(); e == nil {
+				x.call.Attempts++
+				last = &upstreamError{kind: "transport", detail: "llmproxy: no policy engine is known yet (dns:// names not resolved)", retry: true}
+				x.p.metrics.attempt(attemptTransport)
+				return struct{}{}, last
+			}
+			target = e.url + "/chat/completions"
+		}
 		x.call.Attempts++
-		last = x.attempt(ctx, url, header, body)
+		last = x.attempt(ctx, target, header, body)
 		if last != nil && last.kind == kindTokensRefused {
 			// Asked again at once without the token members: the
 			// answer was about them, not about the upstream's load.
@@ -217,8 +248,12 @@ func (x *exchange) forward(body []byte) {
 			x.refusal = tokensRefused(x.asked, last)
 			body = x.req.withoutTokens(x.asked)
 			x.asked = nil
+			x.logAttempt(e, last)
 			x.call.Attempts++
-			last = x.attempt(ctx, url, header, body)
+			last = x.attempt(ctx, target, header, body)
+		}
+		if e != nil {
+			x.engineDone(ctx, e, last)
 		}
 		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
 		switch {
@@ -231,7 +266,7 @@ func (x *exchange) forward(body []byte) {
 		}
 		return struct{}{}, last
 	},
-		backoff.WithBackOff(x.p.retry.backOff()),
+		backoff.WithBackOff(x.retryBackOff()),
 		backoff.WithMaxTries(uint(x.p.retry.MaxRetries)+1),
 		backoff.WithMaxElapsedTime(0), // bounded by MaxRetries alone
 		backoff.WithNotify(func(_ error, d time.Duration) {
@@ -242,6 +277,9 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Now()
 		}))
 	endWait()
+	if x.engines != nil && x.call.Engine != "" {
+		x.engines.metrics.routed(x.home == "" || x.call.Engine == x.home)
+	}
 	if x.refusal != "" && x.call.StatusCode >= 200 && x.call.StatusCode <= 299 {
 		// Without the members the upstream answered: it refuses them.
 		x.p.refusals.remember(x, x.policy, x.refusal)
@@ -318,6 +356,9 @@ type upstreamError struct {
 	status int
 	detail string
 	retry  bool
+	// refused is set when the upstream refused the connection: nothing
+	// listens there.
+	refused bool
 }
 
 // errType is the error.type of a call that failed this way: the status
@@ -392,7 +433,7 @@ func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
 	}
 	pe, ok := errors.AsType[permanentError](err)
 	permanent := ok && pe.Permanent()
-	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: !permanent}
+	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: !permanent, refused: errors.Is(err, syscall.ECONNREFUSED)}
 }
 
 // permanentError is a transport error that retrying cannot fix (see

@@ -94,6 +94,16 @@ type Config struct {
 	// DefaultProviderName, the API family every policy server osmo talks
 	// to speaks.
 	ProviderName string
+
+	// Engines, when set, carries the calls of routes without a BaseURL
+	// over a set of policy engines (consistent hashing of the rollout and
+	// sample ids with bounded loads, health, failover to another engine),
+	// and every call when EnginesOwnRouting is set. The caller runs
+	// Engines.Run.
+	Engines *Engines
+	// EnginesOwnRouting sends every call to Engines, even when the route
+	// names its own BaseURL (the trainer's per-rollout URL).
+	EnginesOwnRouting bool
 }
 
 // DefaultProviderName is the gen_ai.provider.name of chat spans when
@@ -116,6 +126,9 @@ type Proxy struct {
 	mux             *http.ServeMux
 	metrics         *metrics
 	tracing         *tracing // nil when not traced
+
+	engines           *Engines
+	enginesOwnRouting bool
 }
 
 // New validates cfg and returns a Proxy.
@@ -146,6 +159,9 @@ func New(cfg Config) (*Proxy, error) {
 		requireSampleID: cfg.RequireSampleID,
 		askTokens:       cfg.AskTokens,
 		metrics:         newMetrics(cfg.Metrics),
+
+		engines:           cfg.Engines,
+		enginesOwnRouting: cfg.EnginesOwnRouting,
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout

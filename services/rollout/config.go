@@ -14,6 +14,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/netguard"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
@@ -164,6 +165,13 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 	// TraceContent records LLM messages on the proxy's chat spans.
 	TraceContent bool
+
+	// Engines, when set, are the policy engines the embedded proxy spreads
+	// LLM calls over (llmproxy.Config.Engines): the calls of rollouts whose
+	// wire names no policy URL (chat_completions_url may then be left
+	// out), and every call with EnginesOwnRouting. Serve runs them.
+	Engines           *llmproxy.Engines
+	EnginesOwnRouting bool
 }
 
 func (c *Config) setDefaults() error {

@@ -204,6 +204,9 @@ func New(cfg Config) (*Service, error) {
 		TracerProvider:  cfg.ProxyTracerProvider,
 		Propagator:      cfg.Propagator,
 		CaptureContent:  cfg.TraceContent,
+
+		Engines:           cfg.Engines,
+		EnginesOwnRouting: cfg.EnginesOwnRouting,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rollout.New: %w", err)
@@ -353,12 +356,27 @@ func (s *Service) Serve(ctx context.Context) error {
 			_ = sub.Unsubscribe()
 		}
 	}()
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() {
 		if err := s.proxySrv.Serve(s.proxyLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("rollout: proxy: %w", err)
 		}
 	}()
+	if e := s.cfg.Engines; e != nil {
+		// The engines are probed until the proxy is shut down.
+		enginesCtx, stopEngines := context.WithCancel(context.WithoutCancel(ctx))
+		enginesDone := make(chan struct{})
+		go func() {
+			defer close(enginesDone)
+			if err := e.Run(enginesCtx); err != nil {
+				errc <- fmt.Errorf("rollout: engines: %w", err)
+			}
+		}()
+		defer func() {
+			stopEngines()
+			<-enginesDone
+		}()
+	}
 	takeCtx, stopTaking := context.WithCancel(context.Background())
 	defer stopTaking()
 	renewCtx, stopRenewing := context.WithCancel(context.Background())

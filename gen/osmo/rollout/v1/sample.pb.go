@@ -332,6 +332,12 @@ type LLMCall struct {
 	// refused the token parameters, returned none, or returned them
 	// inconsistently (see Row.problems).
 	NoTokensReason string `protobuf:"bytes,25,opt,name=no_tokens_reason,json=noTokensReason,proto3" json:"no_tokens_reason,omitempty"`
+	// Fields 30-39: the policy engines (osmo serve --policy).
+	// The base URL of the policy engine whose answer the call got, when the
+	// proxy routed it over a set of engines.
+	Engine string `protobuf:"bytes,30,opt,name=engine,proto3" json:"engine,omitempty"`
+	// Every upstream try of such a call, in order, with its engine.
+	EngineAttempts []*EngineAttempt `protobuf:"bytes,31,rep,name=engine_attempts,json=engineAttempts,proto3" json:"engine_attempts,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -513,6 +519,84 @@ func (x *LLMCall) GetNoTokensReason() string {
 	return ""
 }
 
+func (x *LLMCall) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *LLMCall) GetEngineAttempts() []*EngineAttempt {
+	if x != nil {
+		return x.EngineAttempts
+	}
+	return nil
+}
+
+// EngineAttempt is one upstream try of a call routed over policy engines.
+type EngineAttempt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The engine's OpenAI base URL.
+	Engine string `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The engine's HTTP status (0 when none came).
+	StatusCode int32 `protobuf:"varint,2,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	// Why the try failed; empty when it was answered.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineAttempt) Reset() {
+	*x = EngineAttempt{}
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineAttempt) ProtoMessage() {}
+
+func (x *EngineAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineAttempt.ProtoReflect.Descriptor instead.
+func (*EngineAttempt) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EngineAttempt) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *EngineAttempt) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *EngineAttempt) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -525,7 +609,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +621,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +634,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{3}
+	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -613,7 +697,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xa7\a\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\x88\b\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -639,8 +723,15 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x03api\x18\x12 \x01(\tR\x03api\x126\n" +
 	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\x128\n" +
 	"\x18completion_token_strings\x18\x18 \x03(\tR\x16completionTokenStrings\x12(\n" +
-	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReasonJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
-	"model_name\"\xa1\x01\n" +
+	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReason\x12\x16\n" +
+	"\x06engine\x18\x1e \x01(\tR\x06engine\x12G\n" +
+	"\x0fengine_attempts\x18\x1f \x03(\v2\x1e.osmo.rollout.v1.EngineAttemptR\x0eengineAttemptsJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
+	"model_name\"^\n" +
+	"\rEngineAttempt\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1f\n" +
+	"\vstatus_code\x18\x02 \x01(\x05R\n" +
+	"statusCode\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
@@ -659,30 +750,32 @@ func file_osmo_rollout_v1_sample_proto_rawDescGZIP() []byte {
 	return file_osmo_rollout_v1_sample_proto_rawDescData
 }
 
-var file_osmo_rollout_v1_sample_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_osmo_rollout_v1_sample_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_osmo_rollout_v1_sample_proto_goTypes = []any{
 	(*RolloutSample)(nil),         // 0: osmo.rollout.v1.RolloutSample
 	(*RolloutMetrics)(nil),        // 1: osmo.rollout.v1.RolloutMetrics
 	(*LLMCall)(nil),               // 2: osmo.rollout.v1.LLMCall
-	(*Usage)(nil),                 // 3: osmo.rollout.v1.Usage
-	(*structpb.Struct)(nil),       // 4: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*EngineAttempt)(nil),         // 3: osmo.rollout.v1.EngineAttempt
+	(*Usage)(nil),                 // 4: osmo.rollout.v1.Usage
+	(*structpb.Struct)(nil),       // 5: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_osmo_rollout_v1_sample_proto_depIdxs = []int32{
-	4, // 0: osmo.rollout.v1.RolloutSample.messages:type_name -> google.protobuf.Struct
-	4, // 1: osmo.rollout.v1.RolloutSample.metadata:type_name -> google.protobuf.Struct
-	1, // 2: osmo.rollout.v1.RolloutSample.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
-	4, // 3: osmo.rollout.v1.RolloutSample.extra_fields:type_name -> google.protobuf.Struct
-	2, // 4: osmo.rollout.v1.RolloutSample.llm_calls:type_name -> osmo.rollout.v1.LLMCall
-	4, // 5: osmo.rollout.v1.LLMCall.request_messages:type_name -> google.protobuf.Struct
-	4, // 6: osmo.rollout.v1.LLMCall.response_message:type_name -> google.protobuf.Struct
-	3, // 7: osmo.rollout.v1.LLMCall.usage:type_name -> osmo.rollout.v1.Usage
-	5, // 8: osmo.rollout.v1.LLMCall.started_at:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	5,  // 0: osmo.rollout.v1.RolloutSample.messages:type_name -> google.protobuf.Struct
+	5,  // 1: osmo.rollout.v1.RolloutSample.metadata:type_name -> google.protobuf.Struct
+	1,  // 2: osmo.rollout.v1.RolloutSample.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
+	5,  // 3: osmo.rollout.v1.RolloutSample.extra_fields:type_name -> google.protobuf.Struct
+	2,  // 4: osmo.rollout.v1.RolloutSample.llm_calls:type_name -> osmo.rollout.v1.LLMCall
+	5,  // 5: osmo.rollout.v1.LLMCall.request_messages:type_name -> google.protobuf.Struct
+	5,  // 6: osmo.rollout.v1.LLMCall.response_message:type_name -> google.protobuf.Struct
+	4,  // 7: osmo.rollout.v1.LLMCall.usage:type_name -> osmo.rollout.v1.Usage
+	6,  // 8: osmo.rollout.v1.LLMCall.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 9: osmo.rollout.v1.LLMCall.engine_attempts:type_name -> osmo.rollout.v1.EngineAttempt
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_osmo_rollout_v1_sample_proto_init() }
@@ -697,7 +790,7 @@ func file_osmo_rollout_v1_sample_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_rollout_v1_sample_proto_rawDesc), len(file_osmo_rollout_v1_sample_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
