@@ -11,7 +11,6 @@ package planebench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -29,15 +28,11 @@ import (
 
 // PlaneFunc builds the proxy over a set of engines (OpenAI base URLs
 // ending in /v1) that sends its calls upstream through tr and records
-// every call with rec.
-type PlaneFunc func(engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error)
+// every call with rec; what it starts (probes) lasts until ctx ends.
+type PlaneFunc func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error)
 
 // dropCalls is the recorder of the latency runs.
 var dropCalls = llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {})
-
-// ErrNoEngineSet is what a PlaneFunc returns while the proxy has no engine
-// set to build; the plane's rows are then reported as skipped.
-var ErrNoEngineSet = errors.New("the proxy in this build has no engine set")
 
 // Config sizes the runs. Zero fields take the defaults shown.
 type Config struct {
@@ -254,7 +249,7 @@ func (f *fleet) close() {
 }
 
 // singleProxy is the proxy as it is without an engine set: one upstream.
-func singleProxy(engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+func singleProxy(_ context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
 	if len(engines) != 1 {
 		return nil, fmt.Errorf("the single-upstream proxy takes 1 engine, got %d", len(engines))
 	}
@@ -391,11 +386,9 @@ func measureLatency(ctx context.Context, cfg Config) (direct, single, plane1, pl
 			s.Skipped = "no engine set to measure"
 			return nil
 		}
-		h, err := plane(engines, tr, dropCalls)
-		if errors.Is(err, ErrNoEngineSet) {
-			s.Skipped = err.Error()
-			return nil
-		}
+		pctx, pcancel := context.WithCancel(ctx)
+		stops = append(stops, pcancel)
+		h, err := plane(pctx, engines, tr, dropCalls)
 		if err != nil {
 			return fmt.Errorf("planebench: building %s with %d engines: %w", s.Name, len(engines), err)
 		}

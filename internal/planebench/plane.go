@@ -1,19 +1,29 @@
 package planebench
 
 import (
+	"context"
 	"net/http"
+	"time"
 
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // NewPlane builds the plane `osmo bench plane` measures: the proxy over
-// the set of engines.
-//
-// TO WIRE: when llmproxy.Config takes an engine set (the `--policy URL`
-// flags of osmo serve and osmo llmproxy), build the proxy over engines
-// here, as singleProxy builds it over one upstream, with tr as its
-// Transport and rec as its Recorder. Until then the plane's rows say it
-// is not measured.
-func NewPlane(engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
-	return nil, ErrNoEngineSet
+// the set of engines, every call routed by the set, with the retries of
+// `osmo llmproxy`'s defaults (a failed call goes at once to an engine it
+// has not tried), its probes running until ctx ends.
+func NewPlane(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+	set, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: engines, Transport: tr})
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = set.Run(ctx) }()
+	return llmproxy.New(llmproxy.Config{
+		Router:            llmproxy.StaticRouter(llmproxy.Route{Model: "bench-policy"}),
+		Recorder:          rec,
+		Retry:             llmproxy.RetryPolicy{MaxRetries: 3, BaseDelay: time.Second, MaxDelay: 30 * time.Second},
+		Transport:         tr,
+		Engines:           set,
+		EnginesOwnRouting: true,
+	})
 }

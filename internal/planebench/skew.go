@@ -2,7 +2,6 @@ package planebench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,23 +16,23 @@ import (
 
 // plane starts the plane over f's engines and returns its chat URL, or
 // skipped when there is no plane to measure.
-func plane(cfg Config, f *fleet, rec llmproxy.Recorder) (target, skipped string, stop func(), err error) {
+func plane(ctx context.Context, cfg Config, f *fleet, rec llmproxy.Recorder) (target, skipped string, stop func(), err error) {
 	if cfg.Plane == nil {
 		return "", "no engine set to measure", nil, nil
 	}
 	tr := llmproxy.DefaultTransport()
-	h, err := cfg.Plane(f.urls(), tr, rec)
-	if errors.Is(err, ErrNoEngineSet) {
-		return "", err.Error(), nil, nil
-	}
+	pctx, cancel := context.WithCancel(ctx)
+	h, err := cfg.Plane(pctx, f.urls(), tr, rec)
 	if err != nil {
+		cancel()
 		return "", "", nil, fmt.Errorf("planebench: building the plane: %w", err)
 	}
 	u, stopServer, err := serve(h)
 	if err != nil {
+		cancel()
 		return "", "", nil, err
 	}
-	return u + "/v1/chat/completions", "", func() { stopServer(); tr.CloseIdleConnections() }, nil
+	return u + "/v1/chat/completions", "", func() { stopServer(); cancel(); tr.CloseIdleConnections() }, nil
 }
 
 // sample is one sample of the skewed or kill runs: calls sent one after
@@ -86,7 +85,7 @@ func measureBalance(ctx context.Context, cfg Config) (Balance, error) {
 		return b, err
 	}
 	defer f.close()
-	target, skipped, stop, err := plane(cfg, f, dropCalls)
+	target, skipped, stop, err := plane(ctx, cfg, f, dropCalls)
 	if err != nil || skipped != "" {
 		b.Skipped = skipped
 		return b, err
@@ -173,7 +172,7 @@ func measureKill(ctx context.Context, cfg Config) (Kill, error) {
 	}
 	defer f.close()
 	var rec answers
-	target, skipped, stop, err := plane(cfg, f, &rec)
+	target, skipped, stop, err := plane(ctx, cfg, f, &rec)
 	if err != nil || skipped != "" {
 		k.Skipped = skipped
 		return k, err
