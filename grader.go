@@ -117,6 +117,25 @@ type LLMCall struct {
 	// for a Responses API call the proxy translated (the policy always
 	// receives a chat completion, which is what the record holds).
 	API string `json:"api"`
+
+	// PolicyVersion is the policy version in force when the answer was
+	// produced (the proxy's pause gate sets it; 0 without one). A call an
+	// abort pause cut and the proxy sent again carries its answer's version.
+	PolicyVersion int64 `json:"policy_version"`
+	// PausedAttempts are the upstream attempts an abort pause cut; the proxy
+	// sent the call again after the resume.
+	PausedAttempts []PausedAttempt `json:"paused_attempts,omitempty"`
+	// HeldMS is the time the call waited at the pause gate; it is part of
+	// LatencyMS.
+	HeldMS float64 `json:"held_ms,omitempty"`
+}
+
+// PausedAttempt is an upstream attempt an abort pause cut.
+type PausedAttempt struct {
+	// Attempt is its number among the call's Attempts (from 1).
+	Attempt int `json:"attempt"`
+	// PolicyVersion is the version it ran under.
+	PolicyVersion int64 `json:"policy_version"`
 }
 
 // GraderContext is what a Grader works on. The grader service builds it; a

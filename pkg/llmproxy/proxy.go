@@ -94,6 +94,10 @@ type Config struct {
 	// DefaultProviderName, the API family every policy server osmo talks
 	// to speaks.
 	ProviderName string
+
+	// Gate, when set, holds calls while the policy is paused for a weight
+	// update and stamps every call with the policy version (gate.go).
+	Gate *Gate
 }
 
 // DefaultProviderName is the gen_ai.provider.name of chat spans when
@@ -116,6 +120,7 @@ type Proxy struct {
 	mux             *http.ServeMux
 	metrics         *metrics
 	tracing         *tracing // nil when not traced
+	gate            *Gate    // nil when calls are never paused
 }
 
 // New validates cfg and returns a Proxy.
@@ -146,6 +151,7 @@ func New(cfg Config) (*Proxy, error) {
 		requireSampleID: cfg.RequireSampleID,
 		askTokens:       cfg.AskTokens,
 		metrics:         newMetrics(cfg.Metrics),
+		gate:            cfg.Gate,
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
