@@ -59,6 +59,8 @@ type rolloutFlags struct {
 	outbound outboundFlags
 	env      osmosisEnv
 	osmosis  osmosisFlags
+
+	policy policyFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -96,6 +98,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.nats.register(fs, e)
 	f.outbound.register(fs)
 	f.osmosis.register(fs)
+	f.policy.register(fs)
 	return nil
 }
 
@@ -137,6 +140,10 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	if f.callbackConc <= 0 {
 		return rollout.Config{}, usagef("--callback-concurrency: must be positive, got %d", f.callbackConc)
 	}
+	pol, err := f.policy.settings()
+	if err != nil {
+		return rollout.Config{}, err
+	}
 	if !f.noValidate {
 		if err := validateEntry(entry); err != nil {
 			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
@@ -173,6 +180,8 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		ProxyTracerProvider: tr.proxy,
 		Propagator:          tr.prop,
 		TraceContent:        tr.content,
+
+		Policy: pol,
 	}, nil
 }
 

@@ -288,6 +288,33 @@ func (g *Gate) Resume(ctx context.Context, version int64) error {
 	if err := g.control(ctx, "resume", ""); err != nil {
 		return err
 	}
+	g.open(version)
+	return nil
+}
+
+// Open brings the gate to the open state at version whatever its state:
+// a replica following a shared switch applies it with Open, the switch
+// having checked the rules of Resume already.
+func (g *Gate) Open(ctx context.Context, version int64) error {
+	g.mu.Lock()
+	paused := g.paused
+	if !paused {
+		g.version = version
+		g.metrics.setVersion(version)
+	}
+	g.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	if err := g.control(ctx, "resume", ""); err != nil {
+		return err
+	}
+	g.open(version)
+	return nil
+}
+
+// open ends a pause at version.
+func (g *Gate) open(version int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.paused {
@@ -296,10 +323,9 @@ func (g *Gate) Resume(ctx context.Context, version int64) error {
 		g.mode = ""
 		close(g.resumed)
 	}
-	g.version = max(g.version, version)
+	g.version = version
 	g.metrics.setPaused(false)
-	g.metrics.setVersion(g.version)
-	return nil
+	g.metrics.setVersion(version)
 }
 
 // enter waits until the gate is open and admits one attempt: its context
@@ -321,6 +347,7 @@ func (g *Gate) enter(ctx context.Context) (t *gateTicket, actx context.Context, 
 		}
 		wait := g.resumed
 		g.held++
+		g.metrics.holding(g.held)
 		g.mu.Unlock()
 		if t0.IsZero() {
 			t0 = time.Now()
@@ -331,6 +358,7 @@ func (g *Gate) enter(ctx context.Context) (t *gateTicket, actx context.Context, 
 		}
 		g.mu.Lock()
 		g.held--
+		g.metrics.holding(g.held)
 		g.mu.Unlock()
 		if ctx.Err() != nil {
 			return nil, nil, time.Since(t0), context.Cause(ctx)
@@ -360,6 +388,16 @@ func (g *Gate) counted(version int64) { g.metrics.call(version) }
 // control forwards a pause (mode set) or resume to every engine at once.
 func (g *Gate) control(ctx context.Context, op string, mode PauseMode) error {
 	engines := g.engineList()
+	if op == "resume" {
+		// Every engine the pause reached is resumed, in the set or not.
+		g.mu.Lock()
+		for e, st := range g.states {
+			if st.Paused && !slices.Contains(engines, e) {
+				engines = append(engines, e)
+			}
+		}
+		g.mu.Unlock()
+	}
 	results := make([]EngineState, len(engines))
 	var wg sync.WaitGroup
 	for i, e := range engines {
@@ -476,6 +514,7 @@ type gateMetrics struct {
 	paused   prometheus.Gauge
 	pauseSec prometheus.Counter
 	heldSec  prometheus.Histogram
+	heldNow  prometheus.Gauge
 	calls    *prometheus.CounterVec
 }
 
@@ -501,12 +540,16 @@ func newGateMetrics(reg prometheus.Registerer) *gateMetrics {
 			Help:    "Time a call waited at the pause gate before going upstream (calls that waited).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 9),
 		}),
+		heldNow: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "osmo_llmproxy_policy_held_calls",
+			Help: "Calls waiting at the pause gate now.",
+		}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_llmproxy_calls_by_policy_version_total",
 			Help: "Recorded calls that went upstream, by the policy version that answered them.",
 		}, []string{"version"}),
 	}
-	reg.MustRegister(m.version, m.paused, m.pauseSec, m.heldSec, m.calls)
+	reg.MustRegister(m.version, m.paused, m.pauseSec, m.heldSec, m.heldNow, m.calls)
 	return m
 }
 
@@ -536,6 +579,12 @@ func (m *gateMetrics) pausedFor(d time.Duration) {
 func (m *gateMetrics) held(d time.Duration) {
 	if m != nil {
 		m.heldSec.Observe(d.Seconds())
+	}
+}
+
+func (m *gateMetrics) holding(n int) {
+	if m != nil {
+		m.heldNow.Set(float64(n))
 	}
 }
 

@@ -159,6 +159,10 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 	// TraceContent records LLM messages on the proxy's chat spans.
 	TraceContent bool
+
+	// Policy configures the policy's pause switch for weight updates
+	// (policy.go).
+	Policy PolicySettings
 }
 
 func (c *Config) setDefaults() error {
@@ -180,6 +184,8 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
 	orDefault(&c.LostAfter, DefaultLostAfter)
 	orDefault(&c.FinalWait, time.Second)
+	orDefault(&c.Policy.AckTimeout, 60*time.Second)
+	orDefault(&c.Policy.Heartbeat, 5*time.Second)
 	if c.LostAfter < time.Second {
 		return errors.New("rollout: LostAfter must be at least 1s")
 	}

@@ -65,6 +65,9 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	route := rec.upstream
 	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
 	s.routes.Set(rec.id, route)
+	if s.cfg.Policy.Engines == nil {
+		s.upstreams.add(route.BaseURL)
+	}
 	r := osmo.Hosting().NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
 	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
