@@ -50,6 +50,11 @@ type PolicySettings struct {
 	// Heartbeat is how often a replica rewrites its acknowledgement (5s);
 	// one silent for three heartbeats is not waited for.
 	Heartbeat time.Duration
+	// StaleAction, when set (StaleFlag or StaleCancel), is what a rollout
+	// gets whose oldest call's version is more than MaxStaleness below the
+	// current one when it finishes (staleness.go); empty checks nothing.
+	StaleAction  string
+	MaxStaleness int64
 }
 
 // policyState is the shared switch.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
@@ -231,4 +232,95 @@ func TestPolicyPauseAcrossReplicas(t *testing.T) {
 	if v := gauge(t, regC, "osmo_llmproxy_policy_version"); v != 7 {
 		t.Errorf("replica c version = %v, want 7", v)
 	}
+}
+
+// TestStaleRollouts: a rollout whose call was answered by version 0 and
+// that finishes after a resume to version 2 is two versions behind: with
+// --max-staleness 1 it is flagged (record, rows, metrics) or cancelled.
+func TestStaleRollouts(t *testing.T) {
+	for _, action := range []string{rollout.StaleFlag, rollout.StaleCancel} {
+		t.Run(action, func(t *testing.T) {
+			called, release := make(chan struct{}, 1), make(chan struct{})
+			wf := mustWorkflow(t, "one-call", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+				m, err := chatOnceWith(ctx, wc.Rollout.Endpoint("s"), wc.Prompt, nil, map[string]any{"return_token_ids": true, "logprobs": true})
+				if err != nil {
+					return err
+				}
+				called <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+					return osmo.EncodeMessages(append(append([]osmo.Message(nil), wc.Prompt...), m))
+				}))
+			})
+			reg := prometheus.NewRegistry()
+			h := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) {
+				c.Policy.StaleAction, c.Policy.MaxStaleness, c.Metrics = action, 1, reg
+			}})
+			h.start(t, h.startReq(t, "stale-1"))
+			select {
+			case <-called:
+			case <-time.After(testTimeout):
+				t.Fatal("the workflow made no call")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			if _, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "keep"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 2}); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			r := h.waitDone(t, "stale-1")
+			if pv := r.GetPolicyVersions(); pv == nil || pv.GetMin() != 0 || pv.GetMax() != 0 {
+				t.Errorf("policy_versions = %v, want 0..0", pv)
+			}
+			if n := counterValue(t, reg, "osmo_rollouts_stale_total", action); n != 1 {
+				t.Errorf("osmo_rollouts_stale_total{action=%q} = %v, want 1", action, n)
+			}
+			if action == rollout.StaleCancel {
+				if r.GetState() != rolloutv1.State_STATE_CANCELLED || r.GetErrorCategory() != "stale_policy" {
+					t.Fatalf("cancelled stale rollout: %v %q %q", r.GetState(), r.GetErrorCategory(), r.GetErrorMessage())
+				}
+				return
+			}
+			if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || !r.GetStale() {
+				t.Fatalf("flagged stale rollout: %v stale=%v %s", r.GetState(), r.GetStale(), r.GetErrorMessage())
+			}
+			rows := rowsOf(t, h.client, "stale-1")
+			if len(rows) == 0 {
+				t.Fatal("no rows")
+			}
+			for _, row := range rows {
+				if !row.GetStale() || len(row.GetVersions()) != 1 || row.GetVersions()[0].GetVersion() != 0 {
+					t.Errorf("row: stale %v versions %v", row.GetStale(), row.GetVersions())
+				}
+			}
+		})
+	}
+}
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

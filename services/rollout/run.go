@@ -126,6 +126,7 @@ func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runEr
 	if err := s.collect(rec, r); err != nil && o.OK() {
 		o = outcome.Failed(outcome.Agent, "%v", err)
 	}
+	o = s.checkStale(rec, o, log)
 	if !o.OK() {
 		log.Warn("workflow failed", "category", o.Category, "error", o.Message)
 	}

@@ -110,6 +110,7 @@ type Service struct {
 	// engines it reaches when Config.Policy.Engines is nil.
 	policy    *policy
 	upstreams upstreams
+	staleness *stalenessMetrics
 }
 
 // upstreamBufferSize is the read and write buffer of each connection to
@@ -150,6 +151,7 @@ func New(cfg Config) (*Service, error) {
 		log:         cfg.Logger.With("service", "rollout"),
 		logDir:      logDir,
 		metrics:     newMetrics(cfg.Metrics),
+		staleness:   newStalenessMetrics(cfg.Metrics),
 		routes:      llmproxy.NewRouteTable(),
 		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
 		admitWithin: admissionTimeout,

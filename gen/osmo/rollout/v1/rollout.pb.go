@@ -737,8 +737,8 @@ type Rollout struct {
 	Reward       *float64 `protobuf:"fixed64,5,opt,name=reward,proto3,oneof" json:"reward,omitempty"`
 	FinishReason string   `protobuf:"bytes,6,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	ErrorMessage string   `protobuf:"bytes,7,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
-	// timeout, validation_error, http_error, agent_error, grader_error or
-	// cancelled; empty on success.
+	// timeout, validation_error, http_error, agent_error, grader_error,
+	// cancelled or stale_policy; empty on success.
 	ErrorCategory string                 `protobuf:"bytes,8,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
 	Metrics       *RolloutMetrics        `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	Metadata      *structpb.Struct       `protobuf:"bytes,10,opt,name=metadata,proto3" json:"metadata,omitempty"`
@@ -750,7 +750,14 @@ type Rollout struct {
 	// Non-empty when the completion callback could not be delivered.
 	CallbackError string `protobuf:"bytes,15,opt,name=callback_error,json=callbackError,proto3" json:"callback_error,omitempty"`
 	// The protocol generation that started the rollout: g1, g2 or v0.3.
-	Wire          string `protobuf:"bytes,16,opt,name=wire,proto3" json:"wire,omitempty"`
+	Wire string `protobuf:"bytes,16,opt,name=wire,proto3" json:"wire,omitempty"`
+	// The policy versions that answered the rollout's LLM calls; unset when
+	// none went upstream.
+	PolicyVersions *PolicyVersions `protobuf:"bytes,17,opt,name=policy_versions,json=policyVersions,proto3" json:"policy_versions,omitempty"`
+	// Its oldest call's version was more than --max-staleness below the
+	// current one when it finished (with --stale=flag; with --stale=cancel
+	// it is cancelled, error_category stale_policy).
+	Stale         bool `protobuf:"varint,18,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -897,6 +904,73 @@ func (x *Rollout) GetWire() string {
 	return ""
 }
 
+func (x *Rollout) GetPolicyVersions() *PolicyVersions {
+	if x != nil {
+		return x.PolicyVersions
+	}
+	return nil
+}
+
+func (x *Rollout) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+// PolicyVersions is the span of policy versions of a rollout's calls.
+type PolicyVersions struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Min           int64                  `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	Max           int64                  `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyVersions) Reset() {
+	*x = PolicyVersions{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyVersions) ProtoMessage() {}
+
+func (x *PolicyVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyVersions.ProtoReflect.Descriptor instead.
+func (*PolicyVersions) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PolicyVersions) GetMin() int64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *PolicyVersions) GetMax() int64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
 // StartRolloutRequest is the body of POST /rollout, field for field: G2's
 // (SDK v0.2) and v0.3's, which adds llm_api_key.
 type StartRolloutRequest struct {
@@ -939,7 +1013,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1025,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1038,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartRolloutRequest) GetRolloutId() string {
@@ -1060,7 +1134,7 @@ type StartRolloutResponse struct {
 
 func (x *StartRolloutResponse) Reset() {
 	*x = StartRolloutResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1146,7 @@ func (x *StartRolloutResponse) String() string {
 func (*StartRolloutResponse) ProtoMessage() {}
 
 func (x *StartRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1159,7 @@ func (x *StartRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutResponse.ProtoReflect.Descriptor instead.
 func (*StartRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 type GetRolloutStatusRequest struct {
@@ -1097,7 +1171,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1183,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1196,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRolloutStatusRequest) GetRolloutId() string {
@@ -1150,7 +1224,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1236,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1249,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{14}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RolloutStatus) GetRolloutId() string {
@@ -1226,7 +1300,7 @@ type CancelRolloutsRequest struct {
 
 func (x *CancelRolloutsRequest) Reset() {
 	*x = CancelRolloutsRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1312,7 @@ func (x *CancelRolloutsRequest) String() string {
 func (*CancelRolloutsRequest) ProtoMessage() {}
 
 func (x *CancelRolloutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1325,7 @@ func (x *CancelRolloutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutsRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutsRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRolloutsRequest) GetIds() []string {
@@ -1286,7 +1360,7 @@ type CancelRolloutsResponse struct {
 
 func (x *CancelRolloutsResponse) Reset() {
 	*x = CancelRolloutsResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1372,7 @@ func (x *CancelRolloutsResponse) String() string {
 func (*CancelRolloutsResponse) ProtoMessage() {}
 
 func (x *CancelRolloutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1385,7 @@ func (x *CancelRolloutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutsResponse.ProtoReflect.Descriptor instead.
 func (*CancelRolloutsResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelRolloutsResponse) GetDispositions() map[string]string {
@@ -1329,7 +1403,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1415,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1428,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 // Concurrency is the G3 health detail.
@@ -1369,7 +1443,7 @@ type Concurrency struct {
 
 func (x *Concurrency) Reset() {
 	*x = Concurrency{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1455,7 @@ func (x *Concurrency) String() string {
 func (*Concurrency) ProtoMessage() {}
 
 func (x *Concurrency) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1468,7 @@ func (x *Concurrency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Concurrency.ProtoReflect.Descriptor instead.
 func (*Concurrency) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Concurrency) GetMaxConcurrent() int32 {
@@ -1436,7 +1510,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1522,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1535,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1556,7 +1630,7 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\"=\n" +
 	"\x14WatchRolloutsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\xbf\x05\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\x9f\x06\n" +
 	"\aRollout\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12,\n" +
@@ -1578,8 +1652,13 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"finishedAt\x12\x1a\n" +
 	"\bsequence\x18\x0e \x01(\x03R\bsequence\x12%\n" +
 	"\x0ecallback_error\x18\x0f \x01(\tR\rcallbackError\x12\x12\n" +
-	"\x04wire\x18\x10 \x01(\tR\x04wireB\t\n" +
-	"\a_reward\"\xde\x05\n" +
+	"\x04wire\x18\x10 \x01(\tR\x04wire\x12H\n" +
+	"\x0fpolicy_versions\x18\x11 \x01(\v2\x1f.osmo.rollout.v1.PolicyVersionsR\x0epolicyVersions\x12\x14\n" +
+	"\x05stale\x18\x12 \x01(\bR\x05staleB\t\n" +
+	"\a_reward\"4\n" +
+	"\x0ePolicyVersions\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\x03R\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x03R\x03max\"\xde\x05\n" +
 	"\x13StartRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12B\n" +
@@ -1677,7 +1756,7 @@ func file_osmo_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_osmo_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_osmo_rollout_v1_rollout_proto_goTypes = []any{
 	(State)(0),                      // 0: osmo.rollout.v1.State
 	(*PausePolicyRequest)(nil),      // 1: osmo.rollout.v1.PausePolicyRequest
@@ -1691,78 +1770,80 @@ var file_osmo_rollout_v1_rollout_proto_goTypes = []any{
 	(*GetRolloutRequest)(nil),       // 9: osmo.rollout.v1.GetRolloutRequest
 	(*WatchRolloutsRequest)(nil),    // 10: osmo.rollout.v1.WatchRolloutsRequest
 	(*Rollout)(nil),                 // 11: osmo.rollout.v1.Rollout
-	(*StartRolloutRequest)(nil),     // 12: osmo.rollout.v1.StartRolloutRequest
-	(*StartRolloutResponse)(nil),    // 13: osmo.rollout.v1.StartRolloutResponse
-	(*GetRolloutStatusRequest)(nil), // 14: osmo.rollout.v1.GetRolloutStatusRequest
-	(*RolloutStatus)(nil),           // 15: osmo.rollout.v1.RolloutStatus
-	(*CancelRolloutsRequest)(nil),   // 16: osmo.rollout.v1.CancelRolloutsRequest
-	(*CancelRolloutsResponse)(nil),  // 17: osmo.rollout.v1.CancelRolloutsResponse
-	(*HealthRequest)(nil),           // 18: osmo.rollout.v1.HealthRequest
-	(*Concurrency)(nil),             // 19: osmo.rollout.v1.Concurrency
-	(*HealthResponse)(nil),          // 20: osmo.rollout.v1.HealthResponse
-	nil,                             // 21: osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
-	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 23: google.protobuf.Struct
-	(*RolloutSample)(nil),           // 24: osmo.rollout.v1.RolloutSample
-	(*RolloutMetrics)(nil),          // 25: osmo.rollout.v1.RolloutMetrics
-	(*structpb.Value)(nil),          // 26: google.protobuf.Value
-	(*GetRolloutRowsRequest)(nil),   // 27: osmo.rollout.v1.GetRolloutRowsRequest
-	(*StreamRowsRequest)(nil),       // 28: osmo.rollout.v1.StreamRowsRequest
-	(*RolloutRows)(nil),             // 29: osmo.rollout.v1.RolloutRows
-	(*Row)(nil),                     // 30: osmo.rollout.v1.Row
+	(*PolicyVersions)(nil),          // 12: osmo.rollout.v1.PolicyVersions
+	(*StartRolloutRequest)(nil),     // 13: osmo.rollout.v1.StartRolloutRequest
+	(*StartRolloutResponse)(nil),    // 14: osmo.rollout.v1.StartRolloutResponse
+	(*GetRolloutStatusRequest)(nil), // 15: osmo.rollout.v1.GetRolloutStatusRequest
+	(*RolloutStatus)(nil),           // 16: osmo.rollout.v1.RolloutStatus
+	(*CancelRolloutsRequest)(nil),   // 17: osmo.rollout.v1.CancelRolloutsRequest
+	(*CancelRolloutsResponse)(nil),  // 18: osmo.rollout.v1.CancelRolloutsResponse
+	(*HealthRequest)(nil),           // 19: osmo.rollout.v1.HealthRequest
+	(*Concurrency)(nil),             // 20: osmo.rollout.v1.Concurrency
+	(*HealthResponse)(nil),          // 21: osmo.rollout.v1.HealthResponse
+	nil,                             // 22: osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	(*timestamppb.Timestamp)(nil),   // 23: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 24: google.protobuf.Struct
+	(*RolloutSample)(nil),           // 25: osmo.rollout.v1.RolloutSample
+	(*RolloutMetrics)(nil),          // 26: osmo.rollout.v1.RolloutMetrics
+	(*structpb.Value)(nil),          // 27: google.protobuf.Value
+	(*GetRolloutRowsRequest)(nil),   // 28: osmo.rollout.v1.GetRolloutRowsRequest
+	(*StreamRowsRequest)(nil),       // 29: osmo.rollout.v1.StreamRowsRequest
+	(*RolloutRows)(nil),             // 30: osmo.rollout.v1.RolloutRows
+	(*Row)(nil),                     // 31: osmo.rollout.v1.Row
 }
 var file_osmo_rollout_v1_rollout_proto_depIdxs = []int32{
 	5,  // 0: osmo.rollout.v1.PolicyState.engines:type_name -> osmo.rollout.v1.PolicyEngine
 	6,  // 1: osmo.rollout.v1.PolicyState.replicas:type_name -> osmo.rollout.v1.PolicyReplica
-	22, // 2: osmo.rollout.v1.PolicyReplica.seen:type_name -> google.protobuf.Timestamp
-	23, // 3: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
-	23, // 4: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
-	23, // 5: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
-	23, // 6: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
+	23, // 2: osmo.rollout.v1.PolicyReplica.seen:type_name -> google.protobuf.Timestamp
+	24, // 3: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
+	24, // 4: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
+	24, // 5: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	24, // 6: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
 	0,  // 7: osmo.rollout.v1.Rollout.state:type_name -> osmo.rollout.v1.State
-	24, // 8: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
-	25, // 9: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
-	23, // 10: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
-	22, // 11: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
-	22, // 12: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
-	22, // 13: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
-	23, // 14: osmo.rollout.v1.StartRolloutRequest.initial_messages:type_name -> google.protobuf.Struct
-	26, // 15: osmo.rollout.v1.StartRolloutRequest.label:type_name -> google.protobuf.Value
-	23, // 16: osmo.rollout.v1.StartRolloutRequest.metadata:type_name -> google.protobuf.Struct
-	23, // 17: osmo.rollout.v1.StartRolloutRequest.extra_fields:type_name -> google.protobuf.Struct
-	21, // 18: osmo.rollout.v1.CancelRolloutsResponse.dispositions:type_name -> osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
-	19, // 19: osmo.rollout.v1.HealthResponse.concurrency:type_name -> osmo.rollout.v1.Concurrency
-	7,  // 20: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
-	9,  // 21: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
-	10, // 22: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
-	12, // 23: osmo.rollout.v1.RolloutService.StartRollout:input_type -> osmo.rollout.v1.StartRolloutRequest
-	14, // 24: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
-	16, // 25: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
-	18, // 26: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
-	27, // 27: osmo.rollout.v1.RolloutService.GetRolloutRows:input_type -> osmo.rollout.v1.GetRolloutRowsRequest
-	28, // 28: osmo.rollout.v1.RolloutService.StreamRows:input_type -> osmo.rollout.v1.StreamRowsRequest
-	18, // 29: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
-	1,  // 30: osmo.rollout.v1.RolloutService.PausePolicy:input_type -> osmo.rollout.v1.PausePolicyRequest
-	2,  // 31: osmo.rollout.v1.RolloutService.ResumePolicy:input_type -> osmo.rollout.v1.ResumePolicyRequest
-	3,  // 32: osmo.rollout.v1.RolloutService.GetPolicy:input_type -> osmo.rollout.v1.GetPolicyRequest
-	8,  // 33: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
-	11, // 34: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
-	11, // 35: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
-	13, // 36: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
-	15, // 37: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
-	17, // 38: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
-	20, // 39: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
-	29, // 40: osmo.rollout.v1.RolloutService.GetRolloutRows:output_type -> osmo.rollout.v1.RolloutRows
-	30, // 41: osmo.rollout.v1.RolloutService.StreamRows:output_type -> osmo.rollout.v1.Row
-	20, // 42: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
-	4,  // 43: osmo.rollout.v1.RolloutService.PausePolicy:output_type -> osmo.rollout.v1.PolicyState
-	4,  // 44: osmo.rollout.v1.RolloutService.ResumePolicy:output_type -> osmo.rollout.v1.PolicyState
-	4,  // 45: osmo.rollout.v1.RolloutService.GetPolicy:output_type -> osmo.rollout.v1.PolicyState
-	33, // [33:46] is the sub-list for method output_type
-	20, // [20:33] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	25, // 8: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
+	26, // 9: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
+	24, // 10: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
+	23, // 11: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
+	23, // 12: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
+	23, // 13: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 14: osmo.rollout.v1.Rollout.policy_versions:type_name -> osmo.rollout.v1.PolicyVersions
+	24, // 15: osmo.rollout.v1.StartRolloutRequest.initial_messages:type_name -> google.protobuf.Struct
+	27, // 16: osmo.rollout.v1.StartRolloutRequest.label:type_name -> google.protobuf.Value
+	24, // 17: osmo.rollout.v1.StartRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	24, // 18: osmo.rollout.v1.StartRolloutRequest.extra_fields:type_name -> google.protobuf.Struct
+	22, // 19: osmo.rollout.v1.CancelRolloutsResponse.dispositions:type_name -> osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	20, // 20: osmo.rollout.v1.HealthResponse.concurrency:type_name -> osmo.rollout.v1.Concurrency
+	7,  // 21: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
+	9,  // 22: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
+	10, // 23: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
+	13, // 24: osmo.rollout.v1.RolloutService.StartRollout:input_type -> osmo.rollout.v1.StartRolloutRequest
+	15, // 25: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
+	17, // 26: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
+	19, // 27: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
+	28, // 28: osmo.rollout.v1.RolloutService.GetRolloutRows:input_type -> osmo.rollout.v1.GetRolloutRowsRequest
+	29, // 29: osmo.rollout.v1.RolloutService.StreamRows:input_type -> osmo.rollout.v1.StreamRowsRequest
+	19, // 30: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
+	1,  // 31: osmo.rollout.v1.RolloutService.PausePolicy:input_type -> osmo.rollout.v1.PausePolicyRequest
+	2,  // 32: osmo.rollout.v1.RolloutService.ResumePolicy:input_type -> osmo.rollout.v1.ResumePolicyRequest
+	3,  // 33: osmo.rollout.v1.RolloutService.GetPolicy:input_type -> osmo.rollout.v1.GetPolicyRequest
+	8,  // 34: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
+	11, // 35: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
+	11, // 36: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
+	14, // 37: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
+	16, // 38: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
+	18, // 39: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
+	21, // 40: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
+	30, // 41: osmo.rollout.v1.RolloutService.GetRolloutRows:output_type -> osmo.rollout.v1.RolloutRows
+	31, // 42: osmo.rollout.v1.RolloutService.StreamRows:output_type -> osmo.rollout.v1.Row
+	21, // 43: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
+	4,  // 44: osmo.rollout.v1.RolloutService.PausePolicy:output_type -> osmo.rollout.v1.PolicyState
+	4,  // 45: osmo.rollout.v1.RolloutService.ResumePolicy:output_type -> osmo.rollout.v1.PolicyState
+	4,  // 46: osmo.rollout.v1.RolloutService.GetPolicy:output_type -> osmo.rollout.v1.PolicyState
+	34, // [34:47] is the sub-list for method output_type
+	21, // [21:34] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_osmo_rollout_v1_rollout_proto_init() }
@@ -1774,17 +1855,17 @@ func file_osmo_rollout_v1_rollout_proto_init() {
 	file_osmo_rollout_v1_sample_proto_init()
 	file_osmo_rollout_v1_rollout_proto_msgTypes[6].OneofWrappers = []any{}
 	file_osmo_rollout_v1_rollout_proto_msgTypes[10].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[11].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[14].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[12].OneofWrappers = []any{}
 	file_osmo_rollout_v1_rollout_proto_msgTypes[15].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_rollout_v1_rollout_proto_rawDesc), len(file_osmo_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
