@@ -144,16 +144,17 @@ type Gate struct {
 	client  *http.Client
 	metrics *gateMetrics
 
-	mu       sync.Mutex
-	paused   bool
-	mode     PauseMode
-	version  int64
-	since    time.Time     // when the current pause began
-	resumed  chan struct{} // closed when not paused
-	inflight map[*gateTicket]struct{}
-	held     int             // calls waiting in enter
-	drained  []chan struct{} // closed when inflight empties
-	states   map[string]EngineState
+	mu        sync.Mutex
+	paused    bool
+	mode      PauseMode
+	version   int64
+	since     time.Time     // when the current pause began
+	pausedFor time.Duration // the finished pauses' time, summed
+	resumed   chan struct{} // closed when not paused
+	inflight  map[*gateTicket]struct{}
+	held      int             // calls waiting in enter
+	drained   []chan struct{} // closed when inflight empties
+	states    map[string]EngineState
 }
 
 // gateTicket is one upstream attempt that passed the gate.
@@ -189,6 +190,18 @@ func NewGate(cfg GateConfig) (*Gate, error) {
 	}
 	g.metrics.setVersion(cfg.Version)
 	return g, nil
+}
+
+// PausedTotal is the time the gate has been paused since it was made, the
+// current pause included: what a clock that stops while the policy is
+// paused subtracts.
+func (g *Gate) PausedTotal() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.paused {
+		return g.pausedFor + time.Since(g.since)
+	}
+	return g.pausedFor
 }
 
 // Version is the policy version in force.
@@ -319,6 +332,7 @@ func (g *Gate) open(version int64) {
 	defer g.mu.Unlock()
 	if g.paused {
 		g.metrics.pausedFor(time.Since(g.since))
+		g.pausedFor += time.Since(g.since)
 		g.paused = false
 		g.mode = ""
 		close(g.resumed)

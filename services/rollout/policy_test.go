@@ -324,3 +324,40 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 	}
 	return -1
 }
+
+// TestPauseStopsTheRolloutClock: a rollout held by a pause for longer than
+// its whole budget still succeeds: the time held is not the agent's.
+func TestPauseStopsTheRolloutClock(t *testing.T) {
+	const budget = 400 * time.Millisecond
+	wf := mustWorkflow(t, "one-call", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		m, err := chatOnce(ctx, wc.Rollout.Endpoint("s"), wc.Prompt, nil)
+		if err != nil {
+			return err
+		}
+		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages(append(append([]osmo.Message(nil), wc.Prompt...), m))
+		}))
+	})
+	reg := prometheus.NewRegistry()
+	h := newHarness(t, harnessOpts{wf: wf, cfg: func(c *rollout.Config) { c.RolloutTimeout, c.Metrics = budget, reg }})
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if _, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "abort"}); err != nil {
+		t.Fatal(err)
+	}
+	h.start(t, h.startReq(t, "clock-1"))
+	waitFor(t, "the call to be held", func() bool { return gauge(t, reg, "osmo_llmproxy_policy_held_calls") == 1 })
+	// Wall time passes beyond the budget while the call is held.
+	time.Sleep(3 * budget)
+	if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r := h.waitDone(t, "clock-1")
+	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED {
+		t.Fatalf("held rollout: %v %s %s", r.GetState(), r.GetErrorCategory(), r.GetErrorMessage())
+	}
+	calls := r.GetSamples()[0].GetLlmCalls()
+	if len(calls) != 1 || calls[0].GetHeldMs() < float64(3*budget/time.Millisecond) || calls[0].GetPolicyVersion() != 1 {
+		t.Errorf("call: %d calls, held %vms, version %d", len(calls), calls[0].GetHeldMs(), calls[0].GetPolicyVersion())
+	}
+}

@@ -31,7 +31,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	defer cancel()
 	if rec.fromAdmission {
 		// The budget counts from acceptance: time queued comes out of it.
-		ctx, cancel = context.WithDeadline(ctx, rec.created.Add(rec.budget))
+		ctx, cancel = s.budgetContext(ctx, rec.created.Add(rec.budget))
 		defer cancel()
 	}
 
@@ -58,7 +58,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 		s.metrics.running.Dec()
 	}
 	if !rec.fromAdmission {
-		ctx, cancel = context.WithTimeout(ctx, rec.budget)
+		ctx, cancel = s.budgetContext(ctx, time.Now().Add(rec.budget))
 		defer cancel()
 	}
 
@@ -141,7 +141,7 @@ func (s *Service) interrupted(rec *record, ctx context.Context, when string) out
 	switch {
 	case errors.Is(context.Cause(rec.runCtx), errCancelled):
 		return outcome.CancelledBy("cancelled by request %s", when)
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return outcome.Failed(outcome.Timeout, "timed out: %s (%s) ran out %s", rec.budgetName, rec.budget, when)
 	}
 	return outcome.Failed(outcome.Agent, "cancelled by the server shutting down %s", when)
