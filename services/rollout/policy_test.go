@@ -80,6 +80,11 @@ func TestPolicyPauseResumeRules(t *testing.T) {
 		c.Policy.Engines = llmproxy.EngineList{e.url}
 	}})
 
+	waitFor(t, "the replica to acknowledge the policy state", func() bool {
+		_, body := restJSON(t, h.rest, "/v1/policy", "")
+		r, _ := body["replicas"].([]any)
+		return len(r) == 1
+	})
 	code, body := restJSON(t, h.rest, "/v1/policy/pause", `{"mode":"freeze"}`)
 	if code != http.StatusUnprocessableEntity || !strings.Contains(mustMarshal(body), "mode") {
 		t.Errorf("unknown mode: %d %v; want 422 naming mode", code, body)
@@ -187,6 +192,11 @@ func TestPolicyPauseAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 
+	// Both replicas serve (and acknowledge the state) before the pause.
+	waitFor(t, "both replicas to acknowledge the policy state", func() bool {
+		st, err := a.client.GetPolicy(ctx, &rolloutv1.GetPolicyRequest{})
+		return err == nil && len(st.GetReplicas()) == 2
+	})
 	st, err := a.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "abort"})
 	if err != nil {
 		t.Fatalf("PausePolicy: %v", err)
