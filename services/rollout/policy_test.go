@@ -12,9 +12,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 	"github.com/osmo-rl/osmo/services/rollout"
@@ -126,6 +129,14 @@ func TestPolicyPauseResumeRules(t *testing.T) {
 	}
 	if code, body := restJSON(t, h.rest, "/v1/policy", ""); code != http.StatusOK || body["paused"] != true || body["version"] != "2" {
 		t.Errorf("GET /v1/policy: %d %v", code, body)
+	}
+	// The same state over Connect and gRPC.
+	cst, err := rolloutv1connect.NewRolloutServiceClient(http.DefaultClient, h.rest).GetPolicy(t.Context(), &rolloutv1.GetPolicyRequest{})
+	if err != nil || !cst.GetPaused() || cst.GetMode() != "wait" || cst.GetVersion() != 2 {
+		t.Errorf("Connect GetPolicy: %v, %v", cst, err)
+	}
+	if _, err := h.client.PausePolicy(t.Context(), &rolloutv1.PausePolicyRequest{Mode: "later"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("gRPC pause with an unknown mode: %v, want InvalidArgument", err)
 	}
 	want := []string{"POST /pause?mode=keep", "POST /pause?mode=abort", "POST /resume", "POST /pause?mode=wait"}
 	if got := e.calls(); strings.Join(got, "|") != strings.Join(want, "|") {
