@@ -62,6 +62,7 @@ type rolloutFlags struct {
 	osmosis  osmosisFlags
 
 	policy policyFlags
+	pause  pauseFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -101,6 +102,7 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.outbound.register(fs)
 	f.osmosis.register(fs)
 	f.policy.register(fs, e)
+	f.pause.register(fs)
 	return nil
 }
 
@@ -141,6 +143,10 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	}
 	if f.callbackConc <= 0 {
 		return rollout.Config{}, usagef("--callback-concurrency: must be positive, got %d", f.callbackConc)
+	}
+	pol, err := f.pause.settings()
+	if err != nil {
+		return rollout.Config{}, err
 	}
 	if !f.noValidate {
 		if err := validateEntry(entry); err != nil {
@@ -186,6 +192,7 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 
 		Engines:           engines,
 		EnginesOwnRouting: f.policy.ownsRouting,
+		Policy:            pol,
 	}, nil
 }
 

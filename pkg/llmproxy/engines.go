@@ -828,13 +828,13 @@ func (x *exchange) logAttempt(e *engine, last *upstreamError) {
 	if e == nil {
 		return
 	}
-	a := osmo.EngineAttempt{Engine: e.url}
+	a := osmo.UpstreamAttempt{Attempt: x.call.Attempts, Engine: e.url}
 	if last == nil {
 		a.StatusCode, a.Error = x.call.StatusCode, x.call.Error
 	} else {
 		a.StatusCode, a.Error = last.status, last.Error()
 	}
-	x.call.EngineAttempts = append(x.call.EngineAttempts, a)
+	x.call.UpstreamAttempts = append(x.call.UpstreamAttempts, a)
 }
 
 // retryBackOff is the delay schedule of a call's retries: the policy's,

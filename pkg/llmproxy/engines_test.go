@@ -166,8 +166,8 @@ func TestEnginesAffinityAndSessions(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, c := range records {
-		if c.Engine == "" || len(c.EngineAttempts) != 1 || c.EngineAttempts[0].Engine != c.Engine || c.EngineAttempts[0].StatusCode != 200 {
-			t.Fatalf("record of a healthy call: engine %q, attempts %+v", c.Engine, c.EngineAttempts)
+		if c.Engine == "" || len(c.UpstreamAttempts) != 1 || c.UpstreamAttempts[0].Engine != c.Engine || c.UpstreamAttempts[0].StatusCode != 200 {
+			t.Fatalf("record of a healthy call: engine %q, attempts %+v", c.Engine, c.UpstreamAttempts)
 		}
 	}
 }
@@ -223,17 +223,17 @@ func TestEnginesFailover(t *testing.T) {
 				if c.Engine != good {
 					t.Fatalf("sample %d answered by %q, want %q", s, c.Engine, good)
 				}
-				if c.EngineAttempts[0].Engine != bad {
-					if len(c.EngineAttempts) != 1 || c.Attempts != 1 {
-						t.Fatalf("sample %d: attempts %d %+v", s, c.Attempts, c.EngineAttempts)
+				if c.UpstreamAttempts[0].Engine != bad {
+					if len(c.UpstreamAttempts) != 1 || c.Attempts != 1 {
+						t.Fatalf("sample %d: attempts %d %+v", s, c.Attempts, c.UpstreamAttempts)
 					}
 					continue
 				}
 				hit++
-				if c.Attempts != 2 || len(c.EngineAttempts) != 2 || c.EngineAttempts[1] != (osmo.EngineAttempt{Engine: good, StatusCode: 200}) {
-					t.Fatalf("sample %d: attempts %d %+v", s, c.Attempts, c.EngineAttempts)
+				if c.Attempts != 2 || len(c.UpstreamAttempts) != 2 || c.UpstreamAttempts[1] != (osmo.UpstreamAttempt{Attempt: 2, Engine: good, StatusCode: 200}) {
+					t.Fatalf("sample %d: attempts %d %+v", s, c.Attempts, c.UpstreamAttempts)
 				}
-				if e := c.EngineAttempts[0].Error; !strings.Contains(e, tc.want) {
+				if e := c.UpstreamAttempts[0].Error; !strings.Contains(e, tc.want) {
 					t.Fatalf("failed attempt's error %q does not say %q", e, tc.want)
 				}
 			}
@@ -421,15 +421,15 @@ func TestEnginesStreamCutAfterBytes(t *testing.T) {
 		}
 		resp, body := post(t, h.url+llmproxy.BaseURLFor("", "r", strconv.Itoa(s))+"/chat/completions", streamBody, nil)
 		c := h.next(t)
-		if len(c.EngineAttempts) == 0 || c.EngineAttempts[0].Engine != cut.base {
+		if len(c.UpstreamAttempts) == 0 || c.UpstreamAttempts[0].Engine != cut.base {
 			continue
 		}
 		// The client had bytes: no second attempt, a typed error.
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Let me") {
 			t.Fatalf("the client got %d %q", resp.StatusCode, body)
 		}
-		if c.Attempts != 1 || len(c.EngineAttempts) != 1 || !strings.Contains(c.Error, "stream broke") {
-			t.Fatalf("a cut stream: attempts %d %+v, error %q", c.Attempts, c.EngineAttempts, c.Error)
+		if c.Attempts != 1 || len(c.UpstreamAttempts) != 1 || !strings.Contains(c.Error, "stream broke") {
+			t.Fatalf("a cut stream: attempts %d %+v, error %q", c.Attempts, c.UpstreamAttempts, c.Error)
 		}
 		return
 	}

@@ -62,6 +62,10 @@ type exchange struct {
 	session string
 	tried   []*engine
 	home    string
+	// held is the time spent at the pause gate; versioned is set once an
+	// attempt got past it.
+	held      time.Duration
+	versioned bool
 }
 
 // serve handles one call of the given API; idSource says where a missing
@@ -239,7 +243,7 @@ func (x *exchange) forward(body []byte) {
 			target = e.url + "/chat/completions"
 		}
 		x.call.Attempts++
-		last = x.attempt(ctx, target, header, body)
+		last = x.gatedAttempt(ctx, target, header, body)
 		if last != nil && last.kind == kindTokensRefused {
 			// Asked again at once without the token members: the
 			// answer was about them, not about the upstream's load.
@@ -250,7 +254,7 @@ func (x *exchange) forward(body []byte) {
 			x.asked = nil
 			x.logAttempt(e, last)
 			x.call.Attempts++
-			last = x.attempt(ctx, target, header, body)
+			last = x.gatedAttempt(ctx, target, header, body)
 		}
 		if e != nil {
 			x.engineDone(ctx, e, last)
@@ -290,6 +294,40 @@ func (x *exchange) forward(body []byte) {
 		x.failUpstream(last)
 	default: // ctx ended, during an attempt or a wait
 		x.failContext(ctx, context.Cause(ctx))
+	}
+}
+
+// gatedAttempt makes one upstream attempt through the pause gate: it waits
+// while the policy is paused, and an attempt an abort pause cut before the
+// client got anything is recorded and made again after the resume (it is
+// not a retry: the upstream did nothing wrong).
+func (x *exchange) gatedAttempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
+	g := x.p.gate
+	if g == nil {
+		return x.attempt(ctx, url, header, body)
+	}
+	for {
+		t, actx, held, err := g.enter(ctx)
+		x.held += held
+		if err != nil {
+			// ctx ended while held: the caller reads ctx's cause.
+			return &upstreamError{kind: "transport", detail: "llmproxy: call ended while the policy was paused: " + err.Error()}
+		}
+		last := x.attempt(actx, url, header, body)
+		version := g.leave(t)
+		if last != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errPauseAbort) {
+			x.p.metrics.attempt(attemptPaused)
+			a := osmo.UpstreamAttempt{Attempt: x.call.Attempts, Paused: true, PolicyVersion: t.version, Error: last.Error()}
+			if x.engines != nil {
+				a.Engine = strings.TrimSuffix(url, "/chat/completions")
+			}
+			x.call.UpstreamAttempts = append(x.call.UpstreamAttempts, a)
+			x.call.Attempts++
+			continue
+		}
+		x.call.PolicyVersion = version
+		x.versioned = true
+		return last
 	}
 }
 
@@ -588,8 +626,14 @@ func (x *exchange) finish() {
 	c := x.call
 	latency := time.Since(x.start)
 	c.LatencyMS = float64(latency) / float64(time.Millisecond)
+	c.HeldMS = float64(x.held) / float64(time.Millisecond)
+	if x.versioned {
+		x.p.gate.counted(c.PolicyVersion)
+	} else if x.p.gate != nil {
+		c.PolicyVersion = x.p.gate.Version()
+	}
 	x.p.metrics.request(c.StatusCode)
-	x.p.metrics.addedLatency(latency - x.upstream - x.backoff)
+	x.p.metrics.addedLatency(latency - x.upstream - x.backoff - x.held)
 	ctx := x.ctx
 	if c.Error != "" {
 		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",

@@ -104,6 +104,9 @@ type Config struct {
 	// EnginesOwnRouting sends every call to Engines, even when the route
 	// names its own BaseURL (the trainer's per-rollout URL).
 	EnginesOwnRouting bool
+	// Gate, when set, holds calls while the policy is paused for a weight
+	// update and stamps every call with the policy version (gate.go).
+	Gate *Gate
 }
 
 // DefaultProviderName is the gen_ai.provider.name of chat spans when
@@ -129,6 +132,7 @@ type Proxy struct {
 
 	engines           *Engines
 	enginesOwnRouting bool
+	gate              *Gate // nil when calls are never paused
 }
 
 // New validates cfg and returns a Proxy.
@@ -162,6 +166,7 @@ func New(cfg Config) (*Proxy, error) {
 
 		engines:           cfg.Engines,
 		enginesOwnRouting: cfg.EnginesOwnRouting,
+		gate:              cfg.Gate,
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout

@@ -142,6 +142,11 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		case errors.Is(cause, errAttemptTimeout):
 			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
 			x.errType = "timeout"
+		case errors.Is(cause, errPauseAbort):
+			// The agent already has part of the answer: it cannot be sent
+			// again, so the stream ends with a typed error.
+			c.Error = "llmproxy: stream cut: " + cause.Error() + "; the answer was partly sent and is not resent"
+			x.errType = "policy_paused"
 		case cause != nil:
 			c.Error = "llmproxy: stream aborted: " + cause.Error()
 			x.errType = "aborted"
@@ -157,6 +162,14 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
+	if x.resp == nil && clientErr == nil && x.errType == "policy_paused" {
+		// The agent gets a typed error event rather than a stream that
+		// just stops.
+		ev := fmt.Appendf(nil, "data: {\"error\":{\"message\":%q,\"type\":\"upstream_error\",\"param\":null,\"code\":\"policy_paused\"}}\n\n", c.Error)
+		if err := send(ev); err != nil {
+			c.Error, x.errType = clientWentAway(err)
+		}
+	}
 	if x.resp != nil && clientErr == nil {
 		// A Responses stream ends with its closing events: the items,
 		// then response.completed, or response.failed naming the cause.

@@ -51,11 +51,11 @@ func TestRolloutsOverPolicyEngines(t *testing.T) {
 			}
 			for i, c := range calls {
 				switch {
-				case onEngines && (c.GetEngine() == "" || len(c.GetEngineAttempts()) != 1 || c.GetEngineAttempts()[0].GetEngine() != c.GetEngine()):
-					t.Errorf("owns %v, %s: call %d: engine %q, attempts %v", owns, id, i, c.GetEngine(), c.GetEngineAttempts())
+				case onEngines && (c.GetEngine() == "" || len(c.GetUpstreamAttempts()) != 1 || c.GetUpstreamAttempts()[0].GetEngine() != c.GetEngine()):
+					t.Errorf("owns %v, %s: call %d: engine %q, attempts %v", owns, id, i, c.GetEngine(), c.GetUpstreamAttempts())
 				case onEngines && c.GetEngine() != calls[0].GetEngine():
 					t.Errorf("owns %v, %s: call %d on %q, the sample's first on %q", owns, id, i, c.GetEngine(), calls[0].GetEngine())
-				case !onEngines && (c.GetEngine() != "" || len(c.GetEngineAttempts()) != 0):
+				case !onEngines && (c.GetEngine() != "" || len(c.GetUpstreamAttempts()) != 0):
 					t.Errorf("owns %v, %s: call %d went to engine %q, want the trainer's URL", owns, id, i, c.GetEngine())
 				}
 			}
