@@ -86,9 +86,15 @@ type policy struct {
 	timeout   time.Duration
 	heartbeat time.Duration
 
-	mu      sync.Mutex
-	applied policyState
-	err     string // the last apply's failure
+	// next hands the newest state to the goroutine applying states, so a
+	// slow one (a wait pause draining) neither stops the heartbeat nor
+	// holds a newer state back: the newer one cancels it (cancelApply).
+	next chan policyState
+
+	mu          sync.Mutex
+	applied     policyState
+	err         string // the last apply's failure
+	cancelApply context.CancelFunc
 }
 
 func openPolicy(ctx context.Context, st *natsstore.Store) (jetstream.KeyValue, error) {
@@ -157,6 +163,17 @@ func (p *policy) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rollout: watching the policy state: %w", err)
 	}
+	p.next = make(chan policyState, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case st := <-p.next:
+				p.apply(ctx, st)
+			}
+		}
+	}()
 	go func() {
 		defer func() {
 			_ = w.Stop()
@@ -183,13 +200,29 @@ func (p *policy) start(ctx context.Context) error {
 					p.log.Error("rollout: unreadable policy state", "error", err)
 					continue
 				}
-				p.apply(ctx, st)
+				p.offer(st)
 			case <-beat.C:
 				p.ack(ctx)
 			}
 		}
 	}()
 	return nil
+}
+
+// offer hands st to the applying goroutine, cancelling the state being
+// applied: st supersedes it. Only the watcher sends, so the send after
+// emptying the slot never blocks.
+func (p *policy) offer(st policyState) {
+	p.mu.Lock()
+	if p.cancelApply != nil {
+		p.cancelApply()
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.next:
+	default:
+	}
+	p.next <- st
 }
 
 // apply brings the gate to st (unless it already is) and acknowledges.
@@ -199,13 +232,24 @@ func (p *policy) apply(ctx context.Context, st policyState) {
 	p.mu.Unlock()
 	if !done {
 		actx, cancel := context.WithTimeout(ctx, p.timeout)
+		p.mu.Lock()
+		p.cancelApply = cancel
+		p.mu.Unlock()
 		var err error
 		if st.Paused {
 			err = p.gate.Pause(actx, st.Mode)
 		} else {
 			err = p.gate.Open(actx, st.Version)
 		}
+		superseded := errors.Is(actx.Err(), context.Canceled) && ctx.Err() == nil
 		cancel()
+		p.mu.Lock()
+		p.cancelApply = nil
+		p.mu.Unlock()
+		if err != nil && superseded {
+			// A newer state came meanwhile; it is applied next.
+			return
+		}
 		p.mu.Lock()
 		p.applied, p.err = st, ""
 		if err != nil {

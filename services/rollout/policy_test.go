@@ -18,6 +18,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
 	"github.com/osmo-rl/osmo/gen/osmo/rollout/v1/rolloutv1connect"
+	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 	"github.com/osmo-rl/osmo/services/rollout"
@@ -380,5 +381,86 @@ func TestPauseStopsTheRolloutClock(t *testing.T) {
 	calls := r.GetSamples()[0].GetLlmCalls()
 	if len(calls) != 1 || calls[0].GetHeldMs() < float64(3*budget/time.Millisecond) || calls[0].GetPolicyVersion() != 1 {
 		t.Errorf("call: %d calls, held %vms, version %d", len(calls), calls[0].GetHeldMs(), calls[0].GetPolicyVersion())
+	}
+}
+
+// TestAbortPauseOvertakesAWaitPause: while a wait pause waits for a call
+// in flight, an abort pause cuts the call and both answer; after the
+// resume the call is sent again and the agent gets one answer.
+func TestAbortPauseOvertakesAWaitPause(t *testing.T) {
+	mock, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived, stop := make(chan struct{}, 1), make(chan struct{})
+	var first sync.Once
+	policy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		blocked := false
+		if strings.HasSuffix(r.URL.Path, "/chat/completions") {
+			first.Do(func() { blocked = true })
+		}
+		if blocked {
+			arrived <- struct{}{}
+			// Held until cut (the trainer relays the call, and may not
+			// pass the cut on) or the test ends.
+			select {
+			case <-r.Context().Done():
+			case <-stop:
+			}
+			return
+		}
+		mock.ServeHTTP(w, r)
+	})
+	wf := mustWorkflow(t, "one-call", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
+		m, err := chatOnce(ctx, wc.Rollout.Endpoint("s"), wc.Prompt, nil)
+		if err != nil {
+			return err
+		}
+		return wc.Rollout.Register("s", osmo.SampleSourceFunc(func() ([]json.RawMessage, error) {
+			return osmo.EncodeMessages(append(append([]osmo.Message(nil), wc.Prompt...), m))
+		}))
+	})
+	reg := prometheus.NewRegistry()
+	h := newHarness(t, harnessOpts{wf: wf, policy: policy, cfg: func(c *rollout.Config) {
+		c.Metrics, c.RolloutTimeout = reg, 30*time.Second
+		// Far beyond the test's waits: only applying the abort at once passes.
+		c.Policy.AckTimeout = time.Minute
+	}})
+	t.Cleanup(func() { close(stop) })
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	waitFor(t, "the replica to acknowledge the policy state", func() bool {
+		st, err := h.client.GetPolicy(ctx, &rolloutv1.GetPolicyRequest{})
+		return err == nil && len(st.GetReplicas()) == 1
+	})
+	h.start(t, h.startReq(t, "overtaken-1"))
+	select {
+	case <-arrived:
+	case <-ctx.Done():
+		t.Fatal("the call never reached the policy")
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "wait"})
+		waited <- err
+	}()
+	waitFor(t, "the wait pause to close the gate", func() bool { return gauge(t, reg, "osmo_llmproxy_policy_paused") == 1 })
+	st, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "abort"})
+	if err != nil || st.GetMode() != "abort" {
+		t.Fatalf("abort pause during a wait pause: %v, %v", st, err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the wait pause: %v", err)
+	}
+	if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r := h.waitDone(t, "overtaken-1")
+	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED {
+		t.Fatalf("rollout: %v %s", r.GetState(), r.GetErrorMessage())
+	}
+	c := r.GetSamples()[0].GetLlmCalls()[0]
+	if len(c.GetPausedAttempts()) != 1 || c.GetPolicyVersion() != 1 || c.GetPausedAttempts()[0].GetPolicyVersion() != 0 {
+		t.Errorf("call: paused attempts %v, version %d", c.GetPausedAttempts(), c.GetPolicyVersion())
 	}
 }
