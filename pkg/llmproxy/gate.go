@@ -57,14 +57,14 @@ func (m PauseMode) strength() int {
 // OpenAI base URL (http://vllm:8000/v1); the control endpoints are looked up
 // at the URL's root.
 type EngineSet interface {
-	Engines() []string
+	URLs() []string
 }
 
 // EngineList is a fixed EngineSet.
 type EngineList []string
 
-// Engines implements EngineSet.
-func (l EngineList) Engines() []string { return l }
+// URLs implements EngineSet.
+func (l EngineList) URLs() []string { return l }
 
 // Errors of Gate.Resume; the rollout service answers them 409.
 var (
@@ -233,7 +233,7 @@ func (g *Gate) engineList() []string {
 	if g.engines == nil {
 		return nil
 	}
-	return g.engines.Engines()
+	return g.engines.URLs()
 }
 
 // Pause closes the gate: new attempts wait until Resume. It answers once

@@ -474,8 +474,8 @@ func (u *upstreams) add(url string) {
 	}
 }
 
-// Engines implements llmproxy.EngineSet.
-func (u *upstreams) Engines() []string {
+// URLs implements llmproxy.EngineSet.
+func (u *upstreams) URLs() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return slices.Clone(u.urls)

@@ -460,7 +460,7 @@ func TestAbortPauseOvertakesAWaitPause(t *testing.T) {
 		t.Fatalf("rollout: %v %s", r.GetState(), r.GetErrorMessage())
 	}
 	c := r.GetSamples()[0].GetLlmCalls()[0]
-	if len(c.GetPausedAttempts()) != 1 || c.GetPolicyVersion() != 1 || c.GetPausedAttempts()[0].GetPolicyVersion() != 0 {
-		t.Errorf("call: paused attempts %v, version %d", c.GetPausedAttempts(), c.GetPolicyVersion())
+	if a := c.GetUpstreamAttempts(); len(a) != 1 || !a[0].GetPaused() || c.GetPolicyVersion() != 1 || a[0].GetPolicyVersion() != 0 {
+		t.Errorf("call: upstream attempts %v, version %d", a, c.GetPolicyVersion())
 	}
 }

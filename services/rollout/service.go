@@ -192,8 +192,13 @@ func New(cfg Config) (*Service, error) {
 		WriteBufferSize: upstreamBufferSize,
 	}
 	s.outbound = append(s.outbound, upstream)
+	// Pauses go to the configured engines, else to the engine set's, else
+	// to the upstreams of the rollouts this replica runs or ran.
 	engines := cfg.Policy.Engines
-	if engines == nil {
+	switch {
+	case engines == nil && cfg.Engines != nil:
+		engines = cfg.Engines
+	case engines == nil:
 		engines = &s.upstreams
 	}
 	gate, err := llmproxy.NewGate(llmproxy.GateConfig{
