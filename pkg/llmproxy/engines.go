@@ -163,6 +163,19 @@ type engine struct {
 	removed  atomic.Bool  // DNS no longer names it: its series are gone
 	stop     context.CancelFunc
 	wake     chan struct{} // a passive mark asks the prober to look now
+
+	// left ends when the engine leaves the ring, and is made anew when it
+	// comes back: attempts waiting on it for an answer go elsewhere.
+	mu    sync.Mutex
+	left  context.Context
+	leave context.CancelFunc
+}
+
+// leaving ends once the engine leaves the ring (now, if it is out).
+func (e *engine) leaving() context.Context {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.left
 }
 
 // NewEngines validates cfg and returns the set; its engines are up until
@@ -329,6 +342,7 @@ func (s *Engines) rebuild() {
 
 func newEngine(base string) *engine {
 	e := &engine{url: base, models: base + "/models", wake: make(chan struct{}, 1)}
+	e.left, e.leave = context.WithCancel(context.Background())
 	root := base
 	if u, err := url.Parse(base); err == nil {
 		u.Path = strings.TrimSuffix(strings.TrimRight(u.Path, "/"), "/v1")
@@ -515,6 +529,9 @@ func (s *Engines) release(e *engine, failure string, refused bool) {
 
 func (s *Engines) markDown(e *engine, why string) {
 	if e.up.Swap(false) {
+		e.mu.Lock()
+		e.leave()
+		e.mu.Unlock()
 		s.metrics.setUp(e.url, false)
 		s.log.Warn("llmproxy: engine left the ring", slog.String("engine", e.url), slog.String("reason", why))
 	}
@@ -527,6 +544,9 @@ func (s *Engines) markDown(e *engine, why string) {
 func (s *Engines) markUp(e *engine) {
 	e.fails.Store(0)
 	if !e.up.Swap(true) {
+		e.mu.Lock()
+		e.left, e.leave = context.WithCancel(context.Background())
+		e.mu.Unlock()
 		s.metrics.setUp(e.url, true)
 		s.log.Info("llmproxy: engine back in the ring", slog.String("engine", e.url))
 	}
@@ -861,3 +881,25 @@ func (b *failoverBackOff) NextBackOff() time.Duration {
 }
 
 func (b *failoverBackOff) Reset() { b.inner.Reset() }
+
+// errEngineLeft is the cancel cause of an attempt whose engine left the
+// ring before its answer began: a hung engine's calls go elsewhere as soon
+// as a probe finds it out, not when their own timeout ends.
+var errEngineLeft = errors.New("llmproxy: the engine left the ring (it failed its health probe) before it began to answer")
+
+// untilEngineLeaves is ctx for an attempt on e, cancelled if e leaves the
+// ring before the answer begins; stop ends the watch. Without an engine it
+// is ctx itself.
+func (x *exchange) untilEngineLeaves(ctx context.Context, e *engine) (context.Context, func()) {
+	if e == nil {
+		return ctx, func() {}
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	stopWatch := context.AfterFunc(e.leaving(), func() { cancel(errEngineLeft) })
+	x.answering = func() { stopWatch() }
+	return actx, func() {
+		stopWatch()
+		x.answering = nil
+		cancel(nil)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,6 +313,62 @@ func TestEngineThatHangsLeaves(t *testing.T) {
 	t.Cleanup(hung.Close)
 	set := runEngines(t, llmproxy.EnginesConfig{URLs: []string{hung.URL + "/v1"}, ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond})
 	waitFor(t, 3*time.Second, "a hung engine leaves the ring", func() bool { return !set.Up(hung.URL + "/v1") })
+}
+
+// TestCallOnAHungEngineMovesWhenItLeaves: a call waiting on an engine that
+// hangs goes to another engine as soon as a probe takes the hung one out
+// of the ring, not when its own attempt timeout (a minute here) ends; the
+// record shows the cut try on the hung engine, then the answer.
+func TestCallOnAHungEngineMovesWhenItLeaves(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	hang := func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}
+	// The hung engine answers its health probe until the call is on it,
+	// then hangs there too.
+	var hung atomic.Bool
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !hung.Load() {
+			return
+		}
+		if r.URL.Path != "/health" {
+			hung.Store(true)
+		}
+		hang(w, r)
+	}))
+	t.Cleanup(bad.Close)
+	good := newEngineDouble(t, okJSON).base
+	set := runEngines(t, llmproxy.EnginesConfig{URLs: []string{bad.URL + "/v1", good}, ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
+	h := newProxy(t, llmproxy.Config{
+		Router:  llmproxy.StaticRouter(llmproxy.Route{}),
+		Engines: set,
+		Timeout: time.Minute,
+		Retry:   llmproxy.RetryPolicy{MaxRetries: 2, BaseDelay: time.Minute},
+	})
+	// A sample whose first engine is the hung one.
+	for s := range 40 {
+		start := time.Now()
+		resp, body := post(t, h.url+llmproxy.BaseURLFor("", "r", strconv.Itoa(s))+"/chat/completions", chatBody, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("sample %d: status %d: %s", s, resp.StatusCode, body)
+		}
+		c := h.next(t)
+		if c.UpstreamAttempts[0].Engine != bad.URL+"/v1" {
+			continue
+		}
+		if took := time.Since(start); took > 30*time.Second {
+			t.Fatalf("the call took %s: it waited out its timeout", took)
+		}
+		if c.Engine != good || len(c.UpstreamAttempts) != 2 || !strings.Contains(c.UpstreamAttempts[0].Error, "left the ring") {
+			t.Fatalf("record: engine %q, attempts %+v", c.Engine, c.UpstreamAttempts)
+		}
+		return
+	}
+	t.Fatal("no sample's call went to the hung engine first")
 }
 
 func TestEnginesProbeModelsWithoutHealth(t *testing.T) {

@@ -62,6 +62,11 @@ type exchange struct {
 	session string
 	tried   []*engine
 	home    string
+	// answering, when set, is called once an attempt's answer began (its
+	// headers came): from then on its engine leaving the ring no longer
+	// cuts it.
+	answering func()
+
 	// held is the time spent at the pause gate; versioned is set once an
 	// attempt got past it.
 	held      time.Duration
@@ -243,7 +248,8 @@ func (x *exchange) forward(body []byte) {
 			target = e.url + "/chat/completions"
 		}
 		x.call.Attempts++
-		last = x.gatedAttempt(ctx, target, header, body)
+		actx, stop := x.untilEngineLeaves(ctx, e)
+		last = x.gatedAttempt(actx, target, header, body)
 		if last != nil && last.kind == kindTokensRefused {
 			// Asked again at once without the token members: the
 			// answer was about them, not about the upstream's load.
@@ -254,8 +260,9 @@ func (x *exchange) forward(body []byte) {
 			x.asked = nil
 			x.logAttempt(e, last)
 			x.call.Attempts++
-			last = x.gatedAttempt(ctx, target, header, body)
+			last = x.gatedAttempt(actx, target, header, body)
 		}
+		stop()
 		if e != nil {
 			x.engineDone(ctx, e, last)
 		}
@@ -443,6 +450,9 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 		x.upstream += time.Since(t0)
 		return x.readFailure(actx, err)
 	}
+	if x.answering != nil {
+		x.answering()
+	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 500:
@@ -468,6 +478,9 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
 	if errors.Is(context.Cause(actx), errAttemptTimeout) {
 		return &upstreamError{kind: "timeout", detail: x.p.timeout.String(), retry: true}
+	}
+	if errors.Is(context.Cause(actx), errEngineLeft) {
+		return &upstreamError{kind: "transport", detail: errEngineLeft.Error(), retry: true}
 	}
 	pe, ok := errors.AsType[permanentError](err)
 	permanent := ok && pe.Permanent()
