@@ -19,7 +19,9 @@ type policyFlags struct {
 	loadFactor                          float64
 	probeInterval, probeTimeout, linger time.Duration
 	probeMaxInterval, resolveInterval   time.Duration
-	failThreshold                       int
+	failThreshold, minRetries           int
+	timeout                             time.Duration
+	retryBudget                         float64
 	// fromEnv are the engines OSMO_POLICY names, used when no --policy is
 	// given (a compose file or a manifest sets them in one variable).
 	fromEnv []string
@@ -47,6 +49,9 @@ func (f *policyFlags) register(fs *flag.FlagSet, e *env) {
 	fs.DurationVar(&f.probeMaxInterval, "policy-probe-max-interval", llmproxy.DefaultProbeMaxInterval, "with --policy: an engine out of the ring is probed back with backoff up to this interval")
 	fs.IntVar(&f.failThreshold, "policy-fail-threshold", llmproxy.DefaultFailThreshold, "with --policy: calls failing in a row (5xx, timeout, broken connection) that take an engine out of the ring; a refused connection takes it out at once")
 	fs.DurationVar(&f.resolveInterval, "policy-resolve-interval", llmproxy.DefaultResolveInterval, "with --policy dns://...: time between lookups of the name")
+	fs.DurationVar(&f.timeout, "policy-timeout", 0, "with --policy: bound of one attempt on an engine (the wait for its answer, or for each piece of a stream); 0: the per-attempt timeout of LLM calls")
+	fs.Float64Var(&f.retryBudget, "policy-retry-budget", llmproxy.DefaultRetryBudget, "with --policy: retries in flight over the engines at most this fraction of the calls in flight (at least --policy-min-retries); past it a failed call is not retried")
+	fs.IntVar(&f.minRetries, "policy-min-retries", llmproxy.DefaultMinRetries, "with --policy: retries that may be in flight whatever --policy-retry-budget")
 	fs.DurationVar(&f.linger, "policy-linger", llmproxy.DefaultLinger, "with --policy: a sample's slot stays counted in its engine's load this long after a call answered, so its next call keeps the engine (negative: count calls in flight only)")
 }
 
@@ -75,6 +80,12 @@ func (f *policyFlags) engines(log *slog.Logger, reg prometheus.Registerer, extra
 		return nil, usagef("--policy-probe-max-interval: must be positive, got %s", f.probeMaxInterval)
 	case f.resolveInterval <= 0:
 		return nil, usagef("--policy-resolve-interval: must be positive, got %s", f.resolveInterval)
+	case f.timeout < 0:
+		return nil, usagef("--policy-timeout: must not be negative, got %s", f.timeout)
+	case f.retryBudget <= 0:
+		return nil, usagef("--policy-retry-budget: must be above 0, got %v", f.retryBudget)
+	case f.minRetries < 1:
+		return nil, usagef("--policy-min-retries: must be at least 1, got %d", f.minRetries)
 	case f.failThreshold < 1:
 		return nil, usagef("--policy-fail-threshold: must be at least 1, got %d", f.failThreshold)
 	}
@@ -91,6 +102,9 @@ func (f *policyFlags) engines(log *slog.Logger, reg prometheus.Registerer, extra
 		FailThreshold:    f.failThreshold,
 		ResolveInterval:  f.resolveInterval,
 		Linger:           linger,
+		Timeout:          f.timeout,
+		RetryBudget:      f.retryBudget,
+		MinRetries:       f.minRetries,
 		Metrics:          reg,
 		Logger:           log,
 	})

@@ -43,6 +43,21 @@ func TestPolicyFlags(t *testing.T) {
 	if cfg.Engines == nil || strings.Join(cfg.Engines.URLs(), " ") != "http://a:8000/v1 http://b:8000/v1" || !cfg.EnginesOwnRouting {
 		t.Fatalf("Config.Engines %v, owns routing %v", cfg.Engines, cfg.EnginesOwnRouting)
 	}
+	// OSMO_POLICY when no --policy is given.
+	envFlags := &rolloutFlags{}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	withEnv := &env{stdout: io.Discard, stderr: io.Discard, reg: newRegistry(nil), getenv: func(k string) string {
+		if k == "OSMO_POLICY" {
+			return "http://c:8000/v1, dns://vllm:8000/v1"
+		}
+		return ""
+	}}
+	if err := envFlags.register(fs, withEnv); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := envFlags.config(withEnv, slog.New(slog.DiscardHandler), nil, "", nil, nil, tracing{}); err != nil || cfg.Engines == nil || strings.Join(cfg.Engines.URLs(), " ") != "http://c:8000/v1" {
+		t.Fatalf("OSMO_POLICY: engines %v, err %v", cfg.Engines, err)
+	}
 	f, e = parse()
 	if cfg, err := f.config(e, slog.New(slog.DiscardHandler), nil, "", nil, nil, tracing{}); err != nil || cfg.Engines != nil {
 		t.Fatalf("without --policy: engines %v, err %v", cfg.Engines, err)
@@ -57,6 +72,9 @@ func TestPolicyFlags(t *testing.T) {
 		{[]string{"--policy", "http://a/v1", "--policy-probe-interval", "0s"}, "--policy-probe-interval"},
 		{[]string{"--policy", "http://a/v1", "--policy-fail-threshold", "0"}, "--policy-fail-threshold"},
 		{[]string{"--policy-owns-routing"}, "--policy-owns-routing"},
+		{[]string{"--policy", "http://a/v1", "--policy-retry-budget", "0"}, "--policy-retry-budget"},
+		{[]string{"--policy", "http://a/v1", "--policy-min-retries", "0"}, "--policy-min-retries"},
+		{[]string{"--policy", "http://a/v1", "--policy-timeout", "-1s"}, "--policy-timeout"},
 	} {
 		f, e := parse(tc.args...)
 		_, err := f.config(e, slog.New(slog.DiscardHandler), nil, "", nil, nil, tracing{})

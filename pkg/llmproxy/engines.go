@@ -36,6 +36,8 @@ const (
 	DefaultResolveInterval  = 5 * time.Second
 	DefaultMaxSamples       = 100_000
 	DefaultLinger           = time.Second
+	DefaultRetryBudget      = 0.2
+	DefaultMinRetries       = 3
 )
 
 // HeaderSessionID names the header every call routed to an engine carries:
@@ -77,6 +79,18 @@ type EnginesConfig struct {
 	// 5xx, a timeout, a broken connection) before it leaves the ring; a
 	// refused connection takes it out at once. 0 means DefaultFailThreshold.
 	FailThreshold int
+	// Timeout bounds one attempt on an engine as Config.Timeout does
+	// (the wait for an answer, or for each piece of a stream); 0 means
+	// the proxy's Config.Timeout.
+	Timeout time.Duration
+	// RetryBudget bounds the retries in flight over the engines to this
+	// fraction of the calls in flight (at least MinRetries at once): when
+	// engines fail together, calls fail with their error instead of
+	// multiplying the load. 0 means DefaultRetryBudget.
+	RetryBudget float64
+	// MinRetries is how many retries may be in flight whatever the
+	// budget; 0 means DefaultMinRetries.
+	MinRetries int
 	// MaxSamples bounds how many samples the set remembers the engine of
 	// (the least recently seen are forgotten); 0 means DefaultMaxSamples.
 	MaxSamples int
@@ -118,6 +132,9 @@ type Engines struct {
 	dnsSeen map[string][]string
 	run     context.Context // set while Run runs
 	wg      sync.WaitGroup
+
+	// calls and retries are in flight over the engines (the retry budget).
+	calls, retries atomic.Int64
 
 	// samples remembers where each sample's calls went, so its next call
 	// goes to the engine holding its prefix even after a move.
@@ -189,6 +206,12 @@ func NewEngines(cfg EnginesConfig) (*Engines, error) {
 		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.LoadFactor must be at least 1, got %v", cfg.LoadFactor)
 	case cfg.ProbeInterval < 0 || cfg.ProbeTimeout < 0 || cfg.ProbeMaxInterval < 0 || cfg.ResolveInterval < 0:
 		return nil, errors.New("llmproxy.NewEngines: EnginesConfig intervals must not be negative")
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.Timeout must not be negative, got %s", cfg.Timeout)
+	case cfg.RetryBudget < 0 || math.IsNaN(cfg.RetryBudget) || math.IsInf(cfg.RetryBudget, 0):
+		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.RetryBudget must be a fraction of 0 or more, got %v", cfg.RetryBudget)
+	case cfg.MinRetries < 0:
+		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.MinRetries must not be negative, got %d", cfg.MinRetries)
 	case cfg.MaxSamples < 0:
 		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.MaxSamples must not be negative, got %d", cfg.MaxSamples)
 	case cfg.FailThreshold < 0:
@@ -209,6 +232,12 @@ func NewEngines(cfg EnginesConfig) (*Engines, error) {
 	cfg.ProbeMaxInterval = max(cfg.ProbeMaxInterval, cfg.ProbeInterval)
 	if cfg.FailThreshold == 0 {
 		cfg.FailThreshold = DefaultFailThreshold
+	}
+	if cfg.RetryBudget == 0 {
+		cfg.RetryBudget = DefaultRetryBudget
+	}
+	if cfg.MinRetries == 0 {
+		cfg.MinRetries = DefaultMinRetries
 	}
 	if cfg.Linger == 0 {
 		cfg.Linger = DefaultLinger
@@ -494,6 +523,19 @@ func firstOf(es ...*engine) *engine {
 	}
 	return nil
 }
+
+// beginRetry takes a retry from the budget, or reports that it is spent;
+// endRetry gives it back.
+func (s *Engines) beginRetry() bool {
+	n := s.retries.Add(1)
+	if n <= int64(s.cfg.MinRetries) || float64(n) <= s.cfg.RetryBudget*float64(s.calls.Load()) {
+		return true
+	}
+	s.retries.Add(-1)
+	return false
+}
+
+func (s *Engines) endRetry() { s.retries.Add(-1) }
 
 // hasUntried reports whether an engine up is not in tried, so a failed
 // call can go to it at once instead of waiting to try the same one again.
@@ -902,4 +944,12 @@ func (x *exchange) untilEngineLeaves(ctx context.Context, e *engine) (context.Co
 		x.answering = nil
 		cancel(nil)
 	}
+}
+
+// timeout bounds one attempt of the call.
+func (x *exchange) timeout() time.Duration {
+	if x.engines != nil && x.engines.cfg.Timeout > 0 {
+		return x.engines.cfg.Timeout
+	}
+	return x.p.timeout
 }

@@ -612,3 +612,59 @@ func TestEnginesMetricsAndSpans(t *testing.T) {
 		t.Errorf("affinity hits %v, misses %v", hit, miss)
 	}
 }
+
+// When retries in flight reach the budget, a failed call is not retried:
+// it fails with its error, which says why.
+func TestEnginesRetryBudget(t *testing.T) {
+	blocked := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // before the servers close, so a failure cannot hang them
+	var mu sync.Mutex
+	seen := map[string]int{}
+	sick := func(w http.ResponseWriter, r *http.Request) {
+		sess := r.Header.Get(llmproxy.HeaderSessionID)
+		mu.Lock()
+		seen[sess]++
+		n := seen[sess]
+		mu.Unlock()
+		if sess == "r/a" && n == 2 {
+			// Sample a's retry holds the one retry the budget allows.
+			blocked <- struct{}{}
+			<-release
+		}
+		http.Error(w, "sick", http.StatusServiceUnavailable)
+	}
+	set := runEngines(t, llmproxy.EnginesConfig{
+		URLs:          []string{newEngineDouble(t, sick).base, newEngineDouble(t, sick).base},
+		ProbeInterval: time.Hour, FailThreshold: 100, RetryBudget: 0.01, MinRetries: 1,
+	})
+	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
+	done := make(chan int)
+	go func() {
+		resp, _ := post(t, h.url+llmproxy.BaseURLFor("", "r", "a")+"/chat/completions", chatBody, nil)
+		done <- resp.StatusCode
+	}()
+	<-blocked
+	resp, body := post(t, h.url+llmproxy.BaseURLFor("", "r", "b")+"/chat/completions", chatBody, nil)
+	e := decodeError(t, resp, body, http.StatusBadGateway)
+	if !strings.Contains(e.Error.Message, "retry budget") {
+		t.Fatalf("message %q does not name the retry budget", e.Error.Message)
+	}
+	if c := h.next(t); c.Attempts != 1 || len(c.UpstreamAttempts) != 1 {
+		t.Fatalf("sample b: %d attempts %+v, want one", c.Attempts, c.UpstreamAttempts)
+	}
+	open()
+	if code := <-done; code != http.StatusBadGateway {
+		t.Fatalf("sample a: status %d", code)
+	}
+	if c := h.next(t); c.Attempts != 2 || len(c.UpstreamAttempts) != 2 || c.UpstreamAttempts[0].Engine == c.UpstreamAttempts[1].Engine {
+		t.Fatalf("sample a: %d attempts %+v, want two on two engines", c.Attempts, c.UpstreamAttempts)
+	}
+	// The budget is given back: b is retried now.
+	resp, _ = post(t, h.url+llmproxy.BaseURLFor("", "r", "b")+"/chat/completions", chatBody, nil)
+	if c := h.next(t); resp.StatusCode != http.StatusBadGateway || c.Attempts != 2 {
+		t.Fatalf("sample b again: status %d, %d attempts", resp.StatusCode, c.Attempts)
+	}
+}

@@ -58,10 +58,11 @@ type exchange struct {
 	// engines is set when the call goes over the policy engines; session
 	// is its sample's affinity key, tried the engines of its attempts in
 	// order, home the engine of its sample's first call ("" for that call).
-	engines *Engines
-	session string
-	tried   []*engine
-	home    string
+	engines     *Engines
+	budgetSpent bool // a retry was refused: the engines' retry budget was spent
+	session     string
+	tried       []*engine
+	home        string
 	// answering, when set, is called once an attempt's answer began (its
 	// headers came): from then on its engine leaving the ring no longer
 	// cuts it.
@@ -235,10 +236,21 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Time{}
 		}
 	}
+	if x.engines != nil {
+		x.engines.calls.Add(1)
+		defer x.engines.calls.Add(-1)
+	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		endWait()
 		target, e := url, (*engine)(nil)
 		if x.engines != nil {
+			if len(x.tried) > 0 || x.call.Attempts > 0 {
+				if !x.engines.beginRetry() {
+					x.budgetSpent = true
+					return struct{}{}, backoff.Permanent(last)
+				}
+				defer x.engines.endRetry()
+			}
 			if e = x.pickEngine(); e == nil {
 				x.call.Attempts++
 				last = &upstreamError{kind: "transport", detail: "llmproxy: no policy engine is known yet (dns:// names not resolved)", retry: true}
@@ -288,6 +300,11 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Now()
 		}))
 	endWait()
+	// Retry hands back a permanent error still wrapped when it came on the
+	// last try allowed.
+	if pe, ok := errors.AsType[*backoff.PermanentError](err); ok {
+		err = pe.Unwrap()
+	}
 	if x.engines != nil && x.call.Engine != "" {
 		x.engines.metrics.routed(x.home == "" || x.call.Engine == x.home)
 	}
@@ -436,7 +453,7 @@ func (e *upstreamError) Error() string {
 func (x *exchange) attempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	timer := time.AfterFunc(x.p.timeout, func() { cancel(errAttemptTimeout) })
+	timer := time.AfterFunc(x.timeout(), func() { cancel(errAttemptTimeout) })
 	defer timer.Stop()
 
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(body))
@@ -477,7 +494,7 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 // readFailure classifies an error from the transport or the response body.
 func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
 	if errors.Is(context.Cause(actx), errAttemptTimeout) {
-		return &upstreamError{kind: "timeout", detail: x.p.timeout.String(), retry: true}
+		return &upstreamError{kind: "timeout", detail: x.timeout().String(), retry: true}
 	}
 	if errors.Is(context.Cause(actx), errEngineLeft) {
 		return &upstreamError{kind: "transport", detail: errEngineLeft.Error(), retry: true}
@@ -598,6 +615,9 @@ func (x *exchange) failUpstream(e *upstreamError) {
 	msg := e.Error()
 	if e.kind != "config" {
 		msg = fmt.Sprintf("llmproxy: upstream call failed after %d attempt(s): %s", x.call.Attempts, msg)
+	}
+	if x.budgetSpent {
+		msg += "; not retried: the engines' retry budget is spent (too many retries in flight)"
 	}
 	x.failTyped(status, "upstream_error", code, "", msg)
 }

@@ -91,7 +91,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			timer.Reset(x.p.timeout)
+			timer.Reset(x.timeout())
 			// Events are passed on as they come, so only one event is ever
 			// held: that is what the limit bounds, not the whole stream.
 			if int64(ev.Len()+len(line)) > x.p.maxResp {
@@ -140,7 +140,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		cause := context.Cause(actx)
 		switch {
 		case errors.Is(cause, errAttemptTimeout):
-			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
+			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.timeout())
 			x.errType = "timeout"
 		case errors.Is(cause, errPauseAbort):
 			// The agent already has part of the answer: it cannot be sent
