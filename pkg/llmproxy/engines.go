@@ -86,7 +86,9 @@ type EnginesConfig struct {
 	// RetryBudget bounds the retries in flight over the engines to this
 	// fraction of the calls in flight (at least MinRetries at once): when
 	// engines fail together, calls fail with their error instead of
-	// multiplying the load. 0 means DefaultRetryBudget.
+	// multiplying the load. A retry away from an engine that has left the
+	// ring (refused, dead, hung past a probe) only moves load, and is not
+	// counted. 0 means DefaultRetryBudget.
 	RetryBudget float64
 	// MinRetries is how many retries may be in flight whatever the
 	// budget; 0 means DefaultMinRetries.

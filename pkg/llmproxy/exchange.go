@@ -244,7 +244,11 @@ func (x *exchange) forward(body []byte) {
 		endWait()
 		target, e := url, (*engine)(nil)
 		if x.engines != nil {
-			if len(x.tried) > 0 || x.call.Attempts > 0 {
+			// A retry after an engine that is still in the ring failed (a
+			// 5xx, a timeout) adds load, and takes from the budget; one away
+			// from an engine that left it (refused, dead, hung past a probe)
+			// only moves the load, and always goes.
+			if n := len(x.tried); n > 0 && x.tried[n-1].up.Load() {
 				if !x.engines.beginRetry() {
 					x.budgetSpent = true
 					return struct{}{}, backoff.Permanent(last)
