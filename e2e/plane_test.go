@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -26,16 +25,6 @@ var engineFaults = []struct {
 	{"comes-back", []string{"--die-after", "6", "--down-for", "2s"}},
 }
 
-// requireEngineSet skips a test that needs the proxy's engine set (osmo
-// serve --policy URL, repeated) when this build has none.
-func requireEngineSet(t *testing.T) {
-	t.Helper()
-	out, _ := exec.Command(osmoBin, "serve", "--help").CombinedOutput()
-	if !strings.Contains(string(out), "-policy ") || !strings.Contains(string(out), "-policy-owns-routing") {
-		t.Skip("needs the proxy's engine set: osmo serve has no --policy / --policy-owns-routing in this build")
-	}
-}
-
 // startEngines runs n `osmo mockllm` engines named e0…, engine i with
 // extra[i] added, and returns their base URLs (ending in /v1).
 func startEngines(t *testing.T, n int, extra map[int][]string) []string {
@@ -52,14 +41,13 @@ func startEngines(t *testing.T, n int, extra map[int][]string) []string {
 // engines (the plane routing every call), one of which misbehaves. Every
 // rollout ends with exactly one completion and one grader callback, as a
 // success with both turns answered once, or as a failure with an error
-// category: nothing lost, nothing answered twice. NEEDS THE RING (the
-// proxy's engine set); skipped without it.
+// category: nothing lost, nothing answered twice.
 func TestPlaneEngineFaults(t *testing.T) {
-	requireEngineSet(t)
 	for _, f := range engineFaults {
 		t.Run(f.name, func(t *testing.T) {
 			engines := startEngines(t, 3, map[int][]string{0: f.args})
-			args := []string{"--workflow", "multiply", "--grader", "multiply", "--policy-owns-routing"}
+			// A hung call moves once its engine's attempt timeout ends.
+			args := []string{"--workflow", "multiply", "--grader", "multiply", "--policy-owns-routing", "--policy-timeout", "3s"}
 			for _, u := range engines {
 				args = append(args, "--policy", u)
 			}

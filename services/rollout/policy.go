@@ -359,7 +359,7 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 
 // render is the state as the API shows it.
 func (p *policy) render(ctx context.Context, st policyState) (*rolloutv1.PolicyState, error) {
-	out := &rolloutv1.PolicyState{Paused: st.Paused, Mode: string(st.Mode), Version: st.Version, Epoch: st.Epoch}
+	out := &rolloutv1.PolicyState{Paused: st.Paused, Mode: string(st.Mode), Version: int32(st.Version), Epoch: st.Epoch}
 	for _, e := range p.gate.State().Engines {
 		out.Engines = append(out.Engines, &rolloutv1.PolicyEngine{BaseUrl: e.BaseURL, Api: e.API, Paused: e.Paused, Error: e.Error})
 	}
@@ -417,7 +417,7 @@ func strength(m llmproxy.PauseMode) int {
 // below the current one, or a resume when not paused to another version,
 // is AlreadyExists (REST 409); the same resume repeated answers the state.
 func (s *Service) ResumePolicy(ctx context.Context, req *rolloutv1.ResumePolicyRequest) (*rolloutv1.PolicyState, error) {
-	v := req.GetVersion()
+	v := int64(req.GetVersion())
 	if v < 0 {
 		return nil, fielderr.New("version", "must not be negative, got %d", v)
 	}

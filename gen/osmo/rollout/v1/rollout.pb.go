@@ -141,7 +141,7 @@ func (x *PausePolicyRequest) GetMode() string {
 // not below the current one.
 type ResumePolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       int64                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Version       int32                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -176,7 +176,7 @@ func (*ResumePolicyRequest) Descriptor() ([]byte, []int) {
 	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *ResumePolicyRequest) GetVersion() int64 {
+func (x *ResumePolicyRequest) GetVersion() int32 {
 	if x != nil {
 		return x.Version
 	}
@@ -226,7 +226,7 @@ type PolicyState struct {
 	Paused bool                   `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
 	// mode of the pause; empty when not paused.
 	Mode    string `protobuf:"bytes,2,opt,name=mode,proto3" json:"mode,omitempty"`
-	Version int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Version int32  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// epoch counts the changes of the state; a replica acknowledges each.
 	Epoch         int64            `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Engines       []*PolicyEngine  `protobuf:"bytes,5,rep,name=engines,proto3" json:"engines,omitempty"`
@@ -279,7 +279,7 @@ func (x *PolicyState) GetMode() string {
 	return ""
 }
 
-func (x *PolicyState) GetVersion() int64 {
+func (x *PolicyState) GetVersion() int32 {
 	if x != nil {
 		return x.Version
 	}
@@ -921,8 +921,8 @@ func (x *Rollout) GetStale() bool {
 // PolicyVersions is the span of policy versions of a rollout's calls.
 type PolicyVersions struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Min           int64                  `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
-	Max           int64                  `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	Min           int32                  `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	Max           int32                  `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -957,14 +957,14 @@ func (*PolicyVersions) Descriptor() ([]byte, []int) {
 	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
 }
 
-func (x *PolicyVersions) GetMin() int64 {
+func (x *PolicyVersions) GetMin() int32 {
 	if x != nil {
 		return x.Min
 	}
 	return 0
 }
 
-func (x *PolicyVersions) GetMax() int64 {
+func (x *PolicyVersions) GetMax() int32 {
 	if x != nil {
 		return x.Max
 	}
@@ -1581,12 +1581,12 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x12PausePolicyRequest\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\"/\n" +
 	"\x13ResumePolicyRequest\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x03R\aversion\"\x12\n" +
+	"\aversion\x18\x01 \x01(\x05R\aversion\"\x12\n" +
 	"\x10GetPolicyRequest\"\xde\x01\n" +
 	"\vPolicyState\x12\x16\n" +
 	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\tR\x04mode\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x14\n" +
+	"\aversion\x18\x03 \x01(\x05R\aversion\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x127\n" +
 	"\aengines\x18\x05 \x03(\v2\x1d.osmo.rollout.v1.PolicyEngineR\aengines\x12:\n" +
 	"\breplicas\x18\x06 \x03(\v2\x1e.osmo.rollout.v1.PolicyReplicaR\breplicas\"i\n" +
@@ -1657,8 +1657,8 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x05stale\x18\x12 \x01(\bR\x05staleB\t\n" +
 	"\a_reward\"4\n" +
 	"\x0ePolicyVersions\x12\x10\n" +
-	"\x03min\x18\x01 \x01(\x03R\x03min\x12\x10\n" +
-	"\x03max\x18\x02 \x01(\x03R\x03max\"\xde\x05\n" +
+	"\x03min\x18\x01 \x01(\x05R\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x05R\x03max\"\xde\x05\n" +
 	"\x13StartRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12B\n" +

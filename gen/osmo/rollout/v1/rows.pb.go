@@ -196,7 +196,7 @@ type VersionSpan struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Start         int32                  `protobuf:"varint,1,opt,name=start,proto3" json:"start,omitempty"`
 	End           int32                  `protobuf:"varint,2,opt,name=end,proto3" json:"end,omitempty"`
-	Version       int64                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Version       int32                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -245,7 +245,7 @@ func (x *VersionSpan) GetEnd() int32 {
 	return 0
 }
 
-func (x *VersionSpan) GetVersion() int64 {
+func (x *VersionSpan) GetVersion() int32 {
 	if x != nil {
 		return x.Version
 	}
@@ -629,7 +629,7 @@ const file_osmo_rollout_v1_rows_proto_rawDesc = "" +
 	"\vVersionSpan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x05R\x03end\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x03R\aversion\"\x81\x01\n" +
+	"\aversion\x18\x03 \x01(\x05R\aversion\"\x81\x01\n" +
 	"\x05Drift\x12\x12\n" +
 	"\x04call\x18\x01 \x01(\x05R\x04call\x12\x1a\n" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x14\n" +

@@ -334,7 +334,7 @@ type LLMCall struct {
 	NoTokensReason string `protobuf:"bytes,25,opt,name=no_tokens_reason,json=noTokensReason,proto3" json:"no_tokens_reason,omitempty"`
 	// The policy version in force when the answer was produced (a call an
 	// abort pause cut and the proxy sent again: its answer's).
-	PolicyVersion int64 `protobuf:"varint,26,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	PolicyVersion int32 `protobuf:"varint,26,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	// Time the call waited while the policy was paused (part of latency_ms).
 	HeldMs float64 `protobuf:"fixed64,28,opt,name=held_ms,json=heldMs,proto3" json:"held_ms,omitempty"`
 	// The base URL of the policy engine whose answer the call got, when the
@@ -525,7 +525,7 @@ func (x *LLMCall) GetNoTokensReason() string {
 	return ""
 }
 
-func (x *LLMCall) GetPolicyVersion() int64 {
+func (x *LLMCall) GetPolicyVersion() int32 {
 	if x != nil {
 		return x.PolicyVersion
 	}
@@ -567,7 +567,7 @@ type UpstreamAttempt struct {
 	// Set on a try an abort pause cut; policy_version is the version it ran
 	// under.
 	Paused        bool  `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
-	PolicyVersion int64 `protobuf:"varint,6,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	PolicyVersion int32 `protobuf:"varint,6,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,7 +637,7 @@ func (x *UpstreamAttempt) GetPaused() bool {
 	return false
 }
 
-func (x *UpstreamAttempt) GetPolicyVersion() int64 {
+func (x *UpstreamAttempt) GetPolicyVersion() int32 {
 	if x != nil {
 		return x.PolicyVersion
 	}
@@ -771,7 +771,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\x128\n" +
 	"\x18completion_token_strings\x18\x18 \x03(\tR\x16completionTokenStrings\x12(\n" +
 	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReason\x12%\n" +
-	"\x0epolicy_version\x18\x1a \x01(\x03R\rpolicyVersion\x12\x17\n" +
+	"\x0epolicy_version\x18\x1a \x01(\x05R\rpolicyVersion\x12\x17\n" +
 	"\aheld_ms\x18\x1c \x01(\x01R\x06heldMs\x12\x16\n" +
 	"\x06engine\x18\x1e \x01(\tR\x06engine\x12M\n" +
 	"\x11upstream_attempts\x18\x1f \x03(\v2 .osmo.rollout.v1.UpstreamAttemptR\x10upstreamAttemptsJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
@@ -783,7 +783,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"statusCode\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
 	"\x06paused\x18\x05 \x01(\bR\x06paused\x12%\n" +
-	"\x0epolicy_version\x18\x06 \x01(\x03R\rpolicyVersion\"\xa1\x01\n" +
+	"\x0epolicy_version\x18\x06 \x01(\x05R\rpolicyVersion\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
