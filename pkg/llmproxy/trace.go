@@ -265,6 +265,9 @@ func (x *exchange) endChat() {
 	if c.Engine != "" {
 		attrs = append(attrs, osmoattr.Engine.String(c.Engine))
 	}
+	if x.versioned {
+		attrs = append(attrs, osmoattr.PolicyVersion.Int64(c.PolicyVersion))
+	}
 	if c.Error != "" {
 		base := x.route.BaseURL
 		if n := len(x.tried); n > 0 {
