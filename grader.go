@@ -117,6 +117,39 @@ type LLMCall struct {
 	// for a Responses API call the proxy translated (the policy always
 	// receives a chat completion, which is what the record holds).
 	API string `json:"api"`
+
+	// Engine is the base URL of the policy engine whose answer the call
+	// got, when the proxy routed the call over a set of engines (--policy).
+	Engine string `json:"engine,omitempty"`
+	// PolicyVersion is the policy version in force when the answer was
+	// produced (the proxy's pause gate sets it; 0 without one). A call an
+	// abort pause cut and the proxy sent again carries its answer's version.
+	PolicyVersion int64 `json:"policy_version"`
+	// HeldMS is the time the call waited at the pause gate; it is part of
+	// LatencyMS.
+	HeldMS float64 `json:"held_ms,omitempty"`
+	// UpstreamAttempts are the call's upstream tries, in order, where the
+	// count alone does not say enough: every try of a call routed over a
+	// set of engines (with its engine), and every try an abort pause cut
+	// (the proxy sent the call again after the resume).
+	UpstreamAttempts []UpstreamAttempt `json:"upstream_attempts,omitempty"`
+}
+
+// UpstreamAttempt is one upstream try of a call.
+type UpstreamAttempt struct {
+	// Attempt is its number among the call's Attempts (from 1).
+	Attempt int `json:"attempt"`
+	// Engine is the engine's OpenAI base URL, when the call went over a
+	// set of engines.
+	Engine string `json:"engine,omitempty"`
+	// StatusCode is the upstream's HTTP status (0 when none came).
+	StatusCode int `json:"status_code,omitempty"`
+	// Error says why the try failed; empty when it was answered.
+	Error string `json:"error,omitempty"`
+	// Paused is set on a try an abort pause cut; PolicyVersion is the
+	// version it ran under.
+	Paused        bool  `json:"paused,omitempty"`
+	PolicyVersion int64 `json:"policy_version,omitempty"`
 }
 
 // GraderContext is what a Grader works on. The grader service builds it; a

@@ -94,7 +94,7 @@ func commands() map[string]command {
 		"demo":     {"run calculator rollouts end to end against the built-in mock policy", runDemo},
 		"eval":     {"evaluate a workflow over a dataset against a model: eval run FILE.toml", runEval},
 		"test":     {"run dataset rows through a workflow and print each conversation and reward (-i: step through turns)", runTest},
-		"bench":    {"measure the LLM proxy against a plain reverse proxy, then rollouts end to end ('bench rollouts': those alone)", runBench},
+		"bench":    {"measure the LLM proxy against a plain reverse proxy, then rollouts end to end ('bench rollouts': those alone; 'bench plane': the policy plane's engines)", runBench},
 		"validate": {"check the registered workflows (or the one named): unique names, tool schemas, config", runValidate},
 		"health":   {"check a service's health (gRPC address or http URL); exit 1 if unhealthy", runHealth},
 		"version":  {"print the version", runVersion},

@@ -83,6 +83,9 @@ type backendSpec struct {
 	rolloutDir, runDir string
 	redact             *eval.Redactor
 	verbose            bool
+	// engines are [llm] engines: osmo's own rollout server routes every
+	// call over them.
+	engines []string
 }
 
 // start brings up what the run needs and points plan at it (its
@@ -125,6 +128,9 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec, plan *e
 	if plan.PolicyURL == "" {
 		return fail(usagef("no model endpoint: set [llm] base_url in the TOML or OPENAI_BASE_URL, or use --mock"))
 	}
+	if len(s.engines) > 0 && (b.server != "" || s.osmosisRollout) {
+		fmt.Fprintln(e.stderr, "osmo eval: [llm] engines are used by osmo's own rollout server only; this run's calls go to the model endpoint")
+	}
 	switch {
 	case b.server != "":
 		return stop, tel.Enabled(), nil
@@ -141,6 +147,8 @@ func (b *backendFlags) start(ctx context.Context, e *env, s backendSpec, plan *e
 		return fail(err)
 	}
 	sc.rollout.grader = s.grader
+	sc.rollout.policy.urls = s.engines
+	sc.rollout.policy.ownsRouting = len(s.engines) > 0
 	if s.workflow == execWorkflow {
 		sc.rollout.exec = s.entrypoint
 		// The agent's model calls go through osmo's proxy: the contract's
@@ -310,7 +318,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		Rows: selected, N: ev.N, BatchSize: ev.BatchSize,
 		AgentTimeoutS: *ev.AgentTimeoutS, GraderTimeoutS: *ev.GraderTimeoutS, PassThreshold: *ev.PassThreshold,
 		Output: rd.Path, RetryFailed: f.retryFailed || cfg.RetryFailed,
-		PolicyURL: cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL")), Model: cfg.Model(),
+		PolicyURL: cmp.Or(cfg.LLM.BaseURL, e.getenv("OPENAI_BASE_URL"), firstHTTP(cfg.LLM.Engines)), Model: cfg.Model(),
 		UpstreamKey: cmp.Or(secrets[cfg.LLM.APIKeyEnv], e.getenv(cfg.LLM.APIKeyEnv)),
 		Title:       rd.Name, Progress: e.stderr, Live: !f.noLive && isTerminal(e.stderr), Redact: redact,
 		RunID: rd.Manifest.LocalRunID, RunName: rd.Name, DatasetName: cfg.Experiment.Dataset, ModelPath: cfg.Experiment.ModelPath,
@@ -320,7 +328,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 	stop, tracing, err := bf.start(ctx, e, backendSpec{
 		workflow: cfg.Experiment.Rollout, entrypoint: cmp.Or(layout.Entrypoint, cfg.Experiment.Entrypoint), grader: cfg.Experiment.Grader,
 		maxConcurrent: ev.BatchSize, env: cfg.Env, secrets: secrets, osmosisRollout: osmosisRollout, rows: cfg.Rows.On(), rolloutDir: layout.RolloutDir,
-		runDir: rd.Path, redact: redact, verbose: f.verbose,
+		runDir: rd.Path, redact: redact, verbose: f.verbose, engines: cfg.LLM.Engines,
 	}, &plan)
 	if err != nil {
 		return err
@@ -569,4 +577,14 @@ func checkWorkflow(e *env, name string) error {
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// firstHTTP is the first engine named by URL rather than by DNS name.
+func firstHTTP(engines []string) string {
+	for _, u := range engines {
+		if !strings.HasPrefix(u, "dns://") {
+			return u
+		}
+	}
+	return ""
 }

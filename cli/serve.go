@@ -60,6 +60,9 @@ type rolloutFlags struct {
 	outbound outboundFlags
 	env      osmosisEnv
 	osmosis  osmosisFlags
+
+	policy policyFlags
+	pause  pauseFlags
 }
 
 func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
@@ -98,6 +101,8 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	f.nats.register(fs, e)
 	f.outbound.register(fs)
 	f.osmosis.register(fs)
+	f.policy.register(fs, e)
+	f.pause.register(fs)
 	return nil
 }
 
@@ -139,10 +144,18 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 	if f.callbackConc <= 0 {
 		return rollout.Config{}, usagef("--callback-concurrency: must be positive, got %d", f.callbackConc)
 	}
+	pol, err := f.pause.settings()
+	if err != nil {
+		return rollout.Config{}, err
+	}
 	if !f.noValidate {
 		if err := validateEntry(entry); err != nil {
 			return rollout.Config{}, fmt.Errorf("%w (run `osmo validate` for details, or skip with --no-validate)", err)
 		}
+	}
+	engines, err := f.policy.engines(log, reg)
+	if err != nil {
+		return rollout.Config{}, err
 	}
 	log.Info("serving workflow", "workflow", entry.name, "kind", entry.kind())
 	return rollout.Config{
@@ -176,6 +189,10 @@ func (f *rolloutFlags) config(e *env, log *slog.Logger, g rollout.Grader, spec s
 		ProxyTracerProvider: tr.proxy,
 		Propagator:          tr.prop,
 		TraceContent:        tr.content,
+
+		Engines:           engines,
+		EnginesOwnRouting: f.policy.ownsRouting,
+		Policy:            pol,
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -18,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/osmo-rl/osmo/internal/mockllm"
 	"github.com/osmo-rl/osmo/internal/proxybench"
 	"github.com/osmo-rl/osmo/internal/rolloutbench"
 	"github.com/osmo-rl/osmo/internal/server"
@@ -36,9 +36,11 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 		keep                          int
 		rows                          bool
 		lf                            logFlags
+		pf                            policyFlags
 	)
 	fs.StringVar(&addr, "addr", ":9002", "HTTP listen address")
-	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1 (required)")
+	fs.StringVar(&upstream, "upstream", "", "OpenAI base URL of the policy, e.g. http://vllm:8000/v1: one engine, as --policy URL (--upstream or --policy is required)")
+	pf.register(fs, e)
 	fs.StringVar(&model, "model", "", `model that replaces the placeholder "openai/osmosis-rollout"`)
 	secretVar(fs, &apiKey, "upstream-api-key", e.getenv("OSMO_UPSTREAM_API_KEY"), "bearer `TOKEN` sent upstream instead of the client's (env OSMO_UPSTREAM_API_KEY)")
 	fs.IntVar(&retries, "max-retries", 3, "retries on 5xx, timeouts and transport errors")
@@ -52,8 +54,15 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if u, err := url.Parse(upstream); upstream == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
+	if upstream == "" && len(pf.urls) == 0 && len(pf.fromEnv) == 0 {
+		return usagef("--policy: at least one engine is required (or --upstream)")
+	}
+	var extra []string
+	if upstream != "" {
+		if u, err := url.Parse(upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--upstream: want an http(s) base URL such as http://127.0.0.1:8000/v1, got %q", upstream)
+		}
+		extra = append(extra, strings.TrimRight(upstream, "/"))
 	}
 	log, tel, stopTelemetry, err := lf.start(ctx, e, serviceLLMProxy)
 	if err != nil {
@@ -61,9 +70,14 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTelemetry()
 	reg := newMetricsRegistry()
+	engines, err := pf.engines(log, reg, extra...)
+	if err != nil {
+		return err
+	}
 	store := llmproxy.NewStore(keep, time.Hour)
 	proxy, err := llmproxy.New(llmproxy.Config{
-		Router:         llmproxy.StaticRouter(llmproxy.Route{BaseURL: strings.TrimRight(upstream, "/"), APIKey: apiKey, Model: model}),
+		Router:         llmproxy.StaticRouter(llmproxy.Route{APIKey: apiKey, Model: model}),
+		Engines:        engines,
 		Recorder:       store,
 		Retry:          llmproxy.RetryPolicy{MaxRetries: retries, BaseDelay: baseDelay, MaxDelay: maxDelay},
 		Timeout:        timeout,
@@ -89,49 +103,14 @@ func runLLMProxy(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	log.Info("llm proxy serving", "http", srv.URL(), "upstream", upstream, "model", model)
-	return srv.Serve(ctx)
-}
-
-func runMockLLM(ctx context.Context, e *env, args []string) error {
-	fs := flagSet(e, "mockllm")
-	var (
-		addr string
-		o    mockllm.Options
-		lf   logFlags
-		af   addrFile
-	)
-	fs.StringVar(&addr, "addr", ":9003", "HTTP listen address")
-	af.register(fs)
-	fs.StringVar(&o.Model, "model", "mock-policy", "model name reported by /v1/models")
-	fs.DurationVar(&o.Latency, "latency", 0, "delay before each response")
-	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "delay between SSE chunks")
-	fs.StringVar(&o.FailMode, "fail-mode", "", "injected failure: 500, 503, 429, 400 (context length exceeded), hang or malformed")
-	fs.IntVar(&o.FailEvery, "fail-every", 0, "fail every Nth request with --fail-mode")
-	fs.IntVar(&o.FailFirst, "fail-first", 0, "fail the first N requests with --fail-mode")
-	lf.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := lf.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	o.Logger = log
-	h, err := mockllm.New(o)
-	if err != nil {
-		return usageError{err.Error()}
-	}
-	srv, err := server.NewHTTP(addr, withMetrics(h, newMetricsRegistry(), ""))
-	if err != nil {
-		return err
-	}
-	log.Info("mock policy serving", "http", srv.URL(), "base_url", srv.URL()+"/v1")
-	if err := af.write("http", srv.URL(), "base_url", srv.URL()+"/v1"); err != nil {
-		_ = srv.Close()
-		return err
-	}
-	return srv.Serve(ctx)
+	log.Info("llm proxy serving", "http", srv.URL(), "engines", engines.URLs(), "model", model)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	enginesDone := make(chan error, 1)
+	go func() { enginesDone <- engines.Run(runCtx) }()
+	err = srv.Serve(ctx)
+	stop()
+	return errors.Join(err, <-enginesDone)
 }
 
 // runBench is osmo bench: the proxy's figures, then the rollouts'; `bench
@@ -139,11 +118,14 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 // serves the plain proxy the proxy's figures compare with.
 func runBench(ctx context.Context, e *env, args []string) error {
 	sub := ""
-	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"proxy", "rollouts", "reverse-proxy", "plane"}, args[0]) {
 		sub, args = args[0], args[1:]
 	}
-	if sub == "reverse-proxy" {
+	switch sub {
+	case "reverse-proxy":
 		return runBenchReverseProxy(ctx, e, args)
+	case "plane":
+		return runBenchPlane(ctx, e, args)
 	}
 	fs := flagSet(e, strings.TrimSpace("bench "+sub))
 	n := 5000

@@ -188,8 +188,8 @@ func TestRolloutJSONUsesProtoNamesAndOmitsUnsetOptionals(t *testing.T) {
 		got := resp.json(t)
 		wantKeys := []string{
 			"callback_error", "created_at", "error_category", "error_message", "finish_reason",
-			"finished_at", "metadata", "metrics", "rollout_id", "samples", "sequence",
-			"started_at", "state", "wire", "workflow",
+			"finished_at", "metadata", "metrics", "policy_versions", "rollout_id", "samples", "sequence",
+			"stale", "started_at", "state", "wire", "workflow",
 		}
 		if keys := sortedKeys(got); !slices.Equal(keys, wantKeys) {
 			t.Errorf("keys = %v\nwant %v", keys, wantKeys)

@@ -62,7 +62,8 @@ func routeOf(r *http.Request) string {
 		return p
 	case p == "/v1/rollout/init" || p == "/v1/rollouts:watch" || p == rowsStreamPath || p == "/v1/grade" ||
 		p == "/rollout" || p == "/rollout/cancel" ||
-		p == "/health" || p == "/platform/health" || p == "/openapi.json":
+		p == "/health" || p == "/platform/health" || p == "/openapi.json",
+		p == "/v1/policy" || p == "/v1/policy/pause" || p == "/v1/policy/resume":
 		return p
 	}
 	if id, ok := strings.CutPrefix(p, "/v1/rollouts/"); ok && isSegment(id) {

@@ -105,6 +105,11 @@ type LLM struct {
 	// (OPENAI_API_KEY when empty); it is looked up among the resolved
 	// secrets first, then the environment.
 	APIKeyEnv string `toml:"api_key_env"`
+	// Engines are policy engines osmo's own rollout server spreads the
+	// calls over (its --policy): base URLs ending in /v1, or
+	// dns://NAME:PORT/v1. With them the server routes every call itself;
+	// base_url, when set, is what the run's preflight checks.
+	Engines []string `toml:"engines"`
 }
 
 // Rows is osmo's [rows] section: the training rows a run derives from
@@ -568,6 +573,11 @@ func (p *parser) check(c *Config) error {
 		}
 	}
 	c.LLM.APIKeyEnv = cmp.Or(c.LLM.APIKeyEnv, DefaultAPIKeyEnv)
+	for _, u := range c.LLM.Engines {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "dns://") {
+			return p.errAt(toml.Key{"llm", "engines"}, "each engine is an http(s) base URL such as http://vllm-0:8000/v1 or dns://NAME:PORT/v1, got %q", u)
+		}
+	}
 	return nil
 }
 

@@ -81,9 +81,19 @@ func TestLoadConfig(t *testing.T) {
 			}
 		}
 	})
+	t.Run("engines", func(t *testing.T) {
+		c, err := eval.LoadConfig(write(t, dir, "engines.toml", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[llm]\nengines = [\"http://vllm-0:8000/v1\", \"dns://vllm:8000/v1\"]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(c.LLM.Engines, " ") != "http://vllm-0:8000/v1 dns://vllm:8000/v1" {
+			t.Errorf("engines %q", c.LLM.Engines)
+		}
+	})
 	for _, tc := range []struct {
 		name, text, want string
 	}{
+		{"bad engine", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[llm]\nengines = [\"vllm:8000\"]\n", "llm.engines: each engine is an http(s) base URL"},
 		{"syntax", "[experiment]\nrollout = \"multiply\n", ":2"},
 		{"wrong type", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\n[evaluation]\nn = \"two\"\n", "evaluation.n"},
 		{"unknown key", "[experiment]\nrollout = \"m\"\nmodel_path = \"p/m\"\ndataset = \"d.jsonl\"\nmodel = \"x\"\n", ":5: experiment.model: unknown key"},

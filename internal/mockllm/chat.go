@@ -177,6 +177,8 @@ type response struct {
 	promptIDs []int
 	withIDs   bool
 	lps       []logprob // nil unless logprobs were asked
+	// fingerprint is the system_fingerprint (empty: the mock's own).
+	fingerprint string
 }
 
 // respond plays the assistant's turn for req. Ids are derived from what
@@ -299,7 +301,26 @@ func (r *response) usage() *usage {
 }
 
 func (r *response) base(object string) chatCompletion {
-	return chatCompletion{ID: r.id, Object: object, Created: r.created, Model: r.model, SystemFingerprint: "fp_osmo_mock", Choices: []choice{}}
+	return chatCompletion{ID: r.id, Object: object, Created: r.created, Model: r.model, SystemFingerprint: cmp.Or(r.fingerprint, "fp_osmo_mock"), Choices: []choice{}}
+}
+
+// abort cuts the turn to its first n tokens, as text, ended by a pause's
+// abort.
+func (r *response) abort(n int) {
+	n = min(n, len(r.pieces))
+	r.pieces = r.pieces[:n]
+	if r.lps != nil {
+		r.lps = r.lps[:n]
+	}
+	r.content, r.call, r.nameLen, r.finish = strings.Join(r.pieces, ""), nil, 0, finishAbort
+}
+
+// abortChunk is the last chunk of a stream a pause aborted.
+func (r *response) abortChunk() chatCompletion {
+	out := r.base("chat.completion.chunk")
+	reason := finishAbort
+	out.Choices = []choice{{Delta: &delta{}, FinishReason: &reason}}
+	return out
 }
 
 // choice carries the tokens pieces[from:to] (ids and logprobs, when asked).

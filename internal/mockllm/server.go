@@ -6,6 +6,11 @@
 // on demand the way real servers fail (5xx, 429 with Retry-After, hangs,
 // malformed bodies).
 //
+// It also plays one engine of a policy plane: vLLM's weight-sync endpoints
+// (POST /pause?mode=abort|wait|keep, POST /resume, GET /is_paused) with
+// vLLM's semantics, a name on every answer (X-Engine-Id), and the faults of
+// an engine fleet: a fraction of calls failing, a death mid-run.
+//
 // The same request always gets the same response, ids included, so tests
 // can compare bytes.
 package mockllm
@@ -21,6 +26,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -34,6 +40,10 @@ const (
 	FailHang      = "hang"
 	FailMalformed = "malformed"
 )
+
+// SessionHeader is the request header a policy plane sets to one value
+// per sample; the mock logs it with each chat request.
+const SessionHeader = "X-Session-ID"
 
 // FailHeader is the request header that makes one request fail on purpose.
 const FailHeader = "X-Mock-Fail"
@@ -66,12 +76,35 @@ type Options struct {
 	MaxRequestBytes int64
 	// Logger receives one record per chat request (nil: discard).
 	Logger *slog.Logger
+
+	// The engine's part in a policy plane: its name, its faults, and
+	// whether it has vLLM's weight-sync endpoints.
+
+	// EngineID, when set, names the engine in the X-Engine-Id header of
+	// every answer and in the completions' system_fingerprint.
+	EngineID string
+	// FailFraction makes each chat request fail with FailMode with this
+	// probability, drawn from a source seeded with FailSeed (so a run
+	// repeats).
+	FailFraction float64
+	FailSeed     uint64
+	// DieAfter makes the engine die at its DieAfter-th chat request: that
+	// request and every later one has its connection cut without an
+	// answer, and Dead is closed (0: never).
+	DieAfter int
+	// WithoutPauseEndpoints answers /pause, /resume and /is_paused 404,
+	// as vLLM does outside its development mode.
+	WithoutPauseEndpoints bool
 }
 
 // Server is the mock policy; it is an http.Handler safe for concurrent use.
 type Server struct {
 	opts     Options
 	requests atomic.Int64
+	gate     *pauseGate
+	draw     *failDraw
+	dead     chan struct{}
+	dieOnce  sync.Once
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -93,16 +126,19 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("mockllm: FailFirst must not be negative, got %d", opts.FailFirst)
 	case opts.MaxRequestBytes < 0:
 		return nil, fmt.Errorf("mockllm: MaxRequestBytes must not be negative, got %d", opts.MaxRequestBytes)
-	case opts.FailMode != "" && opts.FailEvery == 0 && opts.FailFirst == 0:
+	case opts.FailMode != "" && opts.FailEvery == 0 && opts.FailFirst == 0 && opts.FailFraction == 0:
 		// Silently never failing would make a misconfigured test pass.
-		return nil, fmt.Errorf("mockllm: FailMode %q needs FailEvery or FailFirst to select requests", opts.FailMode)
-	case opts.FailMode == "" && (opts.FailEvery != 0 || opts.FailFirst != 0):
-		return nil, errors.New("mockllm: FailEvery and FailFirst need a FailMode")
+		return nil, fmt.Errorf("mockllm: FailMode %q needs FailEvery, FailFirst or FailFraction to select requests", opts.FailMode)
+	case opts.FailMode == "" && (opts.FailEvery != 0 || opts.FailFirst != 0 || opts.FailFraction != 0):
+		return nil, errors.New("mockllm: FailEvery, FailFirst and FailFraction need a FailMode")
+	}
+	if err := validateEngine(opts); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{opts: opts}, nil
+	return &Server{opts: opts, gate: newPauseGate(), draw: newFailDraw(opts.FailSeed), dead: make(chan struct{})}, nil
 }
 
 func validFailMode(m string) bool {
@@ -116,7 +152,17 @@ func (s *Server) Requests() int64 { return s.requests.Load() }
 // ServeHTTP routes /health, /v1/models and chat completions under any prefix.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
+	if s.opts.EngineID != "" {
+		w.Header().Set(EngineHeader, s.opts.EngineID)
+	}
+	pauses := !s.opts.WithoutPauseEndpoints
 	switch {
+	case pauses && p == "/pause":
+		s.only(w, r, http.MethodPost, func() { s.servePause(w, r) })
+	case pauses && p == "/resume":
+		s.only(w, r, http.MethodPost, func() { s.serveResume(w, r) })
+	case pauses && p == "/is_paused":
+		s.only(w, r, http.MethodGet, func() { writeJSON(w, http.StatusOK, map[string]bool{"is_paused": s.gate.isPaused()}) })
 	case p == "/health":
 		s.only(w, r, http.MethodGet, func() { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
 	case p == "/models" || strings.HasSuffix(p, "/v1/models"):
@@ -147,11 +193,26 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	n := s.requests.Add(1)
 	ctx := r.Context()
 	log := s.opts.Logger.With("request", n)
+	if s.opts.EngineID != "" {
+		log = log.With("engine", s.opts.EngineID)
+	}
+	if s.opts.DieAfter > 0 && n >= int64(s.opts.DieAfter) {
+		s.dieOnce.Do(func() {
+			log.WarnContext(ctx, "mockllm: engine dies", "die_after", s.opts.DieAfter)
+			close(s.dead)
+		})
+		// The connection is cut with no answer, as when the process dies.
+		panic(http.ErrAbortHandler)
+	}
 	if id := r.Header.Get("X-Rollout-Id"); id != "" {
 		log = log.With("rollout_id", id)
 	}
 	if id := r.Header.Get("X-Sample-Id"); id != "" {
 		log = log.With("sample_id", id)
+	}
+	if id := r.Header.Get(SessionHeader); id != "" {
+		// The plane's affinity key, as engines' own routers read it.
+		log = log.With("session_id", id)
 	}
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes))
@@ -166,7 +227,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mode := r.Header.Get(FailHeader)
-	if mode == "" && s.failsByCount(n) {
+	if mode == "" && s.fails(n) {
 		mode = s.opts.FailMode
 	}
 	if !validFailMode(mode) {
@@ -174,7 +235,12 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%s: unknown failure mode %q (want 500, 503, 429, 400, hang or malformed)", FailHeader, mode))
 		return
 	}
-	if !sleep(ctx, s.opts.Latency) {
+	aborted, release, err := s.gate.admit(ctx)
+	if err != nil {
+		return
+	}
+	defer release()
+	if !sleepUnless(ctx, s.opts.Latency, aborted) {
 		return
 	}
 	if mode != "" {
@@ -194,19 +260,41 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		log = log.With("rollout_id", id)
 	}
 	res := respond(req)
+	res.fingerprint = s.fingerprint()
 	log.DebugContext(ctx, "mockllm: chat completion", "stream", req.Stream, "finish_reason", res.finish,
 		"prompt_tokens", len(res.promptIDs), "completion_tokens", len(res.pieces))
 	if !req.Stream {
+		// The whole answer is generated at once, after Latency; a keep
+		// pause holds it, an abort pause ends it empty.
+		abort, err := s.gate.step(ctx, aborted)
+		if err != nil {
+			return
+		}
+		if abort {
+			log.InfoContext(ctx, "mockllm: request aborted by a pause")
+			res.abort(0)
+		}
 		writeJSON(w, http.StatusOK, res.completion())
 		return
 	}
-	if err := s.stream(ctx, w, res.chunks(req.includeUsage())); err != nil {
+	chunks := res.chunks(req.includeUsage())
+	next := func(i int) (bool, error) {
+		if i > 0 && !sleepUnless(ctx, s.opts.ChunkDelay, aborted) {
+			return false, ctx.Err()
+		}
+		return s.gate.step(ctx, aborted)
+	}
+	if err := s.stream(ctx, w, chunks, next, res); err != nil {
 		log.DebugContext(ctx, "mockllm: stream ended early", "error", err)
 	}
 }
 
-func (s *Server) failsByCount(n int64) bool {
-	return s.opts.FailMode != "" && (n <= int64(s.opts.FailFirst) || s.opts.FailEvery > 0 && n%int64(s.opts.FailEvery) == 0)
+// fails reports whether the n-th chat request fails with FailMode.
+func (s *Server) fails(n int64) bool {
+	if s.opts.FailMode == "" {
+		return false
+	}
+	return n <= int64(s.opts.FailFirst) || s.opts.FailEvery > 0 && n%int64(s.opts.FailEvery) == 0 || s.draw.below(s.opts.FailFraction)
 }
 
 // fail answers the way an unhealthy server does.
@@ -245,8 +333,19 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, mode string, b
 	}
 }
 
-// stream writes chunks as server-sent events, then [DONE].
-func (s *Server) stream(ctx context.Context, w http.ResponseWriter, chunks []chatCompletion) error {
+// fingerprint names the engine in completions, when it has a name.
+func (s *Server) fingerprint() string {
+	if s.opts.EngineID == "" {
+		return ""
+	}
+	return "fp_osmo_mock_" + s.opts.EngineID
+}
+
+// stream writes chunks as server-sent events, then [DONE]. next is asked
+// before each chunk; when it reports an abort, the stream ends with res's
+// abort chunk (finish_reason "abort") and [DONE], as vLLM ends a request a
+// pause aborted.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, chunks []chatCompletion, next func(int) (bool, error), res *response) error {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -261,8 +360,12 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, chunks []cha
 		return nil
 	}
 	for i, c := range chunks {
-		if i > 0 && !sleep(ctx, s.opts.ChunkDelay) {
-			return ctx.Err()
+		aborted, err := next(i)
+		if err != nil {
+			return err
+		}
+		if aborted && i > 0 {
+			c = res.abortChunk()
 		}
 		b, err := json.Marshal(c)
 		if err != nil {
@@ -271,6 +374,9 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, chunks []cha
 		if err := send(b); err != nil {
 			return err
 		}
+		if aborted && i > 0 {
+			break
+		}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -278,8 +384,10 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, chunks []cha
 	return send([]byte("[DONE]"))
 }
 
-// sleep waits d or until ctx ends; it reports whether the wait completed.
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleepUnless waits d, until ctx ends or until aborted is closed (the
+// request is then answered as aborted); it reports whether ctx is still
+// live.
+func sleepUnless(ctx context.Context, d time.Duration, aborted <-chan struct{}) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -288,6 +396,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-t.C:
 		return true
+	case <-aborted:
+		return ctx.Err() == nil
 	case <-ctx.Done():
 		return false
 	}

@@ -23,7 +23,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"zero value", mockllm.Options{}, ""},
 		{"every mode", mockllm.Options{FailMode: "hang", FailFirst: 1}, ""},
 		{"unknown mode", mockllm.Options{FailMode: "502", FailEvery: 1}, `FailMode "502"`},
-		{"mode without selection", mockllm.Options{FailMode: "500"}, "needs FailEvery or FailFirst"},
+		{"mode without selection", mockllm.Options{FailMode: "500"}, "needs FailEvery, FailFirst or FailFraction"},
 		{"selection without mode", mockllm.Options{FailEvery: 2}, "need a FailMode"},
 		{"negative FailEvery", mockllm.Options{FailMode: "500", FailEvery: -1}, "FailEvery"},
 		{"negative FailFirst", mockllm.Options{FailMode: "500", FailFirst: -1}, "FailFirst"},

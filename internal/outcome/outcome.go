@@ -30,6 +30,10 @@ const (
 	Grader Category = "grader_error"
 	// Cancelled: cancelled by request.
 	Cancelled Category = "cancelled"
+	// StalePolicy: cancelled when it finished because its oldest LLM call
+	// was answered by a policy more versions behind the current one than
+	// allowed (--max-staleness with --stale=cancel).
+	StalePolicy Category = "stale_policy"
 )
 
 // Parse reads a category a grader reported; anything unknown is Grader.
@@ -46,7 +50,7 @@ func Parse(s string) Category {
 // ("cancelled") already says.
 func (c Category) Wire() string {
 	switch c {
-	case Cancelled, "":
+	case Cancelled, StalePolicy, "":
 		return ""
 	case Grader:
 		// The wires' enum has no grader category; a grading that failed

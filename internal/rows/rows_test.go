@@ -41,12 +41,14 @@ func wantRow(t *testing.T, r Row, calls []*osmo.LLMCall, idx []int, starts []int
 	}
 	var ids, mask []int32
 	var lps []float64
+	var spans []VersionSpan
 	for k, i := range idx {
 		c := calls[i]
 		p := c.PromptTokenIDs[starts[k]:]
 		ids = append(ids, p...)
 		mask = append(mask, make([]int32, len(p))...)
 		lps = append(lps, make([]float64, len(p))...)
+		spans = append(spans, VersionSpan{Start: len(ids), End: len(ids) + len(c.CompletionTokenIDs), Version: c.PolicyVersion})
 		ids = append(ids, c.CompletionTokenIDs...)
 		for range c.CompletionTokenIDs {
 			mask = append(mask, 1)
@@ -55,6 +57,29 @@ func wantRow(t *testing.T, r Row, calls []*osmo.LLMCall, idx []int, starts []int
 	}
 	if !slices.Equal(r.TokenIDs, ids) || !slices.Equal(r.LossMask, mask) || !slices.Equal(r.Logprobs, lps) {
 		t.Fatalf("%s:\n ids  %v\n want %v\n mask %v\n want %v\n lps  %v\n want %v", describe(r), r.TokenIDs, ids, r.LossMask, mask, r.Logprobs, lps)
+	}
+	if !slices.Equal(r.Versions, spans) {
+		t.Fatalf("%s: versions = %v, want %v", describe(r), r.Versions, spans)
+	}
+}
+
+// TestVersionSpans: each completion segment of a row carries the version
+// of the call that generated it.
+func TestVersionSpans(t *testing.T) {
+	c0 := call(systemUser, cat(toolCallCompact, []string{"<|im_end|>"}))
+	c0.PolicyVersion = 3
+	p1 := cat(systemUser, toolCallCompact, []string{"<|im_end|>"}, toolResponse)
+	c1 := call(p1, answer)
+	c1.PolicyVersion = 4
+	calls := []*osmo.LLMCall{c0, c1}
+	r := Build(Sample{RolloutID: "r1", SampleID: "s1", Calls: calls}, Options{}).Rows[0]
+	wantRow(t, r, calls, []int{0, 1}, []int{0, len(c0.PromptTokenIDs) + len(c0.CompletionTokenIDs)})
+	if r.Versions[0].Version != 3 || r.Versions[1].Version != 4 || r.Versions[0].Start != len(c0.PromptTokenIDs) {
+		t.Fatalf("versions = %v", r.Versions)
+	}
+	// Counting rows still says which versions they hold.
+	if got := Build(Sample{Calls: calls}, Options{CountOnly: true}).Rows[0].Versions; !slices.Equal(got, r.Versions) {
+		t.Errorf("CountOnly versions = %v, want %v", got, r.Versions)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -53,6 +54,24 @@ type exchange struct {
 	policy  upstreamKey
 	refusal string
 	refused string
+
+	// engines is set when the call goes over the policy engines; session
+	// is its sample's affinity key, tried the engines of its attempts in
+	// order, home the engine of its sample's first call ("" for that call).
+	engines     *Engines
+	budgetSpent bool // a retry was refused: the engines' retry budget was spent
+	session     string
+	tried       []*engine
+	home        string
+	// answering, when set, is called once an attempt's answer began (its
+	// headers came): from then on its engine leaving the ring no longer
+	// cuts it.
+	answering func()
+
+	// held is the time spent at the pause gate; versioned is set once an
+	// attempt got past it.
+	held      time.Duration
+	versioned bool
 }
 
 // serve handles one call of the given API; idSource says where a missing
@@ -97,6 +116,10 @@ func (x *exchange) serve(idSource string) {
 		return
 	}
 	x.route = route
+	if p.engines != nil && (route.BaseURL == "" || p.enginesOwnRouting) {
+		x.engines = p.engines
+		x.session = sessionKey(c.RolloutID, c.SampleID)
+	}
 	if route.ClientToken != "" && !bearerMatches(x.r.Header.Get("Authorization"), route.ClientToken) {
 		x.fail(http.StatusUnauthorized, "invalid_api_key", "Authorization",
 			"llmproxy: missing or invalid bearer token for rollout "+strconv.Quote(c.RolloutID))
@@ -130,7 +153,12 @@ func (x *exchange) serve(idSource string) {
 	}
 	ask := false
 	if p.askTokens {
-		x.policy = newUpstreamKey(route.BaseURL, x.req.stream)
+		base := route.BaseURL
+		if x.engines != nil {
+			// The engines serve one policy: what one refuses, all do.
+			base = "engines"
+		}
+		x.policy = newUpstreamKey(base, x.req.stream)
 		x.refused = p.refusals.refused(x.policy)
 		ask = x.refused == ""
 	}
@@ -185,6 +213,9 @@ func (x *exchange) forward(body []byte) {
 	}
 	url := strings.TrimSuffix(x.route.BaseURL, "/") + "/chat/completions"
 	header := x.upstreamHeader()
+	if x.engines != nil {
+		header[HeaderSessionID] = []string{x.session}
+	}
 	if x.p.tracing != nil {
 		ctx = x.startChat(ctx)
 		// The policy sees the chat span as its parent.
@@ -205,10 +236,36 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Time{}
 		}
 	}
+	if x.engines != nil {
+		x.engines.calls.Add(1)
+		defer x.engines.calls.Add(-1)
+	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		endWait()
+		target, e := url, (*engine)(nil)
+		if x.engines != nil {
+			// A retry after an engine that is still in the ring failed (a
+			// 5xx, a timeout) adds load, and takes from the budget; one away
+			// from an engine that left it (refused, dead, hung past a probe)
+			// only moves the load, and always goes.
+			if n := len(x.tried); n > 0 && x.tried[n-1].up.Load() {
+				if !x.engines.beginRetry() {
+					x.budgetSpent = true
+					return struct{}{}, backoff.Permanent(last)
+				}
+				defer x.engines.endRetry()
+			}
+			if e = x.pickEngine(); e == nil {
+				x.call.Attempts++
+				last = &upstreamError{kind: "transport", detail: "llmproxy: no policy engine is known yet (dns:// names not resolved)", retry: true}
+				x.p.metrics.attempt(attemptTransport)
+				return struct{}{}, last
+			}
+			target = e.url + "/chat/completions"
+		}
 		x.call.Attempts++
-		last = x.attempt(ctx, url, header, body)
+		actx, stop := x.untilEngineLeaves(ctx, e)
+		last = x.gatedAttempt(actx, target, header, body)
 		if last != nil && last.kind == kindTokensRefused {
 			// Asked again at once without the token members: the
 			// answer was about them, not about the upstream's load.
@@ -217,8 +274,13 @@ func (x *exchange) forward(body []byte) {
 			x.refusal = tokensRefused(x.asked, last)
 			body = x.req.withoutTokens(x.asked)
 			x.asked = nil
+			x.logAttempt(e, last)
 			x.call.Attempts++
-			last = x.attempt(ctx, url, header, body)
+			last = x.gatedAttempt(actx, target, header, body)
+		}
+		stop()
+		if e != nil {
+			x.engineDone(ctx, e, last)
 		}
 		x.p.metrics.attempt(x.attemptOutcome(ctx, last))
 		switch {
@@ -231,7 +293,7 @@ func (x *exchange) forward(body []byte) {
 		}
 		return struct{}{}, last
 	},
-		backoff.WithBackOff(x.p.retry.backOff()),
+		backoff.WithBackOff(x.retryBackOff()),
 		backoff.WithMaxTries(uint(x.p.retry.MaxRetries)+1),
 		backoff.WithMaxElapsedTime(0), // bounded by MaxRetries alone
 		backoff.WithNotify(func(_ error, d time.Duration) {
@@ -242,6 +304,14 @@ func (x *exchange) forward(body []byte) {
 			waited = time.Now()
 		}))
 	endWait()
+	// Retry hands back a permanent error still wrapped when it came on the
+	// last try allowed.
+	if pe, ok := errors.AsType[*backoff.PermanentError](err); ok {
+		err = pe.Unwrap()
+	}
+	if x.engines != nil && x.call.Engine != "" {
+		x.engines.metrics.routed(x.home == "" || x.call.Engine == x.home)
+	}
 	if x.refusal != "" && x.call.StatusCode >= 200 && x.call.StatusCode <= 299 {
 		// Without the members the upstream answered: it refuses them.
 		x.p.refusals.remember(x, x.policy, x.refusal)
@@ -252,6 +322,40 @@ func (x *exchange) forward(body []byte) {
 		x.failUpstream(last)
 	default: // ctx ended, during an attempt or a wait
 		x.failContext(ctx, context.Cause(ctx))
+	}
+}
+
+// gatedAttempt makes one upstream attempt through the pause gate: it waits
+// while the policy is paused, and an attempt an abort pause cut before the
+// client got anything is recorded and made again after the resume (it is
+// not a retry: the upstream did nothing wrong).
+func (x *exchange) gatedAttempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
+	g := x.p.gate
+	if g == nil {
+		return x.attempt(ctx, url, header, body)
+	}
+	for {
+		t, actx, held, err := g.enter(ctx)
+		x.held += held
+		if err != nil {
+			// ctx ended while held: the caller reads ctx's cause.
+			return &upstreamError{kind: "transport", detail: "llmproxy: call ended while the policy was paused: " + err.Error()}
+		}
+		last := x.attempt(actx, url, header, body)
+		version := g.leave(t)
+		if last != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errPauseAbort) {
+			x.p.metrics.attempt(attemptPaused)
+			a := osmo.UpstreamAttempt{Attempt: x.call.Attempts, Paused: true, PolicyVersion: t.version, Error: last.Error()}
+			if x.engines != nil {
+				a.Engine = strings.TrimSuffix(url, "/chat/completions")
+			}
+			x.call.UpstreamAttempts = append(x.call.UpstreamAttempts, a)
+			x.call.Attempts++
+			continue
+		}
+		x.call.PolicyVersion = version
+		x.versioned = true
+		return last
 	}
 }
 
@@ -318,6 +422,9 @@ type upstreamError struct {
 	status int
 	detail string
 	retry  bool
+	// refused is set when the upstream refused the connection: nothing
+	// listens there.
+	refused bool
 }
 
 // errType is the error.type of a call that failed this way: the status
@@ -350,7 +457,7 @@ func (e *upstreamError) Error() string {
 func (x *exchange) attempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	timer := time.AfterFunc(x.p.timeout, func() { cancel(errAttemptTimeout) })
+	timer := time.AfterFunc(x.timeout(), func() { cancel(errAttemptTimeout) })
 	defer timer.Stop()
 
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(body))
@@ -363,6 +470,9 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 	if err != nil {
 		x.upstream += time.Since(t0)
 		return x.readFailure(actx, err)
+	}
+	if x.answering != nil {
+		x.answering()
 	}
 	defer resp.Body.Close()
 	switch {
@@ -388,11 +498,14 @@ func (x *exchange) attempt(ctx context.Context, url string, header http.Header, 
 // readFailure classifies an error from the transport or the response body.
 func (x *exchange) readFailure(actx context.Context, err error) *upstreamError {
 	if errors.Is(context.Cause(actx), errAttemptTimeout) {
-		return &upstreamError{kind: "timeout", detail: x.p.timeout.String(), retry: true}
+		return &upstreamError{kind: "timeout", detail: x.timeout().String(), retry: true}
+	}
+	if errors.Is(context.Cause(actx), errEngineLeft) {
+		return &upstreamError{kind: "transport", detail: errEngineLeft.Error(), retry: true}
 	}
 	pe, ok := errors.AsType[permanentError](err)
 	permanent := ok && pe.Permanent()
-	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: !permanent}
+	return &upstreamError{kind: "transport", detail: "upstream transport error: " + err.Error(), retry: !permanent, refused: errors.Is(err, syscall.ECONNREFUSED)}
 }
 
 // permanentError is a transport error that retrying cannot fix (see
@@ -507,6 +620,9 @@ func (x *exchange) failUpstream(e *upstreamError) {
 	if e.kind != "config" {
 		msg = fmt.Sprintf("llmproxy: upstream call failed after %d attempt(s): %s", x.call.Attempts, msg)
 	}
+	if x.budgetSpent {
+		msg += "; not retried: the engines' retry budget is spent (too many retries in flight)"
+	}
 	x.failTyped(status, "upstream_error", code, "", msg)
 }
 
@@ -547,8 +663,14 @@ func (x *exchange) finish() {
 	c := x.call
 	latency := time.Since(x.start)
 	c.LatencyMS = float64(latency) / float64(time.Millisecond)
+	c.HeldMS = float64(x.held) / float64(time.Millisecond)
+	if x.versioned {
+		x.p.gate.counted(c.PolicyVersion)
+	} else if x.p.gate != nil {
+		c.PolicyVersion = x.p.gate.Version()
+	}
 	x.p.metrics.request(c.StatusCode)
-	x.p.metrics.addedLatency(latency - x.upstream - x.backoff)
+	x.p.metrics.addedLatency(latency - x.upstream - x.backoff - x.held)
 	ctx := x.ctx
 	if c.Error != "" {
 		x.p.log.LogAttrs(ctx, slog.LevelWarn, "llmproxy: call failed",

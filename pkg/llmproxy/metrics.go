@@ -26,6 +26,9 @@ const (
 	attemptTooLarge  = "too_large" // larger than MaxResponseBytes
 	attemptAborted   = "aborted"   // the client left or the rollout ended mid-attempt
 	attemptBadRoute  = "invalid_route"
+	// attemptPaused is an attempt an abort pause cut; it is made again
+	// after the resume.
+	attemptPaused = "paused"
 	// attemptTokensRefused is a 400 or 422 to a call asking for token ids,
 	// asked again at once without them.
 	attemptTokensRefused = "tokens_refused"
@@ -47,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_llmproxy_upstream_attempts_total",
-			Help: "Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, invalid_route.",
+			Help: "Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, paused (cut by an abort pause, made again after the resume), invalid_route.",
 		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.requests, m.added, m.attempts)

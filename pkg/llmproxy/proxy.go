@@ -94,6 +94,19 @@ type Config struct {
 	// DefaultProviderName, the API family every policy server osmo talks
 	// to speaks.
 	ProviderName string
+
+	// Engines, when set, carries the calls of routes without a BaseURL
+	// over a set of policy engines (consistent hashing of the rollout and
+	// sample ids with bounded loads, health, failover to another engine),
+	// and every call when EnginesOwnRouting is set. The caller runs
+	// Engines.Run.
+	Engines *Engines
+	// EnginesOwnRouting sends every call to Engines, even when the route
+	// names its own BaseURL (the trainer's per-rollout URL).
+	EnginesOwnRouting bool
+	// Gate, when set, holds calls while the policy is paused for a weight
+	// update and stamps every call with the policy version (gate.go).
+	Gate *Gate
 }
 
 // DefaultProviderName is the gen_ai.provider.name of chat spans when
@@ -116,6 +129,10 @@ type Proxy struct {
 	mux             *http.ServeMux
 	metrics         *metrics
 	tracing         *tracing // nil when not traced
+
+	engines           *Engines
+	enginesOwnRouting bool
+	gate              *Gate // nil when calls are never paused
 }
 
 // New validates cfg and returns a Proxy.
@@ -146,6 +163,10 @@ func New(cfg Config) (*Proxy, error) {
 		requireSampleID: cfg.RequireSampleID,
 		askTokens:       cfg.AskTokens,
 		metrics:         newMetrics(cfg.Metrics),
+
+		engines:           cfg.Engines,
+		enginesOwnRouting: cfg.EnginesOwnRouting,
+		gate:              cfg.Gate,
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout

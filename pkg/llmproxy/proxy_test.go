@@ -579,6 +579,24 @@ func TestPermanentTransportErrorNotRetried(t *testing.T) {
 	}
 }
 
+// The same on the last try allowed (no retries): a 502, not a dropped
+// connection.
+func TestPermanentTransportErrorOnTheLastTry(t *testing.T) {
+	h := newProxy(t, llmproxy.Config{
+		Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: "http://169.254.169.254/v1"}),
+		Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: refusedError{}}
+		}),
+	})
+	resp, body := post(t, h.url+"/v1/chat/completions", chatBody, ids)
+	if e := decodeError(t, resp, body, http.StatusBadGateway); e.Error.Code != "upstream_unreachable" {
+		t.Errorf("error = %+v", e.Error)
+	}
+	if c := h.next(t); c.StatusCode != http.StatusBadGateway || c.Attempts != 1 {
+		t.Errorf("recorded status %d, %d attempts", c.StatusCode, c.Attempts)
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

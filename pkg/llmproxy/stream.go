@@ -91,7 +91,7 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			timer.Reset(x.p.timeout)
+			timer.Reset(x.timeout())
 			// Events are passed on as they come, so only one event is ever
 			// held: that is what the limit bounds, not the whole stream.
 			if int64(ev.Len()+len(line)) > x.p.maxResp {
@@ -140,8 +140,13 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		cause := context.Cause(actx)
 		switch {
 		case errors.Is(cause, errAttemptTimeout):
-			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.p.timeout)
+			c.Error = fmt.Sprintf("llmproxy: upstream stream stalled for more than %s; cut", x.timeout())
 			x.errType = "timeout"
+		case errors.Is(cause, errPauseAbort):
+			// The agent already has part of the answer: it cannot be sent
+			// again, so the stream ends with a typed error.
+			c.Error = "llmproxy: stream cut: " + cause.Error() + "; the answer was partly sent and is not resent"
+			x.errType = "policy_paused"
 		case cause != nil:
 			c.Error = "llmproxy: stream aborted: " + cause.Error()
 			x.errType = "aborted"
@@ -157,6 +162,14 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
+	if x.resp == nil && clientErr == nil && x.errType == "policy_paused" {
+		// The agent gets a typed error event rather than a stream that
+		// just stops.
+		ev := fmt.Appendf(nil, "data: {\"error\":{\"message\":%q,\"type\":\"upstream_error\",\"param\":null,\"code\":\"policy_paused\"}}\n\n", c.Error)
+		if err := send(ev); err != nil {
+			c.Error, x.errType = clientWentAway(err)
+		}
+	}
 	if x.resp != nil && clientErr == nil {
 		// A Responses stream ends with its closing events: the items,
 		// then response.completed, or response.failed naming the cause.

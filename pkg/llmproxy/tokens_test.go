@@ -163,7 +163,7 @@ func TestRefusingUpstreamAskedAgainAndRemembered(t *testing.T) {
 		t.Errorf("upstream got %d requests in all, want 4", n)
 	}
 	const attempts = `
-# HELP osmo_llmproxy_upstream_attempts_total Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, invalid_route.
+# HELP osmo_llmproxy_upstream_attempts_total Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, paused (cut by an abort pause, made again after the resume), invalid_route.
 # TYPE osmo_llmproxy_upstream_attempts_total counter
 osmo_llmproxy_upstream_attempts_total{outcome="ok"} 3
 osmo_llmproxy_upstream_attempts_total{outcome="tokens_refused"} 1

@@ -204,12 +204,16 @@ func (x *exchange) retried(attempt int, delay time.Duration, last *upstreamError
 	if x.span == nil {
 		return
 	}
-	x.span.AddEvent("retry", trace.WithAttributes(
+	attrs := []attribute.KeyValue{
 		osmoattr.Attempt.Int(attempt),
-		osmoattr.RetryDelay.Float64(float64(delay)/float64(time.Millisecond)),
+		osmoattr.RetryDelay.Float64(float64(delay) / float64(time.Millisecond)),
 		semconv.ErrorTypeKey.String(last.errType()),
 		semconv.ExceptionMessage(last.Error()),
-	))
+	}
+	if n := len(x.tried); n > 0 {
+		attrs = append(attrs, osmoattr.Engine.String(x.tried[n-1].url))
+	}
+	x.span.AddEvent("retry", trace.WithAttributes(attrs...))
 }
 
 // endChat records the call on the chat span and ends it.
@@ -258,8 +262,21 @@ func (x *exchange) endChat() {
 			attrs = append(attrs, semconv.GenAIOutputMessagesKey.String("["+string(c.ResponseMessage)+"]"))
 		}
 	}
+	if c.Engine != "" {
+		attrs = append(attrs, osmoattr.Engine.String(c.Engine))
+	}
+	if x.versioned {
+		attrs = append(attrs, osmoattr.PolicyVersion.Int64(c.PolicyVersion))
+	}
 	if c.Error != "" {
-		attrs = append(attrs, server(x.route.BaseURL)...)
+		base := x.route.BaseURL
+		if n := len(x.tried); n > 0 {
+			base = x.tried[n-1].url
+			if c.Engine == "" {
+				attrs = append(attrs, osmoattr.Engine.String(base))
+			}
+		}
+		attrs = append(attrs, server(base)...)
 		if c.StatusCode != 0 {
 			attrs = append(attrs, semconv.HTTPResponseStatusCode(c.StatusCode))
 		}

@@ -311,7 +311,7 @@ func TestProxyMetrics(t *testing.T) {
 osmo_llmproxy_requests_total{code="200"} 1
 osmo_llmproxy_requests_total{code="400"} 2
 osmo_llmproxy_requests_total{code="404"} 1
-# HELP osmo_llmproxy_upstream_attempts_total Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, invalid_route.
+# HELP osmo_llmproxy_upstream_attempts_total Upstream attempts by outcome: ok, rejected (4xx passed through), tokens_refused (a 400 or 422 to a call asking for token ids, asked again without them), http_5xx, timeout, transport, malformed, too_large, aborted, paused (cut by an abort pause, made again after the resume), invalid_route.
 # TYPE osmo_llmproxy_upstream_attempts_total counter
 osmo_llmproxy_upstream_attempts_total{outcome="http_5xx"} 1
 osmo_llmproxy_upstream_attempts_total{outcome="ok"} 1

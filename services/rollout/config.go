@@ -3,6 +3,7 @@ package rollout
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/osmo-rl/osmo"
 	"github.com/osmo-rl/osmo/internal/natsstore"
 	"github.com/osmo-rl/osmo/internal/netguard"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
 // ClientSettings are the OSMOSIS_ROLLOUT_CLIENT_* settings: how the service
@@ -164,6 +166,16 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 	// TraceContent records LLM messages on the proxy's chat spans.
 	TraceContent bool
+
+	// Engines, when set, are the policy engines the embedded proxy spreads
+	// LLM calls over (llmproxy.Config.Engines): the calls of rollouts whose
+	// wire names no policy URL (chat_completions_url may then be left
+	// out), and every call with EnginesOwnRouting. Serve runs them.
+	Engines           *llmproxy.Engines
+	EnginesOwnRouting bool
+	// Policy configures the policy's pause switch for weight updates
+	// (policy.go).
+	Policy PolicySettings
 }
 
 func (c *Config) setDefaults() error {
@@ -185,6 +197,16 @@ func (c *Config) setDefaults() error {
 	orDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
 	orDefault(&c.LostAfter, DefaultLostAfter)
 	orDefault(&c.FinalWait, time.Second)
+	orDefault(&c.Policy.AckTimeout, 60*time.Second)
+	orDefault(&c.Policy.Heartbeat, 5*time.Second)
+	switch c.Policy.StaleAction {
+	case "", StaleFlag, StaleCancel:
+	default:
+		return fmt.Errorf("rollout: Policy.StaleAction must be %q, %q or empty, got %q", StaleFlag, StaleCancel, c.Policy.StaleAction)
+	}
+	if c.Policy.MaxStaleness < 0 {
+		return fmt.Errorf("rollout: Policy.MaxStaleness must not be negative, got %d", c.Policy.MaxStaleness)
+	}
 	if c.LostAfter < time.Second {
 		return errors.New("rollout: LostAfter must be at least 1s")
 	}

@@ -49,7 +49,7 @@ func FuzzWireBodies(f *testing.F) {
 			if id == "" {
 				id = idFromCompletionURL(req.GetCompletionCallbackUrl())
 			}
-			msg, err = req, validateStart(req, id, 1<<10, nil)
+			msg, err = req, validateStart(req, id, 1<<10, nil, true)
 			if err == nil {
 				checkID(t, id)
 				if strings.ContainsAny(id, "/\\") || id == "." || id == ".." {

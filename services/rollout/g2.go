@@ -44,7 +44,7 @@ func (s *Service) StartRollout(ctx context.Context, req *rolloutv1.StartRolloutR
 	if id == "" {
 		id = idFromCompletionURL(req.GetCompletionCallbackUrl())
 	}
-	if err := validateStart(req, id, s.cfg.MaxMetadataBytes, s.cfg.Outbound); err != nil {
+	if err := validateStart(req, id, s.cfg.MaxMetadataBytes, s.cfg.Outbound, s.cfg.Engines == nil); err != nil {
 		s.metrics.rejected.WithLabelValues(rejectInvalid).Inc()
 		s.reportRejected(ctx, req, id, err)
 		return nil, err

@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		finished: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "osmo_rollouts_finished_total",
-			Help: "Rollouts finished, by status in the words of the wire that started them (G1: COMPLETED, ERROR; G2 and v0.3: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled; empty on success).",
+			Help: "Rollouts finished, by status in the words of the wire that started them (G1: COMPLETED, ERROR; G2 and v0.3: success, failure, cancelled) and error category (timeout, validation_error, http_error, agent_error, grader_error, cancelled, stale_policy; empty on success).",
 		}, []string{"status", "error_category"}),
 		running: f.NewGauge(prometheus.GaugeOpts{
 			Name: "osmo_rollouts_running", Help: "Rollouts whose workflow is running now.",

@@ -86,6 +86,9 @@ type record struct {
 	seq         int64
 	// frozen: the record was stored finished and let go of its parts.
 	frozen bool
+	// versions and stale are set when the run ended (staleness.go).
+	versions *policyVersions
+	stale    bool
 	// work is the queue's message for the rollout, held while this replica
 	// runs or concludes it.
 	work jetstream.Msg
@@ -307,6 +310,32 @@ type rolloutRecord struct {
 	Sequence      int64               `json:"sequence,omitempty"`
 	CallbackError string              `json:"callback_error,omitempty"`
 	Wire          string              `json:"wire,omitempty"`
+
+	PolicyVersions *policyVersions `json:"policy_versions,omitempty"`
+	Stale          bool            `json:"stale,omitempty"`
+}
+
+// policyVersions is the span of versions of a rollout's calls.
+type policyVersions struct {
+	Min int64 `json:"min"`
+	Max int64 `json:"max"`
+}
+
+// versionSpan is the span of versions of the calls that went upstream
+// (nil when none did).
+func versionSpan(calls []*osmo.LLMCall) *policyVersions {
+	var v *policyVersions
+	for _, c := range calls {
+		if c.Attempts == 0 {
+			continue // answered by the proxy itself
+		}
+		if v == nil {
+			v = &policyVersions{Min: c.PolicyVersion, Max: c.PolicyVersion}
+			continue
+		}
+		v.Min, v.Max = min(v.Min, c.PolicyVersion), max(v.Max, c.PolicyVersion)
+	}
+	return v
 }
 
 // rolloutProto reads a stored record (or one a replica answered) as the
@@ -335,21 +364,27 @@ func (r *record) render() *rolloutRecord {
 		end = time.Now()
 	}
 	out := &rolloutRecord{
-		RolloutID:     r.id,
-		State:         r.state,
-		Workflow:      r.workflow,
-		Samples:       samples,
-		Reward:        r.reward,
-		ErrorMessage:  r.out.Message,
-		ErrorCategory: string(r.out.Category),
-		Metrics:       r.metricsLocked(end),
-		Metadata:      r.metadata,
-		CreatedAt:     r.created,
-		StartedAt:     r.started,
-		FinishedAt:    r.finished,
-		Sequence:      r.seq,
-		CallbackError: r.callbackErr,
-		Wire:          r.wire.name(),
+		RolloutID:      r.id,
+		State:          r.state,
+		Workflow:       r.workflow,
+		Samples:        samples,
+		Reward:         r.reward,
+		ErrorMessage:   r.out.Message,
+		ErrorCategory:  string(r.out.Category),
+		Metrics:        r.metricsLocked(end),
+		Stale:          r.stale,
+		PolicyVersions: r.versions,
+		Metadata:       r.metadata,
+		CreatedAt:      r.created,
+		StartedAt:      r.started,
+		FinishedAt:     r.finished,
+		Sequence:       r.seq,
+		CallbackError:  r.callbackErr,
+		Wire:           r.wire.name(),
+	}
+	if out.PolicyVersions == nil && !r.frozen {
+		// Still running: the calls so far.
+		out.PolicyVersions = versionSpan(r.calls)
 	}
 	if len(samples) > 0 {
 		out.FinishReason = samples[0].FinishReason

@@ -35,6 +35,7 @@ type rowsRecord struct {
 	RolloutID string          `json:"rollout_id"`
 	State     rolloutv1.State `json:"state"`
 	Samples   []rowsSample    `json:"samples"`
+	Stale     bool            `json:"stale"`
 }
 
 type rowsSample struct {
@@ -79,6 +80,9 @@ func (r *rowsRecord) build(o rows.Options) rolloutRows {
 			reward = cmp.Or(sm.Reward, sm.AgentReward)
 		}
 		res := rows.Build(rows.Sample{RolloutID: r.RolloutID, SampleID: sm.ID, Reward: reward, Calls: sm.LLMCalls}, o)
+		for i := range res.Rows {
+			res.Rows[i].Stale = r.Stale
+		}
 		out.Rows = append(out.Rows, res.Rows...)
 		out.Samples = append(out.Samples, sampleRows{SampleID: sm.ID, Rows: len(res.Rows), Problems: res.Problems})
 	}
@@ -132,7 +136,11 @@ func (s *Service) finishedRows(ctx context.Context, id string) (*rowsRecord, err
 		if !finishedState(st) {
 			return nil, notFinished(id, st)
 		}
-		return rowsOf(id, st, rec.snapshot()), nil
+		out := rowsOf(id, st, rec.snapshot())
+		rec.mu.Lock()
+		out.Stale = rec.stale
+		rec.mu.Unlock()
+		return out, nil
 	}
 	lc, _, err := s.sh.get(ctx, id)
 	switch {

@@ -31,7 +31,7 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	defer cancel()
 	if rec.fromAdmission {
 		// The budget counts from acceptance: time queued comes out of it.
-		ctx, cancel = context.WithDeadline(ctx, rec.created.Add(rec.budget))
+		ctx, cancel = s.budgetContext(ctx, rec.created.Add(rec.budget))
 		defer cancel()
 	}
 
@@ -58,13 +58,16 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 		s.metrics.running.Dec()
 	}
 	if !rec.fromAdmission {
-		ctx, cancel = context.WithTimeout(ctx, rec.budget)
+		ctx, cancel = s.budgetContext(ctx, time.Now().Add(rec.budget))
 		defer cancel()
 	}
 
 	route := rec.upstream
 	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
 	s.routes.Set(rec.id, route)
+	if s.cfg.Policy.Engines == nil {
+		s.upstreams.add(route.BaseURL)
+	}
 	r := osmo.Hosting().NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})
 	agentCtx, span := s.startSpan(ctx, "invoke_agent "+rec.workflow, trace.SpanKindInternal,
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
@@ -123,6 +126,7 @@ func (s *Service) ended(rec *record, ctx context.Context, r *osmo.Rollout, runEr
 	if err := s.collect(rec, r); err != nil && o.OK() {
 		o = outcome.Failed(outcome.Agent, "%v", err)
 	}
+	o = s.checkStale(rec, o, log)
 	if !o.OK() {
 		log.Warn("workflow failed", "category", o.Category, "error", o.Message)
 	}
@@ -137,7 +141,7 @@ func (s *Service) interrupted(rec *record, ctx context.Context, when string) out
 	switch {
 	case errors.Is(context.Cause(rec.runCtx), errCancelled):
 		return outcome.CancelledBy("cancelled by request %s", when)
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return outcome.Failed(outcome.Timeout, "timed out: %s (%s) ran out %s", rec.budgetName, rec.budget, when)
 	}
 	return outcome.Failed(outcome.Agent, "cancelled by the server shutting down %s", when)

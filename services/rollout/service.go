@@ -105,6 +105,12 @@ type Service struct {
 	wg activity
 	// admitWithin is admissionTimeout (a test shortens it).
 	admitWithin time.Duration
+
+	// policy is the shared pause switch (policy.go); upstreams are the
+	// engines it reaches when Config.Policy.Engines is nil.
+	policy    *policy
+	upstreams upstreams
+	staleness *stalenessMetrics
 }
 
 // upstreamBufferSize is the read and write buffer of each connection to
@@ -145,6 +151,7 @@ func New(cfg Config) (*Service, error) {
 		log:         cfg.Logger.With("service", "rollout"),
 		logDir:      logDir,
 		metrics:     newMetrics(cfg.Metrics),
+		staleness:   newStalenessMetrics(cfg.Metrics),
 		routes:      llmproxy.NewRouteTable(),
 		rejectSem:   make(chan struct{}, maxRejectedDeliveries),
 		admitWithin: admissionTimeout,
@@ -185,6 +192,25 @@ func New(cfg Config) (*Service, error) {
 		WriteBufferSize: upstreamBufferSize,
 	}
 	s.outbound = append(s.outbound, upstream)
+	// Pauses go to the configured engines, else to the engine set's, else
+	// to the upstreams of the rollouts this replica runs or ran.
+	engines := cfg.Policy.Engines
+	switch {
+	case engines == nil && cfg.Engines != nil:
+		engines = cfg.Engines
+	case engines == nil:
+		engines = &s.upstreams
+	}
+	gate, err := llmproxy.NewGate(llmproxy.GateConfig{
+		Engines: engines,
+		// The engines are the policy's servers: the same guarded dialer.
+		Client:  &http.Client{Transport: upstream, Timeout: cfg.Policy.AckTimeout, CheckRedirect: netguard.CheckRedirect},
+		Metrics: cfg.Metrics,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rollout.New: %w", err)
+	}
+	s.policy = &policy{gate: gate, replica: s.replica, log: s.log, timeout: cfg.Policy.AckTimeout, heartbeat: cfg.Policy.Heartbeat}
 	proxy, err := llmproxy.New(llmproxy.Config{
 		Router:   s.routes,
 		Recorder: llmproxy.RecorderFunc(s.recordCall),
@@ -204,6 +230,10 @@ func New(cfg Config) (*Service, error) {
 		TracerProvider:  cfg.ProxyTracerProvider,
 		Propagator:      cfg.Propagator,
 		CaptureContent:  cfg.TraceContent,
+
+		Engines:           cfg.Engines,
+		EnginesOwnRouting: cfg.EnginesOwnRouting,
+		Gate:              gate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rollout.New: %w", err)
@@ -259,7 +289,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	// A cluster whose nodes are (re)starting answers late: Setup retries.
 	if err = st.Setup(context.Background(), "rollout streams and buckets", func(ctx context.Context) (err error) {
-		s.sh, err = openShared(ctx, st, cfg)
+		if s.sh, err = openShared(ctx, st, cfg); err != nil {
+			return err
+		}
+		s.policy.kv, err = openPolicy(ctx, st)
 		return err
 	}); err != nil {
 		ln.Close()
@@ -353,12 +386,34 @@ func (s *Service) Serve(ctx context.Context) error {
 			_ = sub.Unsubscribe()
 		}
 	}()
-	errc := make(chan error, 1)
+	// The policy state is applied before any rollout runs: a replica that
+	// starts while the policy is paused starts paused.
+	policyCtx, stopPolicy := context.WithCancel(context.Background())
+	defer stopPolicy()
+	if err := s.policy.start(policyCtx); err != nil {
+		return err
+	}
+	errc := make(chan error, 2)
 	go func() {
 		if err := s.proxySrv.Serve(s.proxyLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("rollout: proxy: %w", err)
 		}
 	}()
+	if e := s.cfg.Engines; e != nil {
+		// The engines are probed until the proxy is shut down.
+		enginesCtx, stopEngines := context.WithCancel(context.WithoutCancel(ctx))
+		enginesDone := make(chan struct{})
+		go func() {
+			defer close(enginesDone)
+			if err := e.Run(enginesCtx); err != nil {
+				errc <- fmt.Errorf("rollout: engines: %w", err)
+			}
+		}()
+		defer func() {
+			stopEngines()
+			<-enginesDone
+		}()
+	}
 	takeCtx, stopTaking := context.WithCancel(context.Background())
 	defer stopTaking()
 	renewCtx, stopRenewing := context.WithCancel(context.Background())

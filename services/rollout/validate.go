@@ -98,8 +98,9 @@ const maxTimeoutSec = 24 * 60 * 60
 
 // validateStart checks a POST /rollout request against PROTOCOL.md's G2,
 // G3 and v0.3 rules; id is its rollout_id, or the one its completion URL
-// names.
-func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int, outbound *netguard.Policy) error {
+// names. chat_completions_url may be left out when the service has
+// policy engines of its own (policyURLRequired false).
+func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataBytes int, outbound *netguard.Policy, policyURLRequired bool) error {
 	labelKind := "" // what a label must not be
 	switch req.GetLabel().GetKind().(type) {
 	case *structpb.Value_StructValue:
@@ -111,7 +112,7 @@ func validateStart(req *rolloutv1.StartRolloutRequest, id string, maxMetadataByt
 		want(id != "", "rollout_id", "required (unless completion_callback_url ends in /rollouts/{rollout_id}/completion, which then names it)"),
 		validateID("rollout_id", id),
 		validatePathSegment("rollout_id", id),
-		validateHTTPURL(outbound, "chat_completions_url", req.GetChatCompletionsUrl(), true),
+		validateHTTPURL(outbound, "chat_completions_url", req.GetChatCompletionsUrl(), policyURLRequired),
 		validateHTTPURL(outbound, "completion_callback_url", req.GetCompletionCallbackUrl(), true),
 		optional(req.GraderCallbackUrl != nil, func() error {
 			return validateHTTPURL(outbound, "grader_callback_url", req.GetGraderCallbackUrl(), true)

@@ -41,6 +41,12 @@ const (
 	// placeholder openai/osmosis-rollout); gen_ai.request.model is the model
 	// the call was routed to.
 	RequestedModel = attribute.Key("osmo.llm.requested_model")
+	// Engine is the base URL of the policy engine a call (or one of its
+	// tries, on retry events) went to.
+	Engine = attribute.Key("osmo.llm.engine")
+	// PolicyVersion is the policy version a call's answer was produced
+	// under (set by the pause gate).
+	PolicyVersion = attribute.Key("osmo.policy.version")
 	// Attempts counts the upstream tries of one LLM call or callback.
 	Attempts = attribute.Key("osmo.attempts")
 	// Attempt numbers one try (from 1) on retry events.

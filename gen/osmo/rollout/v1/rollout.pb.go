@@ -90,6 +90,372 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{0}
 }
 
+// PausePolicyRequest: mode is keep (calls in flight stay on their engine),
+// wait (answer once calls in flight finished) or abort (cut them; the proxy
+// sends them again after the resume).
+type PausePolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PausePolicyRequest) Reset() {
+	*x = PausePolicyRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PausePolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PausePolicyRequest) ProtoMessage() {}
+
+func (x *PausePolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PausePolicyRequest.ProtoReflect.Descriptor instead.
+func (*PausePolicyRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PausePolicyRequest) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+// ResumePolicyRequest: version is the policy version the engines now hold,
+// not below the current one.
+type ResumePolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       int32                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumePolicyRequest) Reset() {
+	*x = ResumePolicyRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumePolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumePolicyRequest) ProtoMessage() {}
+
+func (x *ResumePolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumePolicyRequest.ProtoReflect.Descriptor instead.
+func (*ResumePolicyRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResumePolicyRequest) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type GetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPolicyRequest) Reset() {
+	*x = GetPolicyRequest{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPolicyRequest) ProtoMessage() {}
+
+func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
+// PolicyState is the shared policy state, with this replica's engines and
+// every live replica's acknowledgement.
+type PolicyState struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Paused bool                   `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
+	// mode of the pause; empty when not paused.
+	Mode    string `protobuf:"bytes,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Version int32  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// epoch counts the changes of the state; a replica acknowledges each.
+	Epoch         int64            `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Engines       []*PolicyEngine  `protobuf:"bytes,5,rep,name=engines,proto3" json:"engines,omitempty"`
+	Replicas      []*PolicyReplica `protobuf:"bytes,6,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyState) Reset() {
+	*x = PolicyState{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyState) ProtoMessage() {}
+
+func (x *PolicyState) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyState.ProtoReflect.Descriptor instead.
+func (*PolicyState) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PolicyState) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *PolicyState) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *PolicyState) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *PolicyState) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PolicyState) GetEngines() []*PolicyEngine {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
+func (x *PolicyState) GetReplicas() []*PolicyReplica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+// PolicyEngine is one engine as this replica's last pause or resume left it.
+type PolicyEngine struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	BaseUrl string                 `protobuf:"bytes,1,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
+	// api is vllm, sglang, or none (no pause endpoint: the proxy holds and
+	// cuts calls itself); empty before the first pause.
+	Api           string `protobuf:"bytes,2,opt,name=api,proto3" json:"api,omitempty"`
+	Paused        bool   `protobuf:"varint,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyEngine) Reset() {
+	*x = PolicyEngine{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyEngine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyEngine) ProtoMessage() {}
+
+func (x *PolicyEngine) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyEngine.ProtoReflect.Descriptor instead.
+func (*PolicyEngine) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PolicyEngine) GetBaseUrl() string {
+	if x != nil {
+		return x.BaseUrl
+	}
+	return ""
+}
+
+func (x *PolicyEngine) GetApi() string {
+	if x != nil {
+		return x.Api
+	}
+	return ""
+}
+
+func (x *PolicyEngine) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *PolicyEngine) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// PolicyReplica is a replica's acknowledgement of the state.
+type PolicyReplica struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// epoch is the last state the replica applied.
+	Epoch         int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Paused        bool                   `protobuf:"varint,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Seen          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=seen,proto3" json:"seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyReplica) Reset() {
+	*x = PolicyReplica{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyReplica) ProtoMessage() {}
+
+func (x *PolicyReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyReplica.ProtoReflect.Descriptor instead.
+func (*PolicyReplica) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PolicyReplica) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PolicyReplica) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PolicyReplica) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *PolicyReplica) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PolicyReplica) GetSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Seen
+	}
+	return nil
+}
+
 // InitRolloutRequest is the G1 init body, field for field.
 type InitRolloutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -118,7 +484,7 @@ type InitRolloutRequest struct {
 
 func (x *InitRolloutRequest) Reset() {
 	*x = InitRolloutRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[0]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -130,7 +496,7 @@ func (x *InitRolloutRequest) String() string {
 func (*InitRolloutRequest) ProtoMessage() {}
 
 func (x *InitRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[0]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -143,7 +509,7 @@ func (x *InitRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitRolloutRequest.ProtoReflect.Descriptor instead.
 func (*InitRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InitRolloutRequest) GetRolloutId() string {
@@ -227,7 +593,7 @@ type InitRolloutResponse struct {
 
 func (x *InitRolloutResponse) Reset() {
 	*x = InitRolloutResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[1]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +605,7 @@ func (x *InitRolloutResponse) String() string {
 func (*InitRolloutResponse) ProtoMessage() {}
 
 func (x *InitRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[1]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +618,7 @@ func (x *InitRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitRolloutResponse.ProtoReflect.Descriptor instead.
 func (*InitRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *InitRolloutResponse) GetRolloutId() string {
@@ -278,7 +644,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[2]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +656,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[2]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +669,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRolloutRequest) GetRolloutId() string {
@@ -324,7 +690,7 @@ type WatchRolloutsRequest struct {
 
 func (x *WatchRolloutsRequest) Reset() {
 	*x = WatchRolloutsRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +702,7 @@ func (x *WatchRolloutsRequest) String() string {
 func (*WatchRolloutsRequest) ProtoMessage() {}
 
 func (x *WatchRolloutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +715,7 @@ func (x *WatchRolloutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRolloutsRequest.ProtoReflect.Descriptor instead.
 func (*WatchRolloutsRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{3}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WatchRolloutsRequest) GetAfterSequence() int64 {
@@ -371,8 +737,8 @@ type Rollout struct {
 	Reward       *float64 `protobuf:"fixed64,5,opt,name=reward,proto3,oneof" json:"reward,omitempty"`
 	FinishReason string   `protobuf:"bytes,6,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	ErrorMessage string   `protobuf:"bytes,7,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
-	// timeout, validation_error, http_error, agent_error, grader_error or
-	// cancelled; empty on success.
+	// timeout, validation_error, http_error, agent_error, grader_error,
+	// cancelled or stale_policy; empty on success.
 	ErrorCategory string                 `protobuf:"bytes,8,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
 	Metrics       *RolloutMetrics        `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	Metadata      *structpb.Struct       `protobuf:"bytes,10,opt,name=metadata,proto3" json:"metadata,omitempty"`
@@ -384,14 +750,21 @@ type Rollout struct {
 	// Non-empty when the completion callback could not be delivered.
 	CallbackError string `protobuf:"bytes,15,opt,name=callback_error,json=callbackError,proto3" json:"callback_error,omitempty"`
 	// The protocol generation that started the rollout: g1, g2 or v0.3.
-	Wire          string `protobuf:"bytes,16,opt,name=wire,proto3" json:"wire,omitempty"`
+	Wire string `protobuf:"bytes,16,opt,name=wire,proto3" json:"wire,omitempty"`
+	// The policy versions that answered the rollout's LLM calls; unset when
+	// none went upstream.
+	PolicyVersions *PolicyVersions `protobuf:"bytes,17,opt,name=policy_versions,json=policyVersions,proto3" json:"policy_versions,omitempty"`
+	// Its oldest call's version was more than --max-staleness below the
+	// current one when it finished (with --stale=flag; with --stale=cancel
+	// it is cancelled, error_category stale_policy).
+	Stale         bool `protobuf:"varint,18,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[4]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +776,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[4]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +789,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{4}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Rollout) GetRolloutId() string {
@@ -531,6 +904,73 @@ func (x *Rollout) GetWire() string {
 	return ""
 }
 
+func (x *Rollout) GetPolicyVersions() *PolicyVersions {
+	if x != nil {
+		return x.PolicyVersions
+	}
+	return nil
+}
+
+func (x *Rollout) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+// PolicyVersions is the span of policy versions of a rollout's calls.
+type PolicyVersions struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Min           int32                  `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	Max           int32                  `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyVersions) Reset() {
+	*x = PolicyVersions{}
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyVersions) ProtoMessage() {}
+
+func (x *PolicyVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyVersions.ProtoReflect.Descriptor instead.
+func (*PolicyVersions) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PolicyVersions) GetMin() int32 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *PolicyVersions) GetMax() int32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
 // StartRolloutRequest is the body of POST /rollout, field for field: G2's
 // (SDK v0.2) and v0.3's, which adds llm_api_key.
 type StartRolloutRequest struct {
@@ -573,7 +1013,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +1025,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +1038,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartRolloutRequest) GetRolloutId() string {
@@ -694,7 +1134,7 @@ type StartRolloutResponse struct {
 
 func (x *StartRolloutResponse) Reset() {
 	*x = StartRolloutResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +1146,7 @@ func (x *StartRolloutResponse) String() string {
 func (*StartRolloutResponse) ProtoMessage() {}
 
 func (x *StartRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +1159,7 @@ func (x *StartRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutResponse.ProtoReflect.Descriptor instead.
 func (*StartRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 type GetRolloutStatusRequest struct {
@@ -731,7 +1171,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1183,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[7]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1196,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRolloutStatusRequest) GetRolloutId() string {
@@ -784,7 +1224,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1236,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[8]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1249,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{8}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RolloutStatus) GetRolloutId() string {
@@ -860,7 +1300,7 @@ type CancelRolloutsRequest struct {
 
 func (x *CancelRolloutsRequest) Reset() {
 	*x = CancelRolloutsRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1312,7 @@ func (x *CancelRolloutsRequest) String() string {
 func (*CancelRolloutsRequest) ProtoMessage() {}
 
 func (x *CancelRolloutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[9]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1325,7 @@ func (x *CancelRolloutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutsRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutsRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{9}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRolloutsRequest) GetIds() []string {
@@ -920,7 +1360,7 @@ type CancelRolloutsResponse struct {
 
 func (x *CancelRolloutsResponse) Reset() {
 	*x = CancelRolloutsResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1372,7 @@ func (x *CancelRolloutsResponse) String() string {
 func (*CancelRolloutsResponse) ProtoMessage() {}
 
 func (x *CancelRolloutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[10]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1385,7 @@ func (x *CancelRolloutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutsResponse.ProtoReflect.Descriptor instead.
 func (*CancelRolloutsResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{10}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelRolloutsResponse) GetDispositions() map[string]string {
@@ -963,7 +1403,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1415,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1428,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 // Concurrency is the G3 health detail.
@@ -1003,7 +1443,7 @@ type Concurrency struct {
 
 func (x *Concurrency) Reset() {
 	*x = Concurrency{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1455,7 @@ func (x *Concurrency) String() string {
 func (*Concurrency) ProtoMessage() {}
 
 func (x *Concurrency) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1468,7 @@ func (x *Concurrency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Concurrency.ProtoReflect.Descriptor instead.
 func (*Concurrency) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Concurrency) GetMaxConcurrent() int32 {
@@ -1070,7 +1510,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1522,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_osmo_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1535,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
+	return file_osmo_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1137,7 +1577,30 @@ var File_osmo_rollout_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x1dosmo/rollout/v1/rollout.proto\x12\x0fosmo.rollout.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aosmo/rollout/v1/rows.proto\x1a\x1cosmo/rollout/v1/sample.proto\"\xa3\x04\n" +
+	"\x1dosmo/rollout/v1/rollout.proto\x12\x0fosmo.rollout.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aosmo/rollout/v1/rows.proto\x1a\x1cosmo/rollout/v1/sample.proto\"(\n" +
+	"\x12PausePolicyRequest\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\"/\n" +
+	"\x13ResumePolicyRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x05R\aversion\"\x12\n" +
+	"\x10GetPolicyRequest\"\xde\x01\n" +
+	"\vPolicyState\x12\x16\n" +
+	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\tR\x04mode\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x05R\aversion\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x127\n" +
+	"\aengines\x18\x05 \x03(\v2\x1d.osmo.rollout.v1.PolicyEngineR\aengines\x12:\n" +
+	"\breplicas\x18\x06 \x03(\v2\x1e.osmo.rollout.v1.PolicyReplicaR\breplicas\"i\n" +
+	"\fPolicyEngine\x12\x19\n" +
+	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x10\n" +
+	"\x03api\x18\x02 \x01(\tR\x03api\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\bR\x06paused\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\x97\x01\n" +
+	"\rPolicyReplica\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\bR\x06paused\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12.\n" +
+	"\x04seen\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04seen\"\xa3\x04\n" +
 	"\x12InitRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12\x1d\n" +
@@ -1167,7 +1630,7 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\"=\n" +
 	"\x14WatchRolloutsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\xbf\x05\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\"\x9f\x06\n" +
 	"\aRollout\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12,\n" +
@@ -1189,8 +1652,13 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"finishedAt\x12\x1a\n" +
 	"\bsequence\x18\x0e \x01(\x03R\bsequence\x12%\n" +
 	"\x0ecallback_error\x18\x0f \x01(\tR\rcallbackError\x12\x12\n" +
-	"\x04wire\x18\x10 \x01(\tR\x04wireB\t\n" +
-	"\a_reward\"\xde\x05\n" +
+	"\x04wire\x18\x10 \x01(\tR\x04wire\x12H\n" +
+	"\x0fpolicy_versions\x18\x11 \x01(\v2\x1f.osmo.rollout.v1.PolicyVersionsR\x0epolicyVersions\x12\x14\n" +
+	"\x05stale\x18\x12 \x01(\bR\x05staleB\t\n" +
+	"\a_reward\"4\n" +
+	"\x0ePolicyVersions\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\x05R\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x05R\x03max\"\xde\x05\n" +
 	"\x13StartRolloutRequest\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12B\n" +
@@ -1256,7 +1724,7 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\rSTATE_GRADING\x10\x03\x12\x13\n" +
 	"\x0fSTATE_SUCCEEDED\x10\x04\x12\x10\n" +
 	"\fSTATE_FAILED\x10\x05\x12\x13\n" +
-	"\x0fSTATE_CANCELLED\x10\x062\x88\t\n" +
+	"\x0fSTATE_CANCELLED\x10\x062\xcb\v\n" +
 	"\x0eRolloutService\x12u\n" +
 	"\vInitRollout\x12#.osmo.rollout.v1.InitRolloutRequest\x1a$.osmo.rollout.v1.InitRolloutResponse\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/rollout/init\x12m\n" +
 	"\n" +
@@ -1269,7 +1737,11 @@ const file_osmo_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x0eGetRolloutRows\x12&.osmo.rollout.v1.GetRolloutRowsRequest\x1a\x1c.osmo.rollout.v1.RolloutRows\"&\x82\xd3\xe4\x93\x02 \x12\x1e/v1/rollouts/{rollout_id}/rows\x12a\n" +
 	"\n" +
 	"StreamRows\x12\".osmo.rollout.v1.StreamRowsRequest\x1a\x14.osmo.rollout.v1.Row\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/rows:stream0\x01\x12k\n" +
-	"\x0ePlatformHealth\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/platform/healthB7Z5github.com/osmo-rl/osmo/gen/osmo/rollout/v1;rolloutv1b\x06proto3"
+	"\x0ePlatformHealth\x12\x1e.osmo.rollout.v1.HealthRequest\x1a\x1f.osmo.rollout.v1.HealthResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/platform/health\x12m\n" +
+	"\vPausePolicy\x12#.osmo.rollout.v1.PausePolicyRequest\x1a\x1c.osmo.rollout.v1.PolicyState\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/policy/pause\x12p\n" +
+	"\fResumePolicy\x12$.osmo.rollout.v1.ResumePolicyRequest\x1a\x1c.osmo.rollout.v1.PolicyState\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/policy/resume\x12`\n" +
+	"\tGetPolicy\x12!.osmo.rollout.v1.GetPolicyRequest\x1a\x1c.osmo.rollout.v1.PolicyState\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/policyB7Z5github.com/osmo-rl/osmo/gen/osmo/rollout/v1;rolloutv1b\x06proto3"
 
 var (
 	file_osmo_rollout_v1_rollout_proto_rawDescOnce sync.Once
@@ -1284,77 +1756,94 @@ func file_osmo_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_osmo_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_osmo_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_osmo_rollout_v1_rollout_proto_goTypes = []any{
 	(State)(0),                      // 0: osmo.rollout.v1.State
-	(*InitRolloutRequest)(nil),      // 1: osmo.rollout.v1.InitRolloutRequest
-	(*InitRolloutResponse)(nil),     // 2: osmo.rollout.v1.InitRolloutResponse
-	(*GetRolloutRequest)(nil),       // 3: osmo.rollout.v1.GetRolloutRequest
-	(*WatchRolloutsRequest)(nil),    // 4: osmo.rollout.v1.WatchRolloutsRequest
-	(*Rollout)(nil),                 // 5: osmo.rollout.v1.Rollout
-	(*StartRolloutRequest)(nil),     // 6: osmo.rollout.v1.StartRolloutRequest
-	(*StartRolloutResponse)(nil),    // 7: osmo.rollout.v1.StartRolloutResponse
-	(*GetRolloutStatusRequest)(nil), // 8: osmo.rollout.v1.GetRolloutStatusRequest
-	(*RolloutStatus)(nil),           // 9: osmo.rollout.v1.RolloutStatus
-	(*CancelRolloutsRequest)(nil),   // 10: osmo.rollout.v1.CancelRolloutsRequest
-	(*CancelRolloutsResponse)(nil),  // 11: osmo.rollout.v1.CancelRolloutsResponse
-	(*HealthRequest)(nil),           // 12: osmo.rollout.v1.HealthRequest
-	(*Concurrency)(nil),             // 13: osmo.rollout.v1.Concurrency
-	(*HealthResponse)(nil),          // 14: osmo.rollout.v1.HealthResponse
-	nil,                             // 15: osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
-	(*structpb.Struct)(nil),         // 16: google.protobuf.Struct
-	(*RolloutSample)(nil),           // 17: osmo.rollout.v1.RolloutSample
-	(*RolloutMetrics)(nil),          // 18: osmo.rollout.v1.RolloutMetrics
-	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
-	(*structpb.Value)(nil),          // 20: google.protobuf.Value
-	(*GetRolloutRowsRequest)(nil),   // 21: osmo.rollout.v1.GetRolloutRowsRequest
-	(*StreamRowsRequest)(nil),       // 22: osmo.rollout.v1.StreamRowsRequest
-	(*RolloutRows)(nil),             // 23: osmo.rollout.v1.RolloutRows
-	(*Row)(nil),                     // 24: osmo.rollout.v1.Row
+	(*PausePolicyRequest)(nil),      // 1: osmo.rollout.v1.PausePolicyRequest
+	(*ResumePolicyRequest)(nil),     // 2: osmo.rollout.v1.ResumePolicyRequest
+	(*GetPolicyRequest)(nil),        // 3: osmo.rollout.v1.GetPolicyRequest
+	(*PolicyState)(nil),             // 4: osmo.rollout.v1.PolicyState
+	(*PolicyEngine)(nil),            // 5: osmo.rollout.v1.PolicyEngine
+	(*PolicyReplica)(nil),           // 6: osmo.rollout.v1.PolicyReplica
+	(*InitRolloutRequest)(nil),      // 7: osmo.rollout.v1.InitRolloutRequest
+	(*InitRolloutResponse)(nil),     // 8: osmo.rollout.v1.InitRolloutResponse
+	(*GetRolloutRequest)(nil),       // 9: osmo.rollout.v1.GetRolloutRequest
+	(*WatchRolloutsRequest)(nil),    // 10: osmo.rollout.v1.WatchRolloutsRequest
+	(*Rollout)(nil),                 // 11: osmo.rollout.v1.Rollout
+	(*PolicyVersions)(nil),          // 12: osmo.rollout.v1.PolicyVersions
+	(*StartRolloutRequest)(nil),     // 13: osmo.rollout.v1.StartRolloutRequest
+	(*StartRolloutResponse)(nil),    // 14: osmo.rollout.v1.StartRolloutResponse
+	(*GetRolloutStatusRequest)(nil), // 15: osmo.rollout.v1.GetRolloutStatusRequest
+	(*RolloutStatus)(nil),           // 16: osmo.rollout.v1.RolloutStatus
+	(*CancelRolloutsRequest)(nil),   // 17: osmo.rollout.v1.CancelRolloutsRequest
+	(*CancelRolloutsResponse)(nil),  // 18: osmo.rollout.v1.CancelRolloutsResponse
+	(*HealthRequest)(nil),           // 19: osmo.rollout.v1.HealthRequest
+	(*Concurrency)(nil),             // 20: osmo.rollout.v1.Concurrency
+	(*HealthResponse)(nil),          // 21: osmo.rollout.v1.HealthResponse
+	nil,                             // 22: osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	(*timestamppb.Timestamp)(nil),   // 23: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 24: google.protobuf.Struct
+	(*RolloutSample)(nil),           // 25: osmo.rollout.v1.RolloutSample
+	(*RolloutMetrics)(nil),          // 26: osmo.rollout.v1.RolloutMetrics
+	(*structpb.Value)(nil),          // 27: google.protobuf.Value
+	(*GetRolloutRowsRequest)(nil),   // 28: osmo.rollout.v1.GetRolloutRowsRequest
+	(*StreamRowsRequest)(nil),       // 29: osmo.rollout.v1.StreamRowsRequest
+	(*RolloutRows)(nil),             // 30: osmo.rollout.v1.RolloutRows
+	(*Row)(nil),                     // 31: osmo.rollout.v1.Row
 }
 var file_osmo_rollout_v1_rollout_proto_depIdxs = []int32{
-	16, // 0: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
-	16, // 1: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
-	16, // 2: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
-	16, // 3: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
-	0,  // 4: osmo.rollout.v1.Rollout.state:type_name -> osmo.rollout.v1.State
-	17, // 5: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
-	18, // 6: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
-	16, // 7: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
-	19, // 8: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
-	19, // 9: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
-	19, // 10: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
-	16, // 11: osmo.rollout.v1.StartRolloutRequest.initial_messages:type_name -> google.protobuf.Struct
-	20, // 12: osmo.rollout.v1.StartRolloutRequest.label:type_name -> google.protobuf.Value
-	16, // 13: osmo.rollout.v1.StartRolloutRequest.metadata:type_name -> google.protobuf.Struct
-	16, // 14: osmo.rollout.v1.StartRolloutRequest.extra_fields:type_name -> google.protobuf.Struct
-	15, // 15: osmo.rollout.v1.CancelRolloutsResponse.dispositions:type_name -> osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
-	13, // 16: osmo.rollout.v1.HealthResponse.concurrency:type_name -> osmo.rollout.v1.Concurrency
-	1,  // 17: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
-	3,  // 18: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
-	4,  // 19: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
-	6,  // 20: osmo.rollout.v1.RolloutService.StartRollout:input_type -> osmo.rollout.v1.StartRolloutRequest
-	8,  // 21: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
-	10, // 22: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
-	12, // 23: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
-	21, // 24: osmo.rollout.v1.RolloutService.GetRolloutRows:input_type -> osmo.rollout.v1.GetRolloutRowsRequest
-	22, // 25: osmo.rollout.v1.RolloutService.StreamRows:input_type -> osmo.rollout.v1.StreamRowsRequest
-	12, // 26: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
-	2,  // 27: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
-	5,  // 28: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
-	5,  // 29: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
-	7,  // 30: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
-	9,  // 31: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
-	11, // 32: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
-	14, // 33: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
-	23, // 34: osmo.rollout.v1.RolloutService.GetRolloutRows:output_type -> osmo.rollout.v1.RolloutRows
-	24, // 35: osmo.rollout.v1.RolloutService.StreamRows:output_type -> osmo.rollout.v1.Row
-	14, // 36: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
-	27, // [27:37] is the sub-list for method output_type
-	17, // [17:27] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	5,  // 0: osmo.rollout.v1.PolicyState.engines:type_name -> osmo.rollout.v1.PolicyEngine
+	6,  // 1: osmo.rollout.v1.PolicyState.replicas:type_name -> osmo.rollout.v1.PolicyReplica
+	23, // 2: osmo.rollout.v1.PolicyReplica.seen:type_name -> google.protobuf.Timestamp
+	24, // 3: osmo.rollout.v1.InitRolloutRequest.messages:type_name -> google.protobuf.Struct
+	24, // 4: osmo.rollout.v1.InitRolloutRequest.completion_params:type_name -> google.protobuf.Struct
+	24, // 5: osmo.rollout.v1.InitRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	24, // 6: osmo.rollout.v1.InitRolloutResponse.tools:type_name -> google.protobuf.Struct
+	0,  // 7: osmo.rollout.v1.Rollout.state:type_name -> osmo.rollout.v1.State
+	25, // 8: osmo.rollout.v1.Rollout.samples:type_name -> osmo.rollout.v1.RolloutSample
+	26, // 9: osmo.rollout.v1.Rollout.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
+	24, // 10: osmo.rollout.v1.Rollout.metadata:type_name -> google.protobuf.Struct
+	23, // 11: osmo.rollout.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
+	23, // 12: osmo.rollout.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
+	23, // 13: osmo.rollout.v1.Rollout.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 14: osmo.rollout.v1.Rollout.policy_versions:type_name -> osmo.rollout.v1.PolicyVersions
+	24, // 15: osmo.rollout.v1.StartRolloutRequest.initial_messages:type_name -> google.protobuf.Struct
+	27, // 16: osmo.rollout.v1.StartRolloutRequest.label:type_name -> google.protobuf.Value
+	24, // 17: osmo.rollout.v1.StartRolloutRequest.metadata:type_name -> google.protobuf.Struct
+	24, // 18: osmo.rollout.v1.StartRolloutRequest.extra_fields:type_name -> google.protobuf.Struct
+	22, // 19: osmo.rollout.v1.CancelRolloutsResponse.dispositions:type_name -> osmo.rollout.v1.CancelRolloutsResponse.DispositionsEntry
+	20, // 20: osmo.rollout.v1.HealthResponse.concurrency:type_name -> osmo.rollout.v1.Concurrency
+	7,  // 21: osmo.rollout.v1.RolloutService.InitRollout:input_type -> osmo.rollout.v1.InitRolloutRequest
+	9,  // 22: osmo.rollout.v1.RolloutService.GetRollout:input_type -> osmo.rollout.v1.GetRolloutRequest
+	10, // 23: osmo.rollout.v1.RolloutService.WatchRollouts:input_type -> osmo.rollout.v1.WatchRolloutsRequest
+	13, // 24: osmo.rollout.v1.RolloutService.StartRollout:input_type -> osmo.rollout.v1.StartRolloutRequest
+	15, // 25: osmo.rollout.v1.RolloutService.GetRolloutStatus:input_type -> osmo.rollout.v1.GetRolloutStatusRequest
+	17, // 26: osmo.rollout.v1.RolloutService.CancelRollouts:input_type -> osmo.rollout.v1.CancelRolloutsRequest
+	19, // 27: osmo.rollout.v1.RolloutService.Health:input_type -> osmo.rollout.v1.HealthRequest
+	28, // 28: osmo.rollout.v1.RolloutService.GetRolloutRows:input_type -> osmo.rollout.v1.GetRolloutRowsRequest
+	29, // 29: osmo.rollout.v1.RolloutService.StreamRows:input_type -> osmo.rollout.v1.StreamRowsRequest
+	19, // 30: osmo.rollout.v1.RolloutService.PlatformHealth:input_type -> osmo.rollout.v1.HealthRequest
+	1,  // 31: osmo.rollout.v1.RolloutService.PausePolicy:input_type -> osmo.rollout.v1.PausePolicyRequest
+	2,  // 32: osmo.rollout.v1.RolloutService.ResumePolicy:input_type -> osmo.rollout.v1.ResumePolicyRequest
+	3,  // 33: osmo.rollout.v1.RolloutService.GetPolicy:input_type -> osmo.rollout.v1.GetPolicyRequest
+	8,  // 34: osmo.rollout.v1.RolloutService.InitRollout:output_type -> osmo.rollout.v1.InitRolloutResponse
+	11, // 35: osmo.rollout.v1.RolloutService.GetRollout:output_type -> osmo.rollout.v1.Rollout
+	11, // 36: osmo.rollout.v1.RolloutService.WatchRollouts:output_type -> osmo.rollout.v1.Rollout
+	14, // 37: osmo.rollout.v1.RolloutService.StartRollout:output_type -> osmo.rollout.v1.StartRolloutResponse
+	16, // 38: osmo.rollout.v1.RolloutService.GetRolloutStatus:output_type -> osmo.rollout.v1.RolloutStatus
+	18, // 39: osmo.rollout.v1.RolloutService.CancelRollouts:output_type -> osmo.rollout.v1.CancelRolloutsResponse
+	21, // 40: osmo.rollout.v1.RolloutService.Health:output_type -> osmo.rollout.v1.HealthResponse
+	30, // 41: osmo.rollout.v1.RolloutService.GetRolloutRows:output_type -> osmo.rollout.v1.RolloutRows
+	31, // 42: osmo.rollout.v1.RolloutService.StreamRows:output_type -> osmo.rollout.v1.Row
+	21, // 43: osmo.rollout.v1.RolloutService.PlatformHealth:output_type -> osmo.rollout.v1.HealthResponse
+	4,  // 44: osmo.rollout.v1.RolloutService.PausePolicy:output_type -> osmo.rollout.v1.PolicyState
+	4,  // 45: osmo.rollout.v1.RolloutService.ResumePolicy:output_type -> osmo.rollout.v1.PolicyState
+	4,  // 46: osmo.rollout.v1.RolloutService.GetPolicy:output_type -> osmo.rollout.v1.PolicyState
+	34, // [34:47] is the sub-list for method output_type
+	21, // [21:34] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_osmo_rollout_v1_rollout_proto_init() }
@@ -1364,19 +1853,19 @@ func file_osmo_rollout_v1_rollout_proto_init() {
 	}
 	file_osmo_rollout_v1_rows_proto_init()
 	file_osmo_rollout_v1_sample_proto_init()
-	file_osmo_rollout_v1_rollout_proto_msgTypes[0].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[4].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[5].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[8].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[9].OneofWrappers = []any{}
-	file_osmo_rollout_v1_rollout_proto_msgTypes[13].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[6].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[10].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[12].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[15].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
+	file_osmo_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_rollout_v1_rollout_proto_rawDesc), len(file_osmo_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,9 @@ const (
 	RolloutService_GetRolloutRows_FullMethodName   = "/osmo.rollout.v1.RolloutService/GetRolloutRows"
 	RolloutService_StreamRows_FullMethodName       = "/osmo.rollout.v1.RolloutService/StreamRows"
 	RolloutService_PlatformHealth_FullMethodName   = "/osmo.rollout.v1.RolloutService/PlatformHealth"
+	RolloutService_PausePolicy_FullMethodName      = "/osmo.rollout.v1.RolloutService/PausePolicy"
+	RolloutService_ResumePolicy_FullMethodName     = "/osmo.rollout.v1.RolloutService/ResumePolicy"
+	RolloutService_GetPolicy_FullMethodName        = "/osmo.rollout.v1.RolloutService/GetPolicy"
 )
 
 // RolloutServiceClient is the client API for RolloutService service.
@@ -79,6 +82,16 @@ type RolloutServiceClient interface {
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// PausePolicy pauses the policy for a weight update on every replica and
+	// engine; it answers once all of them applied it. (REST: POST
+	// /v1/policy/pause)
+	PausePolicy(ctx context.Context, in *PausePolicyRequest, opts ...grpc.CallOption) (*PolicyState, error)
+	// ResumePolicy ends the pause at a policy version. (REST: POST
+	// /v1/policy/resume)
+	ResumePolicy(ctx context.Context, in *ResumePolicyRequest, opts ...grpc.CallOption) (*PolicyState, error)
+	// GetPolicy reads the policy state: paused or not, the version, the
+	// engines and replicas. (REST: GET /v1/policy)
+	GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*PolicyState, error)
 }
 
 type rolloutServiceClient struct {
@@ -207,6 +220,36 @@ func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, in *HealthReq
 	return out, nil
 }
 
+func (c *rolloutServiceClient) PausePolicy(ctx context.Context, in *PausePolicyRequest, opts ...grpc.CallOption) (*PolicyState, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PolicyState)
+	err := c.cc.Invoke(ctx, RolloutService_PausePolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) ResumePolicy(ctx context.Context, in *ResumePolicyRequest, opts ...grpc.CallOption) (*PolicyState, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PolicyState)
+	err := c.cc.Invoke(ctx, RolloutService_ResumePolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*PolicyState, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PolicyState)
+	err := c.cc.Invoke(ctx, RolloutService_GetPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RolloutServiceServer is the server API for RolloutService service.
 // All implementations must embed UnimplementedRolloutServiceServer
 // for forward compatibility.
@@ -255,6 +298,16 @@ type RolloutServiceServer interface {
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *HealthRequest) (*HealthResponse, error)
+	// PausePolicy pauses the policy for a weight update on every replica and
+	// engine; it answers once all of them applied it. (REST: POST
+	// /v1/policy/pause)
+	PausePolicy(context.Context, *PausePolicyRequest) (*PolicyState, error)
+	// ResumePolicy ends the pause at a policy version. (REST: POST
+	// /v1/policy/resume)
+	ResumePolicy(context.Context, *ResumePolicyRequest) (*PolicyState, error)
+	// GetPolicy reads the policy state: paused or not, the version, the
+	// engines and replicas. (REST: GET /v1/policy)
+	GetPolicy(context.Context, *GetPolicyRequest) (*PolicyState, error)
 	mustEmbedUnimplementedRolloutServiceServer()
 }
 
@@ -294,6 +347,15 @@ func (UnimplementedRolloutServiceServer) StreamRows(*StreamRowsRequest, grpc.Ser
 }
 func (UnimplementedRolloutServiceServer) PlatformHealth(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PlatformHealth not implemented")
+}
+func (UnimplementedRolloutServiceServer) PausePolicy(context.Context, *PausePolicyRequest) (*PolicyState, error) {
+	return nil, status.Error(codes.Unimplemented, "method PausePolicy not implemented")
+}
+func (UnimplementedRolloutServiceServer) ResumePolicy(context.Context, *ResumePolicyRequest) (*PolicyState, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumePolicy not implemented")
+}
+func (UnimplementedRolloutServiceServer) GetPolicy(context.Context, *GetPolicyRequest) (*PolicyState, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPolicy not implemented")
 }
 func (UnimplementedRolloutServiceServer) mustEmbedUnimplementedRolloutServiceServer() {}
 func (UnimplementedRolloutServiceServer) testEmbeddedByValue()                        {}
@@ -482,6 +544,60 @@ func _RolloutService_PlatformHealth_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RolloutService_PausePolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PausePolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).PausePolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_PausePolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).PausePolicy(ctx, req.(*PausePolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_ResumePolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumePolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).ResumePolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_ResumePolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).ResumePolicy(ctx, req.(*ResumePolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_GetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).GetPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_GetPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).GetPolicy(ctx, req.(*GetPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RolloutService_ServiceDesc is the grpc.ServiceDesc for RolloutService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -520,6 +636,18 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PlatformHealth",
 			Handler:    _RolloutService_PlatformHealth_Handler,
+		},
+		{
+			MethodName: "PausePolicy",
+			Handler:    _RolloutService_PausePolicy_Handler,
+		},
+		{
+			MethodName: "ResumePolicy",
+			Handler:    _RolloutService_ResumePolicy_Handler,
+		},
+		{
+			MethodName: "GetPolicy",
+			Handler:    _RolloutService_GetPolicy_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

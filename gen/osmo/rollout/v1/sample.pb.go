@@ -332,8 +332,20 @@ type LLMCall struct {
 	// refused the token parameters, returned none, or returned them
 	// inconsistently (see Row.problems).
 	NoTokensReason string `protobuf:"bytes,25,opt,name=no_tokens_reason,json=noTokensReason,proto3" json:"no_tokens_reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The policy version in force when the answer was produced (a call an
+	// abort pause cut and the proxy sent again: its answer's).
+	PolicyVersion int32 `protobuf:"varint,26,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	// Time the call waited while the policy was paused (part of latency_ms).
+	HeldMs float64 `protobuf:"fixed64,28,opt,name=held_ms,json=heldMs,proto3" json:"held_ms,omitempty"`
+	// The base URL of the policy engine whose answer the call got, when the
+	// proxy routed it over a set of engines (osmo serve --policy).
+	Engine string `protobuf:"bytes,30,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The call's upstream tries, in order, where the count alone does not
+	// say enough: every try of a call routed over a set of engines, and
+	// every try an abort pause cut (sent again after the resume).
+	UpstreamAttempts []*UpstreamAttempt `protobuf:"bytes,31,rep,name=upstream_attempts,json=upstreamAttempts,proto3" json:"upstream_attempts,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LLMCall) Reset() {
@@ -513,6 +525,125 @@ func (x *LLMCall) GetNoTokensReason() string {
 	return ""
 }
 
+func (x *LLMCall) GetPolicyVersion() int32 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *LLMCall) GetHeldMs() float64 {
+	if x != nil {
+		return x.HeldMs
+	}
+	return 0
+}
+
+func (x *LLMCall) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *LLMCall) GetUpstreamAttempts() []*UpstreamAttempt {
+	if x != nil {
+		return x.UpstreamAttempts
+	}
+	return nil
+}
+
+// UpstreamAttempt is one upstream try of a call.
+type UpstreamAttempt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its number among the call's attempts (from 1).
+	Attempt int32 `protobuf:"varint,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The engine's OpenAI base URL, when the call went over a set of engines.
+	Engine string `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The upstream's HTTP status (0 when none came).
+	StatusCode int32 `protobuf:"varint,3,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	// Why the try failed; empty when it was answered.
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// Set on a try an abort pause cut; policy_version is the version it ran
+	// under.
+	Paused        bool  `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	PolicyVersion int32 `protobuf:"varint,6,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpstreamAttempt) Reset() {
+	*x = UpstreamAttempt{}
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpstreamAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpstreamAttempt) ProtoMessage() {}
+
+func (x *UpstreamAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpstreamAttempt.ProtoReflect.Descriptor instead.
+func (*UpstreamAttempt) Descriptor() ([]byte, []int) {
+	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UpstreamAttempt) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *UpstreamAttempt) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *UpstreamAttempt) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *UpstreamAttempt) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *UpstreamAttempt) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *UpstreamAttempt) GetPolicyVersion() int32 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -525,7 +656,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +668,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[3]
+	mi := &file_osmo_rollout_v1_sample_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +681,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{3}
+	return file_osmo_rollout_v1_sample_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -613,7 +744,7 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x0enum_tool_calls\x18\x05 \x01(\x05R\fnumToolCalls\x12#\n" +
 	"\rprompt_tokens\x18\x06 \x01(\x05R\fpromptTokens\x12'\n" +
 	"\x0fresponse_tokens\x18\a \x01(\x05R\x0eresponseTokens\x12,\n" +
-	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xa7\a\n" +
+	"\x12max_context_tokens\x18\b \x01(\x05R\x10maxContextTokens\"\xce\b\n" +
 	"\aLLMCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0frequested_model\x18\x02 \x01(\tR\x0erequestedModel\x12\x14\n" +
@@ -639,8 +770,20 @@ const file_osmo_rollout_v1_sample_proto_rawDesc = "" +
 	"\x03api\x18\x12 \x01(\tR\x03api\x126\n" +
 	"\x17shared_request_messages\x18\x17 \x01(\x05R\x15sharedRequestMessages\x128\n" +
 	"\x18completion_token_strings\x18\x18 \x03(\tR\x16completionTokenStrings\x12(\n" +
-	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReasonJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
-	"model_name\"\xa1\x01\n" +
+	"\x10no_tokens_reason\x18\x19 \x01(\tR\x0enoTokensReason\x12%\n" +
+	"\x0epolicy_version\x18\x1a \x01(\x05R\rpolicyVersion\x12\x17\n" +
+	"\aheld_ms\x18\x1c \x01(\x01R\x06heldMs\x12\x16\n" +
+	"\x06engine\x18\x1e \x01(\tR\x06engine\x12M\n" +
+	"\x11upstream_attempts\x18\x1f \x03(\v2 .osmo.rollout.v1.UpstreamAttemptR\x10upstreamAttemptsJ\x04\b\x13\x10\x14J\x04\b\x14\x10\x15J\x04\b\x15\x10\x16J\x04\b\x16\x10\x17R\rprompt_tokensR\x11completion_tokensR\rcached_tokensR\n" +
+	"model_name\"\xb9\x01\n" +
+	"\x0fUpstreamAttempt\x12\x18\n" +
+	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x16\n" +
+	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x1f\n" +
+	"\vstatus_code\x18\x03 \x01(\x05R\n" +
+	"statusCode\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\x12%\n" +
+	"\x0epolicy_version\x18\x06 \x01(\x05R\rpolicyVersion\"\xa1\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12!\n" +
@@ -659,30 +802,32 @@ func file_osmo_rollout_v1_sample_proto_rawDescGZIP() []byte {
 	return file_osmo_rollout_v1_sample_proto_rawDescData
 }
 
-var file_osmo_rollout_v1_sample_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_osmo_rollout_v1_sample_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_osmo_rollout_v1_sample_proto_goTypes = []any{
 	(*RolloutSample)(nil),         // 0: osmo.rollout.v1.RolloutSample
 	(*RolloutMetrics)(nil),        // 1: osmo.rollout.v1.RolloutMetrics
 	(*LLMCall)(nil),               // 2: osmo.rollout.v1.LLMCall
-	(*Usage)(nil),                 // 3: osmo.rollout.v1.Usage
-	(*structpb.Struct)(nil),       // 4: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*UpstreamAttempt)(nil),       // 3: osmo.rollout.v1.UpstreamAttempt
+	(*Usage)(nil),                 // 4: osmo.rollout.v1.Usage
+	(*structpb.Struct)(nil),       // 5: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_osmo_rollout_v1_sample_proto_depIdxs = []int32{
-	4, // 0: osmo.rollout.v1.RolloutSample.messages:type_name -> google.protobuf.Struct
-	4, // 1: osmo.rollout.v1.RolloutSample.metadata:type_name -> google.protobuf.Struct
-	1, // 2: osmo.rollout.v1.RolloutSample.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
-	4, // 3: osmo.rollout.v1.RolloutSample.extra_fields:type_name -> google.protobuf.Struct
-	2, // 4: osmo.rollout.v1.RolloutSample.llm_calls:type_name -> osmo.rollout.v1.LLMCall
-	4, // 5: osmo.rollout.v1.LLMCall.request_messages:type_name -> google.protobuf.Struct
-	4, // 6: osmo.rollout.v1.LLMCall.response_message:type_name -> google.protobuf.Struct
-	3, // 7: osmo.rollout.v1.LLMCall.usage:type_name -> osmo.rollout.v1.Usage
-	5, // 8: osmo.rollout.v1.LLMCall.started_at:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	5,  // 0: osmo.rollout.v1.RolloutSample.messages:type_name -> google.protobuf.Struct
+	5,  // 1: osmo.rollout.v1.RolloutSample.metadata:type_name -> google.protobuf.Struct
+	1,  // 2: osmo.rollout.v1.RolloutSample.metrics:type_name -> osmo.rollout.v1.RolloutMetrics
+	5,  // 3: osmo.rollout.v1.RolloutSample.extra_fields:type_name -> google.protobuf.Struct
+	2,  // 4: osmo.rollout.v1.RolloutSample.llm_calls:type_name -> osmo.rollout.v1.LLMCall
+	5,  // 5: osmo.rollout.v1.LLMCall.request_messages:type_name -> google.protobuf.Struct
+	5,  // 6: osmo.rollout.v1.LLMCall.response_message:type_name -> google.protobuf.Struct
+	4,  // 7: osmo.rollout.v1.LLMCall.usage:type_name -> osmo.rollout.v1.Usage
+	6,  // 8: osmo.rollout.v1.LLMCall.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 9: osmo.rollout.v1.LLMCall.upstream_attempts:type_name -> osmo.rollout.v1.UpstreamAttempt
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_osmo_rollout_v1_sample_proto_init() }
@@ -697,7 +842,7 @@ func file_osmo_rollout_v1_sample_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_osmo_rollout_v1_sample_proto_rawDesc), len(file_osmo_rollout_v1_sample_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

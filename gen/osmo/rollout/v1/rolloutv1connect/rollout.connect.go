@@ -62,6 +62,15 @@ const (
 	// RolloutServicePlatformHealthProcedure is the fully-qualified name of the RolloutService's
 	// PlatformHealth RPC.
 	RolloutServicePlatformHealthProcedure = "/osmo.rollout.v1.RolloutService/PlatformHealth"
+	// RolloutServicePausePolicyProcedure is the fully-qualified name of the RolloutService's
+	// PausePolicy RPC.
+	RolloutServicePausePolicyProcedure = "/osmo.rollout.v1.RolloutService/PausePolicy"
+	// RolloutServiceResumePolicyProcedure is the fully-qualified name of the RolloutService's
+	// ResumePolicy RPC.
+	RolloutServiceResumePolicyProcedure = "/osmo.rollout.v1.RolloutService/ResumePolicy"
+	// RolloutServiceGetPolicyProcedure is the fully-qualified name of the RolloutService's GetPolicy
+	// RPC.
+	RolloutServiceGetPolicyProcedure = "/osmo.rollout.v1.RolloutService/GetPolicy"
 )
 
 // RolloutServiceClient is a client for the osmo.rollout.v1.RolloutService service.
@@ -104,6 +113,16 @@ type RolloutServiceClient interface {
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
+	// PausePolicy pauses the policy for a weight update on every replica and
+	// engine; it answers once all of them applied it. (REST: POST
+	// /v1/policy/pause)
+	PausePolicy(context.Context, *v1.PausePolicyRequest) (*v1.PolicyState, error)
+	// ResumePolicy ends the pause at a policy version. (REST: POST
+	// /v1/policy/resume)
+	ResumePolicy(context.Context, *v1.ResumePolicyRequest) (*v1.PolicyState, error)
+	// GetPolicy reads the policy state: paused or not, the version, the
+	// engines and replicas. (REST: GET /v1/policy)
+	GetPolicy(context.Context, *v1.GetPolicyRequest) (*v1.PolicyState, error)
 }
 
 // NewRolloutServiceClient constructs a client for the osmo.rollout.v1.RolloutService service. By
@@ -177,6 +196,24 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("PlatformHealth")),
 			connect.WithClientOptions(opts...),
 		),
+		pausePolicy: connect.NewClient[v1.PausePolicyRequest, v1.PolicyState](
+			httpClient,
+			baseURL+RolloutServicePausePolicyProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("PausePolicy")),
+			connect.WithClientOptions(opts...),
+		),
+		resumePolicy: connect.NewClient[v1.ResumePolicyRequest, v1.PolicyState](
+			httpClient,
+			baseURL+RolloutServiceResumePolicyProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("ResumePolicy")),
+			connect.WithClientOptions(opts...),
+		),
+		getPolicy: connect.NewClient[v1.GetPolicyRequest, v1.PolicyState](
+			httpClient,
+			baseURL+RolloutServiceGetPolicyProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("GetPolicy")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -192,6 +229,9 @@ type rolloutServiceClient struct {
 	getRolloutRows   *connect.Client[v1.GetRolloutRowsRequest, v1.RolloutRows]
 	streamRows       *connect.Client[v1.StreamRowsRequest, v1.Row]
 	platformHealth   *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	pausePolicy      *connect.Client[v1.PausePolicyRequest, v1.PolicyState]
+	resumePolicy     *connect.Client[v1.ResumePolicyRequest, v1.PolicyState]
+	getPolicy        *connect.Client[v1.GetPolicyRequest, v1.PolicyState]
 }
 
 // InitRollout calls osmo.rollout.v1.RolloutService.InitRollout.
@@ -276,6 +316,33 @@ func (c *rolloutServiceClient) PlatformHealth(ctx context.Context, req *v1.Healt
 	return nil, err
 }
 
+// PausePolicy calls osmo.rollout.v1.RolloutService.PausePolicy.
+func (c *rolloutServiceClient) PausePolicy(ctx context.Context, req *v1.PausePolicyRequest) (*v1.PolicyState, error) {
+	response, err := c.pausePolicy.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// ResumePolicy calls osmo.rollout.v1.RolloutService.ResumePolicy.
+func (c *rolloutServiceClient) ResumePolicy(ctx context.Context, req *v1.ResumePolicyRequest) (*v1.PolicyState, error) {
+	response, err := c.resumePolicy.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// GetPolicy calls osmo.rollout.v1.RolloutService.GetPolicy.
+func (c *rolloutServiceClient) GetPolicy(ctx context.Context, req *v1.GetPolicyRequest) (*v1.PolicyState, error) {
+	response, err := c.getPolicy.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // RolloutServiceHandler is an implementation of the osmo.rollout.v1.RolloutService service.
 type RolloutServiceHandler interface {
 	// InitRollout accepts a G1 rollout (REST: POST /v1/rollout/init, answering
@@ -316,6 +383,16 @@ type RolloutServiceHandler interface {
 	// PlatformHealth is Health behind the API key; NotFound when the server
 	// runs without one. (REST: GET /platform/health)
 	PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error)
+	// PausePolicy pauses the policy for a weight update on every replica and
+	// engine; it answers once all of them applied it. (REST: POST
+	// /v1/policy/pause)
+	PausePolicy(context.Context, *v1.PausePolicyRequest) (*v1.PolicyState, error)
+	// ResumePolicy ends the pause at a policy version. (REST: POST
+	// /v1/policy/resume)
+	ResumePolicy(context.Context, *v1.ResumePolicyRequest) (*v1.PolicyState, error)
+	// GetPolicy reads the policy state: paused or not, the version, the
+	// engines and replicas. (REST: GET /v1/policy)
+	GetPolicy(context.Context, *v1.GetPolicyRequest) (*v1.PolicyState, error)
 }
 
 // NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -385,6 +462,24 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("PlatformHealth")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServicePausePolicyHandler := connect.NewUnaryHandlerSimple(
+		RolloutServicePausePolicyProcedure,
+		svc.PausePolicy,
+		connect.WithSchema(rolloutServiceMethods.ByName("PausePolicy")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceResumePolicyHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceResumePolicyProcedure,
+		svc.ResumePolicy,
+		connect.WithSchema(rolloutServiceMethods.ByName("ResumePolicy")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceGetPolicyHandler := connect.NewUnaryHandlerSimple(
+		RolloutServiceGetPolicyProcedure,
+		svc.GetPolicy,
+		connect.WithSchema(rolloutServiceMethods.ByName("GetPolicy")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/osmo.rollout.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RolloutServiceInitRolloutProcedure:
@@ -407,6 +502,12 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceStreamRowsHandler.ServeHTTP(w, r)
 		case RolloutServicePlatformHealthProcedure:
 			rolloutServicePlatformHealthHandler.ServeHTTP(w, r)
+		case RolloutServicePausePolicyProcedure:
+			rolloutServicePausePolicyHandler.ServeHTTP(w, r)
+		case RolloutServiceResumePolicyProcedure:
+			rolloutServiceResumePolicyHandler.ServeHTTP(w, r)
+		case RolloutServiceGetPolicyProcedure:
+			rolloutServiceGetPolicyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -454,4 +555,16 @@ func (UnimplementedRolloutServiceHandler) StreamRows(context.Context, *v1.Stream
 
 func (UnimplementedRolloutServiceHandler) PlatformHealth(context.Context, *v1.HealthRequest) (*v1.HealthResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.PlatformHealth is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) PausePolicy(context.Context, *v1.PausePolicyRequest) (*v1.PolicyState, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.PausePolicy is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) ResumePolicy(context.Context, *v1.ResumePolicyRequest) (*v1.PolicyState, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.ResumePolicy is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) GetPolicy(context.Context, *v1.GetPolicyRequest) (*v1.PolicyState, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("osmo.rollout.v1.RolloutService.GetPolicy is not implemented"))
 }

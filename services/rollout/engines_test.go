@@ -1,0 +1,72 @@
+package rollout_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	rolloutv1 "github.com/osmo-rl/osmo/gen/osmo/rollout/v1"
+	"github.com/osmo-rl/osmo/internal/mockllm"
+	"github.com/osmo-rl/osmo/pkg/llmproxy"
+	"github.com/osmo-rl/osmo/services/rollout"
+)
+
+// With policy engines, a rollout whose trainer names no policy URL calls
+// the engines, and the record names each call's engine; a rollout that
+// names one calls it, unless the engines own the routing.
+func TestRolloutsOverPolicyEngines(t *testing.T) {
+	var engineURLs []string
+	for range 2 {
+		m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(m)
+		t.Cleanup(srv.Close)
+		engineURLs = append(engineURLs, srv.URL+"/v1")
+	}
+	for _, owns := range []bool{false, true} {
+		engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: engineURLs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) {
+			c.Engines, c.EnginesOwnRouting = engines, owns
+		}})
+		noURL := h.startReq(t, "no-url")
+		noURL.ChatCompletionsUrl = ""
+		h.start(t, noURL)
+		h.start(t, h.startReq(t, "wire-url"))
+		for id, onEngines := range map[string]bool{"no-url": true, "wire-url": owns} {
+			r := h.waitDone(t, id)
+			if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || len(r.GetSamples()) != 1 {
+				t.Fatalf("owns %v, %s: rollout %v", owns, id, r)
+			}
+			calls := r.GetSamples()[0].GetLlmCalls()
+			if len(calls) == 0 {
+				t.Fatalf("owns %v, %s: no calls", owns, id)
+			}
+			for i, c := range calls {
+				switch {
+				case onEngines && (c.GetEngine() == "" || len(c.GetUpstreamAttempts()) != 1 || c.GetUpstreamAttempts()[0].GetEngine() != c.GetEngine()):
+					t.Errorf("owns %v, %s: call %d: engine %q, attempts %v", owns, id, i, c.GetEngine(), c.GetUpstreamAttempts())
+				case onEngines && c.GetEngine() != calls[0].GetEngine():
+					t.Errorf("owns %v, %s: call %d on %q, the sample's first on %q", owns, id, i, c.GetEngine(), calls[0].GetEngine())
+				case !onEngines && (c.GetEngine() != "" || len(c.GetUpstreamAttempts()) != 0):
+					t.Errorf("owns %v, %s: call %d went to engine %q, want the trainer's URL", owns, id, i, c.GetEngine())
+				}
+			}
+		}
+	}
+	// Without engines the policy URL is still required.
+	h := newHarness(t, harnessOpts{})
+	req := h.startReq(t, "no-url")
+	req.ChatCompletionsUrl = ""
+	_, err := h.client.StartRollout(context.Background(), req)
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("no chat_completions_url, no engines: %v, want InvalidArgument", err)
+	}
+}
