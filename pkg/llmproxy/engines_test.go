@@ -321,7 +321,6 @@ func TestEngineThatHangsLeaves(t *testing.T) {
 // record shows the cut try on the hung engine, then the answer.
 func TestCallOnAHungEngineMovesWhenItLeaves(t *testing.T) {
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
 	hang := func(_ http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
@@ -341,6 +340,9 @@ func TestCallOnAHungEngineMovesWhenItLeaves(t *testing.T) {
 		hang(w, r)
 	}))
 	t.Cleanup(bad.Close)
+	// Cleanups run last first: the hung handlers are released before
+	// bad.Close waits for them.
+	t.Cleanup(func() { close(release) })
 	good := newEngineDouble(t, okJSON).base
 	set := runEngines(t, llmproxy.EnginesConfig{URLs: []string{bad.URL + "/v1", good}, ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
 	h := newProxy(t, llmproxy.Config{

@@ -115,7 +115,7 @@ func TestPolicyPauseResumeRules(t *testing.T) {
 	if code, body := restJSON(t, h.rest, "/v1/policy/pause", `{"mode":"abort"}`); code != http.StatusOK || body["mode"] != "abort" {
 		t.Errorf("second pause: %d %v", code, body)
 	}
-	if code, body := restJSON(t, h.rest, "/v1/policy/resume", `{"version":2}`); code != http.StatusOK || body["paused"] == true || body["version"] != "2" {
+	if code, body := restJSON(t, h.rest, "/v1/policy/resume", `{"version":2}`); code != http.StatusOK || body["paused"] == true || body["version"] != float64(2) {
 		t.Fatalf("resume: %d %v", code, body)
 	}
 	if code, body := restJSON(t, h.rest, "/v1/policy/resume", `{"version":2}`); code != http.StatusOK {
@@ -128,7 +128,7 @@ func TestPolicyPauseResumeRules(t *testing.T) {
 	if code, body := restJSON(t, h.rest, "/v1/policy/resume", `{"version":1}`); code != http.StatusConflict {
 		t.Errorf("resume to a lower version: %d %v; want 409", code, body)
 	}
-	if code, body := restJSON(t, h.rest, "/v1/policy", ""); code != http.StatusOK || body["paused"] != true || body["version"] != "2" {
+	if code, body := restJSON(t, h.rest, "/v1/policy", ""); code != http.StatusOK || body["paused"] != true || body["version"] != float64(2) {
 		t.Errorf("GET /v1/policy: %d %v", code, body)
 	}
 	// The same state over Connect and gRPC.
