@@ -1,6 +1,7 @@
 package llmproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -219,37 +220,17 @@ func NewEngines(cfg EnginesConfig) (*Engines, error) {
 	case cfg.FailThreshold < 0:
 		return nil, fmt.Errorf("llmproxy.NewEngines: EnginesConfig.FailThreshold must not be negative, got %d", cfg.FailThreshold)
 	}
-	if cfg.LoadFactor == 0 {
-		cfg.LoadFactor = DefaultLoadFactor
-	}
-	if cfg.ProbeInterval == 0 {
-		cfg.ProbeInterval = DefaultProbeInterval
-	}
-	if cfg.ProbeTimeout == 0 {
-		cfg.ProbeTimeout = DefaultProbeTimeout
-	}
-	if cfg.ProbeMaxInterval == 0 {
-		cfg.ProbeMaxInterval = DefaultProbeMaxInterval
-	}
+	cfg.LoadFactor = cmp.Or(cfg.LoadFactor, DefaultLoadFactor)
+	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, DefaultProbeInterval)
+	cfg.ProbeTimeout = cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout)
+	cfg.ProbeMaxInterval = cmp.Or(cfg.ProbeMaxInterval, DefaultProbeMaxInterval)
 	cfg.ProbeMaxInterval = max(cfg.ProbeMaxInterval, cfg.ProbeInterval)
-	if cfg.FailThreshold == 0 {
-		cfg.FailThreshold = DefaultFailThreshold
-	}
-	if cfg.RetryBudget == 0 {
-		cfg.RetryBudget = DefaultRetryBudget
-	}
-	if cfg.MinRetries == 0 {
-		cfg.MinRetries = DefaultMinRetries
-	}
-	if cfg.Linger == 0 {
-		cfg.Linger = DefaultLinger
-	}
-	if cfg.MaxSamples == 0 {
-		cfg.MaxSamples = DefaultMaxSamples
-	}
-	if cfg.ResolveInterval == 0 {
-		cfg.ResolveInterval = DefaultResolveInterval
-	}
+	cfg.FailThreshold = cmp.Or(cfg.FailThreshold, DefaultFailThreshold)
+	cfg.RetryBudget = cmp.Or(cfg.RetryBudget, DefaultRetryBudget)
+	cfg.MinRetries = cmp.Or(cfg.MinRetries, DefaultMinRetries)
+	cfg.Linger = cmp.Or(cfg.Linger, DefaultLinger)
+	cfg.MaxSamples = cmp.Or(cfg.MaxSamples, DefaultMaxSamples)
+	cfg.ResolveInterval = cmp.Or(cfg.ResolveInterval, DefaultResolveInterval)
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
 	}
