@@ -29,21 +29,39 @@ import (
 // PlaneFunc builds the proxy over a set of engines (OpenAI base URLs
 // ending in /v1) that sends its calls upstream through tr and records
 // every call with rec; what it starts (probes) lasts until ctx ends.
-type PlaneFunc func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error)
+type PlaneFunc func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error)
+
+// Plane is the proxy a PlaneFunc builds.
+type Plane struct {
+	http.Handler
+	// Ended, when set, is told that a rollout's samples made their last
+	// call, as the rollout service tells its engine set when a rollout
+	// ends (llmproxy.Engines.Forget).
+	Ended func(rolloutID string)
+}
 
 // dropCalls is the recorder of the latency runs.
 var dropCalls = llmproxy.RecorderFunc(func(context.Context, *osmo.LLMCall) {})
 
 // Config sizes the runs. Zero fields take the defaults shown.
 type Config struct {
-	// Requests per setup in the latency runs (5,000).
+	// Requests per setup in the latency runs (40,000: a p99 of fewer
+	// moves by more than the plane adds on a machine this size).
 	Requests int
-	// Clients sending at once in the latency runs (8).
+	// Clients sending at once in the latency runs (1: the time the plane
+	// adds to a call). With clients enough to keep the machine's cores
+	// busy (the engines and agents run beside the proxy), the p99 is the
+	// run queue's wait and the collector's pauses, which differ between
+	// runs by more than the plane adds.
 	Clients int
-	// Samples in the skewed run (800): one in ten is long (LongCalls
-	// calls, 24), the others short (2 calls).
-	Samples   int
-	LongCalls int
+	// Samples in the skewed run (4,000), played by SkewClients agents at
+	// once (64), in rollouts of 4: one sample in ten is long (LongCalls
+	// calls, 24), the others short (2 calls). The run's end, when only
+	// long samples are left on the engines they started on, weighs less
+	// the more samples there are.
+	Samples     int
+	SkewClients int
+	LongCalls   int
 	// Rollouts in the kill run (2,000), on KillEngines engines (4), one of
 	// which dies half way through its share of the calls.
 	Rollouts    int
@@ -53,15 +71,19 @@ type Config struct {
 	Plane PlaneFunc
 }
 
+// Defaults is the configuration of a run with every field at its default.
+func Defaults() Config { return Config{}.withDefaults() }
+
 func (c Config) withDefaults() Config {
 	def := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
 		}
 	}
-	def(&c.Requests, 5000)
-	def(&c.Clients, 8)
-	def(&c.Samples, 800)
+	def(&c.Requests, 40_000)
+	def(&c.Clients, 1)
+	def(&c.Samples, 4000)
+	def(&c.SkewClients, 64)
 	def(&c.LongCalls, 24)
 	def(&c.Rollouts, 2000)
 	def(&c.KillEngines, 4)
@@ -249,15 +271,16 @@ func (f *fleet) close() {
 }
 
 // singleProxy is the proxy as it is without an engine set: one upstream.
-func singleProxy(_ context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+func singleProxy(_ context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error) {
 	if len(engines) != 1 {
-		return nil, fmt.Errorf("the single-upstream proxy takes 1 engine, got %d", len(engines))
+		return Plane{}, fmt.Errorf("the single-upstream proxy takes 1 engine, got %d", len(engines))
 	}
-	return llmproxy.New(llmproxy.Config{
+	p, err := llmproxy.New(llmproxy.Config{
 		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: engines[0], Model: "bench-policy"}),
 		Recorder:  rec,
 		Transport: tr,
 	})
+	return Plane{Handler: p}, err
 }
 
 // serve serves h on loopback until the returned stop is called.
@@ -388,6 +411,7 @@ func measureLatency(ctx context.Context, cfg Config) (direct, single, plane1, pl
 		}
 		pctx, pcancel := context.WithCancel(ctx)
 		stops = append(stops, pcancel)
+		// Each latency run is one long rollout: Ended is not called.
 		h, err := plane(pctx, engines, tr, dropCalls)
 		if err != nil {
 			return fmt.Errorf("planebench: building %s with %d engines: %w", s.Name, len(engines), err)

@@ -17,9 +17,9 @@ import (
 // stickyPlane is a plane small enough to trust for testing the bench:
 // each sample hashed to an engine, the next one tried when it refuses or
 // answers 5xx.
-func stickyPlane(_ context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+func stickyPlane(_ context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error) {
 	c := &http.Client{Transport: tr}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return Plane{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -48,11 +48,11 @@ func stickyPlane(_ context.Context, engines []string, tr http.RoundTripper, rec 
 			return
 		}
 		http.Error(w, "no engine answered", http.StatusBadGateway)
-	}), nil
+	})}, nil
 }
 
 func small(plane PlaneFunc) Config {
-	return Config{Requests: 200, Clients: 4, Samples: 80, LongCalls: 8, Rollouts: 200, KillEngines: 4, Plane: plane}
+	return Config{Requests: 200, Clients: 4, Samples: 80, SkewClients: 8, LongCalls: 8, Rollouts: 200, KillEngines: 4, Plane: plane}
 }
 
 // TestMeasure runs the bench against a sticky plane: every call lands on
@@ -96,7 +96,7 @@ func TestMeasure(t *testing.T) {
 func TestMeasureFindsLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	noFailover := func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+	noFailover := func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error) {
 		return stickyPlane(ctx, engines[:1], tr, rec) // every sample on engine 0, which dies
 	}
 	k, err := measureKill(ctx, small(noFailover).withDefaults())
@@ -106,7 +106,7 @@ func TestMeasureFindsLoss(t *testing.T) {
 	if k.Lost == 0 {
 		t.Errorf("a plane without failover lost nothing: %+v", k)
 	}
-	twice := func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+	twice := func(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error) {
 		// Records every answered call twice, as a plane that kept both
 		// attempts of a resent call as answers would.
 		double := llmproxy.RecorderFunc(func(ctx context.Context, c *osmo.LLMCall) { rec.RecordCall(ctx, c); rec.RecordCall(ctx, c) })

@@ -12,13 +12,13 @@ import (
 // the set of engines, every call routed by the set, with the retries of
 // `osmo llmproxy`'s defaults (a failed call goes at once to an engine it
 // has not tried), its probes running until ctx ends.
-func NewPlane(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (http.Handler, error) {
+func NewPlane(ctx context.Context, engines []string, tr http.RoundTripper, rec llmproxy.Recorder) (Plane, error) {
 	set, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: engines, Transport: tr})
 	if err != nil {
-		return nil, err
+		return Plane{}, err
 	}
 	go func() { _ = set.Run(ctx) }()
-	return llmproxy.New(llmproxy.Config{
+	p, err := llmproxy.New(llmproxy.Config{
 		Router:            llmproxy.StaticRouter(llmproxy.Route{Model: "bench-policy"}),
 		Recorder:          rec,
 		Retry:             llmproxy.RetryPolicy{MaxRetries: 3, BaseDelay: time.Second, MaxDelay: 30 * time.Second},
@@ -26,4 +26,5 @@ func NewPlane(ctx context.Context, engines []string, tr http.RoundTripper, rec l
 		Engines:           set,
 		EnginesOwnRouting: true,
 	})
+	return Plane{Handler: p, Ended: set.Forget}, err
 }

@@ -14,25 +14,36 @@ import (
 	"github.com/osmo-rl/osmo/pkg/llmproxy"
 )
 
-// plane starts the plane over f's engines and returns its chat URL, or
-// skipped when there is no plane to measure.
-func plane(ctx context.Context, cfg Config, f *fleet, rec llmproxy.Recorder) (target, skipped string, stop func(), err error) {
+// served is a plane served on loopback.
+type served struct {
+	target string               // its chat completions URL
+	ended  func(rollout string) // never nil
+	stop   func()
+}
+
+// plane starts the plane over f's engines, or says why it skipped: there
+// is no plane to measure.
+func plane(ctx context.Context, cfg Config, f *fleet, rec llmproxy.Recorder) (p served, skipped string, err error) {
 	if cfg.Plane == nil {
-		return "", "no engine set to measure", nil, nil
+		return p, "no engine set to measure", nil
 	}
 	tr := llmproxy.DefaultTransport()
 	pctx, cancel := context.WithCancel(ctx)
 	h, err := cfg.Plane(pctx, f.urls(), tr, rec)
 	if err != nil {
 		cancel()
-		return "", "", nil, fmt.Errorf("planebench: building the plane: %w", err)
+		return p, "", fmt.Errorf("planebench: building the plane: %w", err)
 	}
 	u, stopServer, err := serve(h)
 	if err != nil {
 		cancel()
-		return "", "", nil, err
+		return p, "", err
 	}
-	return u + "/v1/chat/completions", "", func() { stopServer(); cancel(); tr.CloseIdleConnections() }, nil
+	p = served{target: u + "/v1/chat/completions", ended: h.Ended, stop: func() { stopServer(); cancel(); tr.CloseIdleConnections() }}
+	if p.ended == nil {
+		p.ended = func(string) {}
+	}
+	return p, "", nil
 }
 
 // sample is one sample of the skewed or kill runs: calls sent one after
@@ -42,25 +53,37 @@ type sample struct {
 	calls       int
 }
 
-// runSamples plays samples with clients at a time; it returns how many
-// failed (one call without an answer fails its sample).
-func runSamples(ctx context.Context, a *agent, target string, clients int, samples []sample) int {
+// runSamples plays samples with clients at a time, and tells the plane
+// when the last sample of a rollout is done; it returns how many failed
+// (one call without an answer fails its sample).
+func runSamples(ctx context.Context, a *agent, p served, clients int, samples []sample) int {
 	next := make(chan sample)
 	var (
 		mu     sync.Mutex
 		failed int
 		wg     sync.WaitGroup
+		left   = map[string]int{} // samples of each rollout not done
 	)
+	for _, s := range samples {
+		left[s.rollout]++
+	}
 	for range clients {
 		wg.Go(func() {
 			for s := range next {
 				for turn := range s.calls {
-					if err := a.call(ctx, target, s.rollout, s.id, turn); err != nil {
+					if err := a.call(ctx, p.target, s.rollout, s.id, turn); err != nil {
 						mu.Lock()
 						failed++
 						mu.Unlock()
 						break
 					}
+				}
+				mu.Lock()
+				left[s.rollout]--
+				done := left[s.rollout] == 0
+				mu.Unlock()
+				if done {
+					p.ended(s.rollout)
 				}
 			}
 		})
@@ -77,7 +100,8 @@ func runSamples(ctx context.Context, a *agent, target string, clients int, sampl
 }
 
 // measureBalance runs long and short samples over 8 engines: one sample
-// in ten makes LongCalls calls, the others 2.
+// in ten makes LongCalls calls, the others 2. The plane is told when each
+// rollout ends, as the rollout service tells it.
 func measureBalance(ctx context.Context, cfg Config) (Balance, error) {
 	b := Balance{Engines: 8, Samples: cfg.Samples}
 	f, err := startFleet(b.Engines, nil)
@@ -85,12 +109,12 @@ func measureBalance(ctx context.Context, cfg Config) (Balance, error) {
 		return b, err
 	}
 	defer f.close()
-	target, skipped, stop, err := plane(ctx, cfg, f, dropCalls)
+	p, skipped, err := plane(ctx, cfg, f, dropCalls)
 	if err != nil || skipped != "" {
 		b.Skipped = skipped
 		return b, err
 	}
-	defer stop()
+	defer p.stop()
 	samples := make([]sample, cfg.Samples)
 	for i := range samples {
 		samples[i] = sample{rollout: fmt.Sprintf("r%d", i/4), id: fmt.Sprintf("s%d", i%4), calls: 2}
@@ -99,9 +123,9 @@ func measureBalance(ctx context.Context, cfg Config) (Balance, error) {
 		}
 		b.Calls += samples[i].calls
 	}
-	a := newAgent(32)
+	a := newAgent(cfg.SkewClients)
 	defer a.client.CloseIdleConnections()
-	if failed := runSamples(ctx, a, target, 32, samples); failed > 0 {
+	if failed := runSamples(ctx, a, p, cfg.SkewClients, samples); failed > 0 {
 		return b, fmt.Errorf("planebench: %d samples of the skewed run failed with every engine healthy", failed)
 	}
 	b.Affinity, b.MaxMean = f.affinity()
@@ -172,12 +196,12 @@ func measureKill(ctx context.Context, cfg Config) (Kill, error) {
 	}
 	defer f.close()
 	var rec answers
-	target, skipped, stop, err := plane(ctx, cfg, f, &rec)
+	p, skipped, err := plane(ctx, cfg, f, &rec)
 	if err != nil || skipped != "" {
 		k.Skipped = skipped
 		return k, err
 	}
-	defer stop()
+	defer p.stop()
 	samples := make([]sample, k.Rollouts)
 	for i := range samples {
 		samples[i] = sample{rollout: fmt.Sprintf("k%d", i), id: "s0", calls: killCalls}
@@ -187,7 +211,7 @@ func measureKill(ctx context.Context, cfg Config) (Kill, error) {
 	got := map[string]int{}
 	var mu sync.Mutex
 	a.answered = func(key string) { mu.Lock(); got[key]++; mu.Unlock() }
-	k.Lost = runSamples(ctx, a, target, 64, samples)
+	k.Lost = runSamples(ctx, a, p, 64, samples)
 	engines := 0
 	for _, e := range f.engines {
 		e.mu.Lock()

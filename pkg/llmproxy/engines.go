@@ -100,10 +100,11 @@ type EnginesConfig struct {
 	// Linger is how long a sample's slot stays counted in its engine's
 	// load after its call answered: an agent between two calls (running a
 	// tool, say) still holds its prefix in the engine's cache, and its
-	// next call takes the slot back instead of competing for one, so the
-	// bound moves samples when engines are overloaded rather than when a
-	// sample happens to be between calls. 0 means DefaultLinger; negative
-	// counts calls in flight only.
+	// next call takes the slot over, whatever the bound, instead of
+	// competing for one, so the bound moves samples when engines are
+	// overloaded rather than when a sample happens to be between calls.
+	// Forget gives an ended rollout's slots back before Linger. 0 means
+	// DefaultLinger; negative counts calls in flight only.
 	Linger time.Duration
 	// ResolveInterval is the time between lookups of dns:// engines.
 	ResolveInterval time.Duration
@@ -140,14 +141,17 @@ type Engines struct {
 	calls, retries atomic.Int64
 
 	// samples remembers where each sample's calls went, so its next call
-	// goes to the engine holding its prefix even after a move.
-	samples *lru.Cache[string, placement]
+	// goes to the engine holding its prefix even after a move; rollouts
+	// lists the keys of each rollout's samples there, for Forget.
+	samples  *lru.Cache[string, placement]
+	rollouts map[string][]string
 }
 
 // placement is where a sample's calls went: the engine of its first
 // call (the affinity metric's reference) and of its last answered one,
 // and the slot it holds there until linger ends.
 type placement struct {
+	rollout     string
 	first, last string
 	held        *engine
 	timer       *time.Timer
@@ -237,12 +241,22 @@ func NewEngines(cfg EnginesConfig) (*Engines, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = DefaultTransport()
 	}
-	// A sample forgotten gives its held slot back.
-	samples, err := lru.NewWithEvict(cfg.MaxSamples, func(_ string, pl placement) { pl.drop() })
+	s := &Engines{cfg: cfg, log: cfg.Logger, engines: map[string]*engine{}, dnsSeen: map[string][]string{}, rollouts: map[string][]string{}}
+	// A sample forgotten gives its held slot back. The cache is only
+	// used under s.mu, so its callback is too.
+	samples, err := lru.NewWithEvict(cfg.MaxSamples, func(key string, pl placement) {
+		pl.drop()
+		keys := slices.DeleteFunc(s.rollouts[pl.rollout], func(k string) bool { return k == key })
+		if len(keys) == 0 {
+			delete(s.rollouts, pl.rollout)
+		} else {
+			s.rollouts[pl.rollout] = keys
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("llmproxy.NewEngines: %w", err)
 	}
-	s := &Engines{cfg: cfg, log: cfg.Logger, engines: map[string]*engine{}, dnsSeen: map[string][]string{}, samples: samples}
+	s.samples = samples
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -302,6 +316,18 @@ func (s *Engines) Up(u string) bool {
 	defer s.mu.Unlock()
 	e := s.engines[strings.TrimRight(u, "/")]
 	return e != nil && e.up.Load()
+}
+
+// Load is the load the bound weighs on the engine at base URL u: its calls
+// in flight and the slots samples hold there between calls (0 for an
+// engine not known).
+func (s *Engines) Load(u string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.engines[strings.TrimRight(u, "/")]; e != nil {
+		return e.inFlight.Load()
+	}
+	return 0
 }
 
 // rebuild sets the engines to the static ones and those DNS named, keeping
@@ -384,9 +410,19 @@ func (s *Engines) acquire(key string, tried []*engine) (e *engine, first string)
 	if len(s.ring) == 0 {
 		return nil, ""
 	}
-	// The sample's held slot is this call's to take again, or give up.
+	// The sample's held slot is this call's: on its engine, while that is
+	// up and untried, the call takes it over and the engine's load does
+	// not change, so the bound cannot move a sample it already counts.
+	// Elsewhere, the slot is given up.
 	pl, _ := s.samples.Peek(key)
-	if pl.held != nil {
+	if e := pl.held; e != nil {
+		if e.up.Load() && !slices.Contains(tried, e) {
+			pl.timer.Stop()
+			pl.held, pl.timer = nil, nil
+			s.samples.Add(key, pl)
+			s.metrics.sent(e.url)
+			return e, pl.first
+		}
 		pl.drop()
 		s.samples.Add(key, pl)
 	}
@@ -454,16 +490,20 @@ func (s *Engines) acquire(key string, tried []*engine) (e *engine, first string)
 	return e, pl.first
 }
 
-// answered notes that e answered a call of the sample with this key,
-// whose slot it holds there for Linger; it is ended as release would.
-func (s *Engines) answered(key string, e *engine) {
+// answered notes that e answered a call of the rollout's sample with this
+// key, whose slot it holds there for Linger; it is ended as release would.
+func (s *Engines) answered(rolloutID, key string, e *engine) {
 	e.fails.Store(0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !e.removed.Load() {
 		s.metrics.done(e.url)
 	}
-	pl, _ := s.samples.Get(key)
+	pl, known := s.samples.Get(key)
+	if !known {
+		pl.rollout = rolloutID
+		s.rollouts[rolloutID] = append(s.rollouts[rolloutID], key)
+	}
 	if pl.first == "" {
 		pl.first = e.url
 	}
@@ -485,6 +525,21 @@ func (s *Engines) answered(key string, e *engine) {
 		e.inFlight.Add(-1)
 	}
 	s.samples.Add(key, pl)
+}
+
+// Forget is told that a rollout ended: its samples make no more calls, so
+// the slots they hold between calls are given back at once instead of
+// after Linger, and where they went is forgotten. Without it, samples
+// that finished within the last Linger would still count as load, and
+// the bound would balance how many samples engines saw rather than the
+// calls they answer.
+func (s *Engines) Forget(rolloutID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Removing calls the eviction callback, which edits s.rollouts.
+	for _, key := range slices.Clone(s.rollouts[rolloutID]) {
+		s.samples.Remove(key)
+	}
 }
 
 // searchRing is the index of key's first point on the ring (mod its length).
@@ -857,7 +912,7 @@ func (x *exchange) engineDone(ctx context.Context, e *engine, last *upstreamErro
 		failure = x.errType
 	}
 	if last == nil && failure == "" && x.call.StatusCode >= 200 && x.call.StatusCode <= 299 {
-		x.engines.answered(x.session, e)
+		x.engines.answered(x.call.RolloutID, x.session, e)
 	} else {
 		x.engines.release(e, failure, refused)
 	}

@@ -201,7 +201,7 @@ func TestLingerHoldsTheSampleSlot(t *testing.T) {
 		if first != "" {
 			t.Fatalf("a first call has a first engine %q", first)
 		}
-		s.answered("r/s", e)
+		s.answered("r", "r/s", e)
 		if load() != 1 {
 			t.Fatalf("load %d after an answered call, want its held slot", load())
 		}
@@ -210,7 +210,7 @@ func TestLingerHoldsTheSampleSlot(t *testing.T) {
 		if again != e || first != e.url || load() != 1 {
 			t.Fatalf("the next call went to %v (first %q), load %d", again.url, first, load())
 		}
-		s.answered("r/s", again)
+		s.answered("r", "r/s", again)
 		time.Sleep(999 * time.Millisecond)
 		if load() != 1 {
 			t.Fatalf("load %d before the linger ends", load())
@@ -222,10 +222,85 @@ func TestLingerHoldsTheSampleSlot(t *testing.T) {
 		}
 		// A forgotten sample gives its slot back too.
 		e, _ = s.acquire("r/t", nil)
-		s.answered("r/t", e)
+		s.answered("r", "r/t", e)
 		s.samples.Purge()
 		if load() != 0 {
 			t.Fatalf("load %d after the samples were forgotten", load())
 		}
+		if len(s.rollouts) != 0 {
+			t.Fatalf("rollouts %v left after the samples were forgotten", s.rollouts)
+		}
 	})
+}
+
+// TestHeldSlotIsTakenOverWhateverTheBound: a sample back from between two
+// calls keeps its engine even when the engine is at the bound, since its
+// slot was counted there all along; on an engine that went down it gives
+// the slot up and goes elsewhere.
+func TestHeldSlotIsTakenOverWhateverTheBound(t *testing.T) {
+	s, err := NewEngines(EnginesConfig{URLs: []string{"http://a:1/v1", "http://b:1/v1"}, LoadFactor: 1, Linger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	home, _ := s.acquire("r/s", nil)
+	s.answered("r", "r/s", home)
+	// Two more calls on home: with c = 1 it is far over the mean.
+	for range 2 {
+		home.inFlight.Add(1)
+	}
+	again, _ := s.acquire("r/s", nil)
+	if again != home || s.Load(home.url) != 3 {
+		t.Fatalf("the sample's next call went to %s (home %s), home's load %d, want home at 3", again.url, home.url, s.Load(home.url))
+	}
+	s.answered("r", "r/s", again)
+	s.markDown(home, "test")
+	moved, _ := s.acquire("r/s", nil)
+	if moved == home || s.Load(home.url) != 2 || s.Load(moved.url) != 1 {
+		t.Fatalf("with home down the call went to %s, loads home %d, other %d", moved.url, s.Load(home.url), s.Load(moved.url))
+	}
+}
+
+// TestForgetGivesTheEndedRolloutsSlotsBack: an ended rollout's samples
+// stop counting at once; other rollouts' held slots stay, and samples
+// pushed out of the bounded memory leave the index too.
+func TestForgetGivesTheEndedRolloutsSlotsBack(t *testing.T) {
+	s, err := NewEngines(EnginesConfig{URLs: []string{"http://a:1/v1", "http://b:1/v1"}, Linger: time.Hour, MaxSamples: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() (n int64) {
+		for _, e := range s.engines {
+			n += e.inFlight.Load()
+		}
+		return n
+	}
+	for _, k := range []string{"r/s0", "r/s1", "q/s0"} {
+		e, _ := s.acquire(k, nil)
+		s.answered(k[:1], k, e)
+	}
+	if load() != 3 {
+		t.Fatalf("load %d with three samples between calls, want 3", load())
+	}
+	s.Forget("r")
+	if load() != 1 {
+		t.Fatalf("load %d after rollout r ended, want q's slot only", load())
+	}
+	s.Forget("r")
+	s.Forget("unknown")
+	if load() != 1 || len(s.rollouts) != 1 || len(s.rollouts["q"]) != 1 {
+		t.Fatalf("load %d, index %v after forgetting twice and an unknown rollout", load(), s.rollouts)
+	}
+	// Four more samples of p: the memory holds three, so q's goes first.
+	for i := range 4 {
+		k := fmt.Sprintf("p/s%d", i)
+		e, _ := s.acquire(k, nil)
+		s.answered("p", k, e)
+	}
+	if load() != 3 || s.rollouts["q"] != nil || len(s.rollouts["p"]) != 3 {
+		t.Fatalf("load %d, index %v after the memory overflowed", load(), s.rollouts)
+	}
+	s.Forget("p")
+	if load() != 0 || len(s.rollouts) != 0 || s.samples.Len() != 0 {
+		t.Fatalf("load %d, index %v, %d samples remembered after every rollout ended", load(), s.rollouts, s.samples.Len())
+	}
 }

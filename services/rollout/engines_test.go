@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -68,5 +69,31 @@ func TestRolloutsOverPolicyEngines(t *testing.T) {
 	_, err := h.client.StartRollout(context.Background(), req)
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("no chat_completions_url, no engines: %v, want InvalidArgument", err)
+	}
+}
+
+// A rollout that ended gives its samples' engine slots back at once: the
+// engines' load does not wait for the linger after its last call.
+func TestEndedRolloutLeavesNoLoad(t *testing.T) {
+	m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m)
+	t.Cleanup(srv.Close)
+	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: []string{srv.URL + "/v1"}, Linger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) {
+		c.Engines, c.EnginesOwnRouting = engines, true
+	}})
+	h.start(t, h.startReq(t, "r1"))
+	r := h.waitDone(t, "r1")
+	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || len(r.GetSamples()[0].GetLlmCalls()) == 0 {
+		t.Fatalf("rollout %v", r)
+	}
+	if n := engines.Load(srv.URL + "/v1"); n != 0 {
+		t.Fatalf("the engine's load is %d after the rollout ended, want 0", n)
 	}
 }

@@ -73,6 +73,10 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(rec.workflow))
 	conclude := func(runErr error) outcome.Outcome {
 		s.routes.Delete(rec.id)
+		if s.cfg.Engines != nil {
+			// Its samples make no more calls: their engines' slots are free.
+			s.cfg.Engines.Forget(rec.id)
+		}
 		o := s.ended(rec, ctx, r, runErr, log)
 		if !o.OK() {
 			fail(span, string(o.Category), o.Message)
