@@ -265,19 +265,7 @@ func (x *exchange) forward(body []byte) {
 		}
 		x.call.Attempts++
 		actx, stop := x.untilEngineLeaves(ctx, e)
-		last = x.gatedAttempt(actx, target, header, body)
-		if last != nil && last.kind == kindTokensRefused {
-			// Asked again at once without the token members: the
-			// answer was about them, not about the upstream's load.
-			x.p.metrics.attempt(attemptTokensRefused)
-			x.retried(x.call.Attempts, 0, last)
-			x.refusal = tokensRefused(x.asked, last)
-			body = x.req.withoutTokens(x.asked)
-			x.asked = nil
-			x.logAttempt(e, last)
-			x.call.Attempts++
-			last = x.gatedAttempt(actx, target, header, body)
-		}
+		last, body = x.send(actx, e, target, header, body)
 		stop()
 		if e != nil {
 			x.engineDone(ctx, e, last)
@@ -325,38 +313,61 @@ func (x *exchange) forward(body []byte) {
 	}
 }
 
-// gatedAttempt makes one upstream attempt through the pause gate: it waits
-// while the policy is paused, and an attempt an abort pause cut before the
-// client got anything is recorded and made again after the resume (it is
-// not a retry: the upstream did nothing wrong).
-func (x *exchange) gatedAttempt(ctx context.Context, url string, header http.Header, body []byte) *upstreamError {
-	g := x.p.gate
-	if g == nil {
-		return x.attempt(ctx, url, header, body)
-	}
+// send makes one try of the call on the upstream at url (engine e, when
+// the call goes over the engines). The try is made again at once, and is
+// no retry, when the upstream did nothing wrong: an attempt an abort pause
+// cut before the client got anything goes again once the policy resumes,
+// and one refused for the token members it asked for goes again without
+// them (the answer was about them, not about the upstream's load). It
+// returns the try's outcome and the body any later retry sends.
+func (x *exchange) send(ctx context.Context, e *engine, url string, header http.Header, body []byte) (*upstreamError, []byte) {
 	for {
-		t, actx, held, err := g.enter(ctx)
-		x.held += held
-		if err != nil {
-			// ctx ended while held: the caller reads ctx's cause.
-			return &upstreamError{kind: "transport", detail: "llmproxy: call ended while the policy was paused: " + err.Error()}
-		}
-		last := x.attempt(actx, url, header, body)
-		version := g.leave(t)
-		if last != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errPauseAbort) {
+		last, version, cut := x.gatedAttempt(ctx, url, header, body)
+		switch {
+		case cut:
 			x.p.metrics.attempt(attemptPaused)
-			a := osmo.UpstreamAttempt{Attempt: x.call.Attempts, Paused: true, PolicyVersion: t.version, Error: last.Error()}
-			if x.engines != nil {
-				a.Engine = strings.TrimSuffix(url, "/chat/completions")
+			a := osmo.UpstreamAttempt{Attempt: x.call.Attempts, Paused: true, PolicyVersion: version, Error: last.Error()}
+			if e != nil {
+				a.Engine = e.url
 			}
 			x.call.UpstreamAttempts = append(x.call.UpstreamAttempts, a)
-			x.call.Attempts++
-			continue
+		case last != nil && last.kind == kindTokensRefused:
+			x.p.metrics.attempt(attemptTokensRefused)
+			x.retried(x.call.Attempts, 0, last)
+			x.refusal = tokensRefused(x.asked, last)
+			body = x.req.withoutTokens(x.asked)
+			x.asked = nil
+			x.logAttempt(e, last)
+		default:
+			return last, body
 		}
-		x.call.PolicyVersion = version
-		x.versioned = true
-		return last
+		x.call.Attempts++
 	}
+}
+
+// gatedAttempt makes one upstream attempt through the pause gate, waiting
+// while the policy is paused. cut reports that an abort pause cut it
+// before the client got anything; version is the policy version it ran
+// under, the call's when it was not cut.
+func (x *exchange) gatedAttempt(ctx context.Context, url string, header http.Header, body []byte) (last *upstreamError, version int64, cut bool) {
+	g := x.p.gate
+	if g == nil {
+		return x.attempt(ctx, url, header, body), 0, false
+	}
+	t, actx, held, err := g.enter(ctx)
+	x.held += held
+	if err != nil {
+		// ctx ended while held: the caller reads ctx's cause.
+		return &upstreamError{kind: "transport", detail: "llmproxy: call ended while the policy was paused: " + err.Error()}, 0, false
+	}
+	last = x.attempt(actx, url, header, body)
+	version = g.leave(t)
+	if last != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errPauseAbort) {
+		return last, t.version, true
+	}
+	x.call.PolicyVersion = version
+	x.versioned = true
+	return last, version, false
 }
 
 // upstreamHeader builds the headers every attempt sends.

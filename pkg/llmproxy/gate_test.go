@@ -440,3 +440,74 @@ func TestGateCallEndsWhileHeld(t *testing.T) {
 		t.Error("the ended call still counts as held")
 	}
 }
+
+// A call refused for the token members it asked for, whose second try an
+// abort pause cuts, is made a third time after the resume, without the
+// members: one call to the agent, three attempts, none of them a retry.
+func TestGateAbortAfterTokensRefused(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	arrived := make(chan struct{}, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		n := len(bodies)
+		mu.Unlock()
+		arrived <- struct{}{}
+		switch {
+		case strings.Contains(string(b), "return_token_ids"):
+			http.Error(w, `{"error":{"message":"Unrecognized request argument supplied: return_token_ids"}}`, http.StatusBadRequest)
+		case n == 2:
+			<-r.Context().Done() // cut by the pause
+		default:
+			okJSON(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	g, err := llmproxy.NewGate(llmproxy.GateConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newProxy(t, llmproxy.Config{
+		Router:    llmproxy.StaticRouter(llmproxy.Route{BaseURL: srv.URL + "/v1"}),
+		Gate:      g,
+		Timeout:   testTimeout,
+		AskTokens: true,
+		// No retries: a cut or refused attempt must not need one.
+		Retry: llmproxy.RetryPolicy{MaxRetries: 0},
+	})
+	ctx := background(t)
+	got := postAsync(t, h.url+"/v1/chat/completions", chatBody)
+	for range 2 {
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			t.Fatal("the upstream got fewer than two attempts")
+		}
+	}
+	if err := g.Pause(ctx, llmproxy.PauseAbort); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if err := g.Resume(ctx, 1); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	a := <-got
+	if a.resp == nil || a.resp.StatusCode != http.StatusOK {
+		t.Fatalf("answer after resume: %+v", a)
+	}
+	c := h.next(t)
+	if c.Attempts != 3 || c.StatusCode != 200 || c.PolicyVersion != 1 {
+		t.Errorf("call: attempts %d, status %d, version %d; want 3, 200, 1", c.Attempts, c.StatusCode, c.PolicyVersion)
+	}
+	if len(c.UpstreamAttempts) != 1 || c.UpstreamAttempts[0].Attempt != 2 || !c.UpstreamAttempts[0].Paused {
+		t.Errorf("upstream attempts = %+v, want the second, paused", c.UpstreamAttempts)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 3 || strings.Contains(bodies[1], "return_token_ids") || strings.Contains(bodies[2], "return_token_ids") {
+		t.Errorf("bodies upstream = %q, want three, the last two without the token members", bodies)
+	}
+}
