@@ -279,10 +279,11 @@ func (g *Gate) Pause(ctx context.Context, mode PauseMode) error {
 	return g.control(ctx, "pause", effective)
 }
 
-// Resume opens the gate at version, after every engine resumed. Resuming
-// to the version in force when not paused is a no-op (a repeated resume);
-// otherwise it is ErrNotPaused. A version below the current one is
-// ErrVersionBehind.
+// Resume opens the gate at version, once every engine was asked to resume.
+// Resuming to the version in force when not paused is a no-op (a repeated
+// resume); otherwise it is ErrNotPaused. A version below the current one is
+// ErrVersionBehind. An engine that fails its resume is named in an
+// *EngineError, and the gate opens all the same (see Open).
 func (g *Gate) Resume(ctx context.Context, version int64) error {
 	g.mu.Lock()
 	switch {
@@ -298,16 +299,17 @@ func (g *Gate) Resume(ctx context.Context, version int64) error {
 		return fmt.Errorf("version: %w", ErrNotPaused)
 	}
 	g.mu.Unlock()
-	if err := g.control(ctx, "resume", ""); err != nil {
-		return err
-	}
+	err := g.control(ctx, "resume", "")
 	g.open(version)
-	return nil
+	return err
 }
 
 // Open brings the gate to the open state at version whatever its state:
 // a replica following a shared switch applies it with Open, the switch
-// having checked the rules of Resume already.
+// having checked the rules of Resume already. The gate opens even when an
+// engine fails its resume (the *EngineError names it): an engine that is
+// down or refuses must not hold the calls of every other engine, nor keep
+// the rollouts' clocks stopped, until it comes back.
 func (g *Gate) Open(ctx context.Context, version int64) error {
 	g.mu.Lock()
 	paused := g.paused
@@ -319,11 +321,9 @@ func (g *Gate) Open(ctx context.Context, version int64) error {
 	if !paused {
 		return nil
 	}
-	if err := g.control(ctx, "resume", ""); err != nil {
-		return err
-	}
+	err := g.control(ctx, "resume", "")
 	g.open(version)
-	return nil
+	return err
 }
 
 // open ends a pause at version.

@@ -440,3 +440,40 @@ func TestGateCallEndsWhileHeld(t *testing.T) {
 		t.Error("the ended call still counts as held")
 	}
 }
+
+// TestGateResumeOpensPastAFailingEngine: an engine that cannot take the
+// resume (dead, or answering 5xx) is named in the error, but the gate
+// opens: one engine must not hold every call of every other engine.
+func TestGateResumeOpensPastAFailingEngine(t *testing.T) {
+	e := newEngine(t, llmproxy.EngineAPIVLLM, false)
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(bad.Close)
+	h, g, _ := gated(t, e, llmproxy.EngineList{e.base, bad.URL + "/v1"})
+	ctx := background(t)
+	for _, resume := range []func(int64) error{
+		func(v int64) error { return g.Resume(ctx, v) },
+		func(v int64) error { return g.Open(ctx, v) },
+	} {
+		if err := g.Pause(ctx, llmproxy.PauseKeep); err == nil {
+			t.Fatal("pause with a failing engine: no error")
+		}
+		got := postAsync(t, h.url+"/v1/chat/completions", chatBody)
+		eventually(t, "the call to wait at the gate", func() bool { return g.State().Held == 1 })
+		v := g.Version() + 1
+		err := resume(v)
+		if ee, ok := errors.AsType[*llmproxy.EngineError](err); !ok || ee.Engines[bad.URL+"/v1"] == "" {
+			t.Errorf("resume with a failing engine: %v, want an EngineError naming it", err)
+		}
+		if s := g.State(); s.Paused || s.Version != v {
+			t.Fatalf("after the resume: paused %v version %d, want open at %d", s.Paused, s.Version, v)
+		}
+		if a := <-got; a.resp == nil || a.resp.StatusCode != http.StatusOK {
+			t.Fatalf("the held call: %+v", a)
+		}
+		if c := h.next(t); c.PolicyVersion != v {
+			t.Errorf("held call version %d, want %d", c.PolicyVersion, v)
+		}
+	}
+}
