@@ -322,6 +322,11 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 		slices.Sort(failed)
 		return waiting, failed
 	}
+	// A replica killed meanwhile writes no more acknowledgements: once
+	// silent for three heartbeats it is not waited for, as one silent
+	// before the wait began is not.
+	silent := time.NewTicker(p.heartbeat)
+	defer silent.Stop()
 	for {
 		waiting, failed := pending()
 		if len(waiting) == 0 && len(failed) > 0 {
@@ -349,6 +354,12 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 					if keyPolicyAck+natsstore.Key(name) == e.Key() {
 						delete(live, name)
 					}
+				}
+			}
+		case <-silent.C:
+			for name, a := range live {
+				if time.Since(a.Seen) >= 3*p.heartbeat {
+					delete(live, name)
 				}
 			}
 		case <-ctx.Done():
