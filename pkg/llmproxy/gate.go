@@ -42,8 +42,9 @@ func ParsePauseMode(s string) (PauseMode, error) {
 	return "", fmt.Errorf("mode: unknown pause mode %q; use keep, wait or abort", s)
 }
 
-// strength orders modes for pauses that overlap: the stronger one wins.
-func (m PauseMode) strength() int {
+// Strength orders modes for pauses that overlap: the stronger one wins
+// (abort over wait over keep).
+func (m PauseMode) Strength() int {
 	switch m {
 	case PauseAbort:
 		return 2
@@ -253,7 +254,7 @@ func (g *Gate) Pause(ctx context.Context, mode PauseMode) error {
 		g.since = time.Now()
 		g.resumed = make(chan struct{})
 		g.metrics.setPaused(true)
-	} else if mode.strength() > g.mode.strength() {
+	} else if mode.Strength() > g.mode.Strength() {
 		g.mode = mode
 	}
 	effective := g.mode

@@ -404,7 +404,7 @@ func (s *Service) PausePolicy(ctx context.Context, req *rolloutv1.PausePolicyReq
 		case !st.Paused:
 			st.Paused, st.Mode = true, mode
 			return true, nil
-		case strength(mode) > strength(st.Mode):
+		case mode.Strength() > st.Mode.Strength():
 			st.Mode = mode
 			return true, nil
 		}
@@ -418,10 +418,6 @@ func (s *Service) PausePolicy(ctx context.Context, req *rolloutv1.PausePolicyReq
 		return nil, err
 	}
 	return p.render(ctx, st)
-}
-
-func strength(m llmproxy.PauseMode) int {
-	return map[llmproxy.PauseMode]int{llmproxy.PauseKeep: 0, llmproxy.PauseWait: 1, llmproxy.PauseAbort: 2}[m]
 }
 
 // ResumePolicy ends the pause at req.version on every replica. A version
