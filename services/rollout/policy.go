@@ -460,6 +460,17 @@ func (s *Service) GetPolicy(ctx context.Context, _ *rolloutv1.GetPolicyRequest) 
 	return s.policy.render(ctx, st)
 }
 
+// enginesUp are the policy engines in the ring, those a pause goes to: one
+// out of it (dead, or failing its probes) could not take the pause, and it
+// gets no calls while the gate holds them. One paused before it left is
+// still resumed (Gate remembers it).
+type enginesUp struct{ set *llmproxy.Engines }
+
+// URLs implements llmproxy.EngineSet.
+func (e enginesUp) URLs() []string {
+	return slices.DeleteFunc(e.set.URLs(), func(u string) bool { return !e.set.Up(u) })
+}
+
 // upstreams is the default engine set: the distinct upstreams of the
 // rollouts this replica ran, the most recent first, up to a bound.
 type upstreams struct {
