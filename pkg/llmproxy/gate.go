@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -467,6 +468,11 @@ func (g *Gate) controlOne(ctx context.Context, base, op string, mode PauseMode) 
 		}
 		status, detail, err := g.post(ctx, root+tr.path, tr.body)
 		switch {
+		case err != nil && op == "resume" && errors.Is(err, syscall.ECONNREFUSED):
+			// Nothing listens there: the engine is gone, and one that
+			// starts again starts unpaused. Nothing is left to resume.
+			st.API = known
+			return st
 		case err != nil:
 			st.API, st.Error = tr.api, err.Error()
 			return st

@@ -477,3 +477,25 @@ func TestGateResumeOpensPastAFailingEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestGateResumeOfAGoneEngine: an engine that took the pause and is gone
+// by the resume (nothing listens there: it died, or restarts unpaused) has
+// nothing left to resume, and the resume succeeds.
+func TestGateResumeOfAGoneEngine(t *testing.T) {
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	g, err := llmproxy.NewGate(llmproxy.GateConfig{Engines: llmproxy.EngineList{gone.URL + "/v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := background(t)
+	if err := g.Pause(ctx, llmproxy.PauseKeep); err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	if err := g.Resume(ctx, 1); err != nil {
+		t.Errorf("resume of an engine that is gone: %v, want nil", err)
+	}
+	if s := g.State(); s.Paused || len(s.Engines) != 1 || s.Engines[0].Paused || s.Engines[0].Error != "" {
+		t.Errorf("state after the resume: %+v", s)
+	}
+}
