@@ -68,7 +68,8 @@ type EngineList []string
 // URLs implements EngineSet.
 func (l EngineList) URLs() []string { return l }
 
-// Errors of Gate.Resume; the rollout service answers them 409.
+// Errors of Gate.Resume. (The rollout service checks the same rules on its
+// shared switch, answering 409, and applies the switch with Gate.Open.)
 var (
 	ErrNotPaused     = errors.New("the policy is not paused")
 	ErrVersionBehind = errors.New("version is below the current policy version")
