@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,8 +43,9 @@ func ParsePauseMode(s string) (PauseMode, error) {
 	return "", fmt.Errorf("mode: unknown pause mode %q; use keep, wait or abort", s)
 }
 
-// strength orders modes for pauses that overlap: the stronger one wins.
-func (m PauseMode) strength() int {
+// Strength orders modes for pauses that overlap: the stronger one wins
+// (abort over wait over keep).
+func (m PauseMode) Strength() int {
 	switch m {
 	case PauseAbort:
 		return 2
@@ -66,7 +68,8 @@ type EngineList []string
 // URLs implements EngineSet.
 func (l EngineList) URLs() []string { return l }
 
-// Errors of Gate.Resume; the rollout service answers them 409.
+// Errors of Gate.Resume. (The rollout service checks the same rules on its
+// shared switch, answering 409, and applies the switch with Gate.Open.)
 var (
 	ErrNotPaused     = errors.New("the policy is not paused")
 	ErrVersionBehind = errors.New("version is below the current policy version")
@@ -253,7 +256,7 @@ func (g *Gate) Pause(ctx context.Context, mode PauseMode) error {
 		g.since = time.Now()
 		g.resumed = make(chan struct{})
 		g.metrics.setPaused(true)
-	} else if mode.strength() > g.mode.strength() {
+	} else if mode.Strength() > g.mode.Strength() {
 		g.mode = mode
 	}
 	effective := g.mode
@@ -279,10 +282,11 @@ func (g *Gate) Pause(ctx context.Context, mode PauseMode) error {
 	return g.control(ctx, "pause", effective)
 }
 
-// Resume opens the gate at version, after every engine resumed. Resuming
-// to the version in force when not paused is a no-op (a repeated resume);
-// otherwise it is ErrNotPaused. A version below the current one is
-// ErrVersionBehind.
+// Resume opens the gate at version, once every engine was asked to resume.
+// Resuming to the version in force when not paused is a no-op (a repeated
+// resume); otherwise it is ErrNotPaused. A version below the current one is
+// ErrVersionBehind. An engine that fails its resume is named in an
+// *EngineError, and the gate opens all the same (see Open).
 func (g *Gate) Resume(ctx context.Context, version int64) error {
 	g.mu.Lock()
 	switch {
@@ -298,16 +302,17 @@ func (g *Gate) Resume(ctx context.Context, version int64) error {
 		return fmt.Errorf("version: %w", ErrNotPaused)
 	}
 	g.mu.Unlock()
-	if err := g.control(ctx, "resume", ""); err != nil {
-		return err
-	}
+	err := g.control(ctx, "resume", "")
 	g.open(version)
-	return nil
+	return err
 }
 
 // Open brings the gate to the open state at version whatever its state:
 // a replica following a shared switch applies it with Open, the switch
-// having checked the rules of Resume already.
+// having checked the rules of Resume already. The gate opens even when an
+// engine fails its resume (the *EngineError names it): an engine that is
+// down or refuses must not hold the calls of every other engine, nor keep
+// the rollouts' clocks stopped, until it comes back.
 func (g *Gate) Open(ctx context.Context, version int64) error {
 	g.mu.Lock()
 	paused := g.paused
@@ -319,11 +324,9 @@ func (g *Gate) Open(ctx context.Context, version int64) error {
 	if !paused {
 		return nil
 	}
-	if err := g.control(ctx, "resume", ""); err != nil {
-		return err
-	}
+	err := g.control(ctx, "resume", "")
 	g.open(version)
-	return nil
+	return err
 }
 
 // open ends a pause at version.
@@ -466,6 +469,11 @@ func (g *Gate) controlOne(ctx context.Context, base, op string, mode PauseMode) 
 		}
 		status, detail, err := g.post(ctx, root+tr.path, tr.body)
 		switch {
+		case err != nil && op == "resume" && errors.Is(err, syscall.ECONNREFUSED):
+			// Nothing listens there: the engine is gone, and one that
+			// starts again starts unpaused. Nothing is left to resume.
+			st.API = known
+			return st
 		case err != nil:
 			st.API, st.Error = tr.api, err.Error()
 			return st

@@ -441,6 +441,65 @@ func TestGateCallEndsWhileHeld(t *testing.T) {
 	}
 }
 
+// TestGateResumeOpensPastAFailingEngine: an engine that cannot take the
+// resume (dead, or answering 5xx) is named in the error, but the gate
+// opens: one engine must not hold every call of every other engine.
+func TestGateResumeOpensPastAFailingEngine(t *testing.T) {
+	e := newEngine(t, llmproxy.EngineAPIVLLM, false)
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(bad.Close)
+	h, g, _ := gated(t, e, llmproxy.EngineList{e.base, bad.URL + "/v1"})
+	ctx := background(t)
+	for _, resume := range []func(int64) error{
+		func(v int64) error { return g.Resume(ctx, v) },
+		func(v int64) error { return g.Open(ctx, v) },
+	} {
+		if err := g.Pause(ctx, llmproxy.PauseKeep); err == nil {
+			t.Fatal("pause with a failing engine: no error")
+		}
+		got := postAsync(t, h.url+"/v1/chat/completions", chatBody)
+		eventually(t, "the call to wait at the gate", func() bool { return g.State().Held == 1 })
+		v := g.Version() + 1
+		err := resume(v)
+		if ee, ok := errors.AsType[*llmproxy.EngineError](err); !ok || ee.Engines[bad.URL+"/v1"] == "" {
+			t.Errorf("resume with a failing engine: %v, want an EngineError naming it", err)
+		}
+		if s := g.State(); s.Paused || s.Version != v {
+			t.Fatalf("after the resume: paused %v version %d, want open at %d", s.Paused, s.Version, v)
+		}
+		if a := <-got; a.resp == nil || a.resp.StatusCode != http.StatusOK {
+			t.Fatalf("the held call: %+v", a)
+		}
+		if c := h.next(t); c.PolicyVersion != v {
+			t.Errorf("held call version %d, want %d", c.PolicyVersion, v)
+		}
+	}
+}
+
+// TestGateResumeOfAGoneEngine: an engine that took the pause and is gone
+// by the resume (nothing listens there: it died, or restarts unpaused) has
+// nothing left to resume, and the resume succeeds.
+func TestGateResumeOfAGoneEngine(t *testing.T) {
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	g, err := llmproxy.NewGate(llmproxy.GateConfig{Engines: llmproxy.EngineList{gone.URL + "/v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := background(t)
+	if err := g.Pause(ctx, llmproxy.PauseKeep); err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	if err := g.Resume(ctx, 1); err != nil {
+		t.Errorf("resume of an engine that is gone: %v, want nil", err)
+	}
+	if s := g.State(); s.Paused || len(s.Engines) != 1 || s.Engines[0].Paused || s.Engines[0].Error != "" {
+		t.Errorf("state after the resume: %+v", s)
+	}
+}
+
 // A call refused for the token members it asked for, whose second try an
 // abort pause cuts, is made a third time after the resume, without the
 // members: one call to the agent, three attempts, none of them a retry.

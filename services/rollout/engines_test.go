@@ -97,3 +97,31 @@ func TestEndedRolloutLeavesNoLoad(t *testing.T) {
 		t.Fatalf("the engine's load is %d after the rollout ended, want 0", n)
 	}
 }
+
+// A pause is not forwarded to an engine out of the ring (dead, here): it
+// could not take it and gets no calls, and the gate holds the calls of
+// every engine anyway. The pause and the resume answer once the engines
+// up took them.
+func TestPauseSkipsEnginesOutOfTheRing(t *testing.T) {
+	up := newPauseEngine(t)
+	dead := httptest.NewServer(nil)
+	deadURL := dead.URL + "/v1"
+	dead.Close()
+	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: []string{up.url, deadURL}, ProbeInterval: 20 * time.Millisecond, ProbeTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.Engines = engines }})
+	waitFor(t, "the dead engine to leave the ring", func() bool { return !engines.Up(deadURL) })
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if _, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "keep"}); err != nil {
+		t.Fatalf("PausePolicy with an engine out of the ring: %v", err)
+	}
+	if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 1}); err != nil {
+		t.Fatalf("ResumePolicy: %v", err)
+	}
+	if got, want := up.calls(), []string{"POST /pause?mode=keep", "POST /resume"}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("the engine up got %q, want %q", got, want)
+	}
+}

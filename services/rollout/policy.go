@@ -322,6 +322,11 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 		slices.Sort(failed)
 		return waiting, failed
 	}
+	// A replica killed meanwhile writes no more acknowledgements: once
+	// silent for three heartbeats it is not waited for, as one silent
+	// before the wait began is not.
+	silent := time.NewTicker(p.heartbeat)
+	defer silent.Stop()
 	for {
 		waiting, failed := pending()
 		if len(waiting) == 0 && len(failed) > 0 {
@@ -349,6 +354,12 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 					if keyPolicyAck+natsstore.Key(name) == e.Key() {
 						delete(live, name)
 					}
+				}
+			}
+		case <-silent.C:
+			for name, a := range live {
+				if time.Since(a.Seen) >= 3*p.heartbeat {
+					delete(live, name)
 				}
 			}
 		case <-ctx.Done():
@@ -393,7 +404,7 @@ func (s *Service) PausePolicy(ctx context.Context, req *rolloutv1.PausePolicyReq
 		case !st.Paused:
 			st.Paused, st.Mode = true, mode
 			return true, nil
-		case strength(mode) > strength(st.Mode):
+		case mode.Strength() > st.Mode.Strength():
 			st.Mode = mode
 			return true, nil
 		}
@@ -407,10 +418,6 @@ func (s *Service) PausePolicy(ctx context.Context, req *rolloutv1.PausePolicyReq
 		return nil, err
 	}
 	return p.render(ctx, st)
-}
-
-func strength(m llmproxy.PauseMode) int {
-	return map[llmproxy.PauseMode]int{llmproxy.PauseKeep: 0, llmproxy.PauseWait: 1, llmproxy.PauseAbort: 2}[m]
 }
 
 // ResumePolicy ends the pause at req.version on every replica. A version
@@ -451,6 +458,17 @@ func (s *Service) GetPolicy(ctx context.Context, _ *rolloutv1.GetPolicyRequest) 
 		return nil, unavailable(err)
 	}
 	return s.policy.render(ctx, st)
+}
+
+// enginesUp are the policy engines in the ring, those a pause goes to: one
+// out of it (dead, or failing its probes) could not take the pause, and it
+// gets no calls while the gate holds them. One paused before it left is
+// still resumed (Gate remembers it).
+type enginesUp struct{ set *llmproxy.Engines }
+
+// URLs implements llmproxy.EngineSet.
+func (e enginesUp) URLs() []string {
+	return slices.DeleteFunc(e.set.URLs(), func(u string) bool { return !e.set.Up(u) })
 }
 
 // upstreams is the default engine set: the distinct upstreams of the

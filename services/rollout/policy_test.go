@@ -350,7 +350,9 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 // TestPauseStopsTheRolloutClock: a rollout held by a pause for longer than
 // its whole budget still succeeds: the time held is not the agent's.
 func TestPauseStopsTheRolloutClock(t *testing.T) {
-	const budget = 400 * time.Millisecond
+	// The budget covers the rollout's own time (queueing, the call after
+	// the resume, grading) on a loaded machine; the hold is twice it.
+	const budget = 1500 * time.Millisecond
 	wf := mustWorkflow(t, "one-call", func(ctx context.Context, wc *osmo.WorkflowContext[testWFConfig]) error {
 		m, err := chatOnce(ctx, wc.Rollout.Endpoint("s"), wc.Prompt, nil)
 		if err != nil {
@@ -370,7 +372,7 @@ func TestPauseStopsTheRolloutClock(t *testing.T) {
 	h.start(t, h.startReq(t, "clock-1"))
 	waitFor(t, "the call to be held", func() bool { return gauge(t, reg, "osmo_llmproxy_policy_held_calls") == 1 })
 	// Wall time passes beyond the budget while the call is held.
-	time.Sleep(3 * budget)
+	time.Sleep(2 * budget)
 	if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +381,7 @@ func TestPauseStopsTheRolloutClock(t *testing.T) {
 		t.Fatalf("held rollout: %v %s %s", r.GetState(), r.GetErrorCategory(), r.GetErrorMessage())
 	}
 	calls := r.GetSamples()[0].GetLlmCalls()
-	if len(calls) != 1 || calls[0].GetHeldMs() < float64(3*budget/time.Millisecond) || calls[0].GetPolicyVersion() != 1 {
+	if len(calls) != 1 || calls[0].GetHeldMs() < float64(2*budget/time.Millisecond) || calls[0].GetPolicyVersion() != 1 {
 		t.Errorf("call: %d calls, held %vms, version %d", len(calls), calls[0].GetHeldMs(), calls[0].GetPolicyVersion())
 	}
 }

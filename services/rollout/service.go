@@ -192,12 +192,12 @@ func New(cfg Config) (*Service, error) {
 		WriteBufferSize: upstreamBufferSize,
 	}
 	s.outbound = append(s.outbound, upstream)
-	// Pauses go to the configured engines, else to the engine set's, else
-	// to the upstreams of the rollouts this replica runs or ran.
+	// Pauses go to the configured engines, else to the engine set's in the
+	// ring, else to the upstreams of the rollouts this replica runs or ran.
 	engines := cfg.Policy.Engines
 	switch {
 	case engines == nil && cfg.Engines != nil:
-		engines = cfg.Engines
+		engines = enginesUp{cfg.Engines}
 	case engines == nil:
 		engines = &s.upstreams
 	}
