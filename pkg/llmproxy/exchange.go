@@ -264,9 +264,7 @@ func (x *exchange) forward(body []byte) {
 			target = e.url + "/chat/completions"
 		}
 		x.call.Attempts++
-		actx, stop := x.untilEngineLeaves(ctx, e)
-		last, body = x.send(actx, e, target, header, body)
-		stop()
+		last, body = x.send(ctx, e, target, header, body)
 		if e != nil {
 			x.engineDone(ctx, e, last)
 		}
@@ -322,7 +320,7 @@ func (x *exchange) forward(body []byte) {
 // returns the try's outcome and the body any later retry sends.
 func (x *exchange) send(ctx context.Context, e *engine, url string, header http.Header, body []byte) (*upstreamError, []byte) {
 	for {
-		last, version, cut := x.gatedAttempt(ctx, url, header, body)
+		last, version, cut := x.gatedAttempt(ctx, e, url, header, body)
 		switch {
 		case cut:
 			x.p.metrics.attempt(attemptPaused)
@@ -345,24 +343,32 @@ func (x *exchange) send(ctx context.Context, e *engine, url string, header http.
 	}
 }
 
-// gatedAttempt makes one upstream attempt through the pause gate, waiting
-// while the policy is paused. cut reports that an abort pause cut it
-// before the client got anything; version is the policy version it ran
-// under, the call's when it was not cut.
-func (x *exchange) gatedAttempt(ctx context.Context, url string, header http.Header, body []byte) (last *upstreamError, version int64, cut bool) {
+// gatedAttempt makes one upstream attempt on engine e (nil off the
+// engines) through the pause gate, waiting while the policy is paused.
+// cut reports that an abort pause cut it before the client got anything;
+// version is the policy version it ran under, the call's when it was not
+// cut. The watch on e leaving the ring starts once the gate lets the
+// attempt through: an engine that leaves while the call is held (say,
+// restarted for new weights) fails the attempt at once, as a retry to
+// another engine, instead of ending a call that never reached it.
+func (x *exchange) gatedAttempt(ctx context.Context, e *engine, url string, header http.Header, body []byte) (last *upstreamError, version int64, cut bool) {
 	g := x.p.gate
 	if g == nil {
-		return x.attempt(ctx, url, header, body), 0, false
+		actx, stop := x.untilEngineLeaves(ctx, e)
+		defer stop()
+		return x.attempt(actx, url, header, body), 0, false
 	}
-	t, actx, held, err := g.enter(ctx)
+	t, gctx, held, err := g.enter(ctx)
 	x.held += held
 	if err != nil {
 		// ctx ended while held: the caller reads ctx's cause.
 		return &upstreamError{kind: "transport", detail: "llmproxy: call ended while the policy was paused: " + err.Error()}, 0, false
 	}
+	actx, stop := x.untilEngineLeaves(gctx, e)
 	last = x.attempt(actx, url, header, body)
+	stop()
 	version = g.leave(t)
-	if last != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errPauseAbort) {
+	if last != nil && ctx.Err() == nil && errors.Is(context.Cause(gctx), errPauseAbort) {
 		return last, t.version, true
 	}
 	x.call.PolicyVersion = version

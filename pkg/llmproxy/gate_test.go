@@ -7,8 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -568,5 +570,61 @@ func TestGateAbortAfterTokensRefused(t *testing.T) {
 	defer mu.Unlock()
 	if len(bodies) != 3 || strings.Contains(bodies[1], "return_token_ids") || strings.Contains(bodies[2], "return_token_ids") {
 		t.Errorf("bodies upstream = %q, want three, the last two without the token members", bodies)
+	}
+}
+
+// A call held by a pause whose engine leaves the ring meanwhile (say, it
+// is restarted for new weights) goes to another engine after the resume
+// instead of failing: it never reached the engine that left.
+func TestHeldCallMovesWhenItsEngineLeaves(t *testing.T) {
+	var (
+		down  [2]atomic.Bool
+		bases []string
+	)
+	for i := range down {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+			if down[i].Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		})
+		mux.HandleFunc("POST /v1/chat/completions", okJSON)
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		bases = append(bases, srv.URL+"/v1")
+	}
+	set := runEngines(t, llmproxy.EnginesConfig{URLs: bases, ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second})
+	g, err := llmproxy.NewGate(llmproxy.GateConfig{Engines: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newProxy(t, llmproxy.Config{
+		Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Gate: g, Timeout: testTimeout,
+		Retry: llmproxy.RetryPolicy{MaxRetries: 2, BaseDelay: time.Minute},
+	})
+	ctx := background(t)
+	url := h.url + "/v1/chat/completions"
+	if a := <-postAsync(t, url, chatBody); a.resp == nil || a.resp.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %+v", a)
+	}
+	home := h.next(t).Engine
+	if err := g.Pause(ctx, llmproxy.PauseKeep); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	got := postAsync(t, url, chatBody)
+	eventually(t, "the call to be held", func() bool { return g.State().Held == 1 })
+	down[slices.Index(bases, home)].Store(true)
+	eventually(t, "the sample's engine to leave the ring", func() bool { return !set.Up(home) })
+	if err := g.Resume(ctx, 1); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	a := <-got
+	if a.resp == nil || a.resp.StatusCode != http.StatusOK {
+		t.Fatalf("held call after the resume: %+v", a)
+	}
+	c := h.next(t)
+	if c.Engine == home || c.PolicyVersion != 1 || len(c.UpstreamAttempts) != 2 ||
+		c.UpstreamAttempts[0].Engine != home || !strings.Contains(c.UpstreamAttempts[0].Error, "left the ring") {
+		t.Errorf("call: engine %q (home %q), version %d, attempts %+v", c.Engine, home, c.PolicyVersion, c.UpstreamAttempts)
 	}
 }
