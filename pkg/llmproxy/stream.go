@@ -87,7 +87,12 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		return true
 	}
 
-	var readErr error
+	var (
+		readErr error
+		// unended is what the last event sent lacks of its end: the
+		// upstream stopped inside it.
+		unended []byte
+	)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
@@ -104,8 +109,11 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 			continue // a long line; keep collecting it
 		}
 		if err != nil {
-			if ev.Len() > 0 && !dispatch() {
-				break
+			if b := ev.Bytes(); len(b) > 0 {
+				unended = []byte("\n\n")[:2-min(2, trailingNewlines(b))]
+				if !dispatch() {
+					break
+				}
 			}
 			if err != io.EOF {
 				readErr = err
@@ -162,10 +170,11 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 		x.errType = "incomplete_stream"
 	}
 	acc.fill(c)
-	if x.resp == nil && clientErr == nil && x.errType == "policy_paused" {
+	if x.resp == nil && clientErr == nil && cutStream(x.errType) {
 		// The agent gets a typed error event rather than a stream that
-		// just stops.
-		ev := fmt.Appendf(nil, "data: {\"error\":{\"message\":%q,\"type\":\"upstream_error\",\"param\":null,\"code\":\"policy_paused\"}}\n\n", c.Error)
+		// just stops, which OpenAI's clients would take for a whole
+		// answer; they raise this one as an error.
+		ev := fmt.Appendf(unended, "data: {\"error\":{\"message\":%q,\"type\":\"upstream_error\",\"param\":null,\"code\":%q}}\n\n", c.Error, x.errType)
 		if err := send(ev); err != nil {
 			c.Error, x.errType = clientWentAway(err)
 		}
@@ -186,6 +195,36 @@ func (x *exchange) relayStream(actx context.Context, resp *http.Response, t0 tim
 }
 
 var errStreamTooLarge = errors.New("stream too large")
+
+// trailingNewlines counts the line ends (\n or \r\n) b ends with, up to 2.
+func trailingNewlines(b []byte) int {
+	n := 0
+	for n < 2 {
+		switch {
+		case bytes.HasSuffix(b, []byte("\r\n")):
+			b = b[:len(b)-2]
+		case bytes.HasSuffix(b, []byte("\n")):
+			b = b[:len(b)-1]
+		default:
+			return n
+		}
+		n++
+	}
+	return n
+}
+
+// cutStream reports whether a stream that ended with this error type was
+// cut on the policy's side after the agent got part of it: the agent is
+// told so. A stream the client left, or the rollout ended (aborted), has
+// no one to tell; an upstream error event was passed on as it came, and
+// one the upstream ended without [DONE] is passed on as it ended.
+func cutStream(errType string) bool {
+	switch errType {
+	case "policy_paused", "timeout", "transport", "too_large":
+		return true
+	}
+	return false
+}
 
 // clientWentAway is the call's error and error type when writing to the
 // client failed mid-stream.

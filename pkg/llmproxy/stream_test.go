@@ -3,6 +3,7 @@ package llmproxy_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -204,6 +205,46 @@ func hijackClose(t *testing.T, w http.ResponseWriter) {
 	conn.Close()
 }
 
+// cutWith reports whether a stream the client got is sent, then one error
+// event with this code, as OpenAI's clients raise.
+func cutWith(got, sent, code string) bool {
+	rest, ok := strings.CutPrefix(got, sent)
+	if !ok || !strings.HasPrefix(rest, "data: ") || !strings.HasSuffix(rest, "\n\n") || strings.Count(rest, "\n\n") != 1 {
+		return false
+	}
+	var ev struct {
+		Error struct {
+			Message, Type, Code string
+		} `json:"error"`
+	}
+	return json.Unmarshal([]byte(strings.TrimPrefix(rest, "data: ")), &ev) == nil &&
+		ev.Error.Code == code && ev.Error.Type == "upstream_error" && ev.Error.Message != ""
+}
+
+// A stream cut inside an event: what came of it is ended before the error
+// event, so the error is an event of its own.
+func TestStreamCutInsideAnEvent(t *testing.T) {
+	chunk := `{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}`
+	for _, tail := range []string{`data: {"id":"c","cho`, "data: " + chunk + "\n"} {
+		up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: "+chunk+"\n\n"+tail)
+			w.(http.Flusher).Flush()
+			hijackClose(t, w)
+		})
+		h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base})})
+		_, body := post(t, h.url+"/v1/chat/completions", streamBody, ids)
+		end := "\n\n"
+		if strings.HasSuffix(tail, "\n") {
+			end = "\n"
+		}
+		if !cutWith(string(body), "data: "+chunk+"\n\n"+tail+end, "transport") {
+			t.Errorf("upstream cut after %q: client got %q", tail, body)
+		}
+		h.next(t)
+	}
+}
+
 func TestStreamBreaksMidway(t *testing.T) {
 	chunk := `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"par"}}]}`
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
@@ -217,8 +258,8 @@ func TestStreamBreaksMidway(t *testing.T) {
 		Retry:  llmproxy.RetryPolicy{MaxRetries: 3, BaseDelay: time.Millisecond},
 	})
 	resp, body := post(t, h.url+"/v1/chat/completions", streamBody, ids)
-	if resp.StatusCode != http.StatusOK || string(body) != "data: "+chunk+"\n\n" {
-		t.Errorf("client got %d %q, want the first chunk then the end of the stream", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusOK || !cutWith(string(body), "data: "+chunk+"\n\n", "transport") {
+		t.Errorf("client got %d %q, want the first chunk then an error event", resp.StatusCode, body)
 	}
 	c := h.next(t)
 	if c.Error == "" || !strings.Contains(c.Error, "broke") {
@@ -268,8 +309,8 @@ func TestStreamStallIsCut(t *testing.T) {
 	})
 	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{BaseURL: up.base}), Timeout: 50 * time.Millisecond})
 	resp, body := post(t, h.url+"/v1/chat/completions", streamBody, ids)
-	if resp.StatusCode != http.StatusOK || string(body) != "data: "+chunk+"\n\n" {
-		t.Errorf("client got %d %q", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusOK || !cutWith(string(body), "data: "+chunk+"\n\n", "timeout") {
+		t.Errorf("client got %d %q, want the first chunk then an error event", resp.StatusCode, body)
 	}
 	if c := h.next(t); !strings.Contains(c.Error, "stalled") {
 		t.Errorf("record error = %q, want a stall", c.Error)
