@@ -211,13 +211,15 @@ func (p *policy) start(ctx context.Context) error {
 
 // offer hands st to the applying goroutine, cancelling the state being
 // applied: st supersedes it. Only the watcher sends, so the send after
-// emptying the slot never blocks.
+// emptying the slot never blocks; it is made under p.mu so that apply,
+// arming its cancel under p.mu, either is cancelled here or sees st
+// waiting.
 func (p *policy) offer(st policyState) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.cancelApply != nil {
 		p.cancelApply()
 	}
-	p.mu.Unlock()
 	select {
 	case <-p.next:
 	default:
@@ -234,6 +236,9 @@ func (p *policy) apply(ctx context.Context, st policyState) {
 		actx, cancel := context.WithTimeout(ctx, p.timeout)
 		p.mu.Lock()
 		p.cancelApply = cancel
+		if len(p.next) > 0 {
+			cancel() // offered before the cancel was armed: st is superseded
+		}
 		p.mu.Unlock()
 		var err error
 		if st.Paused {
