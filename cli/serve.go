@@ -246,7 +246,10 @@ func grpcServer(addr string, log *slog.Logger, unary grpc.UnaryServerInterceptor
 		grpc.ChainUnaryInterceptor(server.RecoverUnary(log), unary),
 		grpc.ChainStreamInterceptor(server.RecoverStream(log), stream),
 	)
-	srv, err := server.NewGRPC(addr, append(opts, tf.serverOptions()...)...)
+	if tf.src != nil && tf.src.HasCert() {
+		opts = append(opts, grpc.Creds(tf.src.ServerCredentials()))
+	}
+	srv, err := server.NewGRPC(addr, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
