@@ -20,7 +20,6 @@ import (
 	"maps"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -35,18 +34,14 @@ import (
 // Main runs the command line with os.Args and exits: 0 on success, 2 on a
 // usage error (bad input, found before anything ran), 130 when an eval was
 // interrupted, 1 on any other failure.
-//
-// Main runs the garbage collector at DefaultGCPercent unless GOGC is set.
 func Main(opts ...Option) {
-	applyGCDefault(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:], os.Stdout, os.Stderr, opts...)
 	stop()
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
-	// An exit code chosen by the command wins over the kind of error it
-	// wraps.
+	// An exit code the command chose wins over the kind of error it wraps.
 	code := 1
 	ee, chosen := errors.AsType[exitError](err)
 	switch {
@@ -194,21 +189,11 @@ func runVersion(_ context.Context, e *env, _ []string) error {
 	return nil
 }
 
-// DefaultGCPercent is the garbage collector's GOGC for osmo processes whose
-// environment sets none: Go's own default, named so that `osmo bench` can
-// state what its processes run at. A higher GOGC was faster only where it
-// also held more memory (docs/deploy.md, "Memory and the garbage
-// collector"): containers set GOMEMLIMIT as the ceiling instead.
+// DefaultGCPercent is the GOGC of osmo processes whose environment sets
+// none: Go's own default, named so that `osmo bench` can state it
+// (docs/deploy.md, "Memory and the garbage collector", says why osmo
+// keeps it).
 const DefaultGCPercent = 100
-
-// applyGCDefault sets DefaultGCPercent unless the environment chose GOGC
-// (the runtime has applied it then). Only Main calls it: it changes the
-// whole process, which a library embedding Run, or a test, decides on.
-func applyGCDefault(getenv func(string) string) {
-	if getenv("GOGC") == "" {
-		debug.SetGCPercent(DefaultGCPercent)
-	}
-}
 
 // Service names on spans. `osmo serve` gives each component its own, so a
 // trace shows the same services whether the stack runs in one process or

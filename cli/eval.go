@@ -353,7 +353,7 @@ func runEvalRun(ctx context.Context, e *env, args []string) (err error) {
 		verb, rd.Name, len(selected), ev.N, what, cfg.Model(), plan.PolicyURL, ev.BatchSize, rd.Path)
 	rep, err := eval.Run(ctx, plan)
 	printed = rep != nil
-	return reportEnd(e, rep, err, rd.Path, f.json)
+	return reportEnd(e, rep, err, rd, f.json)
 }
 
 // evalInputs is what the run pins in its manifest.
@@ -425,14 +425,15 @@ func evalProvenance(cfg *eval.Config) map[string]any {
 
 // reportEnd prints how a run ended (with asJSON, as one JSON object) and
 // picks the exit: 2 when a check before it refused to run, 130 when
-// interrupted, 1 when it failed or attempts remain pending.
-func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) error {
+// interrupted, 1 when it failed or attempts remain pending. rd is nil when
+// the run keeps nothing.
+func reportEnd(e *env, rep *eval.Report, err error, rd *eval.RunDir, asJSON bool) error {
 	var pe *eval.PreflightError
 	if errors.As(err, &pe) {
 		return usageError{"the check before running failed: " + pe.Error()}
 	}
 	if rep != nil && asJSON {
-		if jerr := writeEvalJSON(e.stdout, rep, err, output); jerr != nil {
+		if jerr := writeEvalJSON(e.stdout, rep, err, rd); jerr != nil {
 			return errors.Join(err, jerr)
 		}
 	} else if rep != nil {
@@ -441,14 +442,14 @@ func reportEnd(e *env, rep *eval.Report, err error, output string, asJSON bool) 
 		}
 		fmt.Fprintln(e.stdout, "summary:")
 		_ = rep.Summary.WriteTable(e.stdout)
-		if output != "" {
+		if rd != nil {
 			fmt.Fprintln(e.stdout)
 			for _, f := range []string{eval.ResultsFile, eval.SummaryFile, eval.ReportFile, eval.MetricsFile} {
-				fmt.Fprintln(e.stdout, filepath.Join(output, f))
+				fmt.Fprintln(e.stdout, filepath.Join(rd.Path, f))
 			}
 			if rep.Summary.Rows != nil {
 				for _, f := range []string{eval.RowsFile, eval.RowsParquetFile} {
-					fmt.Fprintln(e.stdout, filepath.Join(output, f))
+					fmt.Fprintln(e.stdout, filepath.Join(rd.Path, f))
 				}
 			}
 		}
@@ -494,7 +495,7 @@ func jsonError(w io.Writer, command string, err error) error {
 // run, its counts, the platform's summary (metrics, as metrics.json has
 // it) and the attempts that did not succeed; osmo adds its own summary
 // (summary.json's) and the run's files.
-func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) error {
+func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, rd *eval.RunDir) error {
 	failedRows := []map[string]any{}
 	for _, r := range rep.Results {
 		if r.Status == eval.StatusSuccess {
@@ -504,8 +505,8 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 		if r.Status == eval.StatusFailed {
 			fr["error_type"] = cmp.Or(r.ErrCategory, "unknown")
 		}
-		if output != "" {
-			fr["rollout_dir"] = filepath.Join(output, eval.TrialsDir, r.RolloutID)
+		if rd != nil {
+			fr["rollout_dir"] = filepath.Join(rd.Path, eval.TrialsDir, r.RolloutID)
 		}
 		failedRows = append(failedRows, fr)
 	}
@@ -529,19 +530,19 @@ func writeEvalJSON(w io.Writer, rep *eval.Report, runErr error, output string) e
 	if incomplete {
 		status, message = "partial", "Evaluation run interrupted"
 	}
-	if output != "" {
-		resource["run_name"] = rep.RunName
-		resource["local_run_id"] = rep.RunID
-		resource["output_path"] = output
+	if rd != nil {
+		resource["run_name"] = rd.Name
+		resource["local_run_id"] = rd.Manifest.LocalRunID
+		resource["output_path"] = rd.Path
 		files := map[string]string{}
 		for k, f := range map[string]string{"results": eval.ResultsFile, "summary": eval.SummaryFile, "report": eval.ReportFile, "events": eval.EventsFile, "index": eval.IndexFile, "metrics": eval.MetricsFile, "progress": eval.ProgressFile} {
-			files[k] = filepath.Join(output, f)
+			files[k] = filepath.Join(rd.Path, f)
 		}
 		if rep.Summary.Rows != nil {
-			files["rows"], files["rows_parquet"] = filepath.Join(output, eval.RowsFile), filepath.Join(output, eval.RowsParquetFile)
+			files["rows"], files["rows_parquet"] = filepath.Join(rd.Path, eval.RowsFile), filepath.Join(rd.Path, eval.RowsParquetFile)
 		}
 		resource["files"] = files
-		message += ": " + output
+		message += ": " + rd.Path
 	}
 	if runErr != nil && !cancelled {
 		resource["error"] = runErr.Error()

@@ -19,41 +19,25 @@ import (
 	"github.com/osmo-rl/osmo/internal/server"
 )
 
-// secretValue is a string flag whose value never shows in usage text: a
-// default read from the environment (OSMO_API_KEY) would otherwise land on
-// the terminal at every -h and every mistyped flag.
-type secretValue struct{ p *string }
-
-// secretVar registers a secret string flag defaulting to def.
+// secretVar registers a string flag defaulting to def whose value never
+// shows in usage text: a default read from the environment (OSMO_API_KEY)
+// would otherwise land on the terminal at every -h and mistyped flag.
 func secretVar(fs *flag.FlagSet, p *string, name, def, usage string) {
 	*p = def
-	fs.Var(secretValue{p}, name, usage)
+	fs.Func(name, usage, func(v string) error {
+		*p = v
+		return nil
+	})
 }
 
-func (s secretValue) String() string { return "" }
-
-func (s secretValue) Set(v string) error {
-	*s.p = v
-	return nil
-}
-
-// listenGuard refuses to serve without authentication beyond loopback: a
+// checkListen refuses to serve without authentication beyond loopback: a
 // service that runs agents and makes requests on a caller's behalf is not
-// left open to a network by a forgotten flag.
-type listenGuard struct {
-	insecure bool
-}
-
-func (g *listenGuard) register(fs *flag.FlagSet, e *env) {
-	fs.BoolVar(&g.insecure, "insecure", e.getenv("OSMO_INSECURE") == "true",
-		"serve without authentication on a non-loopback address (env OSMO_INSECURE=true); without it such a start needs --api-key")
-}
-
-// check returns a usage error when a listen address reaches beyond this
-// machine and neither apiKey nor mutual TLS authenticates its callers;
-// with --insecure it logs a warning instead, at every start.
-func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd, apiKey string, tls *tlsFlags, listens ...listenAddr) error {
-	if apiKey != "" || tls.mutual() {
+// left open to a network by a forgotten flag. With --insecure it logs a
+// warning instead, at every start.
+func (f *serviceFlags) checkListen(ctx context.Context, log *slog.Logger, cmd string, listens ...listenAddr) error {
+	// Servers that require client certificates authenticate their callers
+	// as an API key does.
+	if f.apiKey != "" || (f.tls.src != nil && f.tls.src.HasCert() && f.tls.ca != "") {
 		return nil
 	}
 	var open []string
@@ -65,7 +49,7 @@ func (g *listenGuard) check(ctx context.Context, log *slog.Logger, cmd, apiKey s
 	if len(open) == 0 {
 		return nil
 	}
-	if g.insecure {
+	if f.insecure {
 		log.Warn("serving WITHOUT authentication beyond loopback (--insecure): anyone who reaches these addresses can start rollouts",
 			"listen", strings.Join(open, ", "))
 		return nil

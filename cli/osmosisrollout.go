@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/osmo-rl/osmo/internal/eval"
 	"github.com/osmo-rl/osmo/internal/rolloutproc"
 	"github.com/osmo-rl/osmo/workflows/osmosisserver"
 )
@@ -108,12 +109,10 @@ func startOsmosisServer(ctx context.Context, e *env, s backendSpec, log *slog.Lo
 	if s.verbose {
 		out = io.MultiWriter(out, e.stderr)
 	}
-	env := maps.Clone(s.env)
-	if env == nil {
-		env = map[string]string{}
-	}
+	env := map[string]string{}
+	maps.Copy(env, s.env)
 	maps.Copy(env, s.secrets)
-	artifacts := filepath.Join(s.runDir, "rollout_trials")
+	artifacts := filepath.Join(s.runDir, eval.TrialsDir)
 	if err := os.MkdirAll(artifacts, 0o755); err != nil {
 		f.Close()
 		return "", nil, fmt.Errorf("eval: %w", err)

@@ -44,7 +44,7 @@ const defaultMaxMessageBytes = 64 << 20
 
 // rolloutFlags configure the rollout service.
 type rolloutFlags struct {
-	workflow, workflowConfig, exec, grader, apiKey, logDir, model, replicaName         string
+	workflow, workflowConfig, exec, grader, logDir, model, replicaName                 string
 	execSamples, maxQueued, maxConcurrent, callbackConc                                int
 	recordTTL, rolloutTimeout, gradeTimeout, drainTimeout, deliveryDeadline, lostAfter time.Duration
 
@@ -54,8 +54,9 @@ type rolloutFlags struct {
 	execLimits       execLimitsFlag
 	// execEnv are KEY=VALUE variables an exec agent gets beyond the
 	// contract's (an eval's [env] and secrets); not a flag.
-	execEnv  []string
-	guard    listenGuard
+	execEnv []string
+	// apiKey is the serving command's --api-key; a local stack has none.
+	apiKey   string
 	nats     natsFlags
 	outbound outboundFlags
 	env      osmosisEnv
@@ -83,8 +84,6 @@ func (f *rolloutFlags) register(fs *flag.FlagSet, e *env) error {
 	fs.IntVar(&f.vocabSize, "policy-vocab-size", 0, "the policy's vocabulary size `N`: a recorded token id at or above it is a training-rows problem of its call (default: unknown; only negative ids are)")
 	fs.IntVar(&f.maxQueued, "max-queued", 0, "rollouts that may wait for a slot before POST /rollout answers 429 (default: --max-concurrent; remote-rollout /v1/rollout/init requests queue without bound)")
 	fs.StringVar(&f.grader, "grader", "", `grader spec ("name" or "name:key=value,..."); "none" disables grading; default: the workflow's own`)
-	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)")
-	f.guard.register(fs, e)
 	fs.StringVar(&f.logDir, "log", "", "write one JSONL event file per rollout under `DIR`/<unix-time>/")
 	fs.StringVar(&f.model, "model", "", "model name that replaces the placeholder "+`"openai/osmosis-rollout"`+" on upstream calls (default: leave it to the trainer)")
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", oe.maxConcurrent, "rollouts run at once; the rest queue (env OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS)")
@@ -247,7 +246,10 @@ func grpcServer(addr string, log *slog.Logger, unary grpc.UnaryServerInterceptor
 		grpc.ChainUnaryInterceptor(server.RecoverUnary(log), unary),
 		grpc.ChainStreamInterceptor(server.RecoverStream(log), stream),
 	)
-	srv, err := server.NewGRPC(addr, append(opts, tf.serverOptions()...)...)
+	if tf.src != nil && tf.src.HasCert() {
+		opts = append(opts, grpc.Creds(tf.src.ServerCredentials()))
+	}
+	srv, err := server.NewGRPC(addr, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -325,9 +327,6 @@ func localStackConfig(e *env, workflow string) (stackConfig, error) {
 	}
 	sc.grader.register(fs, "grader-")
 	sc.rollout.workflow = workflow
-	// The local stack answers only this process's own controller, on
-	// loopback: OSMO_API_KEY, meant for a served osmo, would lock it out.
-	sc.rollout.apiKey = ""
 	return sc, nil
 }
 
@@ -468,24 +467,31 @@ type serviceFlags struct {
 	log      logFlags
 	tls      tlsFlags
 	addrFile addrFile
+	apiKey   string
+	insecure bool
 }
 
-func (f *serviceFlags) register(fs *flag.FlagSet, e *env) {
+// register adds the flags; keyUsage is --api-key's usage, which says what
+// the key guards in each command.
+func (f *serviceFlags) register(fs *flag.FlagSet, e *env, keyUsage string) {
 	f.log.register(fs)
 	f.tls.register(fs, e)
 	f.addrFile.register(fs)
+	secretVar(fs, &f.apiKey, "api-key", e.getenv("OSMO_API_KEY"), keyUsage)
+	fs.BoolVar(&f.insecure, "insecure", e.getenv("OSMO_INSECURE") == "true",
+		"serve without authentication on a non-loopback address (env OSMO_INSECURE=true); without it such a start needs --api-key")
 }
 
 // start makes the command's logger and telemetry (stop flushes it), loads
 // the TLS files (serves: see tlsFlags.load) and refuses to listen beyond
-// loopback with nothing authenticating callers (see listenGuard.check).
-func (f *serviceFlags) start(ctx context.Context, e *env, cmd, service string, serves bool, guard *listenGuard, apiKey string, listens ...listenAddr) (*slog.Logger, *telemetry.Telemetry, func(), error) {
+// loopback with nothing authenticating callers (see checkListen).
+func (f *serviceFlags) start(ctx context.Context, e *env, cmd, service string, serves bool, listens ...listenAddr) (*slog.Logger, *telemetry.Telemetry, func(), error) {
 	log, tel, stop, err := f.log.start(ctx, e, service)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	if err = f.tls.load(log, serves); err == nil {
-		err = guard.check(ctx, log, cmd, apiKey, &f.tls, listens...)
+		err = f.checkListen(ctx, log, cmd, listens...)
 	}
 	if err != nil {
 		stop()
@@ -493,6 +499,9 @@ func (f *serviceFlags) start(ctx context.Context, e *env, cmd, service string, s
 	}
 	return log, tel, stop, nil
 }
+
+// rolloutKeyUsage is --api-key's usage where the rollout service serves.
+const rolloutKeyUsage = "require this bearer `TOKEN` on every request but /health (env OSMO_API_KEY)"
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "serve")
@@ -514,7 +523,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sc.grader.register(fs, "grader-")
-	sf.register(fs, e)
+	sf.register(fs, e, rolloutKeyUsage)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -523,13 +532,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	sc.httpAddr = net.JoinHostPort(host, strconv.Itoa(port))
 	sc.rolloutAddr = grpcAddr
-	log, tel, stopTelemetry, err := sf.start(ctx, e, "serve", serviceRollout, true, &sc.rollout.guard, sc.rollout.apiKey,
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "serve", serviceRollout, true,
 		listenAddr{"-H/-p", sc.httpAddr}, listenAddr{"--grpc-addr", sc.rolloutAddr}, listenAddr{"--grader-addr", sc.graderAddr})
 	if err != nil {
 		return err
 	}
 	defer stopTelemetry()
-	sc.tls, sc.addrFile, sc.tracing = sf.tls, sf.addrFile, stackTracing(tel)
+	sc.tls, sc.addrFile, sc.tracing, sc.rollout.apiKey = sf.tls, sf.addrFile, stackTracing(tel), sf.apiKey
 	stopOsmosis, err := sc.rollout.startOsmosis(ctx, e, log)
 	if err != nil {
 		return err
@@ -558,14 +567,15 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	if err := rf.register(fs, e); err != nil {
 		return err
 	}
-	sf.register(fs, e)
+	sf.register(fs, e, rolloutKeyUsage)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, tel, stopTelemetry, err := sf.start(ctx, e, "rollout", serviceRollout, false, &rf.guard, rf.apiKey, listenAddr{"--grpc-addr", addr})
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "rollout", serviceRollout, false, listenAddr{"--grpc-addr", addr})
 	if err != nil {
 		return err
 	}
+	rf.apiKey = sf.apiKey
 	defer stopTelemetry()
 	stopOsmosis, err := rf.startOsmosis(ctx, e, log)
 	if err != nil {
@@ -650,24 +660,21 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 func runGrader(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "grader")
 	var (
-		addr, metricsAddr, apiKey string
-		guard                     listenGuard
-		gf                        graderFlags
-		nf                        natsFlags
-		sf                        serviceFlags
+		addr, metricsAddr string
+		gf                graderFlags
+		nf                natsFlags
+		sf                serviceFlags
 	)
 	fs.StringVar(&addr, "grpc-addr", ":9091", "gRPC listen address")
 	fs.StringVar(&metricsAddr, "metrics-addr", ":9465", "HTTP address of GET /metrics (empty: off)")
 	fs.StringVar(&gf.defaultSpec, "grader", "calculator", "default grader spec for requests that name none")
-	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
-	guard.register(fs, e)
 	gf.register(fs, "")
 	nf.register(fs, e)
-	sf.register(fs, e)
+	sf.register(fs, e, "require this bearer `TOKEN` on every RPC but health (env OSMO_API_KEY); give the rollout service the same --api-key")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	log, tel, stopTelemetry, err := sf.start(ctx, e, "grader", serviceGrader, true, &guard, apiKey, listenAddr{"--grpc-addr", addr})
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "grader", serviceGrader, true, listenAddr{"--grpc-addr", addr})
 	if err != nil {
 		return err
 	}
@@ -688,7 +695,7 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer svc.Close()
-	auth := server.NewBearerAuth(apiKey)
+	auth := server.NewBearerAuth(sf.apiKey)
 	srv, hs, err := grpcServer(addr, log, auth.Unary, auth.Stream, tr.grader, tr.prop, &sf.tls)
 	if err != nil {
 		return err
@@ -709,25 +716,22 @@ func runGrader(ctx context.Context, e *env, args []string) error {
 func runGateway(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "gateway")
 	var (
-		addr, rolloutAddr, graderAddr, apiKey string
-		maxBody                               int64
-		guard                                 listenGuard
-		sf                                    serviceFlags
+		addr, rolloutAddr, graderAddr string
+		maxBody                       int64
+		sf                            serviceFlags
 	)
 	fs.StringVar(&addr, "addr", ":9000", "HTTP listen address (REST, Connect, gRPC-Web, gRPC over h2c)")
 	fs.StringVar(&rolloutAddr, "rollout-addr", "", "gRPC address of the rollout service (required)")
 	fs.StringVar(&graderAddr, "grader-addr", "", "gRPC address of the grader service (optional: enables /v1/grade)")
 	fs.Int64Var(&maxBody, "max-body-bytes", defaultMaxMessageBytes, "largest request body accepted")
-	secretVar(fs, &apiKey, "api-key", e.getenv("OSMO_API_KEY"), "require this bearer `TOKEN` on every request but /health, and forward it to the services (env OSMO_API_KEY); give them the same --api-key")
-	guard.register(fs, e)
-	sf.register(fs, e)
+	sf.register(fs, e, "require this bearer `TOKEN` on every request but /health, and forward it to the services (env OSMO_API_KEY); give them the same --api-key")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if rolloutAddr == "" {
 		return usagef("--rollout-addr is required")
 	}
-	log, tel, stopTelemetry, err := sf.start(ctx, e, "gateway", serviceGateway, false, &guard, apiKey, listenAddr{"--addr", addr})
+	log, tel, stopTelemetry, err := sf.start(ctx, e, "gateway", serviceGateway, false, listenAddr{"--addr", addr})
 	if err != nil {
 		return err
 	}
@@ -751,7 +755,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := sf.tls.httpServer(addr, requireKeyHTTP(apiKey, withMetrics(gw, newMetricsRegistry(), "")))
+	srv, err := sf.tls.httpServer(addr, requireKeyHTTP(sf.apiKey, withMetrics(gw, newMetricsRegistry(), "")))
 	if err != nil {
 		return err
 	}

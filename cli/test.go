@@ -107,7 +107,7 @@ func runTest(ctx context.Context, e *env, args []string) error {
 	plan.Rows = selected
 	plan.OnResult = func(r eval.Result) { printResult(e.stdout, r) }
 	rep, err := eval.Run(ctx, plan)
-	return reportEnd(e, rep, err, "", false)
+	return reportEnd(e, rep, err, nil, false)
 }
 
 // mockModelName is the model the mock policy answers as.
@@ -203,7 +203,7 @@ func (s *stepper) run(ctx context.Context) error {
 			queue = append([]eval.Row{s.all[jump]}, queue...)
 			continue
 		case err != nil && !errors.Is(err, eval.ErrInterrupted):
-			return reportEnd(s.e, nil, err, "", false)
+			return reportEnd(s.e, nil, err, nil, false)
 		}
 	}
 	fmt.Fprintln(s.e.stdout, "\nno more rows")

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"crypto/tls"
 	"flag"
 	"log/slog"
 	"net/http"
@@ -49,20 +48,6 @@ func (f *tlsFlags) load(log *slog.Logger, serves bool) error {
 	return nil
 }
 
-// mutual reports whether the command's servers require client
-// certificates, which authenticate callers as an API key does.
-func (f *tlsFlags) mutual() bool {
-	return f.src != nil && f.src.HasCert() && f.ca != ""
-}
-
-// serverOptions are a gRPC server's transport credentials (none: plaintext).
-func (f *tlsFlags) serverOptions() []grpc.ServerOption {
-	if f.src == nil || !f.src.HasCert() {
-		return nil
-	}
-	return []grpc.ServerOption{grpc.Creds(f.src.ServerCredentials())}
-}
-
 // dialOptions are a gRPC client's transport credentials (none: plaintext);
 // the server's certificate must carry the target's host.
 func (f *tlsFlags) dialOptions() []grpc.DialOption {
@@ -90,12 +75,4 @@ func (f *tlsFlags) httpServer(addr string, h http.Handler) (*server.HTTP, error)
 		return server.NewHTTP(addr, h)
 	}
 	return server.NewHTTPS(addr, h, f.src.ServerConfig("h2", "http/1.1"))
-}
-
-// httpClientConfig is an HTTPS client's TLS configuration (nil: Go's).
-func (f *tlsFlags) httpClientConfig() *tls.Config {
-	if f.src == nil {
-		return nil
-	}
-	return f.src.ClientConfig()
 }

@@ -403,8 +403,8 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		client := http.DefaultClient
-		if cfg := tf.httpClientConfig(); cfg != nil {
-			client = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}
+		if tf.src != nil {
+			client = &http.Client{Transport: &http.Transport{TLSClientConfig: tf.src.ClientConfig(), ForceAttemptHTTP2: true}}
 		}
 		resp, err := client.Do(req)
 		if err != nil {

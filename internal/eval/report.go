@@ -19,9 +19,14 @@ import (
 var reportTemplate string
 
 var reportPage = template.Must(template.New("report").Funcs(template.FuncMap{
-	"pct":    func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
-	"reward": formatReward,
-	"ms":     func(f float64) string { return (time.Duration(f) * time.Millisecond).Round(time.Millisecond).String() },
+	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"reward": func(r *float64) string {
+		if r == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.4g", *r)
+	},
+	"ms": func(f float64) string { return (time.Duration(f) * time.Millisecond).Round(time.Millisecond).String() },
 	"json": func(v any) string {
 		b, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
@@ -185,13 +190,6 @@ func newHistogram(rewards []float64) histogram {
 		})
 	}
 	return h
-}
-
-func formatReward(r *float64) string {
-	if r == nil {
-		return "–"
-	}
-	return fmt.Sprintf("%.4g", *r)
 }
 
 // messageText is a message's content as text, whatever shape it has, or

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -143,28 +142,14 @@ func recordCalls(ctx context.Context, serverURL, key, rolloutID, sampleID string
 	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(serverURL, "/")+"/v1/rollouts/"+url.PathEscape(rolloutID), nil)
-	if err != nil {
+	status, body, err := send(ctx, http.MethodGet, strings.TrimRight(serverURL, "/")+"/v1/rollouts/"+url.PathEscape(rolloutID), key, nil, maxRecordBytes)
+	switch {
+	case err != nil:
 		return nil, false
-	}
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, false
-	}
-	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed || status == http.StatusNotImplemented:
 		noRecords.Store(true)
 		return nil, false
-	default:
-		return nil, false
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRecordBytes))
-	if err != nil {
+	case status != http.StatusOK:
 		return nil, false
 	}
 	var rec rolloutv1.Rollout

@@ -39,16 +39,14 @@ type Plan struct {
 	// Output is the run directory; "" keeps nothing (osmo test).
 	Output string
 	// RetryFailed runs the failed and skipped attempts again, under new
-	// rollout ids (starting over is OpenRun's business).
+	// rollout ids.
 	RetryFailed bool
-	// Redact cleans every result before it is journaled; nil: nothing.
-	Redact *Redactor
+	Redact      *Redactor // cleans every result before it is journaled
 	// SkipChecks leaves out the model and server checks before running.
 	SkipChecks bool
 	// TrainingRows keeps each sample's LLM calls in its result and writes
-	// the training rows derived from them (rows.jsonl, rows.parquet) in
-	// RowsMerge mode ("" or "exact", or "realign"), with the policy's
-	// vocabulary size when known (RowsVocabSize); see writeRows.
+	// the training rows derived from them in RowsMerge mode, with the
+	// policy's vocabulary size when known.
 	TrainingRows  bool
 	RowsMerge     string
 	RowsVocabSize int
@@ -62,8 +60,7 @@ type Plan struct {
 	JaegerURL, Title string
 
 	// What metrics.json's eval_run and progress.json say of the run, under
-	// the SDK's names: id (default: derived from Output), name (default:
-	// Output's base name), dataset_name, model_name (default: Model),
+	// the SDK's names: id, name, dataset_name, model_name (default: Model),
 	// rollout_name and total_dataset_rows (default: len(Rows)).
 	RunID, RunName, DatasetName, ModelPath, RolloutName string
 	TotalDatasetRows                                    int
@@ -93,8 +90,6 @@ type Report struct {
 	// Pending those without a result, Resumed the results carried from an
 	// earlier invocation.
 	Ran, Total, Pending, Resumed int
-	// RunID and RunName are metrics.json's; empty without Output.
-	RunID, RunName string
 	// TrainingRows are the rows derived from Results (rows.jsonl's); nil
 	// with rows off.
 	TrainingRows []TrainingRow
@@ -144,7 +139,7 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		}
 	}
 
-	files := newSDKFiles(p, journal, start)
+	files := newSDKFiles(p, journal, byRow, start)
 	ran := 0
 	var runErr error
 	if len(todo) > 0 {
@@ -167,9 +162,6 @@ func Run(ctx context.Context, p Plan) (*Report, error) {
 		}
 	}
 	rep.Pending = rep.Total - len(rep.Results)
-	if files != nil {
-		rep.RunID, rep.RunName = files.runID(), files.runName()
-	}
 	// wall_s is the time spent running the run's attempts: an invocation
 	// adds its own to what the earlier ones wrote, and one that ran nothing
 	// leaves it as it was.
@@ -511,28 +503,18 @@ func Preflight(ctx context.Context, baseURL, key, model string) error {
 		"messages":   []map[string]string{{"role": "user", "content": "Reply with OK."}},
 		"max_tokens": 8,
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
+	status, answer, err := send(ctx, http.MethodPost, url, key, body, 4096)
+	switch {
+	case err != nil:
 		return &PreflightError{URL: url, Msg: err.Error()}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return &PreflightError{URL: url, Msg: err.Error()}
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: strings.TrimSpace(string(answer))}
+	case status != http.StatusOK:
+		return &PreflightError{URL: url, Status: status, Msg: strings.TrimSpace(string(answer))}
 	}
 	var parsed struct {
 		Choices []json.RawMessage `json:"choices"`
 	}
 	if json.Unmarshal(answer, &parsed) != nil || len(parsed.Choices) == 0 {
-		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: "the answer is not a chat completion"}
+		return &PreflightError{URL: url, Status: status, Msg: "the answer is not a chat completion"}
 	}
 	return nil
 }
@@ -556,20 +538,36 @@ func CheckServer(ctx context.Context, serverURL string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	url := strings.TrimRight(serverURL, "/") + "/health"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	status, answer, err := send(ctx, http.MethodGet, url, "", nil, 4096)
+	switch {
+	case err != nil:
+		return &PreflightError{URL: url, Msg: "the rollout server is not reachable: " + err.Error()}
+	case status != http.StatusOK:
+		return &PreflightError{URL: url, Status: status, Msg: "the rollout server is not healthy: " + strings.TrimSpace(string(answer))}
+	}
+	return nil
+}
+
+// send makes an HTTP request, with key as its bearer when set, and returns
+// the answer's status and up to limit bytes of its body.
+func send(ctx context.Context, method, url, key string, body []byte, limit int64) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
-		return &PreflightError{URL: url, Msg: err.Error()}
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return &PreflightError{URL: url, Msg: "the rollout server is not reachable: " + err.Error()}
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return &PreflightError{URL: url, Status: resp.StatusCode, Msg: "the rollout server is not healthy: " + strings.TrimSpace(string(answer))}
-	}
-	return nil
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, limit))
+	return resp.StatusCode, answer, nil
 }
 
 // priorWallS is the wall_s of the summary an earlier invocation wrote in

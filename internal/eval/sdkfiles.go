@@ -3,8 +3,6 @@ package eval
 import (
 	"bytes"
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -240,31 +238,12 @@ type sdkFiles struct {
 }
 
 // newSDKFiles is the writer of p's run directory; nil without one.
-func newSDKFiles(p Plan, j *Journal, started time.Time) *sdkFiles {
+func newSDKFiles(p Plan, j *Journal, rows map[int]Row, started time.Time) *sdkFiles {
 	if p.Output == "" {
 		return nil
 	}
-	f := &sdkFiles{p: p, journal: j, started: started, rows: map[int]Row{}, traj: map[string]bool{}}
-	for _, r := range p.Rows {
-		f.rows[r.Index] = r
-	}
-	return f
+	return &sdkFiles{p: p, journal: j, started: started, rows: rows, traj: map[string]bool{}}
 }
-
-// runID is Plan.RunID, else one derived from the run's directory.
-func (f *sdkFiles) runID() string {
-	if f.p.RunID != "" {
-		return f.p.RunID
-	}
-	abs, err := filepath.Abs(f.p.Output)
-	if err != nil {
-		abs = f.p.Output
-	}
-	sum := sha256.Sum256([]byte(abs))
-	return hex.EncodeToString(sum[:16])
-}
-
-func (f *sdkFiles) runName() string { return cmp.Or(f.p.RunName, filepath.Base(f.p.Output)) }
 
 // committed writes a journaled result's trajectory and, at most every
 // snapshotEvery, the snapshots of planned(). A failure is only logged: the
@@ -323,7 +302,7 @@ func (f *sdkFiles) snapshots(results []Result, status string) error {
 	index := jsonLines(rows)
 	now := time.Now()
 	run := evalRun{
-		ID: f.runID(), Status: status, Name: f.runName(),
+		ID: f.p.RunID, Status: status, Name: f.p.RunName,
 		DatasetName: f.p.DatasetName, ModelName: cmp.Or(f.p.ModelPath, f.p.Model), RolloutName: f.p.RolloutName,
 		DurationMS: float64(now.Sub(f.started)) / float64(time.Millisecond), StartedAt: sdkTime(f.started),
 	}
