@@ -184,13 +184,9 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 			return cb, fmt.Errorf("%s: missing (send null for no value)", k)
 		}
 	}
-	for _, f := range []struct {
-		key string
-		to  any
-	}{{"status", &cb.Status}, {"rollout_id", &cb.RolloutID}, {"err_message", &cb.ErrMessage}, {"err_category", &cb.ErrCategory}} {
-		if err := json.Unmarshal(fields[f.key], f.to); err != nil {
-			return cb, fmt.Errorf("%s: does not decode: %v", f.key, err)
-		}
+	if err := decodeFields(fields, field{"status", &cb.Status}, field{"rollout_id", &cb.RolloutID},
+		field{"err_message", &cb.ErrMessage}, field{"err_category", &cb.ErrCategory}); err != nil {
+		return cb, err
 	}
 	if cb.RolloutID == "" && (cb.Status != "failure" || cb.ErrCategory == nil || *cb.ErrCategory != "validation_error") {
 		// Only a start refused as bad input (its rollout_id blank, say)
@@ -258,21 +254,28 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 // parseSample decodes a grader callback's sample from its fields.
 func parseSample(raw map[string]json.RawMessage) (G2Sample, error) {
 	var s G2Sample
-	for _, f := range []struct {
-		key string
-		to  any
-	}{
-		{"id", &s.ID}, {"messages", &s.Messages}, {"label", &s.Label}, {"reward", &s.Reward},
-		{"remove_sample", &s.RemoveSample}, {"metrics", &s.Metrics}, {"extra_fields", &s.ExtraFields},
-		{"llm_calls", &s.LLMCalls},
-	} {
+	err := decodeFields(raw, field{"id", &s.ID}, field{"messages", &s.Messages}, field{"label", &s.Label},
+		field{"reward", &s.Reward}, field{"remove_sample", &s.RemoveSample}, field{"metrics", &s.Metrics},
+		field{"extra_fields", &s.ExtraFields}, field{"llm_calls", &s.LLMCalls})
+	return s, err
+}
+
+// field is a key of a JSON object and where its value decodes to.
+type field struct {
+	key string
+	to  any
+}
+
+// decodeFields decodes each field present in raw from its own bytes.
+func decodeFields(raw map[string]json.RawMessage, fields ...field) error {
+	for _, f := range fields {
 		if v, ok := raw[f.key]; ok {
 			if err := json.Unmarshal(v, f.to); err != nil {
-				return s, fmt.Errorf("%s: does not decode: %v", f.key, err)
+				return fmt.Errorf("%s: does not decode: %v", f.key, err)
 			}
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // WaitCompletion blocks until a completion callback for rolloutID arrived
