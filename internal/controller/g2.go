@@ -81,7 +81,14 @@ func NewG2(addr string, o G2Options) (*G2, error) {
 		return nil, err
 	}
 	c := &G2{endpoint: e, opts: o}
-	e.mux.HandleFunc("POST /v1/chat/completions", c.chat)
+	e.mux.HandleFunc("POST /v1/chat/completions", e.chat(o.APIKey, func(r *http.Request, _ map[string]any) (string, string) {
+		for _, h := range [...]string{"X-Rollout-Id", "X-Sample-Id"} {
+			if strings.TrimSpace(r.Header.Get(h)) == "" {
+				return "", "missing " + h + " header"
+			}
+		}
+		return r.Header.Get("X-Rollout-Id"), ""
+	}))
 	e.mux.HandleFunc("POST /callbacks/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
 	e.mux.HandleFunc("POST /callbacks/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
 	return c, nil
@@ -129,22 +136,6 @@ func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, h
 		return code, answerHeader, data, fmt.Errorf("controller: start: %w", err)
 	}
 	return code, answerHeader, data, nil
-}
-
-// chat checks and records an LLM call, then relays it to the policy.
-func (c *G2) chat(w http.ResponseWriter, r *http.Request) {
-	body, parsed, ok := c.readCall(w, r, c.opts.APIKey)
-	if !ok {
-		return
-	}
-	for _, h := range [...]string{"X-Rollout-Id", "X-Sample-Id"} {
-		if strings.TrimSpace(r.Header.Get(h)) == "" {
-			writeDetail(w, http.StatusBadRequest, "missing "+h+" header")
-			return
-		}
-	}
-	c.recordChat(ChatCall{Header: r.Header.Clone(), Body: parsed})
-	c.relay(w, r, r.Header.Get("X-Rollout-Id"), "", body, nil)
 }
 
 // callback checks, records and acknowledges a completion or grader callback.

@@ -114,29 +114,19 @@ type Timed struct {
 	CPU, AllocBytes, Allocs float64
 }
 
-// usage is what a server process has spent so far: CPU seconds, and the
-// bytes and objects its Go runtime allocated. NaN is unknown.
-type usage struct{ cpu, allocBytes, allocs float64 }
-
-// readUsage reads the usage of the server process pid whose /metrics is
-// at base.
-func readUsage(ctx context.Context, pid int, base string) (usage, error) {
-	u := usage{cpu: math.NaN(), allocBytes: math.NaN(), allocs: math.NaN()}
-	switch cpu, err := procstat.CPU(pid); {
+// usage is what the server process pid, its /metrics at base, has spent
+// so far: CPU seconds, and the bytes and objects its Go runtime allocated.
+// NaN is unknown.
+func usage(ctx context.Context, pid int, base string) (cpu, allocBytes, allocs float64, err error) {
+	cpu, allocBytes, allocs = math.NaN(), math.NaN(), math.NaN()
+	switch d, err := procstat.CPU(pid); {
 	case err == nil:
-		u.cpu = cpu.Seconds()
+		cpu = d.Seconds()
 	case !errors.Is(err, procstat.ErrUnsupported):
-		return u, fmt.Errorf("rolloutbench: %w", err)
+		return cpu, allocBytes, allocs, fmt.Errorf("rolloutbench: %w", err)
 	}
-	err := scrape(ctx, base, map[string]*float64{"go_memstats_alloc_bytes_total": &u.allocBytes, "go_memstats_mallocs_total": &u.allocs})
-	return u, err
-}
-
-// spent sets t's CPU and allocations per rollout from the server's usage
-// before and after the run.
-func (t *Timed) spent(before, after usage) {
-	n := float64(max(t.Rollouts, 1))
-	t.CPU, t.AllocBytes, t.Allocs = (after.cpu-before.cpu)/n, (after.allocBytes-before.allocBytes)/n, (after.allocs-before.allocs)/n
+	err = scrape(ctx, base, map[string]*float64{"go_memstats_alloc_bytes_total": &allocBytes, "go_memstats_mallocs_total": &allocs})
+	return cpu, allocBytes, allocs, err
 }
 
 // memory is process pid's VmRSS, RssAnon and VmHWM, in bytes; NaN for
@@ -411,9 +401,9 @@ func (b *bench) post(ctx context.Context, id string) error {
 }
 
 // timedUsage is timed, with what the server process srv spent over the
-// run.
+// run per rollout.
 func (b *bench) timedUsage(ctx context.Context, srv *benchproc.Proc, prefix string, n, concurrency int) (Timed, error) {
-	before, err := readUsage(ctx, srv.PID(), b.base)
+	cpu, allocBytes, allocs, err := usage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
@@ -421,11 +411,12 @@ func (b *bench) timedUsage(ctx context.Context, srv *benchproc.Proc, prefix stri
 	if err != nil {
 		return Timed{}, err
 	}
-	after, err := readUsage(ctx, srv.PID(), b.base)
+	cpu2, allocBytes2, allocs2, err := usage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
-	t.spent(before, after)
+	per := float64(max(t.Rollouts, 1))
+	t.CPU, t.AllocBytes, t.Allocs = (cpu2-cpu)/per, (allocBytes2-allocBytes)/per, (allocs2-allocs)/per
 	return t, nil
 }
 
