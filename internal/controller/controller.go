@@ -75,24 +75,14 @@ func New(addr string, opts Options) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{endpoint: e, opts: opts}
-	e.mux.HandleFunc("POST /v1/chat/completions", c.chat)
+	e.mux.HandleFunc("POST /v1/chat/completions", e.chat(opts.APIKey, func(_ *http.Request, body map[string]any) (string, string) {
+		if id, ok := body["rollout_id"].(string); ok {
+			return id, ""
+		}
+		return "", "rollout_id missing from the request body"
+	}))
 	e.mux.HandleFunc("POST /v1/rollout/completed", c.completed)
 	return c, nil
-}
-
-// chat checks and records an LLM call, then relays it to the policy.
-func (c *Controller) chat(w http.ResponseWriter, r *http.Request) {
-	body, parsed, ok := c.readCall(w, r, c.opts.APIKey)
-	if !ok {
-		return
-	}
-	id, ok := parsed["rollout_id"].(string)
-	if !ok {
-		writeDetail(w, http.StatusBadRequest, "rollout_id missing from the request body")
-		return
-	}
-	c.recordChat(ChatCall{Header: r.Header.Clone(), Body: parsed})
-	c.relay(w, r, id, "", body, nil)
 }
 
 func (c *Controller) completed(w http.ResponseWriter, r *http.Request) {

@@ -212,6 +212,25 @@ func (e *endpoint[T]) readCall(w http.ResponseWriter, r *http.Request, key strin
 	return body, parsed, true
 }
 
+// chat serves LLM calls: it checks and records each, then relays it to
+// the policy. rolloutID names a call's rollout, or says why the call is
+// refused (400).
+func (e *endpoint[T]) chat(key string, rolloutID func(r *http.Request, body map[string]any) (id, refused string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, parsed, ok := e.readCall(w, r, key)
+		if !ok {
+			return
+		}
+		id, refused := rolloutID(r, parsed)
+		if refused != "" {
+			writeDetail(w, http.StatusBadRequest, refused)
+			return
+		}
+		e.recordChat(ChatCall{Header: r.Header.Clone(), Body: parsed})
+		e.relay(w, r, id, "", body, nil)
+	}
+}
+
 func (e *endpoint[T]) recordChat(call ChatCall) {
 	e.mu.Lock()
 	e.chats = append(e.chats, call)

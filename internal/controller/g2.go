@@ -81,7 +81,14 @@ func NewG2(addr string, o G2Options) (*G2, error) {
 		return nil, err
 	}
 	c := &G2{endpoint: e, opts: o}
-	e.mux.HandleFunc("POST /v1/chat/completions", c.chat)
+	e.mux.HandleFunc("POST /v1/chat/completions", e.chat(o.APIKey, func(r *http.Request, _ map[string]any) (string, string) {
+		for _, h := range [...]string{"X-Rollout-Id", "X-Sample-Id"} {
+			if strings.TrimSpace(r.Header.Get(h)) == "" {
+				return "", "missing " + h + " header"
+			}
+		}
+		return r.Header.Get("X-Rollout-Id"), ""
+	}))
 	e.mux.HandleFunc("POST /callbacks/completion", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindCompletion) })
 	e.mux.HandleFunc("POST /callbacks/grader", func(w http.ResponseWriter, r *http.Request) { c.callback(w, r, kindGrader) })
 	return c, nil
@@ -131,22 +138,6 @@ func (c *G2) StartWithHeader(ctx context.Context, serverURL, serverKey string, h
 	return code, answerHeader, data, nil
 }
 
-// chat checks and records an LLM call, then relays it to the policy.
-func (c *G2) chat(w http.ResponseWriter, r *http.Request) {
-	body, parsed, ok := c.readCall(w, r, c.opts.APIKey)
-	if !ok {
-		return
-	}
-	for _, h := range [...]string{"X-Rollout-Id", "X-Sample-Id"} {
-		if strings.TrimSpace(r.Header.Get(h)) == "" {
-			writeDetail(w, http.StatusBadRequest, "missing "+h+" header")
-			return
-		}
-	}
-	c.recordChat(ChatCall{Header: r.Header.Clone(), Body: parsed})
-	c.relay(w, r, r.Header.Get("X-Rollout-Id"), "", body, nil)
-}
-
 // callback checks, records and acknowledges a completion or grader callback.
 func (c *G2) callback(w http.ResponseWriter, r *http.Request, kind string) {
 	cb, ok := c.receive(w, r, kind, c.opts.APIKey, func(body []byte) (G2Callback, string, error) {
@@ -184,13 +175,9 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 			return cb, fmt.Errorf("%s: missing (send null for no value)", k)
 		}
 	}
-	for _, f := range []struct {
-		key string
-		to  any
-	}{{"status", &cb.Status}, {"rollout_id", &cb.RolloutID}, {"err_message", &cb.ErrMessage}, {"err_category", &cb.ErrCategory}} {
-		if err := json.Unmarshal(fields[f.key], f.to); err != nil {
-			return cb, fmt.Errorf("%s: does not decode: %v", f.key, err)
-		}
+	if err := decodeFields(fields, field{"status", &cb.Status}, field{"rollout_id", &cb.RolloutID},
+		field{"err_message", &cb.ErrMessage}, field{"err_category", &cb.ErrCategory}); err != nil {
+		return cb, err
 	}
 	if cb.RolloutID == "" && (cb.Status != "failure" || cb.ErrCategory == nil || *cb.ErrCategory != "validation_error") {
 		// Only a start refused as bad input (its rollout_id blank, say)
@@ -258,21 +245,28 @@ func parseCallback(body []byte, kind string) (G2Callback, error) {
 // parseSample decodes a grader callback's sample from its fields.
 func parseSample(raw map[string]json.RawMessage) (G2Sample, error) {
 	var s G2Sample
-	for _, f := range []struct {
-		key string
-		to  any
-	}{
-		{"id", &s.ID}, {"messages", &s.Messages}, {"label", &s.Label}, {"reward", &s.Reward},
-		{"remove_sample", &s.RemoveSample}, {"metrics", &s.Metrics}, {"extra_fields", &s.ExtraFields},
-		{"llm_calls", &s.LLMCalls},
-	} {
+	err := decodeFields(raw, field{"id", &s.ID}, field{"messages", &s.Messages}, field{"label", &s.Label},
+		field{"reward", &s.Reward}, field{"remove_sample", &s.RemoveSample}, field{"metrics", &s.Metrics},
+		field{"extra_fields", &s.ExtraFields}, field{"llm_calls", &s.LLMCalls})
+	return s, err
+}
+
+// field is a key of a JSON object and where its value decodes to.
+type field struct {
+	key string
+	to  any
+}
+
+// decodeFields decodes each field present in raw from its own bytes.
+func decodeFields(raw map[string]json.RawMessage, fields ...field) error {
+	for _, f := range fields {
 		if v, ok := raw[f.key]; ok {
 			if err := json.Unmarshal(v, f.to); err != nil {
-				return s, fmt.Errorf("%s: does not decode: %v", f.key, err)
+				return fmt.Errorf("%s: does not decode: %v", f.key, err)
 			}
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // WaitCompletion blocks until a completion callback for rolloutID arrived

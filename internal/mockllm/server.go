@@ -260,7 +260,9 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		log = log.With("rollout_id", id)
 	}
 	res := respond(req)
-	res.fingerprint = s.fingerprint()
+	if s.opts.EngineID != "" {
+		res.fingerprint = "fp_osmo_mock_" + s.opts.EngineID
+	}
 	log.DebugContext(ctx, "mockllm: chat completion", "stream", req.Stream, "finish_reason", res.finish,
 		"prompt_tokens", len(res.promptIDs), "completion_tokens", len(res.pieces))
 	if !req.Stream {
@@ -331,14 +333,6 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, mode string, b
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, `{"id":"chatcmpl-malformed","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"The ans`)
 	}
-}
-
-// fingerprint names the engine in completions, when it has a name.
-func (s *Server) fingerprint() string {
-	if s.opts.EngineID == "" {
-		return ""
-	}
-	return "fp_osmo_mock_" + s.opts.EngineID
 }
 
 // stream writes chunks as server-sent events, then [DONE]. next is asked

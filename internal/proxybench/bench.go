@@ -75,10 +75,7 @@ type OverheadReport struct {
 // tracing cost the proxy 5% of its throughput. It is 0 when tracing was not
 // measured.
 func (r OverheadReport) TracingThroughputRatio() float64 {
-	if !r.Traced || r.Throughput == 0 {
-		return 0
-	}
-	return r.TracedThroughput / r.Throughput
+	return ratio(r.TracedThroughput, r.Throughput)
 }
 
 // AddedP99Ratio is the p99 this proxy adds over a direct call divided by
@@ -86,20 +83,25 @@ func (r OverheadReport) TracingThroughputRatio() float64 {
 // proxy's tail is shorter than the reverse proxy's. 0 when the reverse
 // proxy added nothing measurable.
 func (r OverheadReport) AddedP99Ratio() float64 {
-	rp := r.ReverseProxy.P99 - r.Direct.P99
-	if rp <= 0 {
-		return 0
-	}
-	return float64(r.AddedOverDirect.P99) / float64(rp)
+	return addedRatio(r.AddedOverDirect.P99, r.ReverseProxy.P99-r.Direct.P99)
 }
 
 // ReverseProxyThroughputRatio is Throughput over ReverseProxyThroughput.
 func (r OverheadReport) ReverseProxyThroughputRatio() float64 {
-	if r.ReverseProxyThroughput == 0 {
+	return ratio(r.Throughput, r.ReverseProxyThroughput)
+}
+
+// ratio is a/b, 0 when b is not positive (nothing measured).
+func ratio(a, b float64) float64 {
+	if b <= 0 {
 		return 0
 	}
-	return r.Throughput / r.ReverseProxyThroughput
+	return a / b
 }
+
+// addedRatio is what the proxy added over what the reverse proxy added; 0
+// when the reverse proxy added nothing, whose tail is then noise.
+func addedRatio(proxy, reverse time.Duration) float64 { return ratio(float64(proxy), float64(reverse)) }
 
 // WriteTable prints the report as a table.
 func (r OverheadReport) WriteTable(w io.Writer) {

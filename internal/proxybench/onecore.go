@@ -62,38 +62,19 @@ type OneCoreSetup struct {
 }
 
 // Throughput is the requests per second this setup served, wall clock.
-func (s OneCoreSetup) Throughput() float64 {
-	if s.Wall <= 0 {
-		return 0
-	}
-	return float64(s.Requests) / s.Wall.Seconds()
-}
+func (s OneCoreSetup) Throughput() float64 { return ratio(float64(s.Requests), s.Wall.Seconds()) }
 
 // CPUPerRequest is the proxy's CPU time per request in microseconds.
 func (s OneCoreSetup) CPUPerRequest() float64 {
-	if s.Requests == 0 {
-		return 0
-	}
-	return float64(s.CPU) / float64(time.Microsecond) / float64(s.Requests)
+	return ratio(float64(s.CPU)/float64(time.Microsecond), float64(s.Requests))
 }
 
 // Capacity is the requests per second the proxy would serve with its one
 // core fully busy: 1e6 / CPUPerRequest.
-func (s OneCoreSetup) Capacity() float64 {
-	c := s.CPUPerRequest()
-	if c <= 0 {
-		return 0
-	}
-	return 1e6 / c
-}
+func (s OneCoreSetup) Capacity() float64 { return ratio(1e6, s.CPUPerRequest()) }
 
 // Busy is the share of its core the proxy used during the timed rounds.
-func (s OneCoreSetup) Busy() float64 {
-	if s.Wall <= 0 {
-		return 0
-	}
-	return float64(s.CPU) / float64(s.Wall)
-}
+func (s OneCoreSetup) Busy() float64 { return ratio(float64(s.CPU), float64(s.Wall)) }
 
 // OneCoreReport measures the standalone proxy process, alone on one core,
 // with tracing off and on: its CPU time per request and what that makes of
@@ -122,54 +103,35 @@ type OneCoreReport struct {
 
 // TracingCPURatio is the tracing setup's CPU per request over the off
 // setup's: 1.10 means tracing costs 10% more CPU per call (and 1/1.10 of
-// the capacity on one core). It is 0 when nothing was measured.
+// the capacity on one core). Like every ratio of the report, it is 0 when
+// either side was not measured.
 func (r OneCoreReport) TracingCPURatio() float64 {
-	if r.Skipped != "" || r.Off.CPUPerRequest() == 0 {
-		return 0
-	}
-	return r.Tracing.CPUPerRequest() / r.Off.CPUPerRequest()
+	return ratio(r.Tracing.CPUPerRequest(), r.Off.CPUPerRequest())
 }
 
 // TracingThroughputRatio is the tracing setup's wall-clock requests per
-// second over the off setup's. It is 0 when nothing was measured.
+// second over the off setup's.
 func (r OneCoreReport) TracingThroughputRatio() float64 {
-	if r.Skipped != "" || r.Off.Throughput() == 0 {
-		return 0
-	}
-	return r.Tracing.Throughput() / r.Off.Throughput()
+	return ratio(r.Tracing.Throughput(), r.Off.Throughput())
 }
 
 // AddedP99Ratio is the p99 the proxy (tracing off) adds to a call, over
 // Direct's, divided by the p99 the plain reverse proxy adds: 1.5 means the
-// proxy's tail is half as long again as ReverseProxy's. It is 0 when either
-// was not measured or the reverse proxy added nothing.
+// proxy's tail is half as long again as ReverseProxy's. It is 0 when the
+// reverse proxy added nothing.
 func (r OneCoreReport) AddedP99Ratio() float64 {
-	if r.Skipped != "" || r.ReverseProxy.Name == "" {
-		return 0
-	}
-	rp := r.ReverseProxy.Latency.P99 - r.Direct.Latency.P99
-	if rp <= 0 {
-		return 0
-	}
-	return float64(r.Off.Latency.P99-r.Direct.Latency.P99) / float64(rp)
+	return addedRatio(r.Off.Latency.P99-r.Direct.Latency.P99, r.ReverseProxy.Latency.P99-r.Direct.Latency.P99)
 }
 
 // ReverseProxyThroughputRatio is the proxy's (tracing off) requests per
 // second over the plain reverse proxy's, and ReverseProxyCPURatio its CPU
-// per request over the reverse proxy's. Both are 0 when either was not
-// measured.
+// per request over the reverse proxy's.
 func (r OneCoreReport) ReverseProxyThroughputRatio() float64 {
-	if r.Skipped != "" || r.ReverseProxy.Throughput() == 0 {
-		return 0
-	}
-	return r.Off.Throughput() / r.ReverseProxy.Throughput()
+	return ratio(r.Off.Throughput(), r.ReverseProxy.Throughput())
 }
 
 func (r OneCoreReport) ReverseProxyCPURatio() float64 {
-	if r.Skipped != "" || r.ReverseProxy.CPUPerRequest() == 0 {
-		return 0
-	}
-	return r.Off.CPUPerRequest() / r.ReverseProxy.CPUPerRequest()
+	return ratio(r.Off.CPUPerRequest(), r.ReverseProxy.CPUPerRequest())
 }
 
 // WriteTable prints the report as a table, or the reason it was skipped.

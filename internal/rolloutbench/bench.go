@@ -114,29 +114,19 @@ type Timed struct {
 	CPU, AllocBytes, Allocs float64
 }
 
-// usage is what a server process has spent so far: CPU seconds, and the
-// bytes and objects its Go runtime allocated. NaN is unknown.
-type usage struct{ cpu, allocBytes, allocs float64 }
-
-// readUsage reads the usage of the server process pid whose /metrics is
-// at base.
-func readUsage(ctx context.Context, pid int, base string) (usage, error) {
-	u := usage{cpu: math.NaN(), allocBytes: math.NaN(), allocs: math.NaN()}
-	switch cpu, err := procstat.CPU(pid); {
+// usage is what the server process pid, its /metrics at base, has spent
+// so far: CPU seconds, and the bytes and objects its Go runtime allocated.
+// NaN is unknown.
+func usage(ctx context.Context, pid int, base string) (cpu, allocBytes, allocs float64, err error) {
+	cpu, allocBytes, allocs = math.NaN(), math.NaN(), math.NaN()
+	switch d, err := procstat.CPU(pid); {
 	case err == nil:
-		u.cpu = cpu.Seconds()
+		cpu = d.Seconds()
 	case !errors.Is(err, procstat.ErrUnsupported):
-		return u, fmt.Errorf("rolloutbench: %w", err)
+		return cpu, allocBytes, allocs, fmt.Errorf("rolloutbench: %w", err)
 	}
-	err := scrape(ctx, base, map[string]*float64{"go_memstats_alloc_bytes_total": &u.allocBytes, "go_memstats_mallocs_total": &u.allocs})
-	return u, err
-}
-
-// spent sets t's CPU and allocations per rollout from the server's usage
-// before and after the run.
-func (t *Timed) spent(before, after usage) {
-	n := float64(max(t.Rollouts, 1))
-	t.CPU, t.AllocBytes, t.Allocs = (after.cpu-before.cpu)/n, (after.allocBytes-before.allocBytes)/n, (after.allocs-before.allocs)/n
+	err = scrape(ctx, base, map[string]*float64{"go_memstats_alloc_bytes_total": &allocBytes, "go_memstats_mallocs_total": &allocs})
+	return cpu, allocBytes, allocs, err
 }
 
 // memory is process pid's VmRSS, RssAnon and VmHWM, in bytes; NaN for
@@ -249,24 +239,14 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 		return nil, err
 	}
 
-	gradeErr, err := h.hold(ctx, b, srv, "held", cfg.InFlight, cfg.slots(), func() (err error) {
-		if rep.Held, err = Scrape(ctx, base); err != nil {
-			return err
-		}
-		_, rep.HeldAnon, _, err = memory(srv.PID())
+	m, err := h.hold(ctx, b, srv, "held", cfg.InFlight, cfg.slots(), func() (err error) {
+		rep.Held, err = Scrape(ctx, base)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if gradeErr != nil {
-		rep.GradeErr = gradeErr.Error()
-	} else {
-		rep.AllGraded = true
-	}
-	if _, _, rep.PeakRSS, err = memory(srv.PID()); err != nil {
-		return nil, err
-	}
+	rep.HeldAnon, rep.PeakRSS, rep.GradeErr, rep.AllGraded = m.anon, m.peak, m.gradeErr, m.gradeErr == ""
 
 	// Throughput: Rollouts more, Concurrency at a time. The held
 	// rollouts' last writes (their lifecycles finished once their
@@ -290,10 +270,19 @@ func measureServe(ctx context.Context, h *harness, cfg Config) (*Report, error) 
 	return rep, nil
 }
 
+// heldMemory is the server's memory in bytes while rollouts were held
+// (VmRSS, RssAnon) and its peak once they were graded (VmHWM); gradeErr
+// says what the first rollout that was not graded got instead.
+type heldMemory struct {
+	rss, anon, peak float64
+	gradeErr        string
+}
+
 // hold holds n rollouts (ids prefix-00000 on) at once, as many as the
 // server has slots for in their first LLM call and the rest queued, calls
-// atHeld, then lets the policy answer and waits until every one is graded.
-func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefix string, n, slots int, atHeld func() error) (gradeErr, err error) {
+// atHeld (when set) and reads the memory, then lets the policy answer and
+// waits until every one is graded.
+func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefix string, n, slots int, atHeld func() error) (m heldMemory, err error) {
 	h.gate.Close()
 	defer h.gate.Open()
 	held := make([]string, n)
@@ -306,27 +295,34 @@ func (h *harness) hold(ctx context.Context, b *bench, srv *benchproc.Proc, prefi
 		g.Go(func() error { return b.post(gctx, id) })
 	}
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return m, err
 	}
 	// With fewer slots than n (Config.MaxConcurrent), the rest wait in
 	// the server's queue, admitted: they are held too.
 	if err := h.gate.WaitParked(ctx, min(n, slots)); err != nil {
-		return nil, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.Output())
+		return m, fmt.Errorf("rolloutbench: %w (server output: %s)", err, srv.Output())
 	}
-	if err := atHeld(); err != nil {
-		return nil, err
+	if atHeld != nil {
+		if err := atHeld(); err != nil {
+			return m, err
+		}
+	}
+	if m.rss, m.anon, _, err = memory(srv.PID()); err != nil {
+		return m, err
 	}
 	h.gate.Open()
 	for _, id := range held {
 		res, err := b.ctl.WaitGrader(ctx, id)
-		if err != nil {
-			return err, nil
+		if err == nil && res.Status != "success" {
+			err = fmt.Errorf("%s: %s", id, res.Raw)
 		}
-		if res.Status != "success" {
-			return fmt.Errorf("%s: %s", id, res.Raw), nil
+		if err != nil {
+			m.gradeErr = err.Error()
+			break
 		}
 	}
-	return nil, nil
+	_, _, m.peak, err = memory(srv.PID())
+	return m, err
 }
 
 // startServe starts the `osmo serve` that serve builds, with cfg's
@@ -405,9 +401,9 @@ func (b *bench) post(ctx context.Context, id string) error {
 }
 
 // timedUsage is timed, with what the server process srv spent over the
-// run.
+// run per rollout.
 func (b *bench) timedUsage(ctx context.Context, srv *benchproc.Proc, prefix string, n, concurrency int) (Timed, error) {
-	before, err := readUsage(ctx, srv.PID(), b.base)
+	cpu, allocBytes, allocs, err := usage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
@@ -415,11 +411,12 @@ func (b *bench) timedUsage(ctx context.Context, srv *benchproc.Proc, prefix stri
 	if err != nil {
 		return Timed{}, err
 	}
-	after, err := readUsage(ctx, srv.PID(), b.base)
+	cpu2, allocBytes2, allocs2, err := usage(ctx, srv.PID(), b.base)
 	if err != nil {
 		return Timed{}, err
 	}
-	t.spent(before, after)
+	per := float64(max(t.Rollouts, 1))
+	t.CPU, t.AllocBytes, t.Allocs = (cpu2-cpu)/per, (allocBytes2-allocBytes)/per, (allocs2-allocs)/per
 	return t, nil
 }
 

@@ -81,18 +81,8 @@ func runServe(ctx context.Context, h *harness, cfg Config, serve func([]string) 
 	if cfg.InFlight <= 0 {
 		return r, nil
 	}
-	gradeErr, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, cfg.slots(), func() error {
-		var err error
-		r.HeldRSS, r.HeldAnon, _, err = memory(srv.PID())
-		return err
-	})
-	if err != nil {
-		return r, err
-	}
-	if gradeErr != nil {
-		r.GradeErr = gradeErr.Error()
-	}
-	_, _, r.PeakRSS, err = memory(srv.PID())
+	m, err := h.hold(ctx, b, srv, prefix+"-held", cfg.InFlight, cfg.slots(), nil)
+	r.HeldRSS, r.HeldAnon, r.PeakRSS, r.GradeErr = m.rss, m.anon, m.peak, m.gradeErr
 	return r, err
 }
 

@@ -8,6 +8,7 @@
 package calculator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -72,10 +73,7 @@ func (Loop) Run(ctx context.Context, rc *osmo.RolloutContext) (*osmo.RolloutResu
 			break
 		}
 		if !res.HasToolCalls() {
-			finish = res.FinishReason
-			if finish == "" {
-				finish = "stop"
-			}
+			finish = cmp.Or(res.FinishReason, "stop")
 			break
 		}
 		start := time.Now()
@@ -99,7 +97,7 @@ func execute(_ context.Context, tc osmo.ToolCall) osmo.Message {
 	a, errA := number(args, "a")
 	b, errB := number(args, "b")
 	if errA != nil || errB != nil {
-		return osmo.ToolErrorResult(id, fmt.Sprintf("%s: %v", name, firstErr(errA, errB)))
+		return osmo.ToolErrorResult(id, fmt.Sprintf("%s: %v", name, cmp.Or(errA, errB)))
 	}
 	switch name {
 	case "add":
@@ -120,13 +118,4 @@ func number(args map[string]any, key string) (float64, error) {
 		return 0, fmt.Errorf("argument %q must be a number, got %v", key, v)
 	}
 	return f, nil
-}
-
-func firstErr(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -350,20 +350,19 @@ func (rn runner) Run(ctx context.Context, wc *osmo.WorkflowContext[Config]) erro
 	if err != nil {
 		return err
 	}
-	prompt := wc.Prompt
-	if prompt == nil {
-		prompt = []osmo.Message{}
+	// A rollout without a prompt or metadata still hands the program a list
+	// and an object: every agent can then read them without a null check.
+	in := input{Prompt: wc.Prompt, Metadata: wc.Metadata, Config: settings}
+	if in.Prompt == nil {
+		in.Prompt = []osmo.Message{}
 	}
-	// A rollout without metadata still hands the program an object: every
-	// agent can then read fields off it without a null check.
-	metadata := wc.Metadata
-	if metadata == nil {
-		metadata = map[string]any{}
+	if in.Metadata == nil {
+		in.Metadata = map[string]any{}
 	}
 	var stdin bytes.Buffer
 	enc := json.NewEncoder(&stdin)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(input{Prompt: prompt, Metadata: metadata, Config: settings}); err != nil {
+	if err := enc.Encode(in); err != nil {
 		return fmt.Errorf("execagent: encode the program's stdin: %w: %w", osmo.ErrInvalidInput, err)
 	}
 	rolloutID := cmp.Or(wc.RolloutID, wc.Rollout.ID)

@@ -2,6 +2,7 @@ package execagent
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,25 +204,14 @@ func parseRunAs(v string) (*RunAs, error) {
 // Over is l with every field set in o replacing l's: a flag laid over the
 // config's limits.
 func (l Limits) Over(o Limits) Limits {
-	if o.Memory != 0 {
-		l.Memory = o.Memory
+	return Limits{
+		Memory:    cmp.Or(o.Memory, l.Memory),
+		Processes: cmp.Or(o.Processes, l.Processes),
+		Files:     cmp.Or(o.Files, l.Files),
+		CPU:       cmp.Or(o.CPU, l.CPU),
+		FileSize:  cmp.Or(o.FileSize, l.FileSize),
+		User:      cmp.Or(o.User, l.User),
 	}
-	if o.Processes != 0 {
-		l.Processes = o.Processes
-	}
-	if o.Files != 0 {
-		l.Files = o.Files
-	}
-	if o.CPU != 0 {
-		l.CPU = o.CPU
-	}
-	if o.FileSize != 0 {
-		l.FileSize = o.FileSize
-	}
-	if o.User != nil {
-		l.User = o.User
-	}
-	return l
 }
 
 // effective is l with defaults for the zero fields.
