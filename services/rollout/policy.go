@@ -153,15 +153,31 @@ func (p *policy) change(ctx context.Context, f func(st *policyState) (bool, erro
 
 // start applies the state before the proxy serves, then follows it and
 // keeps this replica's acknowledgement fresh until ctx ends.
-func (p *policy) start(ctx context.Context) error {
-	st, _, err := p.read(ctx)
+func (p *policy) start(ctx context.Context, store *natsstore.Store) error {
+	// A bucket just created in a cluster may have no leader yet: the first
+	// read and the watch are retried while JetStream is not ready.
+	var (
+		st policyState
+		w  jetstream.KeyWatcher
+	)
+	err := store.Setup(ctx, "policy state", func(ctx context.Context) (err error) {
+		if st, _, err = p.read(ctx); err != nil {
+			return fmt.Errorf("rollout: reading the policy state: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("rollout: reading the policy state: %w", err)
+		return err
 	}
 	p.apply(ctx, st)
-	w, err := p.kv.Watch(ctx, keyPolicyState)
+	err = store.Setup(ctx, "policy watch", func(ctx context.Context) (err error) {
+		if w, err = p.kv.Watch(ctx, keyPolicyState); err != nil {
+			return fmt.Errorf("rollout: watching the policy state: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("rollout: watching the policy state: %w", err)
+		return err
 	}
 	p.next = make(chan policyState, 1)
 	go func() {

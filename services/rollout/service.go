@@ -390,7 +390,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	// starts while the policy is paused starts paused.
 	policyCtx, stopPolicy := context.WithCancel(context.Background())
 	defer stopPolicy()
-	if err := s.policy.start(policyCtx); err != nil {
+	if err := s.policy.start(policyCtx, s.sh.store); err != nil {
 		return err
 	}
 	errc := make(chan error, 2)
