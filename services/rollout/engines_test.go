@@ -125,3 +125,49 @@ func TestPauseSkipsEnginesOutOfTheRing(t *testing.T) {
 		t.Errorf("the engine up got %q, want %q", got, want)
 	}
 }
+
+// With policy engines that do not own the routing, a pause goes to the
+// engines in the ring and to the policy servers trainers named for their
+// rollouts, which serve calls too.
+func TestPauseReachesTrainerNamedPolicies(t *testing.T) {
+	var mocks []*mockllm.Server
+	var urls []string
+	for range 2 {
+		m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(m)
+		t.Cleanup(srv.Close)
+		mocks, urls = append(mocks, m), append(urls, srv.URL+"/v1")
+	}
+	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.Engines = engines }})
+	req := h.startReq(t, "trainer-url")
+	req.ChatCompletionsUrl = urls[1]
+	h.start(t, req)
+	if r := h.waitDone(t, "trainer-url"); r.GetState() != rolloutv1.State_STATE_SUCCEEDED {
+		t.Fatalf("rollout %v", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if _, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: "keep"}); err != nil {
+		t.Fatalf("PausePolicy: %v", err)
+	}
+	for i, m := range mocks {
+		if !m.Paused() {
+			t.Errorf("policy %d (%s) was not paused", i, urls[i])
+		}
+	}
+	if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: 1}); err != nil {
+		t.Fatalf("ResumePolicy: %v", err)
+	}
+	for i, m := range mocks {
+		if m.Paused() {
+			t.Errorf("policy %d (%s) is still paused", i, urls[i])
+		}
+	}
+}

@@ -492,6 +492,22 @@ func (e enginesUp) URLs() []string {
 	return slices.DeleteFunc(e.set.URLs(), func(u string) bool { return !e.set.Up(u) })
 }
 
+// engineUnion is the engines of several sets, each once.
+type engineUnion []llmproxy.EngineSet
+
+// URLs implements llmproxy.EngineSet.
+func (u engineUnion) URLs() []string {
+	var out []string
+	for _, set := range u {
+		for _, url := range set.URLs() {
+			if !slices.Contains(out, url) {
+				out = append(out, url)
+			}
+		}
+	}
+	return out
+}
+
 // upstreams is the default engine set: the distinct upstreams of the
 // rollouts this replica ran, the most recent first, up to a bound.
 type upstreams struct {

@@ -65,7 +65,9 @@ func (s *Service) run(rec *record, log *slog.Logger, release func(), then func(o
 	route := rec.upstream
 	route.Model, route.ClientToken, route.Context = s.cfg.Model, rec.token, ctx
 	s.routes.Set(rec.id, route)
-	if s.cfg.Policy.Engines == nil {
+	if s.cfg.Policy.Engines == nil && route.BaseURL != "" && (s.cfg.Engines == nil || !s.cfg.EnginesOwnRouting) {
+		// A policy server the trainer named serves this rollout's calls:
+		// pauses go to it.
 		s.upstreams.add(route.BaseURL)
 	}
 	r := osmo.Hosting().NewRollout(rec.id, &workflowRuntime{s: s, rec: rec, log: log})

@@ -193,11 +193,13 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.outbound = append(s.outbound, upstream)
 	// Pauses go to the configured engines, else to the engine set's in the
-	// ring, else to the upstreams of the rollouts this replica runs or ran.
+	// ring and the policy servers trainers named for the rollouts this
+	// replica runs or ran (which serve calls unless the set owns the
+	// routing).
 	engines := cfg.Policy.Engines
 	switch {
 	case engines == nil && cfg.Engines != nil:
-		engines = enginesUp{cfg.Engines}
+		engines = engineUnion{enginesUp{cfg.Engines}, &s.upstreams}
 	case engines == nil:
 		engines = &s.upstreams
 	}
