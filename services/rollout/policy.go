@@ -90,6 +90,9 @@ type policy struct {
 	// slow one (a wait pause draining) neither stops the heartbeat nor
 	// holds a newer state back: the newer one cancels it (cancelApply).
 	next chan policyState
+	// running counts the goroutines start began: the one applying states
+	// and the watcher, which deletes this replica's acknowledgement last.
+	running sync.WaitGroup
 
 	mu          sync.Mutex
 	applied     policyState
@@ -180,7 +183,7 @@ func (p *policy) start(ctx context.Context, store *natsstore.Store) error {
 		return err
 	}
 	p.next = make(chan policyState, 1)
-	go func() {
+	p.running.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
@@ -189,8 +192,8 @@ func (p *policy) start(ctx context.Context, store *natsstore.Store) error {
 				p.apply(ctx, st)
 			}
 		}
-	}()
-	go func() {
+	})
+	p.running.Go(func() {
 		defer func() {
 			_ = w.Stop()
 			// Gone replicas are not waited for.
@@ -221,7 +224,7 @@ func (p *policy) start(ctx context.Context, store *natsstore.Store) error {
 				p.ack(ctx)
 			}
 		}
-	}()
+	})
 	return nil
 }
 

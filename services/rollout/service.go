@@ -391,7 +391,11 @@ func (s *Service) Serve(ctx context.Context) error {
 	// The policy state is applied before any rollout runs: a replica that
 	// starts while the policy is paused starts paused.
 	policyCtx, stopPolicy := context.WithCancel(context.Background())
-	defer stopPolicy()
+	defer func() {
+		// Its acknowledgement is deleted before the state can be closed.
+		stopPolicy()
+		s.policy.running.Wait()
+	}()
 	if err := s.policy.start(policyCtx, s.sh.store); err != nil {
 		return err
 	}
