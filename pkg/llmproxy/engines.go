@@ -607,11 +607,17 @@ func (s *Engines) release(e *engine, failure string, refused bool) {
 	}
 }
 
+// markDown and markUp change up and left together under e.mu: an attempt
+// that saw the engine up gets the context of that time in the ring, never
+// one already ended.
 func (s *Engines) markDown(e *engine, why string) {
-	if e.up.Swap(false) {
-		e.mu.Lock()
+	e.mu.Lock()
+	wasUp := e.up.Swap(false)
+	if wasUp {
 		e.leave()
-		e.mu.Unlock()
+	}
+	e.mu.Unlock()
+	if wasUp {
 		s.metrics.setUp(e.url, false)
 		s.log.Warn("llmproxy: engine left the ring", slog.String("engine", e.url), slog.String("reason", why))
 	}
@@ -623,10 +629,14 @@ func (s *Engines) markDown(e *engine, why string) {
 
 func (s *Engines) markUp(e *engine) {
 	e.fails.Store(0)
-	if !e.up.Swap(true) {
-		e.mu.Lock()
+	e.mu.Lock()
+	wasDown := !e.up.Load()
+	if wasDown {
 		e.left, e.leave = context.WithCancel(context.Background())
-		e.mu.Unlock()
+		e.up.Store(true)
+	}
+	e.mu.Unlock()
+	if wasDown {
 		s.metrics.setUp(e.url, true)
 		s.log.Info("llmproxy: engine back in the ring", slog.String("engine", e.url))
 	}
