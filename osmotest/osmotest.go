@@ -16,18 +16,15 @@ import (
 	"fmt"
 
 	"github.com/osmo-rl/osmo"
+	"github.com/osmo-rl/osmo/internal/host"
 )
 
-// Input is one rollout's input, as the rollout service would hand it to
-// the workflow.
-type Input struct {
-	RolloutID string
-	Prompt    []osmo.Message
-	Metadata  map[string]any
-	// Label is the row's label (ground truth). It reaches only workflows
-	// that are osmo.LabelReaders.
-	Label *string
-}
+// Input is one rollout's input, as the rollout service hands it to a
+// workflow: RolloutID, Prompt, Metadata, Label (nil when the row has none;
+// it reaches only osmo.LabelReaders) and, for a remote-rollout (G1)
+// request, the Request and the Tools the workflow offered for it, which
+// an osmo.AgentLoopWorkflow hands to its loop.
+type Input = host.Input
 
 // Source is a sample source a workflow registered, and its sample id.
 type Source struct {
@@ -47,7 +44,7 @@ func NewRollout(id string, rt osmo.Runtime) *osmo.Rollout {
 // *osmo.PanicError, and osmo.ErrNoSamples when w registered no sample
 // source.
 func Run(ctx context.Context, w *osmo.Workflow, r *osmo.Rollout, in *Input) error {
-	return osmo.Hosting().Run(ctx, w, r, in.RolloutID, in.Prompt, in.Metadata, in.Label, nil, nil)
+	return host.Run(ctx, w, r, in)
 }
 
 // Sources returns the sample sources registered on r so far, in
