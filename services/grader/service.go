@@ -160,6 +160,9 @@ func invalidAnswer(req *graderv1.GradeRequest, st *status.Status) *graderv1.Grad
 func (s *Service) GradeStream(stream graderv1.GraderService_GradeStreamServer) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
+	// A closing service ends the stream, idle or not.
+	stopClose := context.AfterFunc(s.ctx, func() { cancel(status.Error(codes.Unavailable, errShutdown.Error())) })
+	defer stopClose()
 
 	// Recv runs on its own goroutine so a closing service can end the
 	// stream while the client is idle.

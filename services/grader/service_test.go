@@ -732,6 +732,27 @@ func TestGradeStreamEndsWhenTheServiceCloses(t *testing.T) {
 	}
 }
 
+// A stream with nothing to grade ends too when the service closes.
+func TestIdleGradeStreamEndsWhenTheServiceCloses(t *testing.T) {
+	ts := startServer(t, "127.0.0.1:0", grader.Config{Graders: map[string]osmo.Grader{"g": newCounter(nil)}, Default: "g"})
+	stream, err := stub(t, ts).GradeStream(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(gradeReq(t, "r1", "x", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Recv on an idle stream after Close: %v, want Unavailable", err)
+	}
+}
+
 // GradeLocal answers as a stream answers its client: a grading, and an
 // invalid request as an answer with Error set (a validation failure);
 // once the service is closed, an error.
