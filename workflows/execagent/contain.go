@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -38,12 +41,24 @@ func passed(key string, pass []string) bool {
 	}))
 }
 
-// newScratch makes the run's scratch directory under base (os.TempDir()
-// when empty): its working directory and TMPDIR (and HOME when it runs as
-// another user), private to it (0700), removed when the run ends. Two runs
-// of a coding agent then never write into each other's files.
-func newScratch(base string, runAs *RunAs) (string, error) {
-	dir, err := os.MkdirTemp(base, "osmo-exec-")
+// scratchDirs makes the runs' scratch directories: under base (os.TempDir()
+// when empty), each its run's working directory and TMPDIR (and HOME when
+// it runs as another user), private to it (0700), removed when the run
+// ends. Two runs of a coding agent then never write into each other's
+// files. Their names carry the server's pid, so that the first run under
+// a base removes the directories a server killed before it could left
+// there, and never those of a live server sharing the base.
+type scratchDirs struct {
+	swept sync.Map // bases swept: string → struct{}
+}
+
+const scratchPrefix = "osmo-exec-"
+
+func (d *scratchDirs) make(base string, runAs *RunAs, log *slog.Logger) (string, error) {
+	if _, done := d.swept.LoadOrStore(base, struct{}{}); !done {
+		sweepScratch(cmp.Or(base, os.TempDir()), log)
+	}
+	dir, err := os.MkdirTemp(base, fmt.Sprintf("%s%d-", scratchPrefix, os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("scratch directory: %w", err)
 	}
@@ -54,6 +69,29 @@ func newScratch(base string, runAs *RunAs) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// sweepScratch removes the scratch directories under base whose server
+// is gone.
+func sweepScratch(base string, log *slog.Logger) {
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), scratchPrefix)
+		pidText, _, hasPid := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || !hasPid || err != nil || !e.IsDir() || pid == os.Getpid() || !processGone(pid) {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		if err := removeAll(dir); err != nil {
+			log.Warn("exec: could not remove a scratch directory a stopped server left", "dir", dir, "error", err)
+			continue
+		}
+		log.Info("exec: removed a scratch directory a stopped server left", "dir", dir)
+	}
 }
 
 // removeAll removes dir and everything in it. A directory the program took

@@ -32,6 +32,7 @@ type host struct {
 	// cloneRefused: starting a program inside its cgroup failed once, so
 	// programs join it after they start.
 	cloneRefused atomic.Bool
+	scratch      scratchDirs
 }
 
 // logOnce says, at the first run, what contains the runs: the operator
@@ -101,7 +102,7 @@ type jail struct {
 func (h *host) newJail(asked Limits, scratchBase string, log *slog.Logger) (*jail, error) {
 	j := &jail{lim: asked.effective(), asked: asked, host: h, log: log}
 	var err error
-	if j.scratch, err = newScratch(scratchBase, j.lim.User); err != nil {
+	if j.scratch, err = h.scratch.make(scratchBase, j.lim.User, log); err != nil {
 		return nil, err
 	}
 	if h.cgroups != nil {

@@ -10,7 +10,10 @@ import (
 
 // host offers nothing off Linux: no cgroups, and rlimits for a child need
 // prlimit, which is Linux's.
-type host struct{ logged sync.Once }
+type host struct {
+	logged  sync.Once
+	scratch scratchDirs
+}
 
 func (h *host) logOnce(log *slog.Logger, asked Limits) {
 	h.logged.Do(func() { log.Warn("exec agents not contained", h.enforcement(asked)...) })
@@ -28,10 +31,10 @@ type jail struct {
 	scratch string
 }
 
-func (h *host) newJail(asked Limits, scratchBase string, _ *slog.Logger) (*jail, error) {
+func (h *host) newJail(asked Limits, scratchBase string, log *slog.Logger) (*jail, error) {
 	j := &jail{lim: asked.effective()}
 	var err error
-	j.scratch, err = newScratch(scratchBase, j.lim.User)
+	j.scratch, err = h.scratch.make(scratchBase, j.lim.User, log)
 	return j, err
 }
 

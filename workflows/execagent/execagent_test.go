@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -666,6 +667,48 @@ printf '{"messages":[{"role":"assistant","content":"%s"}]}\n' "$(cat work.txt)"`
 	}
 	if _, err := os.Stat(filepath.Join(dir, "work.txt")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a run wrote into dir: %v", err)
+	}
+}
+
+// TestScratchLeftByAKilledServerIsSwept: the first run under a base
+// removes the scratch directories of servers that are gone (killed before
+// they removed them), and leaves those of live ones and other files.
+func TestScratchLeftByAKilledServerIsSwept(t *testing.T) {
+	t.Parallel()
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	dead := filepath.Join(base, fmt.Sprintf("osmo-exec-%d-123", gone.Process.Pid))
+	live := filepath.Join(base, fmt.Sprintf("osmo-exec-%d-456", os.Getppid()))
+	other := filepath.Join(base, "osmo-exec-notapid-789")
+	for _, d := range []string{dead, live, other} {
+		if err := os.MkdirAll(filepath.Join(d, "work", "deep"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A directory the agent took its own permissions from goes too.
+	if err := os.Chmod(filepath.Join(dead, "work"), 0); err != nil {
+		t.Fatal(err)
+	}
+	cfg := shell(`printf '{"messages":[{"role":"assistant","content":"ok"}]}\n'`)
+	cfg.ScratchDir = base
+	wf, err := execagent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, r := newRollout("after-a-kill")
+	if err := osmotest.Run(timeout(t, 20*time.Second), wf, r, &osmotest.Input{RolloutID: "after-a-kill"}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the gone server's scratch directory stayed: %v", err)
+	}
+	for _, d := range []string{live, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
 	}
 }
 

@@ -200,3 +200,8 @@ func reachable(dir string, u *RunAs) error {
 		}
 	}
 }
+
+// processGone reports whether no process has this pid.
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
