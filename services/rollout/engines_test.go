@@ -15,20 +15,31 @@ import (
 	"github.com/osmo-rl/osmo/services/rollout"
 )
 
-// With policy engines, a rollout whose trainer names no policy URL calls
-// the engines, and the record names each call's engine; a rollout that
-// names one calls it, unless the engines own the routing.
-func TestRolloutsOverPolicyEngines(t *testing.T) {
-	var engineURLs []string
-	for range 2 {
+// mockEngines starts n mock policies (vLLM's pause endpoints included)
+// and returns them with their base URLs.
+func mockEngines(t *testing.T, n int) ([]*mockllm.Server, []string) {
+	t.Helper()
+	var (
+		mocks []*mockllm.Server
+		urls  []string
+	)
+	for range n {
 		m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		srv := httptest.NewServer(m)
 		t.Cleanup(srv.Close)
-		engineURLs = append(engineURLs, srv.URL+"/v1")
+		mocks, urls = append(mocks, m), append(urls, srv.URL+"/v1")
 	}
+	return mocks, urls
+}
+
+// With policy engines, a rollout whose trainer names no policy URL calls
+// the engines, and the record names each call's engine; a rollout that
+// names one calls it, unless the engines own the routing.
+func TestRolloutsOverPolicyEngines(t *testing.T) {
+	_, engineURLs := mockEngines(t, 2)
 	for _, owns := range []bool{false, true} {
 		engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: engineURLs})
 		if err != nil {
@@ -75,13 +86,8 @@ func TestRolloutsOverPolicyEngines(t *testing.T) {
 // A rollout that ended gives its samples' engine slots back at once: the
 // engines' load does not wait for the linger after its last call.
 func TestEndedRolloutLeavesNoLoad(t *testing.T) {
-	m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(m)
-	t.Cleanup(srv.Close)
-	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: []string{srv.URL + "/v1"}, Linger: time.Hour})
+	_, urls := mockEngines(t, 1)
+	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls, Linger: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +99,7 @@ func TestEndedRolloutLeavesNoLoad(t *testing.T) {
 	if r.GetState() != rolloutv1.State_STATE_SUCCEEDED || len(r.GetSamples()[0].GetLlmCalls()) == 0 {
 		t.Fatalf("rollout %v", r)
 	}
-	if n := engines.Load(srv.URL + "/v1"); n != 0 {
+	if n := engines.Load(urls[0]); n != 0 {
 		t.Fatalf("the engine's load is %d after the rollout ended, want 0", n)
 	}
 }
@@ -130,17 +136,7 @@ func TestPauseSkipsEnginesOutOfTheRing(t *testing.T) {
 // engines in the ring and to the policy servers trainers named for their
 // rollouts, which serve calls too.
 func TestPauseReachesTrainerNamedPolicies(t *testing.T) {
-	var mocks []*mockllm.Server
-	var urls []string
-	for range 2 {
-		m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(m)
-		t.Cleanup(srv.Close)
-		mocks, urls = append(mocks, m), append(urls, srv.URL+"/v1")
-	}
+	mocks, urls := mockEngines(t, 2)
 	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls[:1]})
 	if err != nil {
 		t.Fatal(err)
