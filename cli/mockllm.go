@@ -16,12 +16,11 @@ import (
 func runMockLLM(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "mockllm")
 	var (
-		addr     string
-		o        mockllm.Options
-		lf       logFlags
-		af       addrFile
-		downFor  time.Duration
-		noPauses bool
+		addr    string
+		o       mockllm.Options
+		lf      logFlags
+		af      addrFile
+		downFor time.Duration
 	)
 	fs.StringVar(&addr, "addr", ":9003", "HTTP listen address")
 	af.register(fs)
@@ -36,7 +35,7 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.EngineID, "engine-id", "", "name of this engine, sent in the X-Engine-Id header of every answer and in system_fingerprint")
 	fs.IntVar(&o.DieAfter, "die-after", 0, "die at the Nth chat request: cut its connection and every open one, close the listener, and exit with status 1 (or come back after --down-for)")
 	fs.DurationVar(&downFor, "down-for", 0, "with --die-after: stay down this long, then listen again on the same address as a fresh engine that does not die")
-	fs.BoolVar(&noPauses, "no-pause-endpoints", false, "answer 404 to POST /pause, POST /resume and GET /is_paused, like a vLLM without its development mode")
+	fs.StringVar(&o.PauseAPI, "pause-api", mockllm.PauseAPIVLLM, "whose pause endpoints to serve: vllm (POST /pause?mode=, POST /resume, GET /is_paused), sglang (POST /pause_generation, POST /continue_generation) or none (404, like a vLLM outside its development mode)")
 	lf.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -50,7 +49,6 @@ func runMockLLM(ctx context.Context, e *env, args []string) error {
 	case downFor > 0 && o.DieAfter == 0:
 		return usagef("--down-for needs --die-after: an engine that never dies never comes back")
 	}
-	o.WithoutPauseEndpoints = noPauses
 	log, err := lf.logger(e.stderr)
 	if err != nil {
 		return err

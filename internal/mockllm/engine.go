@@ -2,7 +2,10 @@ package mockllm
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -171,6 +174,34 @@ func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.gate.pause(r.Context(), mode); err != nil {
 		// The client left before the requests in flight finished.
+		return
+	}
+	s.opts.Logger.InfoContext(r.Context(), "mockllm: generation paused", "mode", mode, "engine", s.opts.EngineID)
+	writeJSON(w, http.StatusOK, map[string]string{"status": "paused"})
+}
+
+// servePauseGeneration is SGLang's pause: abort ends the requests in
+// flight; retract (back to the queue) and in_place (frozen where they
+// are) both have them finish after the resume, as keep does.
+func (s *Server) servePauseGeneration(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Mode string `json:"mode"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<10)).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_json", "pause_generation: "+err.Error())
+		return
+	}
+	mode := PauseKeep
+	switch body.Mode {
+	case "abort", "":
+		mode = PauseAbort
+	case "retract", "in_place":
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "mode", "invalid_mode",
+			fmt.Sprintf("pause_generation: mode must be abort, retract or in_place, got %q", body.Mode))
+		return
+	}
+	if err := s.gate.pause(r.Context(), mode); err != nil {
 		return
 	}
 	s.opts.Logger.InfoContext(r.Context(), "mockllm: generation paused", "mode", mode, "engine", s.opts.EngineID)

@@ -140,7 +140,7 @@ func TestPauseEndpoints(t *testing.T) {
 		t.Errorf("GET /pause: %d, want 405", rep.status)
 	}
 
-	_, plain := start(t, mockllm.Options{WithoutPauseEndpoints: true})
+	_, plain := start(t, mockllm.Options{PauseAPI: mockllm.PauseAPINone})
 	for _, p := range []string{"/pause", "/resume"} {
 		if rep := post(t, plain+p); rep.status != http.StatusNotFound {
 			t.Errorf("POST %s without pause endpoints: %d, want 404", p, rep.status)
@@ -418,4 +418,31 @@ func TestLogsSession(t *testing.T) {
 		}
 	}
 	t.Errorf("no chat completion record in %v", recs)
+}
+
+// TestSGLangPauseEndpoints: with PauseAPI sglang the engine serves
+// SGLang's pause and continue instead of vLLM's, and refuses a mode
+// SGLang does not have.
+func TestSGLangPauseEndpoints(t *testing.T) {
+	srv, base := start(t, mockllm.Options{PauseAPI: mockllm.PauseAPISGLang})
+	for _, mode := range []string{"abort", "retract", "in_place"} {
+		rep := do(t, http.MethodPost, base+"/pause_generation", []byte(`{"mode":"`+mode+`"}`), nil)
+		if rep.status != http.StatusOK || !srv.Paused() {
+			t.Errorf("pause_generation %q: %d %s, paused %v", mode, rep.status, rep.body, srv.Paused())
+		}
+		if rep := do(t, http.MethodPost, base+"/continue_generation", []byte(`{}`), nil); rep.status != http.StatusOK || srv.Paused() {
+			t.Errorf("continue_generation: %d %s, paused %v", rep.status, rep.body, srv.Paused())
+		}
+	}
+	if rep := do(t, http.MethodPost, base+"/pause_generation", []byte(`{"mode":"keep"}`), nil); rep.status != http.StatusBadRequest || srv.Paused() {
+		t.Errorf("pause_generation keep: %d %s, paused %v; want 400 and not paused", rep.status, rep.body, srv.Paused())
+	}
+	for _, p := range []string{"/pause", "/resume", "/is_paused"} {
+		if rep := post(t, base+p); rep.status != http.StatusNotFound {
+			t.Errorf("POST %s on an SGLang engine: %d, want 404", p, rep.status)
+		}
+	}
+	if _, err := mockllm.New(mockllm.Options{PauseAPI: "trt"}); err == nil || !strings.Contains(err.Error(), "PauseAPI") {
+		t.Errorf("unknown PauseAPI: %v, want an error naming it", err)
+	}
 }

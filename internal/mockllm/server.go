@@ -92,10 +92,20 @@ type Options struct {
 	// request and every later one has its connection cut without an
 	// answer, and Dead is closed (0: never).
 	DieAfter int
-	// WithoutPauseEndpoints answers /pause, /resume and /is_paused 404,
-	// as vLLM does outside its development mode.
-	WithoutPauseEndpoints bool
+	// PauseAPI is whose pause endpoints the engine serves: PauseAPIVLLM
+	// (the default: POST /pause?mode=abort|wait|keep, POST /resume, GET
+	// /is_paused), PauseAPISGLang (POST /pause_generation {"mode":
+	// "abort"|"retract"|"in_place"}, POST /continue_generation) or
+	// PauseAPINone (404, as vLLM outside its development mode).
+	PauseAPI string
 }
+
+// The values of Options.PauseAPI.
+const (
+	PauseAPIVLLM   = "vllm"
+	PauseAPISGLang = "sglang"
+	PauseAPINone   = "none"
+)
 
 // Server is the mock policy; it is an http.Handler safe for concurrent use.
 type Server struct {
@@ -113,7 +123,10 @@ var _ http.Handler = (*Server)(nil)
 func New(opts Options) (*Server, error) {
 	opts.Model = cmp.Or(opts.Model, DefaultModel)
 	opts.MaxRequestBytes = cmp.Or(opts.MaxRequestBytes, DefaultMaxRequestBytes)
+	opts.PauseAPI = cmp.Or(opts.PauseAPI, PauseAPIVLLM)
 	switch {
+	case opts.PauseAPI != PauseAPIVLLM && opts.PauseAPI != PauseAPISGLang && opts.PauseAPI != PauseAPINone:
+		return nil, fmt.Errorf("mockllm: unknown PauseAPI %q (want vllm, sglang or none)", opts.PauseAPI)
 	case !validFailMode(opts.FailMode):
 		return nil, fmt.Errorf("mockllm: unknown FailMode %q (want 500, 503, 429, 400, hang or malformed)", opts.FailMode)
 	case opts.Latency < 0:
@@ -155,13 +168,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.opts.EngineID != "" {
 		w.Header().Set(EngineHeader, s.opts.EngineID)
 	}
-	pauses := !s.opts.WithoutPauseEndpoints
+	vllm, sglang := s.opts.PauseAPI == PauseAPIVLLM, s.opts.PauseAPI == PauseAPISGLang
 	switch {
-	case pauses && p == "/pause":
+	case vllm && p == "/pause":
 		s.only(w, r, http.MethodPost, func() { s.servePause(w, r) })
-	case pauses && p == "/resume":
+	case vllm && p == "/resume", sglang && p == "/continue_generation":
 		s.only(w, r, http.MethodPost, func() { s.serveResume(w, r) })
-	case pauses && p == "/is_paused":
+	case sglang && p == "/pause_generation":
+		s.only(w, r, http.MethodPost, func() { s.servePauseGeneration(w, r) })
+	case vllm && p == "/is_paused":
 		s.only(w, r, http.MethodGet, func() { writeJSON(w, http.StatusOK, map[string]bool{"is_paused": s.gate.isPaused()}) })
 	case p == "/health":
 		s.only(w, r, http.MethodGet, func() { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })

@@ -15,16 +15,16 @@ import (
 	"github.com/osmo-rl/osmo/services/rollout"
 )
 
-// mockEngines starts n mock policies (vLLM's pause endpoints included)
-// and returns them with their base URLs.
-func mockEngines(t *testing.T, n int) ([]*mockllm.Server, []string) {
+// mockEngines starts a mock policy per pause API given (mockllm.PauseAPI*,
+// "" for vLLM's) and returns them with their base URLs.
+func mockEngines(t *testing.T, pauseAPIs ...string) ([]*mockllm.Server, []string) {
 	t.Helper()
 	var (
 		mocks []*mockllm.Server
 		urls  []string
 	)
-	for range n {
-		m, err := mockllm.New(mockllm.Options{Logger: quietLogger()})
+	for _, api := range pauseAPIs {
+		m, err := mockllm.New(mockllm.Options{Logger: quietLogger(), PauseAPI: api})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func mockEngines(t *testing.T, n int) ([]*mockllm.Server, []string) {
 // the engines, and the record names each call's engine; a rollout that
 // names one calls it, unless the engines own the routing.
 func TestRolloutsOverPolicyEngines(t *testing.T) {
-	_, engineURLs := mockEngines(t, 2)
+	_, engineURLs := mockEngines(t, "", "")
 	for _, owns := range []bool{false, true} {
 		engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: engineURLs})
 		if err != nil {
@@ -86,7 +86,7 @@ func TestRolloutsOverPolicyEngines(t *testing.T) {
 // A rollout that ended gives its samples' engine slots back at once: the
 // engines' load does not wait for the linger after its last call.
 func TestEndedRolloutLeavesNoLoad(t *testing.T) {
-	_, urls := mockEngines(t, 1)
+	_, urls := mockEngines(t, "")
 	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls, Linger: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestPauseSkipsEnginesOutOfTheRing(t *testing.T) {
 // engines in the ring and to the policy servers trainers named for their
 // rollouts, which serve calls too.
 func TestPauseReachesTrainerNamedPolicies(t *testing.T) {
-	mocks, urls := mockEngines(t, 2)
+	mocks, urls := mockEngines(t, "", "")
 	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls[:1]})
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +164,45 @@ func TestPauseReachesTrainerNamedPolicies(t *testing.T) {
 	for i, m := range mocks {
 		if m.Paused() {
 			t.Errorf("policy %d (%s) is still paused", i, urls[i])
+		}
+	}
+}
+
+// A pause goes to each engine through its own endpoints, vLLM's or
+// SGLang's, and GET /v1/policy says which each has.
+func TestPauseReachesVLLMAndSGLangEngines(t *testing.T) {
+	mocks, urls := mockEngines(t, mockllm.PauseAPIVLLM, mockllm.PauseAPISGLang)
+	engines, err := llmproxy.NewEngines(llmproxy.EnginesConfig{URLs: urls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *rollout.Config) { c.Engines, c.EnginesOwnRouting = engines, true }})
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	for v, mode := range []string{"keep", "abort"} {
+		st, err := h.client.PausePolicy(ctx, &rolloutv1.PausePolicyRequest{Mode: mode})
+		if err != nil {
+			t.Fatalf("PausePolicy %s: %v", mode, err)
+		}
+		apis := map[string]string{}
+		for _, e := range st.GetEngines() {
+			apis[e.GetBaseUrl()] = e.GetApi()
+		}
+		if apis[urls[0]] != llmproxy.EngineAPIVLLM || apis[urls[1]] != llmproxy.EngineAPISGLang {
+			t.Errorf("%s: engines' APIs %v, want vllm then sglang", mode, apis)
+		}
+		for i, m := range mocks {
+			if !m.Paused() {
+				t.Errorf("%s: engine %d (%s) was not paused", mode, i, apis[urls[i]])
+			}
+		}
+		if _, err := h.client.ResumePolicy(ctx, &rolloutv1.ResumePolicyRequest{Version: int32(v + 1)}); err != nil {
+			t.Fatalf("ResumePolicy: %v", err)
+		}
+		for i, m := range mocks {
+			if m.Paused() {
+				t.Errorf("%s: engine %d (%s) is still paused after the resume", mode, i, apis[urls[i]])
+			}
 		}
 	}
 }
