@@ -50,7 +50,7 @@ func (f *policyFlags) register(fs *flag.FlagSet, e *env) {
 	fs.IntVar(&f.failThreshold, "policy-fail-threshold", llmproxy.DefaultFailThreshold, "with --policy: calls failing in a row (5xx, timeout, broken connection) that take an engine out of the ring; a refused connection takes it out at once")
 	fs.DurationVar(&f.resolveInterval, "policy-resolve-interval", llmproxy.DefaultResolveInterval, "with --policy dns://...: time between lookups of the name")
 	fs.DurationVar(&f.timeout, "policy-timeout", 0, "with --policy: bound of one attempt on an engine (the wait for its answer, or for each piece of a stream); 0: the per-attempt timeout of LLM calls")
-	fs.Float64Var(&f.retryBudget, "policy-retry-budget", llmproxy.DefaultRetryBudget, "with --policy: retries in flight over the engines at most this fraction of the calls in flight (at least --policy-min-retries); past it a failed call is not retried")
+	fs.Float64Var(&f.retryBudget, "policy-retry-budget", llmproxy.DefaultRetryBudget, "with --policy: retries after a 5xx or a timeout in flight over the engines at most this fraction of the calls in flight (at least --policy-min-retries); past it a failed call is not retried (a retry after a broken connection is not counted)")
 	fs.IntVar(&f.minRetries, "policy-min-retries", llmproxy.DefaultMinRetries, "with --policy: retries that may be in flight whatever --policy-retry-budget")
 	fs.DurationVar(&f.linger, "policy-linger", llmproxy.DefaultLinger, "with --policy: a sample's slot stays counted in its engine's load this long after a call answered, so its next call keeps the engine (negative: count calls in flight only)")
 }

@@ -86,9 +86,10 @@ type EnginesConfig struct {
 	Timeout time.Duration
 	// RetryBudget bounds the retries in flight over the engines to this
 	// fraction of the calls in flight (at least MinRetries at once): when
-	// engines fail together, calls fail with their error instead of
-	// multiplying the load. A retry away from an engine that has left the
-	// ring (refused, dead, hung past a probe) only moves load, and is not
+	// engines fail together (5xx answers, timeouts), calls fail with their
+	// error instead of multiplying the load. A retry after a broken
+	// connection (refused, reset, cut), or away from an engine that has
+	// left the ring (dead, hung past a probe), only moves load, and is not
 	// counted. 0 means DefaultRetryBudget.
 	RetryBudget float64
 	// MinRetries is how many retries may be in flight whatever the

@@ -622,7 +622,6 @@ func TestEnginesRetryBudget(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(open) // before the servers close, so a failure cannot hang them
 	var mu sync.Mutex
 	seen := map[string]int{}
 	sick := func(w http.ResponseWriter, r *http.Request) {
@@ -643,7 +642,10 @@ func TestEnginesRetryBudget(t *testing.T) {
 		ProbeInterval: time.Hour, FailThreshold: 100, RetryBudget: 0.01, MinRetries: 1,
 	})
 	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
-	done := make(chan int)
+	// Cleanups run last first: the held handler is released before the
+	// servers' Close waits for it, so a failure cannot hang them.
+	t.Cleanup(open)
+	done := make(chan int, 1)
 	go func() {
 		resp, _ := post(t, h.url+llmproxy.BaseURLFor("", "r", "a")+"/chat/completions", chatBody, nil)
 		done <- resp.StatusCode
@@ -668,5 +670,62 @@ func TestEnginesRetryBudget(t *testing.T) {
 	resp, _ = post(t, h.url+llmproxy.BaseURLFor("", "r", "b")+"/chat/completions", chatBody, nil)
 	if c := h.next(t); resp.StatusCode != http.StatusBadGateway || c.Attempts != 2 {
 		t.Fatalf("sample b again: status %d, %d attempts", resp.StatusCode, c.Attempts)
+	}
+}
+
+// TestBrokenConnectionRetryIsNotBudgeted: with the one budgeted retry
+// taken (a 503 retried, its second attempt held), a call whose engine cut
+// its connection still goes to another engine: a dying engine cuts all
+// its calls at once, and moving them adds no load.
+func TestBrokenConnectionRetryIsNotBudgeted(t *testing.T) {
+	blocked := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	var mu sync.Mutex
+	seen := map[string]int{}
+	chat := func(w http.ResponseWriter, r *http.Request) {
+		sess := r.Header.Get(llmproxy.HeaderSessionID)
+		mu.Lock()
+		seen[sess]++
+		n := seen[sess]
+		mu.Unlock()
+		switch {
+		case sess == "r/cut" && n == 1:
+			hijackClose(t, w)
+		case sess == "r/cut":
+			okJSON(w, r)
+		case n == 2:
+			blocked <- struct{}{}
+			<-release
+			fallthrough
+		default:
+			http.Error(w, "sick", http.StatusServiceUnavailable)
+		}
+	}
+	set := runEngines(t, llmproxy.EnginesConfig{
+		URLs:          []string{newEngineDouble(t, chat).base, newEngineDouble(t, chat).base},
+		ProbeInterval: time.Hour, FailThreshold: 100, RetryBudget: 0.01, MinRetries: 1,
+	})
+	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
+	// Cleanups run last first: the held handler is released before the
+	// servers' Close waits for it.
+	t.Cleanup(open)
+	done := make(chan int, 1)
+	go func() {
+		resp, _ := post(t, h.url+llmproxy.BaseURLFor("", "r", "sick")+"/chat/completions", chatBody, nil)
+		done <- resp.StatusCode
+	}()
+	<-blocked
+	resp, body := post(t, h.url+llmproxy.BaseURLFor("", "r", "cut")+"/chat/completions", chatBody, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the cut call: %d %s, want it moved and answered", resp.StatusCode, body)
+	}
+	if c := h.next(t); c.Attempts != 2 || len(c.UpstreamAttempts) != 2 || c.UpstreamAttempts[0].Engine == c.UpstreamAttempts[1].Engine {
+		t.Fatalf("the cut call: %d attempts %+v, want two on two engines", c.Attempts, c.UpstreamAttempts)
+	}
+	open()
+	if code := <-done; code != http.StatusBadGateway {
+		t.Fatalf("the sick call: status %d", code)
 	}
 }

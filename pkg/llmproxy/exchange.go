@@ -244,11 +244,14 @@ func (x *exchange) forward(body []byte) {
 		endWait()
 		target, e := url, (*engine)(nil)
 		if x.engines != nil {
-			// A retry after an engine that is still in the ring failed (a
-			// 5xx, a timeout) adds load, and takes from the budget; one away
-			// from an engine that left it (refused, dead, hung past a probe)
-			// only moves the load, and always goes.
-			if n := len(x.tried); n > 0 && x.tried[n-1].up.Load() {
+			// A retry after an engine in the ring answered 5xx or timed
+			// out, the signs of engines overloaded together, adds load and
+			// takes from the budget. One after a broken connection (refused,
+			// reset, cut: the engine died or restarted, with the call's work
+			// gone with it), or away from an engine that left the ring, only
+			// moves the load, and always goes: a dying engine cuts all its
+			// calls at once, before it leaves the ring.
+			if n := len(x.tried); n > 0 && x.tried[n-1].up.Load() && last != nil && last.kind != "transport" {
 				if !x.engines.beginRetry() {
 					x.budgetSpent = true
 					return struct{}{}, backoff.Permanent(last)
