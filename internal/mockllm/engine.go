@@ -172,6 +172,11 @@ func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 		}}})
 		return
 	}
+	s.pause(w, r, mode)
+}
+
+// pause pauses generation in mode and answers once it is paused.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, mode string) {
 	if err := s.gate.pause(r.Context(), mode); err != nil {
 		// The client left before the requests in flight finished.
 		return
@@ -201,11 +206,7 @@ func (s *Server) servePauseGeneration(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("pause_generation: mode must be abort, retract or in_place, got %q", body.Mode))
 		return
 	}
-	if err := s.gate.pause(r.Context(), mode); err != nil {
-		return
-	}
-	s.opts.Logger.InfoContext(r.Context(), "mockllm: generation paused", "mode", mode, "engine", s.opts.EngineID)
-	writeJSON(w, http.StatusOK, map[string]string{"status": "paused"})
+	s.pause(w, r, mode)
 }
 
 func (s *Server) serveResume(w http.ResponseWriter, r *http.Request) {
