@@ -312,12 +312,16 @@ func (p *policy) acks(ctx context.Context) (map[string]policyAck, error) {
 			continue // deleted meanwhile
 		}
 		var a policyAck
-		if json.Unmarshal(e.Value(), &a) == nil && time.Since(a.Seen) < 3*p.heartbeat {
+		if json.Unmarshal(e.Value(), &a) == nil && !p.silent(a) {
 			out[a.Replica] = a
 		}
 	}
 	return out, nil
 }
+
+// silent reports whether the replica that wrote a has written nothing for
+// three heartbeats: gone, and not waited for.
+func (p *policy) silent(a policyAck) bool { return time.Since(a.Seen) >= 3*p.heartbeat }
 
 // await waits until every live replica applied epoch, or fails naming
 // those that did not, or that failed to.
@@ -382,7 +386,7 @@ func (p *policy) await(ctx context.Context, epoch int64) error {
 			}
 		case <-silent.C:
 			for name, a := range live {
-				if time.Since(a.Seen) >= 3*p.heartbeat {
+				if p.silent(a) {
 					delete(live, name)
 				}
 			}
