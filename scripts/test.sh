@@ -57,7 +57,15 @@ OSMO_NATS_BIN="$(bash scripts/nats.sh | tail -n 1)"
 export OSMO_NATS_BIN
 
 step "go test"
-go test -race -count=1 -timeout 20m ./...
+# A failing end-to-end test logs the output of every process it ran, which
+# can bury its own messages thousands of lines up; they are said again at
+# the end, where a reader of the last screen sees them.
+gotest="$tidy/go-test.log"
+if ! go test -race -count=1 -timeout 20m ./... 2>&1 | tee "$gotest"; then
+  printf '\n== what the failed tests said (the log of the processes they ran is above)\n'
+  grep -E '^( *--- FAIL|FAIL|panic:| +[A-Za-z0-9_]+_test\.go:[0-9]+: )' "$gotest" | cut -c1-300 | tail -n 40
+  exit 1
+fi
 
 # Every fuzz target (a decoder fed by the network or by users' files) runs
 # a fixed number of inputs beyond its committed seed corpus (testdata/fuzz),
