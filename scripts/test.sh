@@ -63,7 +63,7 @@ step "go test"
 gotest="$tidy/go-test.log"
 if ! go test -race -count=1 -timeout 20m ./... 2>&1 | tee "$gotest"; then
   printf '\n== what the failed tests said (the log of the processes they ran is above)\n'
-  grep -E '^( *--- FAIL|FAIL|panic:| +[A-Za-z0-9_]+_test\.go:[0-9]+: )' "$gotest" | cut -c1-300 | tail -n 40
+  grep -E '^( *--- FAIL|FAIL|panic:| +[A-Za-z0-9_]+_test\.go:[0-9]+: )' "$gotest" | cut -c1-200 | tail -n 25
   exit 1
 fi
 
