@@ -615,36 +615,52 @@ func TestEnginesMetricsAndSpans(t *testing.T) {
 	}
 }
 
-// When retries in flight reach the budget, a failed call is not retried:
-// it fails with its error, which says why.
-func TestEnginesRetryBudget(t *testing.T) {
-	blocked := make(chan struct{}, 1)
+// budgetProxy is a proxy over two engines that both serve chat, with one
+// retry per call and one retry in flight at most (the budget's minimum).
+// chat is given each call's session and how many calls of that session
+// came so far, this one counted. A call that runs hold signals blocked
+// and waits for open, which the test calls, or else its cleanup before
+// the servers' Close waits for the held handler (cleanups run last
+// first), so a failing test cannot hang.
+func budgetProxy(t *testing.T, chat func(w http.ResponseWriter, r *http.Request, sess string, n int, hold func())) (h *harness, blocked <-chan struct{}, open func()) {
+	t.Helper()
+	held := make(chan struct{}, 1)
 	release := make(chan struct{})
 	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
+	open = func() { once.Do(func() { close(release) }) }
+	hold := func() {
+		held <- struct{}{}
+		<-release
+	}
 	var mu sync.Mutex
 	seen := map[string]int{}
-	sick := func(w http.ResponseWriter, r *http.Request) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
 		sess := r.Header.Get(llmproxy.HeaderSessionID)
 		mu.Lock()
 		seen[sess]++
 		n := seen[sess]
 		mu.Unlock()
-		if sess == "r/a" && n == 2 {
-			// Sample a's retry holds the one retry the budget allows.
-			blocked <- struct{}{}
-			<-release
-		}
-		http.Error(w, "sick", http.StatusServiceUnavailable)
+		chat(w, r, sess, n, hold)
 	}
 	set := runEngines(t, llmproxy.EnginesConfig{
-		URLs:          []string{newEngineDouble(t, sick).base, newEngineDouble(t, sick).base},
+		URLs:          []string{newEngineDouble(t, handler).base, newEngineDouble(t, handler).base},
 		ProbeInterval: time.Hour, FailThreshold: 100, RetryBudget: 0.01, MinRetries: 1,
 	})
-	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
-	// Cleanups run last first: the held handler is released before the
-	// servers' Close waits for it, so a failure cannot hang them.
+	h = newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
 	t.Cleanup(open)
+	return h, held, open
+}
+
+// When retries in flight reach the budget, a failed call is not retried:
+// it fails with its error, which says why.
+func TestEnginesRetryBudget(t *testing.T) {
+	h, blocked, open := budgetProxy(t, func(w http.ResponseWriter, _ *http.Request, sess string, n int, hold func()) {
+		if sess == "r/a" && n == 2 {
+			// Sample a's retry holds the one retry the budget allows.
+			hold()
+		}
+		http.Error(w, "sick", http.StatusServiceUnavailable)
+	})
 	done := make(chan int, 1)
 	go func() {
 		resp, _ := post(t, h.url+llmproxy.BaseURLFor("", "r", "a")+"/chat/completions", chatBody, nil)
@@ -678,39 +694,19 @@ func TestEnginesRetryBudget(t *testing.T) {
 // its connection still goes to another engine: a dying engine cuts all
 // its calls at once, and moving them adds no load.
 func TestBrokenConnectionRetryIsNotBudgeted(t *testing.T) {
-	blocked := make(chan struct{}, 1)
-	release := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
-	var mu sync.Mutex
-	seen := map[string]int{}
-	chat := func(w http.ResponseWriter, r *http.Request) {
-		sess := r.Header.Get(llmproxy.HeaderSessionID)
-		mu.Lock()
-		seen[sess]++
-		n := seen[sess]
-		mu.Unlock()
+	h, blocked, open := budgetProxy(t, func(w http.ResponseWriter, r *http.Request, sess string, n int, hold func()) {
 		switch {
 		case sess == "r/cut" && n == 1:
 			hijackClose(t, w)
 		case sess == "r/cut":
 			okJSON(w, r)
 		case n == 2:
-			blocked <- struct{}{}
-			<-release
+			hold()
 			fallthrough
 		default:
 			http.Error(w, "sick", http.StatusServiceUnavailable)
 		}
-	}
-	set := runEngines(t, llmproxy.EnginesConfig{
-		URLs:          []string{newEngineDouble(t, chat).base, newEngineDouble(t, chat).base},
-		ProbeInterval: time.Hour, FailThreshold: 100, RetryBudget: 0.01, MinRetries: 1,
 	})
-	h := newProxy(t, llmproxy.Config{Router: llmproxy.StaticRouter(llmproxy.Route{}), Engines: set, Retry: llmproxy.RetryPolicy{MaxRetries: 1}})
-	// Cleanups run last first: the held handler is released before the
-	// servers' Close waits for it.
-	t.Cleanup(open)
 	done := make(chan int, 1)
 	go func() {
 		resp, _ := post(t, h.url+llmproxy.BaseURLFor("", "r", "sick")+"/chat/completions", chatBody, nil)
